@@ -1,0 +1,35 @@
+# The two commands a newcomer needs: `make serve` and `make test`.
+SHELL := /bin/bash
+VENV := .venv
+BIN := $(VENV)/bin
+PACKAGES := server semcache backends
+
+.PHONY: install serve test test-fast lint format backends-up
+
+install:
+	@bash scripts/install.sh
+
+## Start the embedded default: vLLM (SmolLM2) + the gateway on http://127.0.0.1:8080
+serve: install
+	$(BIN)/semcache serve $(if $(CONFIG),--config $(CONFIG)) $(if $(HOST),--host $(HOST)) $(if $(PORT),--port $(PORT))
+
+backends-up: install
+	$(BIN)/semcache backends up $(if $(CONFIG),--config $(CONFIG))
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy $(PACKAGES)
+
+format: install
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+## Everything: lint, types and the whole suite (real vLLM, real Redis). CI runs this.
+test: lint
+	@bash scripts/test-services.sh
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+## The fast set only (no vLLM, no Redis server).
+test-fast: install
+	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)

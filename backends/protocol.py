@@ -1,0 +1,101 @@
+"""What the server calls on a backend: the contract every backend implements."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, Literal, Protocol
+
+import msgspec
+import numpy as np
+
+FailureKind = Literal["unreachable", "timeout", "overloaded", "unavailable", "broken"]
+
+
+class BackendError(Exception):
+    """The backend could not answer: unreachable, timed out, overloaded or broke mid-answer."""
+
+    def __init__(self, kind: FailureKind, message: str, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.kind: FailureKind = kind
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+
+class RequestContext(msgspec.Struct, kw_only=True):
+    """Per-request facts a backend may route on; never cache state."""
+
+    request_id: str
+    session_affinity: str | None = None
+    tenant: str | None = None
+
+
+class UpstreamResponse(msgspec.Struct, kw_only=True):
+    """A complete (non-streamed) answer of an OpenAI-protocol server, bytes untouched."""
+
+    status: int
+    body: bytes
+    content_type: str = "application/json"
+
+
+class UpstreamStream(Protocol):
+    """An open streamed answer: status is known before the first chunk is relayed."""
+
+    status: int
+    content_type: str
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """Raw bytes as they arrive; raises BackendError if the stream breaks."""
+        ...
+
+    async def read_all(self) -> bytes: ...
+
+    async def aclose(self) -> None:
+        """Stop the upstream request (the backend aborts its generation)."""
+        ...
+
+
+class GenerationBackend(Protocol):
+    """An OpenAI-protocol text generation backend (vLLM, monolithic or P/D)."""
+
+    name: str
+    served_model: str
+
+    async def post(
+        self, path: str, body: dict[str, Any], ctx: RequestContext
+    ) -> UpstreamResponse: ...
+
+    async def open_stream(
+        self, path: str, body: dict[str, Any], ctx: RequestContext
+    ) -> UpstreamStream: ...
+
+    async def ready(self) -> bool: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Embeddings(msgspec.Struct, kw_only=True):
+    vectors: Any  # np.ndarray float32 of shape (n, dim)
+    token_counts: list[int]
+
+
+class EmbeddingBackend(Protocol):
+    """Encodes texts into vectors (in-process or remote)."""
+
+    name: str
+    dimensions: int
+
+    async def start(self) -> None:
+        """Load the model; idempotent."""
+        ...
+
+    async def embed(self, texts: list[str]) -> Embeddings: ...
+
+    def detokenize(self, token_ids: list[int]) -> str: ...
+
+    async def ready(self) -> bool: ...
+
+    async def aclose(self) -> None: ...
+
+
+def as_float32(vectors: Any) -> np.ndarray:
+    return np.ascontiguousarray(vectors, dtype=np.float32)

@@ -1,0 +1,120 @@
+"""The model registry: public model names (OpenAI ids and Workers-AI aliases) → backends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from backends.config import LocalEmbeddingBackend as LocalEmbeddingConfig
+from backends.config import VllmBackend
+from backends.local import LocalEmbeddingBackend
+from backends.models import chat_template_fingerprint, model_revision, prepare_model
+from backends.protocol import EmbeddingBackend, GenerationBackend
+from backends.vllm import VllmClient
+
+Task = Literal["chat", "embeddings", "classification"]
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Everything the layers above need to know about one exposed model."""
+
+    id: str
+    task: Task
+    aliases: tuple[str, ...]
+    owned_by: str
+    backend_name: str
+    revision: str
+    """Hash of the weights/config files: part of every cache key for this model."""
+    chat_template_fp: str
+    created: int = 0
+
+
+@dataclass
+class ModelRegistry:
+    models: dict[str, ModelInfo] = field(default_factory=dict)
+    generation: dict[str, GenerationBackend] = field(default_factory=dict)
+    embedding: dict[str, EmbeddingBackend] = field(default_factory=dict)
+    _by_name: dict[str, ModelInfo] = field(default_factory=dict)
+
+    def add(self, info: ModelInfo) -> None:
+        self.models[info.id] = info
+        for name in (info.id, *info.aliases):
+            self._by_name[name] = info
+
+    def resolve(self, name: str) -> ModelInfo | None:
+        """Find a model by OpenAI id or alias."""
+        return self._by_name.get(name)
+
+    def generation_backend(self, info: ModelInfo) -> GenerationBackend:
+        return self.generation[info.backend_name]
+
+    def embedding_backend(self, info: ModelInfo) -> EmbeddingBackend:
+        return self.embedding[info.backend_name]
+
+    async def aclose(self) -> None:
+        for g in self.generation.values():
+            await g.aclose()
+        for e in self.embedding.values():
+            await e.aclose()
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model entry of the config, as the registry needs it (no server imports)."""
+
+    id: str
+    backend: str
+    task: Task
+    aliases: tuple[str, ...]
+    owned_by: str
+
+
+def _resolve_path(spec: str | None, data_dir: Path) -> Path | None:
+    if spec is None:
+        return None
+    return prepare_model(spec, data_dir, progress=lambda _msg: None)
+
+
+def build_registry(
+    models: list[ModelSpec],
+    backends: list[VllmBackend | LocalEmbeddingConfig],
+    data_dir: Path,
+    created: int = 0,
+) -> ModelRegistry:
+    """Create the backend clients and compute each model's revision (cached on disk)."""
+    reg = ModelRegistry()
+    revisions: dict[str, tuple[str, str]] = {}
+    for b in backends:
+        path = _resolve_path(b.model_path, data_dir)
+        if b.revision:
+            rev = b.revision
+        elif path is not None:
+            rev = model_revision(path)
+        else:
+            rev = f"unversioned:{b.name}"
+        template_fp = chat_template_fingerprint(path) if path is not None else "none"
+        revisions[b.name] = (rev, template_fp)
+        if isinstance(b, VllmBackend):
+            reg.generation[b.name] = VllmClient(b)
+        else:
+            assert path is not None
+            reg.embedding[b.name] = LocalEmbeddingBackend(
+                b.name, path, normalize=b.normalize, batch_size=b.max_batch_size
+            )
+    for m in models:
+        rev, template_fp = revisions[m.backend]
+        reg.add(
+            ModelInfo(
+                id=m.id,
+                task=m.task,
+                aliases=m.aliases,
+                owned_by=m.owned_by,
+                backend_name=m.backend,
+                revision=rev,
+                chat_template_fp=template_fp,
+                created=created,
+            )
+        )
+    return reg

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Installs the system services the tests start themselves (each test session starts its own
+# instances on free loopback ports and stops them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ -x scripts/redis.sh ]; then
+  bash scripts/redis.sh install
+fi

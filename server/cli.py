@@ -1,0 +1,132 @@
+"""The `semcache` command line: serve the gateway, start backends, check config files."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sys
+from collections.abc import Sequence
+
+import uvicorn
+
+from backends.config import VllmBackend
+from backends.launch import Launcher, VllmStartError
+from server.app import create_app, registry_from_config
+from server.config import ConfigError, GatewayConfig, load_config
+
+
+def say(message: str) -> None:
+    print(f"[semcache] {message}", flush=True)
+
+
+def _load(path: str | None) -> GatewayConfig:
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        print(f"semcache: invalid configuration: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _launcher(config: GatewayConfig) -> Launcher:
+    vllm = [b for b in config.backends if isinstance(b, VllmBackend)]
+    return Launcher(
+        vllm, config.data_path(), progress=say, ready_timeout_s=config.server.ready_timeout_s
+    )
+
+
+async def _serve(config: GatewayConfig, launch: bool) -> None:
+    host, port = config.server.host, config.server.port
+    launcher = _launcher(config) if launch else None
+    async with launcher if launcher is not None else contextlib.nullcontext():
+        say("loading models and computing revisions")
+        registry = await asyncio.to_thread(registry_from_config, config)
+        app = create_app(config, registry)
+        server = uvicorn.Server(
+            uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
+        )
+        task = asyncio.create_task(server.serve())
+        while not server.started and not task.done():  # noqa: ASYNC110 (uvicorn has no event)
+            await asyncio.sleep(0.05)
+        if server.started:
+            say(f"ready: OpenAI API at http://{host}:{port}/v1 (Ctrl-C stops everything)")
+        await task
+        say("stopping")
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    if args.host:
+        config.server.host = args.host
+    if args.port:
+        config.server.port = args.port
+    try:
+        asyncio.run(_serve(config, launch=not args.no_launch))
+    except VllmStartError as exc:
+        print(f"semcache: a backend failed to start: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        say("interrupted; backends stopped")
+    return 0
+
+
+async def _backends_up(config: GatewayConfig) -> None:
+    async with _launcher(config):
+        say("backends are up (Ctrl-C stops them)")
+        await asyncio.Event().wait()
+
+
+def cmd_backends_up(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    try:
+        asyncio.run(_backends_up(config))
+    except VllmStartError as exc:
+        print(f"semcache: a backend failed to start: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        say("backends stopped")
+    return 0
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    config = _load(args.file)
+    print(f"{args.file}: OK ({len(config.models)} models, {len(config.backends)} backends)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="semcache", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="start the backends the config launches, then the gateway")
+    serve.add_argument("--config", default=os.environ.get("SEMCACHE_CONFIG"), help="config TOML")
+    serve.add_argument("--host", default=os.environ.get("SEMCACHE_HOST"))
+    serve.add_argument("--port", type=int, default=int(os.environ.get("SEMCACHE_PORT", "0")))
+    serve.add_argument("--no-launch", action="store_true", help="use running backends only")
+    serve.set_defaults(func=cmd_serve)
+
+    backends = sub.add_parser("backends", help="manage vLLM backends").add_subparsers(
+        dest="action", required=True
+    )
+    up = backends.add_parser("up", help="start the vLLM servers the config names and wait")
+    up.add_argument("--config", default=os.environ.get("SEMCACHE_CONFIG"))
+    up.set_defaults(func=cmd_backends_up)
+
+    config = sub.add_parser("config", help="configuration files").add_subparsers(
+        dest="action", required=True
+    )
+    check = config.add_parser("check", help="validate a gateway config file")
+    check.add_argument("file")
+    check.set_defaults(func=cmd_config_check)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

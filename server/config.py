@@ -1,0 +1,98 @@
+"""Gateway configuration: one TOML file, decoded into typed structs and validated once."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from backends.config import BackendConfig
+
+Task = Literal["chat", "embeddings", "classification"]
+
+
+class ConfigError(Exception):
+    """A configuration file is missing, unreadable or invalid; the message names the field."""
+
+
+class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    host: str = "127.0.0.1"
+    port: int = 8080
+    max_body_bytes: int = 10 * 1024 * 1024
+    ready_timeout_s: float = 900.0
+    """How long `semcache serve` waits for launched backends to become healthy."""
+
+
+class ModelEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One model the gateway exposes: an OpenAI id, Workers-AI aliases and its backend."""
+
+    id: str
+    backend: str
+    task: Task = "chat"
+    aliases: list[str] = msgspec.field(default_factory=list)
+    owned_by: str = "semcache"
+
+
+class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    data_dir: str = ".data"
+    server: ServerSettings = msgspec.field(default_factory=ServerSettings)
+    models: list[ModelEntry] = msgspec.field(default_factory=list)
+    backends: list[BackendConfig] = msgspec.field(default_factory=list)
+
+    def data_path(self) -> Path:
+        """The data directory (prepared models, disk cache), created on demand."""
+        return Path(os.path.expanduser(self.data_dir)).resolve()
+
+    def backend(self, name: str) -> BackendConfig:
+        for b in self.backends:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "config" / "default.toml"
+
+
+def _check(cfg: GatewayConfig, source: str) -> None:
+    names = [b.name for b in cfg.backends]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ConfigError(f"{source}: backends: duplicate name(s) {sorted(dup)}")
+    seen: dict[str, str] = {}
+    for i, m in enumerate(cfg.models):
+        if m.backend not in names:
+            raise ConfigError(
+                f"{source}: models[{i}].backend: unknown backend {m.backend!r}; "
+                f"expected one of {names}"
+            )
+        for name in (m.id, *m.aliases):
+            if name in seen:
+                raise ConfigError(
+                    f"{source}: models[{i}]: name {name!r} already used by model {seen[name]!r}"
+                )
+            seen[name] = m.id
+
+
+def parse_config(data: dict[str, object], source: str = "<config>") -> GatewayConfig:
+    """Validate a decoded TOML document; errors name the source and the field path."""
+    try:
+        cfg = msgspec.convert(data, GatewayConfig)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    _check(cfg, source)
+    return cfg
+
+
+def load_config(path: str | Path | None = None) -> GatewayConfig:
+    """Load the gateway config from ``path`` (default: the embedded ``config/default.toml``)."""
+    p = Path(path) if path else DEFAULT_CONFIG
+    try:
+        data = tomllib.loads(p.read_text())
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: invalid TOML: {exc}") from None
+    return parse_config(data, str(p))

@@ -1,0 +1,125 @@
+"""Error shapes of the two APIs and the exception handlers that produce them.
+
+`/v1/...` answers in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``;
+`/client/v4/...` answers in Cloudflare's envelope with ``success: false``. No handler ever
+returns a stack trace.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+import msgspec
+import orjson
+from litestar import MediaType, Request, Response
+from litestar.exceptions import HTTPException
+
+from backends.protocol import BackendError
+
+log = logging.getLogger("semcache.server")
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+class ApiError(Exception):
+    """An error to report to the client in the API's own format."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        type: str | None = None,
+        retry_after_s: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or _TYPES.get(status, "server_error" if status >= 500 else "api_error")
+        self.retry_after_s = retry_after_s
+
+
+_PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
+
+
+def from_validation(exc: msgspec.ValidationError) -> ApiError:
+    """Turn a msgspec message ("Expected `int` - at `$.n`") into a 400 naming the field."""
+    text = str(exc)
+    m = _PATH.search(text)
+    param = m.group("path") if m else None
+    reason = _PATH.sub("", text)
+    message = f"Invalid value for '{param}': {reason}" if param else f"Invalid request: {reason}"
+    return ApiError(400, message, param=param or None, code="invalid_value")
+
+
+def from_backend(exc: BackendError) -> ApiError:
+    status = {"timeout": 504, "overloaded": 429, "unavailable": 503}.get(exc.kind, 502)
+    code = {504: "backend_timeout", 429: "backend_overloaded", 503: "backend_unavailable"}
+    return ApiError(
+        status, exc.message, code=code.get(status, "backend_error"), retry_after_s=exc.retry_after_s
+    )
+
+
+def openai_error_body(err: ApiError) -> bytes:
+    return orjson.dumps(
+        {"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}}
+    )
+
+
+def workers_ai_error_body(err: ApiError) -> bytes:
+    return orjson.dumps(
+        {
+            "result": None,
+            "success": False,
+            "errors": [{"code": err.status * 10, "message": err.message}],
+            "messages": [],
+        }
+    )
+
+
+def error_response(err: ApiError, path: str) -> Response[bytes]:
+    body = workers_ai_error_body(err) if path.startswith("/client/v4") else openai_error_body(err)
+    headers = {"retry-after": str(err.retry_after_s)} if err.retry_after_s is not None else {}
+    return Response(body, status_code=err.status, media_type=MediaType.JSON, headers=headers)
+
+
+def _http_exception(exc: HTTPException) -> ApiError:
+    status = exc.status_code
+    if status == 413:
+        return ApiError(413, "Request body is too large.", code="request_too_large")
+    if status == 404:
+        return ApiError(404, "Unknown route.", code="unknown_url")
+    if status == 405:
+        return ApiError(405, "Method not allowed.", code="method_not_allowed")
+    detail = exc.detail if isinstance(exc.detail, str) else "Bad request."
+    return ApiError(status, detail)
+
+
+def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    """One handler for everything: API errors, Litestar HTTP errors, bugs (500, no trace)."""
+    if isinstance(exc, ApiError):
+        err = exc
+    elif isinstance(exc, msgspec.ValidationError):
+        err = from_validation(exc)
+    elif isinstance(exc, BackendError):
+        err = from_backend(exc)
+    elif isinstance(exc, HTTPException):
+        err = _http_exception(exc)
+    else:
+        log.exception("unhandled error on %s", request.url.path)
+        err = ApiError(500, "Internal error in the gateway.", code="internal_error")
+    return error_response(err, request.url.path)

@@ -1,0 +1,73 @@
+"""OpenAI-compatible routes: read the body, hand it to the serving object, send the reply."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from litestar import Request, Response, get, post
+from litestar.params import FromPath
+from litestar.response import Stream
+
+from backends.protocol import RequestContext
+from server.serving import OpenAIServing, Reply, parse_body
+
+
+def serving(request: Request[Any, Any, Any]) -> OpenAIServing:
+    svc: OpenAIServing = request.app.state.serving
+    return svc
+
+
+def context(request: Request[Any, Any, Any]) -> RequestContext:
+    headers = request.headers
+    return RequestContext(
+        request_id=headers.get("x-request-id") or uuid.uuid4().hex,
+        session_affinity=headers.get("x-session-affinity"),
+    )
+
+
+def respond(reply: Reply, ctx: RequestContext | None = None) -> Response[Any]:
+    headers = dict(reply.headers)
+    if ctx is not None:
+        headers["x-request-id"] = ctx.request_id
+    if reply.stream is not None:
+        return Stream(
+            reply.stream, status_code=reply.status, media_type=reply.media_type, headers=headers
+        )
+    return Response(
+        reply.body, status_code=reply.status, media_type=reply.media_type, headers=headers
+    )
+
+
+@get("/v1/models", sync_to_thread=False)
+def list_models(request: Request[Any, Any, Any]) -> Response[Any]:
+    return respond(serving(request).list_models())
+
+
+@get("/v1/models/{model:path}", sync_to_thread=False)
+def get_model(request: Request[Any, Any, Any], model: FromPath[str]) -> Response[Any]:
+    return respond(serving(request).get_model(model.lstrip("/")))
+
+
+@post("/v1/chat/completions")
+async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
+    ctx = context(request)
+    body = parse_body(await request.body())
+    return respond(await serving(request).chat(body, ctx), ctx)
+
+
+@post("/v1/completions")
+async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
+    ctx = context(request)
+    body = parse_body(await request.body())
+    return respond(await serving(request).completions(body, ctx), ctx)
+
+
+@post("/v1/embeddings")
+async def embeddings(request: Request[Any, Any, Any]) -> Response[Any]:
+    ctx = context(request)
+    body = parse_body(await request.body())
+    return respond(await serving(request).embeddings(body, ctx), ctx)
+
+
+ROUTES = [list_models, get_model, chat_completions, completions, embeddings]

@@ -1,0 +1,53 @@
+"""Server-sent events: splitting a relayed byte stream into events, and error events."""
+
+from __future__ import annotations
+
+import orjson
+
+DONE = b"[DONE]"
+
+
+class SSEReader:
+    """Collects the ``data:`` payloads of an event stream fed in arbitrary byte chunks."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+        self.payloads: list[bytes] = []
+
+    def feed(self, chunk: bytes) -> None:
+        buf = self._buf + chunk
+        if b"\r\n" in buf:
+            buf = buf.replace(b"\r\n", b"\n")
+        *events, self._buf = buf.split(b"\n\n")
+        for event in events:
+            data = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line[:5] == b"data:"]
+            if data:
+                self.payloads.append(b"\n".join(data))
+
+    @property
+    def done(self) -> bool:
+        """True when the stream ended with OpenAI's ``data: [DONE]`` terminator."""
+        return bool(self.payloads) and self.payloads[-1] == DONE
+
+    def usage(self) -> dict[str, int] | None:
+        """The usage object of the last chunk carrying one, if any."""
+        for payload in reversed(self.payloads):
+            if b'"usage"' in payload and payload != DONE:
+                try:
+                    usage = orjson.loads(payload).get("usage")
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(usage, dict):
+                    return usage
+        return None
+
+
+def event(payload: bytes) -> bytes:
+    return b"data: " + payload + b"\n\n"
+
+
+def error_event(message: str, *, type: str = "server_error", code: str | None = None) -> bytes:
+    """An error in the stream, which the openai SDK raises as ``APIError``."""
+    return event(
+        orjson.dumps({"error": {"message": message, "type": type, "param": None, "code": code}})
+    )
