@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -24,9 +24,10 @@ def _failure(exc: Exception, url: str) -> BackendError:
 class VllmStream:
     """A streamed answer relayed as raw bytes; closing it aborts the request in vLLM."""
 
-    def __init__(self, response: httpx.Response, url: str) -> None:
+    def __init__(self, response: httpx.Response, url: str, release: Callable[[], None]) -> None:
         self._response = response
         self._url = url
+        self._release: Callable[[], None] | None = release
         self.status = response.status_code
         self.content_type = response.headers.get("content-type", "text/event-stream")
 
@@ -37,7 +38,7 @@ class VllmStream:
         except httpx.HTTPError as exc:
             raise _failure(exc, self._url) from exc
         finally:
-            await self._response.aclose()
+            await self.aclose()
 
     async def read_all(self) -> bytes:
         try:
@@ -45,9 +46,12 @@ class VllmStream:
         except httpx.HTTPError as exc:
             raise _failure(exc, self._url) from exc
         finally:
-            await self._response.aclose()
+            await self.aclose()
 
     async def aclose(self) -> None:
+        if self._release is not None:
+            self._release()
+            self._release = None
         await self._response.aclose()
 
 
@@ -115,11 +119,17 @@ class VllmClient:
                 "x-request-id": ctx.request_id,
             },
         )
+        self._inflight[server.url] += 1
+
+        def release() -> None:
+            self._inflight[server.url] -= 1
+
         try:
             response = await self._http.send(request, stream=True)
         except httpx.HTTPError as exc:
+            release()
             raise _failure(exc, server.url) from exc
-        return VllmStream(response, server.url)
+        return VllmStream(response, server.url, release)
 
     async def ready(self) -> bool:
         for s in self._servers:

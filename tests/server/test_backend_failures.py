@@ -1,0 +1,117 @@
+"""Backend failures reach the client as clean OpenAI errors: no hang, no trace, no 500."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from backends.config import VllmBackend, VllmServer
+from backends.launch import VllmProcess
+from server.config import GatewayConfig, ModelEntry
+from tests.conftest import gateway_config
+from tests.support.gateway import GatewayThread
+from tests.support.vllm import TINY_MODEL_NAME, free_port, start_tiny_vllm
+
+MESSAGES: list[Any] = [{"role": "user", "content": "Write a very long story."}]
+
+
+def _only_chat(data_dir: Path, url: str, read_timeout_s: float = 600.0) -> GatewayConfig:
+    return GatewayConfig(
+        data_dir=str(data_dir),
+        models=[ModelEntry(id="tiny-chat", backend="tiny")],
+        backends=[
+            VllmBackend(
+                name="tiny",
+                served_model=TINY_MODEL_NAME,
+                revision="test",
+                servers=[VllmServer(url=url)],
+                read_timeout_s=read_timeout_s,
+            )
+        ],
+    )
+
+
+@pytest.fixture
+def dead_gateway(data_dir: Path) -> Iterator[GatewayThread]:
+    gw = GatewayThread(_only_chat(data_dir, f"http://127.0.0.1:{free_port()}")).start()
+    yield gw
+    gw.stop()
+
+
+def test_unreachable_backend_is_502_with_retry_after(dead_gateway: GatewayThread) -> None:
+    for stream in (False, True):
+        r = httpx.post(
+            f"{dead_gateway.url}/v1/chat/completions",
+            json={"model": "tiny-chat", "messages": MESSAGES, "stream": stream},
+        )
+        assert r.status_code == 502
+        assert r.headers["retry-after"]
+        assert r.json()["error"]["code"] == "backend_error"
+    ready = httpx.get(f"{dead_gateway.url}/ready")
+    assert ready.status_code == 503
+    assert ready.json()["backends"] == {"tiny": False}
+
+
+@pytest.mark.slow
+def test_backend_timeout_is_504(data_dir: Path, tiny_vllm: VllmProcess) -> None:
+    gw = GatewayThread(_only_chat(data_dir, tiny_vllm.url, read_timeout_s=0.3)).start()
+    try:
+        r = httpx.post(
+            f"{gw.url}/v1/chat/completions",
+            json={
+                "model": "tiny-chat",
+                "messages": MESSAGES,
+                "max_tokens": 1500,
+                "ignore_eos": True,
+            },
+            timeout=60,
+        )
+        assert r.status_code == 504
+        assert r.headers["retry-after"]
+        assert r.json()["error"]["code"] == "backend_timeout"
+    finally:
+        gw.stop()
+
+
+@pytest.mark.slow
+async def test_backend_killed_mid_stream_ends_cleanly(data_dir: Path) -> None:
+    process = await start_tiny_vllm(data_dir, free_port(), progress=None)
+    gw = GatewayThread(
+        gateway_config(data_dir, process.url, data_dir / "models" / TINY_MODEL_NAME)
+    ).start()
+    try:
+        client = openai.AsyncOpenAI(
+            base_url=f"{gw.url}/v1", api_key="t", max_retries=0, timeout=60
+        )
+        stream = await client.chat.completions.create(
+            model="tiny-chat",
+            messages=MESSAGES,
+            max_tokens=1500,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        received = 0
+        started = time.monotonic()
+        with pytest.raises(openai.APIError) as err:
+            async for _chunk in stream:
+                received += 1
+                if received == 3:
+                    process.kill()
+        assert received >= 3
+        assert time.monotonic() - started < 30  # no hang
+        assert "backend" in str(err.value.message).lower()
+        # afterwards: a clean 502 with Retry-After, in OpenAI's shape
+        with pytest.raises(openai.APIStatusError) as after:
+            await client.chat.completions.create(model="tiny-chat", messages=MESSAGES)
+        assert after.value.status_code == 502
+        assert after.value.response.headers["retry-after"]
+    finally:
+        gw.stop()
+        await process.stop()
