@@ -27,6 +27,9 @@ class RequestContext(msgspec.Struct, kw_only=True):
     request_id: str
     session_affinity: str | None = None
     tenant: str | None = None
+    salt_scope: str | None = None
+    """Who may share vLLM's prefix-cache blocks with this request: the tenant, or
+    ``"shared"`` for models the policy shares; backends derive vLLM's ``cache_salt`` from it."""
 
 
 class UpstreamResponse(msgspec.Struct, kw_only=True):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import signal
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,11 +14,15 @@ from litestar.datastructures import State
 from prometheus_client import CollectorRegistry
 
 from backends.registry import ModelRegistry, ModelSpec, build_registry
+from semcache.exact import open_exact_cache
+from semcache.policy import PolicyHolder
 from server.config import GatewayConfig
 from server.errors import handle_exception
 from server.metrics import GatewayMetrics
-from server.routes import health, openai
+from server.routes import admin, health, openai
 from server.serving import OpenAIServing
+
+log = logging.getLogger("semcache.server")
 
 
 def registry_from_config(config: GatewayConfig) -> ModelRegistry:
@@ -26,25 +32,56 @@ def registry_from_config(config: GatewayConfig) -> ModelRegistry:
     return build_registry(specs, config.backends, config.data_path(), created=int(time.time()))
 
 
+def reload_on_sighup(policy: PolicyHolder) -> None:
+    """SIGHUP reloads the policy file; an invalid file keeps the current policy."""
+
+    def reload() -> None:
+        error = policy.reload()
+        if error is None:
+            log.warning("policy reloaded")
+        else:
+            log.error("policy reload failed, keeping the current policy: %s", error)
+
+    try:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload)
+    except (NotImplementedError, RuntimeError, ValueError):
+        pass  # not the main thread (tests) or no signals on this platform
+
+
 def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> Litestar:
     """Build the gateway app for ``config``; backend clients are made here, models load at start."""
     registry = registry or registry_from_config(config)
     metrics = GatewayMetrics(CollectorRegistry())
-    serving = OpenAIServing(registry, metrics)
+    policy = PolicyHolder(config.policy)  # invalid → PolicyError: the server refuses to start
+    serving = OpenAIServing(registry, metrics, policy)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         for backend in registry.embedding.values():
             await backend.start()
+        if config.cache:
+            serving.cache = await open_exact_cache(
+                policy.current.tiers, data_dir=config.data_path(), registry=metrics.registry
+            )
+        reload_on_sighup(policy)
         try:
             yield
         finally:
+            if serving.cache is not None:
+                await serving.cache.aclose()
+                serving.cache = None
             await registry.aclose()
 
     return Litestar(
-        route_handlers=[*openai.ROUTES, *health.ROUTES],
+        route_handlers=[*openai.ROUTES, *health.ROUTES, *admin.ROUTES],
         state=State(
-            {"registry": registry, "metrics": metrics, "serving": serving, "config": config}
+            {
+                "registry": registry,
+                "metrics": metrics,
+                "serving": serving,
+                "config": config,
+                "policy": policy,
+            }
         ),
         exception_handlers={Exception: handle_exception},
         lifespan=[lifespan],
@@ -52,6 +89,3 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         openapi_config=None,
         logging_config=None,
     )
-
-
-logging.getLogger("semcache").addHandler(logging.NullHandler())

@@ -38,6 +38,10 @@ class ModelEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     data_dir: str = ".data"
+    policy: str | None = None
+    """Cache policy file; default: the embedded ``policies/default.toml``."""
+    cache: bool = True
+    """False serves every request from the backends (the policy is still validated)."""
     server: ServerSettings = msgspec.field(default_factory=ServerSettings)
     models: list[ModelEntry] = msgspec.field(default_factory=list)
     backends: list[BackendConfig] = msgspec.field(default_factory=list)

@@ -6,6 +6,7 @@ the route turns into a Litestar response. Answers of vLLM pass through byte for 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from collections.abc import AsyncIterator
@@ -15,8 +16,19 @@ from typing import Any
 import msgspec
 import orjson
 
-from backends.protocol import BackendError, RequestContext, UpstreamStream
+from backends.protocol import (
+    BackendError,
+    EmbeddingBackend,
+    GenerationBackend,
+    RequestContext,
+    UpstreamStream,
+)
 from backends.registry import ModelInfo, ModelRegistry, Task
+from semcache import replay
+from semcache.entry import CachedAnswer, StreamRecorder
+from semcache.exact import CacheRequest, CacheResult, CacheStatus, ExactCache
+from semcache.policy import PolicyHolder
+from server.caching import CacheDirectives, result_headers, status_headers
 from server.errors import ApiError
 from server.metrics import GatewayMetrics
 from server.schemas.openai import (
@@ -26,7 +38,7 @@ from server.schemas.openai import (
     InputError,
     embedding_inputs,
 )
-from server.sse import SSEReader, error_event
+from server.sse import DONE, SSEReader, error_event, event
 
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
 
@@ -58,12 +70,32 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
+def _retrieve_exception(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+async def _replayed(payloads: list[bytes]) -> AsyncIterator[bytes]:
+    for payload in payloads:
+        yield event(payload)
+    yield event(DONE)
+
+
 class OpenAIServing:
     """Implements /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/models."""
 
-    def __init__(self, registry: ModelRegistry, metrics: GatewayMetrics) -> None:
+    def __init__(
+        self,
+        registry: ModelRegistry,
+        metrics: GatewayMetrics,
+        policy: PolicyHolder,
+        cache: ExactCache | None = None,
+    ) -> None:
         self.registry = registry
         self.metrics = metrics
+        self.policy = policy
+        self.cache = cache
+        """Set at start-up (opening the tiers is async); ``None`` serves without caching."""
 
     # -- models -----------------------------------------------------------------
 
@@ -112,18 +144,45 @@ class OpenAIServing:
 
     # -- generation ---------------------------------------------------------------
 
-    async def chat(self, body: dict[str, Any], ctx: RequestContext) -> Reply:
+    async def chat(
+        self, body: dict[str, Any], ctx: RequestContext, cache: CacheDirectives | None = None
+    ) -> Reply:
         req = msgspec.convert(body, ChatCompletionRequest)
         info = self.resolve(req.model, "chat")
         return await self._generate(
-            "/v1/chat/completions", "chat", info, body, bool(req.stream), ctx
+            "/v1/chat/completions", "chat", info, body, bool(req.stream), ctx, cache
         )
 
-    async def completions(self, body: dict[str, Any], ctx: RequestContext) -> Reply:
+    async def completions(
+        self, body: dict[str, Any], ctx: RequestContext, cache: CacheDirectives | None = None
+    ) -> Reply:
         req = msgspec.convert(body, CompletionRequest)
         info = self.resolve(req.model, "chat")
         return await self._generate(
-            "/v1/completions", "completions", info, body, bool(req.stream), ctx
+            "/v1/completions", "completions", info, body, bool(req.stream), ctx, cache
+        )
+
+    async def _prepare(
+        self,
+        route: str,
+        info: ModelInfo,
+        body: dict[str, Any],
+        ctx: RequestContext,
+        directives: CacheDirectives | None,
+    ) -> CacheRequest | None:
+        if self.cache is None or directives is None:
+            return None
+        return await self.cache.prepare(
+            route=route,
+            body=body,
+            model_id=info.id,
+            revision=info.revision,
+            rule=self.policy.current.rule(info.id, route),
+            tenant=ctx.tenant,
+            control=directives.control,
+            tags=directives.tags,
+            chat_template_fp=info.chat_template_fp,
+            custom_key=directives.custom_key,
         )
 
     async def _generate(
@@ -134,10 +193,32 @@ class OpenAIServing:
         body: dict[str, Any],
         stream: bool,
         ctx: RequestContext,
+        directives: CacheDirectives | None = None,
     ) -> Reply:
         backend = self.registry.generation_backend(info)
         upstream = {**body, "model": backend.served_model}
         started = time.perf_counter()
+        shared = self.policy.current.rule(info.id, route).shared
+        ctx.salt_scope = "shared" if shared else ctx.tenant
+        creq = await self._prepare(route, info, body, ctx, directives)
+        if creq is None:
+            return await self._forward(path, route, info, backend, upstream, stream, ctx, started)
+        if not stream:
+            return await self._cached_json(path, route, info, backend, upstream, creq, ctx, started)
+        return await self._cached_stream(path, route, info, backend, upstream, creq, ctx, started)
+
+    async def _forward(
+        self,
+        path: str,
+        route: str,
+        info: ModelInfo,
+        backend: GenerationBackend,
+        upstream: dict[str, Any],
+        stream: bool,
+        ctx: RequestContext,
+        started: float,
+    ) -> Reply:
+        """No cache: relay the backend's bytes as they are."""
         try:
             if not stream:
                 resp = await backend.post(path, upstream, ctx)
@@ -187,6 +268,154 @@ class OpenAIServing:
         self.metrics.latency.labels(route, "true").observe(time.perf_counter() - started)
         self.metrics.count_usage(info.id, reader.usage())
 
+    async def _cached_json(
+        self,
+        path: str,
+        route: str,
+        info: ModelInfo,
+        backend: GenerationBackend,
+        upstream: dict[str, Any],
+        creq: CacheRequest,
+        ctx: RequestContext,
+        started: float,
+    ) -> Reply:
+        assert self.cache is not None
+
+        async def fill() -> CachedAnswer:
+            try:
+                resp = await backend.post(path, upstream, ctx)
+            except BackendError as exc:
+                self.metrics.backend_errors.labels(backend.name, exc.kind).inc()
+                raise
+            if resp.status == 200:
+                self._count_usage(info, resp.body)
+            # a non-200 answer is handed to coalesced waiters but never stored
+            return CachedAnswer.from_json(
+                resp.body, model_id=info.id, status=resp.status, content_type=resp.content_type
+            )
+
+        res = await self.cache.get_or_fill(creq, fill)
+        entry = res.entry
+        assert entry is not None  # fill always answers (or raises)
+        self.metrics.latency.labels(route, "false").observe(time.perf_counter() - started)
+        headers = result_headers(res, creq.rule.prices) if entry.status == 200 else {}
+        return Reply(entry.status, replay.as_json(entry, route), headers=headers)
+
+    async def _cached_stream(
+        self,
+        path: str,
+        route: str,
+        info: ModelInfo,
+        backend: GenerationBackend,
+        upstream: dict[str, Any],
+        creq: CacheRequest,
+        ctx: RequestContext,
+        started: float,
+    ) -> Reply:
+        """A stream through the cache: replay a stored answer, or relay and record a live one.
+
+        The backend is always asked for the usage chunk (so the stored answer knows its
+        tokens); a client that did not ask for it does not get it.
+        """
+        assert self.cache is not None
+        include_usage = replay.wants_usage(upstream)
+        options = dict(upstream.get("stream_options") or {})
+        live_body = {**upstream, "stream_options": {**options, "include_usage": True}}
+        live: asyncio.Queue[bytes | BackendError | None] = asyncio.Queue()
+        opened = asyncio.Event()
+
+        async def fill() -> CachedAnswer | None:
+            try:
+                up = await backend.open_stream(path, live_body, ctx)
+            except BackendError as exc:
+                self.metrics.backend_errors.labels(backend.name, exc.kind).inc()
+                raise
+            if up.status != 200:
+                return CachedAnswer.from_json(await up.read_all(), status=up.status)
+            opened.set()
+            reader, recorder = SSEReader(), StreamRecorder(info.id)
+            try:
+                async for chunk in up.chunks():
+                    for payload in reader.feed(chunk):
+                        recorder.feed(payload)
+                        live.put_nowait(payload)
+            except BackendError as exc:
+                self.metrics.backend_errors.labels(backend.name, exc.kind).inc()
+                live.put_nowait(exc)
+                return None
+            finally:
+                await up.aclose()
+                live.put_nowait(None)
+            self.metrics.count_usage(info.id, reader.usage())
+            return recorder.answer()  # None unless complete: nothing partial is stored
+
+        task = asyncio.create_task(self.cache.get_or_fill(creq, fill))
+        task.add_done_callback(_retrieve_exception)
+        waiter = asyncio.create_task(opened.wait())
+        try:
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            waiter.cancel()
+        if not opened.is_set():
+            res = task.result()  # a hit, a coalesced answer, or an error (raised here)
+            entry = res.entry
+            if entry is None:
+                raise BackendError("broken", "the backend gave no complete answer")
+            if entry.status != 200:
+                return Reply(entry.status, entry.body or b"")
+            payloads = replay.as_stream(entry, route, include_usage=include_usage)
+            headers = {**SSE_HEADERS, **result_headers(res, creq.rule.prices)}
+            return Reply(
+                200, stream=_replayed(payloads), media_type="text/event-stream", headers=headers
+            )
+        status = CacheStatus.BYPASS if creq.control.bypass_read else CacheStatus.MISS
+        headers = {**SSE_HEADERS, **status_headers(status, creq.key.short_id)}
+        return Reply(
+            200,
+            stream=self._live(live, task, route, include_usage, started),
+            media_type="text/event-stream",
+            headers=headers,
+        )
+
+    async def _live(
+        self,
+        live: asyncio.Queue[bytes | BackendError | None],
+        task: asyncio.Task[CacheResult],
+        route: str,
+        include_usage: bool,
+        started: float,
+    ) -> AsyncIterator[bytes]:
+        first = True
+        done = False
+        try:
+            while (item := await live.get()) is not None:
+                if isinstance(item, BackendError):
+                    yield error_event(
+                        f"The backend failed mid-answer: {item.message}",
+                        code="backend_stream_broken",
+                    )
+                    return
+                if first:
+                    self.metrics.ttft.labels(route).observe(time.perf_counter() - started)
+                    first = False
+                if item == DONE:
+                    done = True
+                elif not include_usage and replay.is_usage_only(item):
+                    continue
+                yield event(item)
+            if not done:
+                yield error_event(
+                    "The backend ended the answer early.", code="backend_stream_broken"
+                )
+                return
+            self.metrics.latency.labels(route, "true").observe(time.perf_counter() - started)
+        finally:
+            if not task.done():
+                task.cancel()  # the client has gone: abort the backend, store nothing
+
     def _count_usage(self, info: ModelInfo, body: bytes) -> None:
         try:
             usage = orjson.loads(body).get("usage")
@@ -196,11 +425,15 @@ class OpenAIServing:
 
     # -- embeddings ---------------------------------------------------------------
 
-    async def embeddings(self, body: dict[str, Any], ctx: RequestContext) -> Reply:
+    async def embeddings(
+        self, body: dict[str, Any], ctx: RequestContext, cache: CacheDirectives | None = None
+    ) -> Reply:
         req = msgspec.convert(body, EmbeddingRequest)
         info = self.resolve(req.model, "embeddings")
         if info.backend_name in self.registry.generation:
-            return await self._generate("/v1/embeddings", "embeddings", info, body, False, ctx)
+            return await self._generate(
+                "/v1/embeddings", "embeddings", info, body, False, ctx, cache
+            )
         backend = self.registry.embedding_backend(info)
         try:
             items = embedding_inputs(req.input)
@@ -214,15 +447,33 @@ class OpenAIServing:
                 param="dimensions",
                 code="invalid_value",
             )
-        texts = [t if isinstance(t, str) else backend.detokenize(t) for t in items]
         started = time.perf_counter()
-        result = await backend.embed(texts)
+
+        async def fill() -> CachedAnswer:
+            texts = [t if isinstance(t, str) else backend.detokenize(t) for t in items]
+            body = await self._embed(info, backend, texts, req.encoding_format)
+            return CachedAnswer.from_json(body, model_id=info.id)
+
+        creq = await self._prepare("embeddings", info, body, ctx, cache)
+        if creq is None:
+            answer, headers = await fill(), {}
+        else:
+            assert self.cache is not None
+            res = await self.cache.get_or_fill(creq, fill)
+            assert res.entry is not None
+            answer, headers = res.entry, result_headers(res, creq.rule.prices)
         self.metrics.latency.labels("embeddings", "false").observe(time.perf_counter() - started)
+        return Reply(200, answer.body or b"", headers=headers)
+
+    async def _embed(
+        self, info: ModelInfo, backend: EmbeddingBackend, texts: list[str], encoding: str
+    ) -> bytes:
+        result = await backend.embed(texts)
         vectors = result.vectors
         data: list[dict[str, Any]] = []
         for i in range(len(texts)):
             vec: Any = vectors[i]
-            if req.encoding_format == "base64":
+            if encoding == "base64":
                 vec = base64.b64encode(vec.astype("<f4").tobytes()).decode("ascii")
             data.append({"object": "embedding", "index": i, "embedding": vec})
         tokens = sum(result.token_counts)
@@ -233,4 +484,4 @@ class OpenAIServing:
             "model": info.id,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
-        return Reply(200, orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY))
+        return orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY)

@@ -14,15 +14,19 @@ class SSEReader:
         self._buf = b""
         self.payloads: list[bytes] = []
 
-    def feed(self, chunk: bytes) -> None:
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """Add bytes; returns the payloads of the events they completed."""
         buf = self._buf + chunk
         if b"\r\n" in buf:
             buf = buf.replace(b"\r\n", b"\n")
         *events, self._buf = buf.split(b"\n\n")
+        new: list[bytes] = []
         for event in events:
             data = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line[:5] == b"data:"]
             if data:
-                self.payloads.append(b"\n".join(data))
+                new.append(b"\n".join(data))
+        self.payloads.extend(new)
+        return new
 
     @property
     def done(self) -> bool:

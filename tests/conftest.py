@@ -5,14 +5,18 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from backends.config import LocalEmbeddingBackend, VllmBackend, VllmServer
 from backends.launch import VllmProcess
 from server.config import GatewayConfig, ModelEntry, ServerSettings
+from tests.semcache.conftest import redis_factory, redis_installed, redis_server
 from tests.support.gateway import GatewayThread
 from tests.support.vllm import TINY_MODEL_NAME, free_port, start_tiny_vllm, test_data_dir
+
+__all__ = ["redis_factory", "redis_installed", "redis_server"]  # shared fixtures
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -43,9 +47,15 @@ async def tiny_vllm(data_dir: Path) -> AsyncIterator[VllmProcess]:
         await process.stop()
 
 
-def gateway_config(data_dir: Path, vllm_url: str, model_path: Path | None = None) -> GatewayConfig:
-    """The tiny chat model behind ``vllm_url`` plus the embedded MiniLM embeddings."""
+def gateway_config(
+    data_dir: Path, vllm_url: str, model_path: Path | None = None, **settings: Any
+) -> GatewayConfig:
+    """The tiny chat model behind ``vllm_url`` plus the embedded MiniLM embeddings.
+
+    ``data_dir`` holds the cache tiers: give each gateway its own unless they share a cache.
+    """
     return GatewayConfig(
+        **settings,
         data_dir=str(data_dir),
         server=ServerSettings(max_body_bytes=1024 * 1024),
         models=[
@@ -65,9 +75,12 @@ def gateway_config(data_dir: Path, vllm_url: str, model_path: Path | None = None
 
 
 @pytest.fixture(scope="session")
-def gateway(data_dir: Path, tiny_vllm: VllmProcess) -> Iterator[GatewayThread]:
+def gateway(
+    data_dir: Path, tiny_vllm: VllmProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayThread]:
     model_path = data_dir / "models" / TINY_MODEL_NAME
-    gw = GatewayThread(gateway_config(data_dir, tiny_vllm.url, model_path)).start()
+    cache_dir = tmp_path_factory.mktemp("gateway")
+    gw = GatewayThread(gateway_config(cache_dir, tiny_vllm.url, model_path)).start()
     try:
         yield gw
     finally:

@@ -10,6 +10,7 @@ from litestar.params import FromPath
 from litestar.response import Stream
 
 from backends.protocol import RequestContext
+from server.caching import directives_from, tenant_from
 from server.serving import OpenAIServing, Reply, parse_body
 
 
@@ -23,6 +24,7 @@ def context(request: Request[Any, Any, Any]) -> RequestContext:
     return RequestContext(
         request_id=headers.get("x-request-id") or uuid.uuid4().hex,
         session_affinity=headers.get("x-session-affinity"),
+        tenant=tenant_from(headers),
     )
 
 
@@ -53,21 +55,26 @@ def get_model(request: Request[Any, Any, Any], model: FromPath[str]) -> Response
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     ctx = context(request)
     body = parse_body(await request.body())
-    return respond(await serving(request).chat(body, ctx), ctx)
+    reply = await serving(request).chat(body, ctx, directives_from(request.headers))
+    return respond(reply, ctx)
 
 
 @post("/v1/completions")
 async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
     ctx = context(request)
     body = parse_body(await request.body())
-    return respond(await serving(request).completions(body, ctx), ctx)
+    return respond(
+        await serving(request).completions(body, ctx, directives_from(request.headers)), ctx
+    )
 
 
 @post("/v1/embeddings")
 async def embeddings(request: Request[Any, Any, Any]) -> Response[Any]:
     ctx = context(request)
     body = parse_body(await request.body())
-    return respond(await serving(request).embeddings(body, ctx), ctx)
+    return respond(
+        await serving(request).embeddings(body, ctx, directives_from(request.headers)), ctx
+    )
 
 
 ROUTES = [list_models, get_model, chat_completions, completions, embeddings]

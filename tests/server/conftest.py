@@ -32,13 +32,15 @@ def fake() -> FakeGeneration:
 
 
 @pytest.fixture
-def client(fake: FakeGeneration, embedder: LocalEmbeddingBackend) -> Iterator[TestClient[Any]]:
+def client(
+    fake: FakeGeneration, embedder: LocalEmbeddingBackend, tmp_path: Path
+) -> Iterator[TestClient[Any]]:
     reg = ModelRegistry()
     reg.generation["fake"] = fake
     reg.embedding["minilm"] = embedder
     reg.add(ModelInfo("chat-model", "chat", ("@cf/test/chat",), "t", "fake", "rev1", "tpl"))
     reg.add(ModelInfo("embed-model", "embeddings", ("@cf/test/embed",), "t", "minilm", "r", "n"))
-    config = GatewayConfig(server=ServerSettings(max_body_bytes=64 * 1024))
+    config = GatewayConfig(data_dir=str(tmp_path), server=ServerSettings(max_body_bytes=64 * 1024))
     app = create_app(config, registry=reg)
     with TestClient(app) as c:
         yield c

@@ -86,9 +86,7 @@ async def test_backend_killed_mid_stream_ends_cleanly(data_dir: Path) -> None:
         gateway_config(data_dir, process.url, data_dir / "models" / TINY_MODEL_NAME)
     ).start()
     try:
-        client = openai.AsyncOpenAI(
-            base_url=f"{gw.url}/v1", api_key="t", max_retries=0, timeout=60
-        )
+        client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="t", max_retries=0, timeout=60)
         stream = await client.chat.completions.create(
             model="tiny-chat",
             messages=MESSAGES,

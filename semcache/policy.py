@@ -1,0 +1,336 @@
+"""Cache policy files: a msgspec schema for TOML, validated once, merged into per-route rules.
+
+A policy has a ``defaults`` rule, per-route rules, per-model rules and per-model-per-route
+rules. Each layer is a *partial* override of the one below it::
+
+    defaults < routes.<route> < models."<id>" < models."<id>".routes.<route>
+
+Nested tables (``semantic``, ``prices``) are merged field by field too. Every merged rule is
+computed at load time, so :meth:`Policy.rule` is a dictionary lookup. The format is
+documented in ``policies/README.md``; ``policies/default.toml`` is the embedded default.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal, TypeVar, get_args
+
+import msgspec
+
+from semcache.semantic.settings import SemanticRule
+
+Route = Literal["chat", "completions", "embeddings", "classification"]
+ROUTES: Final[tuple[str, ...]] = get_args(Route)
+
+DEFAULT_POLICY: Final[Path] = Path(__file__).resolve().parent.parent / "policies" / "default.toml"
+
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+PosInt = Annotated[int, msgspec.Meta(gt=0)]
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
+PosFloat = Annotated[float, msgspec.Meta(gt=0.0)]
+
+T = TypeVar("T")
+
+
+class PolicyError(Exception):
+    """A policy file is missing, unreadable or invalid; the message names file and field."""
+
+
+# --------------------------------------------------------------------------- resolved rule
+
+
+class Prices(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """USD per million tokens, used to count the money a cache hit saved."""
+
+    input_per_m: NonNegFloat = 0.0
+    output_per_m: NonNegFloat = 0.0
+
+    def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float:
+        """What the backend would have cost for this many tokens."""
+        return (prompt_tokens * self.input_per_m + completion_tokens * self.output_per_m) / 1e6
+
+
+class CacheRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The merged cache rule for one (model, route)."""
+
+    cacheable: bool = True
+    ttl_s: NonNegInt = 3600
+    """How long a stored answer is fresh. 0 stores nothing."""
+    max_ttl_s: NonNegInt = 86_400
+    """Upper bound for a TTL asked by a request (``cf-aig-cache-ttl``, ``max-age``)."""
+    swr_s: NonNegInt = 0
+    """stale-while-revalidate window after expiry (RFC 5861); 0 disables it."""
+    shared: bool = False
+    """Answers are shared across tenants (the key's scope is ``shared``)."""
+    deterministic_only: bool = True
+    """Only cache requests with temperature 0 (or greedy top_k=1) or a fixed seed."""
+    semantic: SemanticRule = msgspec.field(default_factory=SemanticRule)
+    prices: Prices = msgspec.field(default_factory=Prices)
+
+
+# --------------------------------------------------------------------------- file schema
+
+
+class _RulePatch(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One layer of a policy file: any subset of the rule fields.
+
+    Only used to validate a layer with precise error paths; merging works on the raw tables
+    so that a partial ``semantic`` or ``prices`` table overrides only the fields it names.
+    """
+
+    cacheable: bool | msgspec.UnsetType = msgspec.UNSET
+    ttl_s: NonNegInt | msgspec.UnsetType = msgspec.UNSET
+    max_ttl_s: NonNegInt | msgspec.UnsetType = msgspec.UNSET
+    swr_s: NonNegInt | msgspec.UnsetType = msgspec.UNSET
+    shared: bool | msgspec.UnsetType = msgspec.UNSET
+    deterministic_only: bool | msgspec.UnsetType = msgspec.UNSET
+    semantic: SemanticRule | msgspec.UnsetType = msgspec.UNSET
+    prices: Prices | msgspec.UnsetType = msgspec.UNSET
+
+
+class MemoryTier(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """L1: in-process LRU bounded in bytes (per worker process)."""
+
+    max_bytes: NonNegInt = 64 * 1024 * 1024
+    """0 disables the memory tier."""
+
+
+class DiskTier(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """L2: ``diskcache`` directory shared by the workers of one machine."""
+
+    enabled: bool = True
+    dir: str = "cache/exact"
+    """Relative paths are resolved against the gateway's data directory."""
+    max_bytes: PosInt = 1024 * 1024 * 1024
+    eviction: Literal["least-recently-stored", "least-recently-used", "least-frequently-used"] = (
+        "least-recently-stored"
+    )
+
+
+class RedisTier(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """L3: a Redis/Valkey server shared by several gateways. No URL → no L3."""
+
+    url: str | None = None
+    prefix: str = "semcache"
+    timeout_s: PosFloat = 0.25
+    """Socket connect/read timeout: a slow Redis costs at most this much per call."""
+    retry_after_s: PosFloat = 0.5
+    """First back-off after a failure; doubles up to ``max_retry_after_s``."""
+    max_retry_after_s: PosFloat = 10.0
+    epoch_recheck_s: NonNegFloat = 0.0
+    """How old the local copy of the purge epochs may get before a read rechecks Redis.
+    0 checks on every lookup (one small GET) so a purge is seen at once by every gateway;
+    pub/sub pushes bumps in any case."""
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.url)
+
+
+class TierSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    memory: MemoryTier = msgspec.field(default_factory=MemoryTier)
+    disk: DiskTier = msgspec.field(default_factory=DiskTier)
+    redis: RedisTier = msgspec.field(default_factory=RedisTier)
+
+
+class AdminSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Who may purge: a bearer token given inline or (better) through an environment variable."""
+
+    token: str | None = None
+    token_env: str | None = "SEMCACHE_ADMIN_TOKEN"
+
+    def resolve_token(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The admin token (environment variable first), or None when none is configured."""
+        env = os.environ if environ is None else environ
+        if self.token_env and env.get(self.token_env):
+            return env[self.token_env]
+        return self.token or None
+
+
+class _PolicyHead(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Top level of a policy file; rule layers stay raw tables and are checked one by one."""
+
+    version: Literal[1] = 1
+    tiers: TierSettings = msgspec.field(default_factory=TierSettings)
+    admin: AdminSettings = msgspec.field(default_factory=AdminSettings)
+    defaults: dict[str, Any] = msgspec.field(default_factory=dict)
+    routes: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    models: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- loaded policy
+
+
+class Policy(msgspec.Struct, frozen=True, kw_only=True):
+    """A validated policy snapshot. Immutable: reloading builds a new one."""
+
+    source: str
+    tiers: TierSettings
+    admin: AdminSettings
+    defaults: CacheRule
+    route_rules: dict[str, CacheRule]
+    """Rule per route for models without their own table."""
+    model_rules: dict[tuple[str, str], CacheRule]
+    """Rule per (model id, route) for models named in the file."""
+
+    def rule(self, model_id: str, route: str) -> CacheRule:
+        """The merged rule for a model (gateway model id, aliases resolved) and route.
+
+        An unknown route gets the ``defaults`` rule.
+        """
+        found = self.model_rules.get((model_id, route))
+        if found is not None:
+            return found
+        return self.route_rules.get(route, self.defaults)
+
+    @property
+    def model_ids(self) -> frozenset[str]:
+        """Models named in the file (the server may check them against its registry)."""
+        return frozenset(m for m, _ in self.model_rules)
+
+
+# --------------------------------------------------------------------------- loading
+
+_PATH_IN_MSG = re.compile(r"`\$([^`]*)`")
+
+
+def _toml_key(key: str) -> str:
+    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else f'"{key}"'
+
+
+def _convert(obj: object, typ: type[T], source: str, path: str) -> T:
+    """``msgspec.convert`` with errors rewritten to ``FILE: dotted.toml.path: message``."""
+    try:
+        return msgspec.convert(obj, typ)
+    except msgspec.ValidationError as exc:
+        what, _, loc = str(exc).partition(" - at ")
+        m = _PATH_IN_MSG.search(loc)
+        inner = m.group(1).lstrip(".") if m else ""
+        where = ".".join(p for p in (path, inner) if p) or "(top level)"
+        if loc.startswith("`key`"):
+            what += " (as a table key)"
+        raise PolicyError(f"{source}: {where}: {what}") from None
+
+
+def _merge(base: dict[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in patch.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = _merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _check_layer(table: Mapping[str, Any], source: str, path: str) -> dict[str, Any]:
+    _convert(table, _RulePatch, source, path)
+    return dict(table)
+
+
+def _resolve(merged: dict[str, Any], source: str, path: str) -> CacheRule:
+    rule = _convert(merged, CacheRule, source, path)
+    if rule.ttl_s > rule.max_ttl_s:
+        raise PolicyError(
+            f"{source}: {path}.ttl_s: {rule.ttl_s} is above max_ttl_s ({rule.max_ttl_s}); "
+            "expected ttl_s <= max_ttl_s"
+        )
+    sem = rule.semantic
+    if sem.min_threshold > sem.threshold:
+        raise PolicyError(
+            f"{source}: {path}.semantic.min_threshold: {sem.min_threshold} is above threshold "
+            f"({sem.threshold}); expected min_threshold <= threshold"
+        )
+    return rule
+
+
+def _check_routes(routes: Mapping[str, Any], source: str, path: str) -> None:
+    for name in routes:
+        if name not in ROUTES:
+            raise PolicyError(
+                f"{source}: {path}.{_toml_key(name)}: unknown route; expected one of "
+                f"{', '.join(ROUTES)}"
+            )
+
+
+def parse_policy(data: Mapping[str, Any], source: str = "<policy>") -> Policy:
+    """Validate a decoded TOML document and precompute every merged rule."""
+    head = _convert(data, _PolicyHead, source, "")
+    base = _check_layer(head.defaults, source, "defaults")
+    defaults = _resolve(base, source, "defaults")
+
+    _check_routes(head.routes, source, "routes")
+    route_tables = {r: _check_layer(t, source, f"routes.{r}") for r, t in head.routes.items()}
+    route_merged = {r: _merge(base, route_tables.get(r, {})) for r in ROUTES}
+    route_rules = {r: _resolve(route_merged[r], source, f"routes.{r}") for r in ROUTES}
+
+    model_rules: dict[tuple[str, str], CacheRule] = {}
+    for model_id, table in head.models.items():
+        mpath = f"models.{_toml_key(model_id)}"
+        own = {k: v for k, v in table.items() if k != "routes"}
+        _check_layer(own, source, mpath)
+        per_route = table.get("routes", {})
+        if not isinstance(per_route, Mapping):
+            raise PolicyError(f"{source}: {mpath}.routes: expected a table of routes")
+        _check_routes(per_route, source, f"{mpath}.routes")
+        for r in ROUTES:
+            top = per_route.get(r, {})
+            rpath = f"{mpath}.routes.{r}"
+            if not isinstance(top, Mapping):
+                raise PolicyError(f"{source}: {rpath}: expected a table")
+            _check_layer(top, source, rpath)
+            merged = _merge(_merge(route_merged[r], own), top)
+            model_rules[(model_id, r)] = _resolve(
+                merged, source, rpath if r in per_route else mpath
+            )
+
+    return Policy(
+        source=source,
+        tiers=head.tiers,
+        admin=head.admin,
+        defaults=defaults,
+        route_rules=route_rules,
+        model_rules=model_rules,
+    )
+
+
+def load_policy(path: str | Path | None = None) -> Policy:
+    """Load and validate a policy file (default: the embedded ``policies/default.toml``)."""
+    p = Path(path) if path is not None else DEFAULT_POLICY
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError(f"{p}: cannot read: {exc.strerror or exc}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"{p}: invalid TOML: {exc}") from None
+    return parse_policy(data, str(p))
+
+
+class PolicyHolder:
+    """Holds the current policy snapshot; :meth:`reload` swaps it only when the new one is valid.
+
+    Readers call :attr:`current` per request and keep that snapshot for the request's life.
+    Tier settings are read once when the cache is built: a reload changes rules, not tiers.
+    """
+
+    def __init__(self, path: str | Path | None = None, policy: Policy | None = None) -> None:
+        self.path: Path = Path(path) if path is not None else DEFAULT_POLICY
+        self._current: Policy = policy if policy is not None else load_policy(self.path)
+
+    @property
+    def current(self) -> Policy:
+        return self._current
+
+    def reload(self) -> PolicyError | None:
+        """Re-read the file. On error keep the old policy and return the error (never raises)."""
+        try:
+            new = load_policy(self.path)
+        except PolicyError as exc:
+            return exc
+        self._current = new
+        return None

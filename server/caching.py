@@ -1,0 +1,122 @@
+"""HTTP ↔ cache mapping: request headers → `CacheControl`, cache results → response headers.
+
+Request headers (RFC 9111 and Cloudflare AI Gateway):
+``Cache-Control: no-cache`` (do not serve from cache), ``no-store`` (do not store),
+``max-age=N`` (serve only answers at most N s old); ``cf-aig-skip-cache: true`` (neither
+read nor store), ``cf-aig-cache-ttl: N`` (TTL of the stored answer, capped by policy),
+``cf-aig-cache-key: K`` (a custom key, also a purge tag), ``x-semcache-tags: a,b``.
+Response headers: ``Cache-Status`` (RFC 9211), ``cf-aig-cache-status``, ``Age``,
+``x-semcache-key`` (the key's short id) and, on hits, what the hit saved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+
+import msgspec
+
+from semcache.entry import CachedAnswer
+from semcache.exact import CacheControl, CacheResult, CacheStatus
+from semcache.policy import Prices
+
+
+class CacheDirectives(msgspec.Struct, frozen=True, kw_only=True):
+    """What a request's headers ask of the cache."""
+
+    control: CacheControl = CacheControl()
+    custom_key: str | None = None
+    tags: tuple[str, ...] = ()
+
+
+def _int(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        n = int(value.strip())
+    except ValueError:
+        return None
+    return n if n >= 0 else None
+
+
+def directives_from(headers: Mapping[str, str]) -> CacheDirectives:
+    """Parse the cache-related request headers (unknown or malformed values are ignored)."""
+    bypass = no_store = False
+    max_age: int | None = None
+    for part in (headers.get("cache-control") or "").lower().split(","):
+        name, _, value = part.strip().partition("=")
+        if name == "no-cache":
+            bypass = True
+        elif name == "no-store":
+            no_store = True
+        elif name == "max-age":
+            max_age = _int(value.strip('"'))
+    if (headers.get("cf-aig-skip-cache") or "").strip().lower() in ("true", "1", "yes"):
+        bypass = no_store = True
+    ttl = _int(headers.get("cf-aig-cache-ttl"))
+    custom = (headers.get("cf-aig-cache-key") or "").strip() or None
+    tags = [t.strip() for t in (headers.get("x-semcache-tags") or "").split(",") if t.strip()]
+    if custom:
+        tags.append(custom)
+    return CacheDirectives(
+        control=CacheControl(bypass_read=bypass, no_store=no_store, ttl_s=ttl, max_age_s=max_age),
+        custom_key=custom,
+        tags=tuple(tags),
+    )
+
+
+def tenant_from(headers: Mapping[str, str]) -> str:
+    """The tenant scope of a request: a hash of its API key (never the key itself)."""
+    auth = headers.get("authorization") or ""
+    token = auth[7:].strip() if auth[:7].lower() == "bearer " else auth.strip()
+    if not token:
+        return "anonymous"
+    return "key:" + hashlib.blake2b(token.encode(), digest_size=8).hexdigest()
+
+
+_RFC9211 = {
+    CacheStatus.HIT: "hit",
+    CacheStatus.STALE: "hit",
+    CacheStatus.MISS: "fwd=uri-miss",
+    CacheStatus.EXPIRED: "fwd=stale",
+    CacheStatus.BYPASS: "fwd=bypass",
+}
+
+
+def status_headers(
+    status: CacheStatus,
+    short_id: str,
+    *,
+    entry: CachedAnswer | None = None,
+    age_s: float = 0.0,
+    stored: bool = False,
+    prices: Prices | None = None,
+) -> dict[str, str]:
+    """Response headers describing how the cache handled a request."""
+    rfc = f"semcache; {_RFC9211[status]}"
+    if status in (CacheStatus.HIT, CacheStatus.STALE) and entry is not None:
+        rfc += f"; ttl={math.floor(entry.ttl_s - age_s)}"  # negative when stale (RFC 9211)
+    elif stored:
+        rfc += "; stored"
+    rfc += f'; key="{short_id}"'
+    out = {"cache-status": rfc, "cf-aig-cache-status": status.value, "x-semcache-key": short_id}
+    if status in (CacheStatus.HIT, CacheStatus.STALE) and entry is not None:
+        out["age"] = str(int(age_s))
+        u = entry.usage
+        out["x-semcache-saved-tokens"] = str(u.prompt_tokens + u.completion_tokens)
+        if prices is not None:
+            usd = prices.cost_usd(u.prompt_tokens, u.completion_tokens)
+            out["x-semcache-saved-usd"] = f"{usd:.8f}"
+    return out
+
+
+def result_headers(res: CacheResult, prices: Prices | None = None) -> dict[str, str]:
+    return status_headers(
+        res.status,
+        res.key.short_id,
+        entry=res.entry,
+        age_s=res.age_s,
+        stored=res.stored,
+        prices=prices,
+    )

@@ -1,0 +1,61 @@
+"""Admin API: cache purge and policy reload, behind the admin token of the policy."""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any, Literal
+
+import msgspec
+import orjson
+from litestar import Request, Response, post
+
+from semcache.policy import PolicyHolder
+from server.errors import ApiError
+from server.serving import OpenAIServing, parse_body
+
+PurgeKind = Literal["key", "model", "tenant", "scope", "tag", "all"]
+
+
+class PurgeRequest(msgspec.Struct, forbid_unknown_fields=True):
+    kind: PurgeKind
+    target: str = ""
+
+
+def _authorize(request: Request[Any, Any, Any]) -> None:
+    policy: PolicyHolder = request.app.state.policy
+    token = policy.current.admin.resolve_token()
+    auth = request.headers.get("authorization") or ""
+    given = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+    if not given:
+        raise ApiError(401, "The admin API needs `Authorization: Bearer <admin token>`.")
+    if token is None:
+        raise ApiError(403, "The admin API is disabled: no admin token is configured.")
+    if not hmac.compare_digest(given.encode(), token.encode()):
+        raise ApiError(403, "Wrong admin token.")
+
+
+@post("/admin/cache/purge", status_code=200)
+async def purge(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Purge by key (digest or short id), model, tenant, scope, tag, or all."""
+    _authorize(request)
+    req = msgspec.convert(parse_body(await request.body()), PurgeRequest)
+    if req.kind != "all" and not req.target:
+        raise ApiError(400, f"Purge by {req.kind} needs a `target`.", param="target")
+    serving: OpenAIServing = request.app.state.serving
+    if serving.cache is None:
+        raise ApiError(409, "The cache is disabled on this gateway.", code="cache_disabled")
+    result = await serving.cache.purge(req.kind, req.target)
+    return Response(orjson.dumps(msgspec.to_builtins(result)), media_type="application/json")
+
+
+@post("/admin/policy/reload", status_code=200)
+async def reload_policy(request: Request[Any, Any, Any]) -> Response[bytes]:
+    _authorize(request)
+    policy: PolicyHolder = request.app.state.policy
+    error = policy.reload()
+    if error is not None:
+        raise ApiError(400, f"The new policy is invalid; the current one stays: {error}")
+    return Response(b'{"reloaded":true}', media_type="application/json")
+
+
+ROUTES = [purge, reload_policy]

@@ -1,0 +1,93 @@
+"""Stored entries: sealed to their key, rejected when damaged; only complete streams recorded."""
+
+from __future__ import annotations
+
+import pytest
+
+from semcache.entry import (
+    CHECKSUM_BYTES,
+    SSE,
+    CachedAnswer,
+    IntegrityError,
+    StreamRecorder,
+    Usage,
+    decode_entry,
+    encode_entry,
+)
+from tests.semcache import payloads
+
+DIGEST = "ab" * 32
+OTHER = "cd" * 32
+
+
+def sample() -> CachedAnswer:
+    answer = CachedAnswer.from_json(payloads.chat_json(), model_id="qwen3-0.6b")
+    answer.created_at, answer.ttl_s, answer.swr_s = 1_700_000_000.5, 60, 10
+    answer.tags, answer.epochs = ("faq",), {"tag:faq": 2}
+    return answer
+
+
+def test_from_json_reads_usage() -> None:
+    answer = CachedAnswer.from_json(payloads.chat_json(prompt_tokens=14, completion_tokens=8))
+    assert answer.usage == Usage(14, 8)
+    assert CachedAnswer.from_json(payloads.embeddings_json()).usage == Usage(4, 0)
+    assert CachedAnswer.from_json(b"not json").usage == Usage()
+
+
+def test_round_trip() -> None:
+    entry = sample()
+    assert decode_entry(encode_entry(entry, DIGEST), DIGEST) == entry
+
+
+def test_every_flipped_byte_is_detected() -> None:
+    blob = bytearray(encode_entry(sample(), DIGEST))
+    for i in range(0, len(blob), max(1, len(blob) // 40)):
+        damaged = bytearray(blob)
+        damaged[i] ^= 0x01
+        with pytest.raises(IntegrityError):
+            decode_entry(bytes(damaged), DIGEST)
+
+
+def test_entry_is_bound_to_its_key() -> None:
+    with pytest.raises(IntegrityError):
+        decode_entry(encode_entry(sample(), DIGEST), OTHER)
+
+
+def test_truncated_entry_is_rejected() -> None:
+    blob = encode_entry(sample(), DIGEST)
+    for cut in (0, CHECKSUM_BYTES, len(blob) - 1):
+        with pytest.raises(IntegrityError):
+            decode_entry(blob[:cut], DIGEST)
+
+
+def test_complete_stream_is_recorded_with_usage() -> None:
+    rec = StreamRecorder("qwen3-0.6b")
+    rec.feed_many([*payloads.chat_stream(), b"[DONE]"])
+    answer = rec.answer()
+    assert answer is not None and answer.content_type == SSE
+    assert answer.chunks == payloads.chat_stream()
+    assert answer.usage == Usage(14, 8)
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        pytest.param(payloads.chat_stream()[:-2], id="cut before finish"),
+        pytest.param([*payloads.chat_stream()[:-2], b"[DONE]"], id="done without finish"),
+        pytest.param(payloads.chat_stream(), id="no [DONE]"),
+        pytest.param(
+            [*payloads.chat_stream()[:2], b'{"error": {"message": "engine dead"}}', b"[DONE]"],
+            id="error chunk",
+        ),
+        pytest.param([*payloads.chat_stream()[:2], b"{not json", b"[DONE]"], id="garbage"),
+        pytest.param([b"[DONE]"], id="empty"),
+        pytest.param(
+            [*payloads.chat_stream(), b"[DONE]", payloads.chat_stream()[1]], id="data after [DONE]"
+        ),
+    ],
+)
+def test_incomplete_streams_are_not_recorded(stream: list[bytes]) -> None:
+    rec = StreamRecorder()
+    rec.feed_many(stream)
+    assert not rec.complete
+    assert rec.answer() is None

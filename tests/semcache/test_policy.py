@@ -1,0 +1,166 @@
+"""Policy files: layered rules, validation errors that name file and field, safe reload."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from semcache.policy import (
+    DEFAULT_POLICY,
+    ROUTES,
+    PolicyError,
+    PolicyHolder,
+    load_policy,
+    parse_policy,
+)
+
+LAYERED = """
+[defaults]
+ttl_s = 100
+swr_s = 10
+[defaults.prices]
+input_per_m = 0.1
+[defaults.semantic]
+threshold = 0.95
+
+[routes.chat]
+swr_s = 20
+
+[models."qwen3-0.6b"]
+ttl_s = 300
+prices = { output_per_m = 0.384, input_per_m = 0.045 }
+[models."qwen3-0.6b".semantic]
+enabled = true
+
+[models."qwen3-0.6b".routes.chat]
+shared = true
+deterministic_only = false
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "policy.toml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_embedded_default_is_valid_and_documented() -> None:
+    policy = load_policy()
+    assert policy.source == str(DEFAULT_POLICY)
+    for route in ROUTES:
+        assert policy.rule("any-model", route).cacheable
+    assert policy.rule("any-model", "embeddings").shared
+    assert not policy.rule("any-model", "chat").shared
+    assert policy.tiers.redis.url is None and policy.tiers.disk.enabled
+    readme = (DEFAULT_POLICY.parent / "README.md").read_text()
+    for field in (
+        "ttl_s",
+        "max_ttl_s",
+        "swr_s",
+        "shared",
+        "deterministic_only",
+        "prices",
+        "semantic",
+        "tiers.redis",
+        "admin",
+    ):
+        assert field in readme
+
+
+def test_layers_override_field_by_field(tmp_path: Path) -> None:
+    policy = load_policy(write(tmp_path, LAYERED))
+    chat = policy.rule("qwen3-0.6b", "chat")
+    # model-route layer
+    assert chat.shared and not chat.deterministic_only
+    # model layer
+    assert chat.ttl_s == 300
+    assert chat.prices.input_per_m == 0.045 and chat.prices.output_per_m == 0.384
+    # nested tables merge: model sets enabled, defaults set threshold
+    assert chat.semantic.enabled and chat.semantic.threshold == 0.95
+    # route layer
+    assert chat.swr_s == 20
+    emb = policy.rule("qwen3-0.6b", "embeddings")
+    assert emb.swr_s == 10 and not emb.shared and emb.ttl_s == 300
+    other = policy.rule("other-model", "chat")
+    assert other.ttl_s == 100 and other.swr_s == 20 and other.prices.input_per_m == 0.1
+    assert policy.rule("other-model", "no-such-route") == policy.defaults
+    assert policy.model_ids == {"qwen3-0.6b"}
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "expected"),
+    [
+        ("[defaults]\nttl_s = -5", "defaults.ttl_s", ">= 0"),
+        ("[defaults]\nttl_s = 'long'", "defaults.ttl_s", "Expected `int`"),
+        ("[routes.chatt]\nttl_s = 1", "routes.chatt", "expected one of chat"),
+        ('[models."a/b".routes.chat]\nswr_s = 1.5', 'models."a/b".routes.chat.swr_s', "`int`"),
+        ('[models."a/b".semantic]\nthreshold = 1.2', 'models."a/b".semantic.threshold', "<= 1.0"),
+        ("[models.m]\nttl_s = 999999", "models.m.ttl_s", "expected ttl_s <= max_ttl_s"),
+        ("[models.m.routes.chat.prices]\ninput = 1", "models.m.routes.chat.prices", "`input`"),
+        ("[tiers.memory]\nmax_bytes = -1", "tiers.memory.max_bytes", ">= 0"),
+        ("[tiers.redis]\ntimeout_s = 0", "tiers.redis.timeout_s", "> 0"),
+        ("[admin]\ntokn = 'x'", "admin", "`tokn`"),
+        ("cache = true", "(top level)", "`cache`"),
+        ("[defaults.semantic]\nthreshold = 0.5", "defaults.semantic.min_threshold", "threshold"),
+    ],
+)
+def test_errors_name_file_field_and_expectation(
+    tmp_path: Path, text: str, field: str, expected: str
+) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(PolicyError) as err:
+        load_policy(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: {field}: "), message
+    assert expected in message
+
+
+def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match="cannot read"):
+        load_policy(tmp_path / "missing.toml")
+    bad = write(tmp_path, "[defaults\nttl_s = 1")
+    with pytest.raises(PolicyError, match=f"{bad}: invalid TOML"):
+        load_policy(bad)
+
+
+def test_parse_policy_names_its_source() -> None:
+    with pytest.raises(PolicyError, match=r"^inline: defaults\.swr_s"):
+        parse_policy(tomllib.loads("[defaults]\nswr_s = -1"), "inline")
+
+
+def test_reload_keeps_the_old_policy_when_the_new_one_is_invalid(tmp_path: Path) -> None:
+    path = write(tmp_path, "[defaults]\nttl_s = 100")
+    holder = PolicyHolder(path)
+    before = holder.current
+    assert before.defaults.ttl_s == 100
+
+    path.write_text("[defaults]\nttl_s = 'soon'")
+    error = holder.reload()
+    assert isinstance(error, PolicyError) and "defaults.ttl_s" in str(error)
+    assert holder.current is before
+
+    path.unlink()
+    assert isinstance(holder.reload(), PolicyError)
+    assert holder.current is before
+
+    path.write_text("[defaults]\nttl_s = 200")
+    assert holder.reload() is None
+    assert holder.current.defaults.ttl_s == 200
+
+
+def test_admin_token_prefers_the_environment() -> None:
+    policy = parse_policy(tomllib.loads("[admin]\ntoken = 'inline'\ntoken_env = 'X_TOKEN'"))
+    assert policy.admin.resolve_token({}) == "inline"
+    assert policy.admin.resolve_token({"X_TOKEN": "from-env"}) == "from-env"
+    assert parse_policy({"admin": {"token_env": None}}).admin.resolve_token({}) is None
+
+
+def test_prices_compute_cost() -> None:
+    rule = load_policy(Path(DEFAULT_POLICY)).defaults
+    assert rule.prices.cost_usd(1_000_000, 1_000_000) == 0.0
+    priced = parse_policy(
+        tomllib.loads("[defaults.prices]\ninput_per_m = 0.045\noutput_per_m = 0.384")
+    ).defaults
+    assert priced.prices.cost_usd(2_000_000, 500_000) == pytest.approx(0.09 + 0.192)

@@ -1,0 +1,353 @@
+"""The exact cache through the real gateway and a real vLLM: headers, replay, purge, tiers."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from backends.launch import VllmProcess
+from tests.conftest import gateway_config
+from tests.semcache.conftest import RedisServer
+from tests.support.gateway import GatewayThread
+from tests.support.vllm import TINY_MODEL_NAME, parse_metric
+
+pytestmark = pytest.mark.slow
+
+ADMIN = "admin-secret"
+
+
+def write_policy(path: Path, redis_url: str | None = None, extra: str = "") -> Path:
+    redis = f'url = "{redis_url}"' if redis_url else ""
+    path.write_text(
+        f"""
+version = 1
+[tiers.memory]
+max_bytes = 16_000_000
+[tiers.disk]
+dir = "cache"
+[tiers.redis]
+{redis}
+[admin]
+token = "{ADMIN}"
+[defaults]
+ttl_s = 600
+swr_s = 60
+[defaults.prices]
+input_per_m = 0.045
+output_per_m = 0.384
+[routes.embeddings]
+shared = true
+{extra}
+"""
+    )
+    return path
+
+
+def start_gateway(
+    tmp: Path, data_dir: Path, vllm: VllmProcess, redis_url: str | None = None
+) -> GatewayThread:
+    policy = write_policy(tmp / "policy.toml", redis_url)
+    model = data_dir / "models" / TINY_MODEL_NAME
+    return GatewayThread(gateway_config(tmp, vllm.url, model, policy=str(policy))).start()
+
+
+@pytest.fixture
+def gw(tmp_path: Path, data_dir: Path, tiny_vllm: VllmProcess) -> Iterator[GatewayThread]:
+    g = start_gateway(tmp_path, data_dir, tiny_vllm)
+    yield g
+    g.stop()
+
+
+def chat_body(text: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": "tiny-chat",
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 12,
+        "temperature": 0,
+        **extra,
+    }
+
+
+def backend_requests(vllm: VllmProcess) -> float:
+    return parse_metric(httpx.get(f"{vllm.url}/metrics").text, "vllm:request_success_total")
+
+
+def post(gw: GatewayThread, body: dict[str, Any], **headers: str) -> httpx.Response:
+    return httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
+
+
+def sse_payloads(text: str) -> list[dict[str, Any]]:
+    out = []
+    for line in text.splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            out.append(orjson.loads(line[6:]))
+    return out
+
+
+def test_hit_replays_the_same_answer_without_the_backend(
+    gw: GatewayThread, tiny_vllm: VllmProcess
+) -> None:
+    body = chat_body(f"hit test {random.random()}")
+    first = post(gw, body)
+    assert first.headers["cf-aig-cache-status"] == "MISS"
+    assert "fwd=uri-miss" in first.headers["cache-status"]
+    before = backend_requests(tiny_vllm)
+    second = post(gw, body)
+    assert second.headers["cf-aig-cache-status"] == "HIT"
+    assert second.headers["cache-status"].startswith("semcache; hit")
+    assert int(second.headers["age"]) >= 0
+    assert second.headers["x-semcache-key"] == first.headers["x-semcache-key"]
+    assert second.content == first.content
+    saved = int(second.headers["x-semcache-saved-tokens"])
+    assert saved == first.json()["usage"]["total_tokens"]
+    assert float(second.headers["x-semcache-saved-usd"]) > 0
+    assert backend_requests(tiny_vllm) == before
+    # equal-meaning body (key order, 1 vs 1.0, defaults spelled out) → same entry
+    same = {**dict(reversed(list(body.items()))), "top_p": 1.0, "n": 1}
+    assert post(gw, same).headers["cf-aig-cache-status"] == "HIT"
+    assert post(gw, {**body, "max_tokens": 13}).headers["cf-aig-cache-status"] == "MISS"
+
+
+def test_stream_and_json_replay_each_other(gw: GatewayThread) -> None:
+    client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="k", max_retries=0)
+    msgs: Any = [{"role": "user", "content": f"stream replay {random.random()}"}]
+    live = list(
+        client.chat.completions.create(
+            model="tiny-chat", messages=msgs, max_tokens=10, temperature=0, stream=True
+        )
+    )
+    assert all(c.usage is None for c in live)  # the client did not ask for usage
+    text = "".join(c.choices[0].delta.content or "" for c in live if c.choices)
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny-chat", messages=msgs, max_tokens=10, temperature=0
+    )
+    assert raw.headers["cf-aig-cache-status"] == "HIT"
+    as_json = raw.parse()
+    assert as_json.choices[0].message.content == text
+    assert as_json.usage is not None and as_json.usage.completion_tokens == 10
+    replayed = list(
+        client.chat.completions.create(
+            model="tiny-chat",
+            messages=msgs,
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in replayed if c.choices) == text
+    assert replayed[-1].usage is not None and replayed[-1].usage.completion_tokens == 10
+    # and a JSON-populated entry replays as a stream
+    msgs2: Any = [{"role": "user", "content": f"json first {random.random()}"}]
+    plain = client.chat.completions.create(
+        model="tiny-chat", messages=msgs2, max_tokens=10, temperature=0
+    )
+    r = httpx.post(
+        f"{gw.url}/v1/chat/completions",
+        json={
+            "model": "tiny-chat",
+            "messages": msgs2,
+            "max_tokens": 10,
+            "temperature": 0,
+            "stream": True,
+        },
+        headers={"authorization": "Bearer k"},  # the same tenant as the SDK client
+    )
+    assert r.headers["cf-aig-cache-status"] == "HIT"
+    assert r.text.rstrip().endswith("data: [DONE]")
+    chunks = sse_payloads(r.text)
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == (
+        plain.choices[0].message.content
+    )
+
+
+def test_sampled_requests_are_not_cached(gw: GatewayThread) -> None:
+    body = chat_body("sampled", temperature=0.9)
+    assert post(gw, body).headers["cf-aig-cache-status"] == "BYPASS"  # policy: not cacheable
+    assert post(gw, body).headers["cf-aig-cache-status"] == "BYPASS"
+    seeded = chat_body(f"seeded {random.random()}", temperature=0.9, seed=3)
+    post(gw, seeded)
+    assert post(gw, seeded).headers["cf-aig-cache-status"] == "HIT"
+
+
+def test_request_headers_control_the_cache(gw: GatewayThread) -> None:
+    body = chat_body(f"headers {random.random()}")
+    assert post(gw, body, **{"cache-control": "no-store"}).headers["cf-aig-cache-status"] == "MISS"
+    assert post(gw, body).headers["cf-aig-cache-status"] == "MISS"  # no-store stored nothing
+    assert post(gw, body).headers["cf-aig-cache-status"] == "HIT"
+    assert post(gw, body, **{"cache-control": "no-cache"}).headers["cf-aig-cache-status"] == (
+        "BYPASS"
+    )
+    assert post(gw, body, **{"cf-aig-skip-cache": "true"}).headers["cf-aig-cache-status"] == (
+        "BYPASS"
+    )
+    time.sleep(1.1)
+    assert post(gw, body, **{"cache-control": "max-age=0"}).headers["cf-aig-cache-status"] in (
+        "EXPIRED",
+        "MISS",
+    )
+
+
+def test_ttl_then_stale_while_revalidate(gw: GatewayThread, tiny_vllm: VllmProcess) -> None:
+    body = chat_body(f"swr {random.random()}")
+    assert post(gw, body, **{"cf-aig-cache-ttl": "1"}).headers["cf-aig-cache-status"] == "MISS"
+    time.sleep(1.5)
+    before = backend_requests(tiny_vllm)
+    stale = post(gw, body)
+    assert stale.headers["cf-aig-cache-status"] == "STALE"
+    assert int(stale.headers["age"]) >= 1
+    assert "ttl=-" in stale.headers["cache-status"]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # exactly one background refresh
+        r = post(gw, body)
+        if r.headers["cf-aig-cache-status"] == "HIT":
+            break
+        time.sleep(0.2)
+    assert r.headers["cf-aig-cache-status"] == "HIT"
+    assert int(r.headers["age"]) <= 1
+    assert backend_requests(tiny_vllm) - before == 1
+
+
+async def test_concurrent_identical_misses_make_one_backend_call(
+    gw: GatewayThread, tiny_vllm: VllmProcess
+) -> None:
+    body = chat_body(f"coalesce {random.random()}", max_tokens=40)
+    before = backend_requests(tiny_vllm)
+    async with httpx.AsyncClient(timeout=120) as client:
+        rs = await asyncio.gather(
+            *(client.post(f"{gw.url}/v1/chat/completions", json=body) for _ in range(50))
+        )
+    assert {r.status_code for r in rs} == {200}
+    assert len({r.json()["choices"][0]["message"]["content"] for r in rs}) == 1
+    assert backend_requests(tiny_vllm) - before == 1
+
+
+def test_tenants_never_see_each_others_answers(gw: GatewayThread) -> None:
+    rng = random.Random(7)
+    prompts = [f"tenant prompt {i} {random.random()}" for i in range(4)]
+    tenants = [f"sk-tenant-{i}" for i in range(6)]
+    seen: set[tuple[str, str]] = set()
+    order = [(t, p) for t in tenants for p in prompts] * 2
+    rng.shuffle(order)
+    for tenant, prompt in order:
+        r = post(gw, chat_body(prompt), authorization=f"Bearer {tenant}")
+        status = r.headers["cf-aig-cache-status"]
+        assert status == ("HIT" if (tenant, prompt) in seen else "MISS"), (tenant, prompt)
+        seen.add((tenant, prompt))
+
+
+def test_shared_route_hits_across_tenants(gw: GatewayThread) -> None:
+    body = {"model": "all-MiniLM-L6-v2", "input": f"shared {random.random()}"}
+    a = httpx.post(f"{gw.url}/v1/embeddings", json=body, headers={"authorization": "Bearer a"})
+    b = httpx.post(f"{gw.url}/v1/embeddings", json=body, headers={"authorization": "Bearer b"})
+    assert a.headers["cf-aig-cache-status"] == "MISS"
+    assert b.headers["cf-aig-cache-status"] == "HIT"
+    assert a.json() == b.json()
+
+
+def test_client_gone_mid_stream_stores_nothing(gw: GatewayThread) -> None:
+    body = chat_body(f"gone {random.random()}", max_tokens=400, stream=True)
+    with (
+        httpx.Client(timeout=60) as c,
+        c.stream("POST", f"{gw.url}/v1/chat/completions", json=body) as r,
+    ):
+        for _ in r.iter_raw():
+            break
+    time.sleep(0.5)
+    r = post(gw, {**body, "stream": False})
+    assert r.headers["cf-aig-cache-status"] == "MISS"
+
+
+def test_admin_purge(gw: GatewayThread) -> None:
+    url = f"{gw.url}/admin/cache/purge"
+    assert httpx.post(url, json={"kind": "all"}).status_code == 401
+    denied = httpx.post(url, json={"kind": "all"}, headers={"authorization": "Bearer nope"})
+    assert denied.status_code == 403
+    assert set(denied.json()["error"]) == {"message", "type", "param", "code"}
+    auth = {"authorization": f"Bearer {ADMIN}"}
+    bad = httpx.post(url, json={"kind": "model"}, headers=auth)
+    assert bad.status_code == 400
+    tagged = chat_body(f"purge tag {random.random()}")
+    plain = chat_body(f"purge model {random.random()}")
+    post(gw, tagged, **{"cf-aig-cache-key": "campaign-1"})
+    post(gw, plain)
+    assert (
+        post(gw, tagged, **{"cf-aig-cache-key": "campaign-1"}).headers["cf-aig-cache-status"]
+        == "HIT"
+    )
+    r = httpx.post(url, json={"kind": "tag", "target": "campaign-1"}, headers=auth)
+    assert r.status_code == 200, r.text
+    assert (
+        post(gw, tagged, **{"cf-aig-cache-key": "campaign-1"}).headers["cf-aig-cache-status"]
+        == "MISS"
+    )
+    assert post(gw, plain).headers["cf-aig-cache-status"] == "HIT"
+    key = post(gw, plain).headers["x-semcache-key"]
+    assert httpx.post(url, json={"kind": "key", "target": key}, headers=auth).status_code == 200
+    assert post(gw, plain).headers["cf-aig-cache-status"] == "MISS"
+    assert (
+        httpx.post(url, json={"kind": "model", "target": "tiny-chat"}, headers=auth).status_code
+        == 200
+    )
+    assert post(gw, plain).headers["cf-aig-cache-status"] == "MISS"
+
+
+def test_metrics_count_hits_and_savings(gw: GatewayThread) -> None:
+    body = chat_body(f"metrics {random.random()}")
+    post(gw, body)
+    post(gw, body)
+    text = httpx.get(f"{gw.url}/metrics").text
+    assert parse_metric(text, "semcache_exact_hits_total", {"model": "tiny-chat"}) >= 1
+    assert parse_metric(text, "semcache_exact_misses_total", {"model": "tiny-chat"}) >= 1
+    assert parse_metric(text, "semcache_exact_tokens_saved_total", {"model": "tiny-chat"}) > 0
+    assert parse_metric(text, "semcache_exact_usd_saved_total", {"model": "tiny-chat"}) > 0
+
+
+def test_two_gateways_share_redis_and_purge_reaches_both(
+    tmp_path: Path, data_dir: Path, tiny_vllm: VllmProcess, redis_server: RedisServer
+) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = start_gateway(tmp_path / "a", data_dir, tiny_vllm, redis_server.url)
+    b = start_gateway(tmp_path / "b", data_dir, tiny_vllm, redis_server.url)
+    try:
+        body = chat_body(f"redis {random.random()}")
+        assert post(a, body).headers["cf-aig-cache-status"] == "MISS"
+        hit = post(b, body)
+        assert hit.headers["cf-aig-cache-status"] == "HIT"  # from L3, written by a
+        assert post(b, body).headers["cf-aig-cache-status"] == "HIT"  # now also in b's L1
+        auth = {"authorization": f"Bearer {ADMIN}"}
+        r = httpx.post(f"{a.url}/admin/cache/purge", json={"kind": "all"}, headers=auth)
+        assert r.json()["propagated"] is True
+        assert post(b, body).headers["cf-aig-cache-status"] == "MISS"  # no stale L1 in b
+    finally:
+        a.stop()
+        b.stop()
+
+
+def test_redis_down_keeps_serving(
+    tmp_path: Path, data_dir: Path, tiny_vllm: VllmProcess, redis_factory: Any
+) -> None:
+    redis = redis_factory()
+    gw = start_gateway(tmp_path, data_dir, tiny_vllm, redis.url)
+    try:
+        body = chat_body(f"redis down {random.random()}")
+        post(gw, body)
+        redis.stop()
+        r = post(gw, body)
+        assert r.status_code == 200
+        assert r.headers["cf-aig-cache-status"] == "HIT"  # from L1/L2
+        fresh = post(gw, chat_body(f"redis down 2 {random.random()}"))
+        assert fresh.status_code == 200
+        redis.start()
+    finally:
+        gw.stop()
