@@ -9,10 +9,12 @@ import os
 import sys
 from collections.abc import Sequence
 
+import httpx
 import uvicorn
 
 from backends.config import VllmBackend
 from backends.launch import Launcher, VllmStartError
+from semcache.policy import PolicyError, load_policy
 from server.app import create_app, registry_from_config
 from server.config import ConfigError, GatewayConfig, load_config
 
@@ -57,6 +59,13 @@ async def _serve(config: GatewayConfig, launch: bool) -> None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     config = _load(args.config)
+    if args.policy:
+        config.policy = args.policy
+    try:
+        load_policy(config.policy)  # refuse to start (and to launch vLLM) on an invalid policy
+    except PolicyError as exc:
+        print(f"semcache: invalid policy, not starting: {exc}", file=sys.stderr)
+        return 2
     if args.host:
         config.server.host = args.host
     if args.port:
@@ -66,6 +75,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except VllmStartError as exc:
         print(f"semcache: a backend failed to start: {exc}", file=sys.stderr)
         return 1
+    except PolicyError as exc:
+        print(f"semcache: invalid policy, not starting: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         say("interrupted; backends stopped")
     return 0
@@ -89,6 +101,37 @@ def cmd_backends_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_policy_check(args: argparse.Namespace) -> int:
+    try:
+        policy = load_policy(args.file)
+    except PolicyError as exc:
+        print(f"semcache: invalid policy: {exc}", file=sys.stderr)
+        return 2
+    models = sorted(policy.model_ids)
+    print(
+        f"{args.file}: OK (rules for {len(models)} model(s){': ' if models else ''}"
+        f"{', '.join(models)})"
+    )
+    return 0
+
+
+def cmd_cache_purge(args: argparse.Namespace) -> int:
+    token = args.token or os.environ.get("SEMCACHE_ADMIN_TOKEN", "")
+    body = {"kind": args.kind, "target": args.target or ""}
+    try:
+        r = httpx.post(
+            f"{args.url.rstrip('/')}/admin/cache/purge",
+            json=body,
+            headers={"authorization": f"Bearer {token}"},
+            timeout=30,
+        )
+    except httpx.HTTPError as exc:
+        print(f"semcache: cannot reach {args.url}: {exc}", file=sys.stderr)
+        return 1
+    print(r.text)
+    return 0 if r.status_code == 200 else 1
+
+
 def cmd_config_check(args: argparse.Namespace) -> int:
     config = _load(args.file)
     print(f"{args.file}: OK ({len(config.models)} models, {len(config.backends)} backends)")
@@ -103,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", default=os.environ.get("SEMCACHE_CONFIG"), help="config TOML")
     serve.add_argument("--host", default=os.environ.get("SEMCACHE_HOST"))
     serve.add_argument("--port", type=int, default=int(os.environ.get("SEMCACHE_PORT", "0")))
+    serve.add_argument("--policy", default=os.environ.get("SEMCACHE_POLICY"), help="policy TOML")
     serve.add_argument("--no-launch", action="store_true", help="use running backends only")
     serve.set_defaults(func=cmd_serve)
 
@@ -119,6 +163,23 @@ def build_parser() -> argparse.ArgumentParser:
     check = config.add_parser("check", help="validate a gateway config file")
     check.add_argument("file")
     check.set_defaults(func=cmd_config_check)
+
+    policy = sub.add_parser("policy", help="cache policy files").add_subparsers(
+        dest="action", required=True
+    )
+    pcheck = policy.add_parser("check", help="validate a policy file (as the server does)")
+    pcheck.add_argument("file")
+    pcheck.set_defaults(func=cmd_policy_check)
+
+    cache = sub.add_parser("cache", help="the cache of a running gateway").add_subparsers(
+        dest="action", required=True
+    )
+    purge = cache.add_parser("purge", help="purge entries through the admin API")
+    purge.add_argument("kind", choices=["key", "model", "tenant", "scope", "tag", "all"])
+    purge.add_argument("target", nargs="?", default="")
+    purge.add_argument("--url", default=os.environ.get("SEMCACHE_URL", "http://127.0.0.1:8080"))
+    purge.add_argument("--token", help="admin token (default: $SEMCACHE_ADMIN_TOKEN)")
+    purge.set_defaults(func=cmd_cache_purge)
     return parser
 
 
