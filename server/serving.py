@@ -40,7 +40,31 @@ from server.schemas.openai import (
 )
 from server.sse import DONE, SSEReader, error_event, event
 
+SSE = "text/event-stream"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+@dataclass
+class GenerationCall:
+    """One generation request on its way to a backend."""
+
+    path: str
+    route: str
+    info: ModelInfo
+    backend: GenerationBackend
+    upstream: dict[str, Any]
+    """The body sent to the backend: the client's, with ``model`` set to the served name."""
+    ctx: RequestContext
+    started: float
+
+
+def broken_stream_event(message: str | None) -> bytes:
+    text = (
+        f"The backend failed mid-answer: {message}"
+        if message
+        else ("The backend ended the answer early.")
+    )
+    return error_event(text, code="backend_stream_broken")
 
 
 @dataclass
@@ -196,157 +220,135 @@ class OpenAIServing:
         directives: CacheDirectives | None = None,
     ) -> Reply:
         backend = self.registry.generation_backend(info)
-        upstream = {**body, "model": backend.served_model}
-        started = time.perf_counter()
         shared = self.policy.current.rule(info.id, route).shared
         ctx.salt_scope = "shared" if shared else ctx.tenant
+        call = GenerationCall(
+            path=path,
+            route=route,
+            info=info,
+            backend=backend,
+            upstream={**body, "model": backend.served_model},
+            ctx=ctx,
+            started=time.perf_counter(),
+        )
         creq = await self._prepare(route, info, body, ctx, directives)
         if creq is None:
-            return await self._forward(path, route, info, backend, upstream, stream, ctx, started)
+            return await self._forward(call, stream)
         if not stream:
-            return await self._cached_json(path, route, info, backend, upstream, creq, ctx, started)
-        return await self._cached_stream(path, route, info, backend, upstream, creq, ctx, started)
+            return await self._cached_json(call, creq)
+        return await self._cached_stream(call, creq)
 
-    async def _forward(
-        self,
-        path: str,
-        route: str,
-        info: ModelInfo,
-        backend: GenerationBackend,
-        upstream: dict[str, Any],
-        stream: bool,
-        ctx: RequestContext,
-        started: float,
-    ) -> Reply:
+    def _backend_failed(self, call: GenerationCall, kind: str) -> None:
+        self.metrics.backend_errors.labels(call.backend.name, kind).inc()
+
+    async def _forward(self, call: GenerationCall, stream: bool) -> Reply:
         """No cache: relay the backend's bytes as they are."""
         try:
             if not stream:
-                resp = await backend.post(path, upstream, ctx)
-                self.metrics.latency.labels(route, "false").observe(time.perf_counter() - started)
+                resp = await call.backend.post(call.path, call.upstream, call.ctx)
+                self._observe_latency(call, stream=False)
                 if resp.status == 200:
-                    self._count_usage(info, resp.body)
+                    self._count_usage(call.info, resp.body)
                 return Reply(resp.status, resp.body, media_type=resp.content_type)
-            opened = await backend.open_stream(path, upstream, ctx)
+            opened = await call.backend.open_stream(call.path, call.upstream, call.ctx)
         except BackendError as exc:
-            self.metrics.backend_errors.labels(backend.name, exc.kind).inc()
+            self._backend_failed(call, exc.kind)
             raise
         if opened.status != 200:
             # vLLM rejected the request before streaming (e.g. prompt too long): relay its error.
             return Reply(opened.status, await opened.read_all())
-        return Reply(
-            200,
-            stream=self._relay(opened, route, info, backend.name, started),
-            media_type="text/event-stream",
-            headers=SSE_HEADERS,
-        )
+        return Reply(200, stream=self._relay(call, opened), media_type=SSE, headers=SSE_HEADERS)
 
-    async def _relay(
-        self, upstream: UpstreamStream, route: str, info: ModelInfo, backend: str, started: float
-    ) -> AsyncIterator[bytes]:
+    def _observe_latency(self, call: GenerationCall, *, stream: bool) -> None:
+        elapsed = time.perf_counter() - call.started
+        self.metrics.latency.labels(call.route, "true" if stream else "false").observe(elapsed)
+
+    def _observe_ttft(self, call: GenerationCall) -> None:
+        self.metrics.ttft.labels(call.route).observe(time.perf_counter() - call.started)
+
+    async def _relay(self, call: GenerationCall, upstream: UpstreamStream) -> AsyncIterator[bytes]:
         """Relay chunks as they arrive; a broken upstream ends the stream with an error event."""
         reader = SSEReader()
         first = True
         try:
             async for chunk in upstream.chunks():
                 if first:
-                    self.metrics.ttft.labels(route).observe(time.perf_counter() - started)
+                    self._observe_ttft(call)
                     first = False
                 reader.feed(chunk)
                 yield chunk
         except BackendError as exc:
-            self.metrics.backend_errors.labels(backend, exc.kind).inc()
-            yield error_event(
-                f"The backend failed mid-answer: {exc.message}", code="backend_stream_broken"
-            )
+            self._backend_failed(call, exc.kind)
+            yield broken_stream_event(exc.message)
             return
         finally:
             await upstream.aclose()
         if not reader.done:
-            self.metrics.backend_errors.labels(backend, "broken").inc()
-            yield error_event("The backend ended the answer early.", code="backend_stream_broken")
+            self._backend_failed(call, "broken")
+            yield broken_stream_event(None)
             return
-        self.metrics.latency.labels(route, "true").observe(time.perf_counter() - started)
-        self.metrics.count_usage(info.id, reader.usage())
+        self._observe_latency(call, stream=True)
+        self.metrics.count_usage(call.info.id, reader.usage())
 
-    async def _cached_json(
-        self,
-        path: str,
-        route: str,
-        info: ModelInfo,
-        backend: GenerationBackend,
-        upstream: dict[str, Any],
-        creq: CacheRequest,
-        ctx: RequestContext,
-        started: float,
-    ) -> Reply:
+    async def _cached_json(self, call: GenerationCall, creq: CacheRequest) -> Reply:
         assert self.cache is not None
 
         async def fill() -> CachedAnswer:
             try:
-                resp = await backend.post(path, upstream, ctx)
+                resp = await call.backend.post(call.path, call.upstream, call.ctx)
             except BackendError as exc:
-                self.metrics.backend_errors.labels(backend.name, exc.kind).inc()
+                self._backend_failed(call, exc.kind)
                 raise
             if resp.status == 200:
-                self._count_usage(info, resp.body)
+                self._count_usage(call.info, resp.body)
             # a non-200 answer is handed to coalesced waiters but never stored
             return CachedAnswer.from_json(
-                resp.body, model_id=info.id, status=resp.status, content_type=resp.content_type
+                resp.body, model_id=call.info.id, status=resp.status, content_type=resp.content_type
             )
 
         res = await self.cache.get_or_fill(creq, fill)
         entry = res.entry
         assert entry is not None  # fill always answers (or raises)
-        self.metrics.latency.labels(route, "false").observe(time.perf_counter() - started)
+        self._observe_latency(call, stream=False)
         headers = result_headers(res, creq.rule.prices) if entry.status == 200 else {}
-        return Reply(entry.status, replay.as_json(entry, route), headers=headers)
+        return Reply(entry.status, replay.as_json(entry, call.route), headers=headers)
 
-    async def _cached_stream(
-        self,
-        path: str,
-        route: str,
-        info: ModelInfo,
-        backend: GenerationBackend,
-        upstream: dict[str, Any],
-        creq: CacheRequest,
-        ctx: RequestContext,
-        started: float,
-    ) -> Reply:
+    async def _cached_stream(self, call: GenerationCall, creq: CacheRequest) -> Reply:
         """A stream through the cache: replay a stored answer, or relay and record a live one.
 
         The backend is always asked for the usage chunk (so the stored answer knows its
         tokens); a client that did not ask for it does not get it.
         """
         assert self.cache is not None
-        include_usage = replay.wants_usage(upstream)
-        options = dict(upstream.get("stream_options") or {})
-        live_body = {**upstream, "stream_options": {**options, "include_usage": True}}
+        include_usage = replay.wants_usage(call.upstream)
+        options = dict(call.upstream.get("stream_options") or {})
+        live_body = {**call.upstream, "stream_options": {**options, "include_usage": True}}
         live: asyncio.Queue[bytes | BackendError | None] = asyncio.Queue()
         opened = asyncio.Event()
 
         async def fill() -> CachedAnswer | None:
             try:
-                up = await backend.open_stream(path, live_body, ctx)
+                up = await call.backend.open_stream(call.path, live_body, call.ctx)
             except BackendError as exc:
-                self.metrics.backend_errors.labels(backend.name, exc.kind).inc()
+                self._backend_failed(call, exc.kind)
                 raise
             if up.status != 200:
                 return CachedAnswer.from_json(await up.read_all(), status=up.status)
             opened.set()
-            reader, recorder = SSEReader(), StreamRecorder(info.id)
+            reader, recorder = SSEReader(), StreamRecorder(call.info.id)
             try:
                 async for chunk in up.chunks():
                     for payload in reader.feed(chunk):
                         recorder.feed(payload)
                         live.put_nowait(payload)
             except BackendError as exc:
-                self.metrics.backend_errors.labels(backend.name, exc.kind).inc()
+                self._backend_failed(call, exc.kind)
                 live.put_nowait(exc)
                 return None
             finally:
                 await up.aclose()
                 live.put_nowait(None)
-            self.metrics.count_usage(info.id, reader.usage())
+            self.metrics.count_usage(call.info.id, reader.usage())
             return recorder.answer()  # None unless complete: nothing partial is stored
 
         task = asyncio.create_task(self.cache.get_or_fill(creq, fill))
@@ -366,40 +368,32 @@ class OpenAIServing:
                 raise BackendError("broken", "the backend gave no complete answer")
             if entry.status != 200:
                 return Reply(entry.status, entry.body or b"")
-            payloads = replay.as_stream(entry, route, include_usage=include_usage)
+            payloads = replay.as_stream(entry, call.route, include_usage=include_usage)
             headers = {**SSE_HEADERS, **result_headers(res, creq.rule.prices)}
-            return Reply(
-                200, stream=_replayed(payloads), media_type="text/event-stream", headers=headers
-            )
+            return Reply(200, stream=_replayed(payloads), media_type=SSE, headers=headers)
         status = CacheStatus.BYPASS if creq.control.bypass_read else CacheStatus.MISS
         headers = {**SSE_HEADERS, **status_headers(status, creq.key.short_id)}
         return Reply(
-            200,
-            stream=self._live(live, task, route, include_usage, started),
-            media_type="text/event-stream",
-            headers=headers,
+            200, stream=self._live(call, live, task, include_usage), media_type=SSE, headers=headers
         )
 
     async def _live(
         self,
+        call: GenerationCall,
         live: asyncio.Queue[bytes | BackendError | None],
         task: asyncio.Task[CacheResult],
-        route: str,
         include_usage: bool,
-        started: float,
     ) -> AsyncIterator[bytes]:
+        """Relay the payloads the leader's fill records, as they arrive."""
         first = True
         done = False
         try:
             while (item := await live.get()) is not None:
                 if isinstance(item, BackendError):
-                    yield error_event(
-                        f"The backend failed mid-answer: {item.message}",
-                        code="backend_stream_broken",
-                    )
+                    yield broken_stream_event(item.message)
                     return
                 if first:
-                    self.metrics.ttft.labels(route).observe(time.perf_counter() - started)
+                    self._observe_ttft(call)
                     first = False
                 if item == DONE:
                     done = True
@@ -407,11 +401,9 @@ class OpenAIServing:
                     continue
                 yield event(item)
             if not done:
-                yield error_event(
-                    "The backend ended the answer early.", code="backend_stream_broken"
-                )
+                yield broken_stream_event(None)
                 return
-            self.metrics.latency.labels(route, "true").observe(time.perf_counter() - started)
+            self._observe_latency(call, stream=True)
         finally:
             if not task.done():
                 task.cancel()  # the client has gone: abort the backend, store nothing
