@@ -126,7 +126,7 @@ def build_command(
 
 
 @functools.cache
-def _die_with_parent_hook() -> Callable[[], None] | None:
+def die_with_parent_hook() -> Callable[[], None] | None:
     """A ``preexec_fn`` giving the child SIGTERM if the gateway dies without stopping it.
 
     libc is looked up here, in the parent: the hook itself only makes one call after fork.
@@ -232,7 +232,7 @@ class VllmProcess:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=_die_with_parent_hook(),
+                preexec_fn=die_with_parent_hook(),
             )
 
     def log_tail(self, lines: int = 40) -> str:

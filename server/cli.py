@@ -7,7 +7,8 @@ import asyncio
 import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any
 
 import httpx
 import uvicorn
@@ -57,6 +58,16 @@ async def _serve(config: GatewayConfig, launch: bool) -> None:
         say("stopping")
 
 
+def run_loop(main: Coroutine[Any, Any, None]) -> None:
+    """Run on uvloop where installed (uvicorn[standard] brings it): less CPU per request."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+    else:
+        uvloop.run(main)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     config = _load(args.config)
     if args.policy:
@@ -71,7 +82,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.port:
         config.server.port = args.port
     try:
-        asyncio.run(_serve(config, launch=not args.no_launch))
+        run_loop(_serve(config, launch=not args.no_launch))
     except VllmStartError as exc:
         print(f"semcache: a backend failed to start: {exc}", file=sys.stderr)
         return 1

@@ -1,0 +1,685 @@
+"""Gateway overhead: one chat workload sent straight to vLLM and through the gateway.
+
+Claim checked (issue 2): the gateway adds at most 2 ms to TTFT p50 and loses no throughput.
+
+A real vLLM server (the tiny test Llama by default) and the real gateway (``python -m
+server.cli serve --no-launch``: uvicorn in its own process, so the client's load does not
+share its GIL) are started here. Four cells are measured (non-stream and stream, 1 and 8
+concurrent requests), each for both targets; batches alternate direct/gateway, and the
+order flips every round, so drift on this shared machine hits both alike. Every prompt is
+unique (no prefix-cache help for whichever target comes second) and has the same length;
+``max_tokens`` is fixed with ``ignore_eos`` and temperature 0, so every answer has the same
+number of tokens.
+
+TTFT: time to the first SSE event carrying content (stream) or the whole answer
+(non-stream). tokens/s: completion tokens (from ``usage``) / wall time of the batches.
+CPU ms/req: CPU time of this client, and of the gateway process net of what it burns idle
+(a figure that, unlike latency, does not depend much on what else the machine is doing).
+
+vLLM (all its processes) is pinned to core 1 by default; the gateway and this client share
+the other core(s). Exit status: 0 when every target is met, 1 when not, 130 on Ctrl-C.
+
+    .venv/bin/python bench/overhead.py --quick              # smoke check, < 2 min + vLLM start
+    .venv/bin/python bench/overhead.py [--requests 64] [--max-tokens 64]
+    .venv/bin/python bench/overhead.py --model-path prepared:smollm2-135m-instruct
+    .venv/bin/python bench/overhead.py --vllm-url http://127.0.0.1:8100   # a running vLLM
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import psutil
+
+# Run as a script, bench/ is sys.path[0], and a bench/queue.py would shadow the stdlib's queue:
+# move bench/ behind everything else (a stable sort), then import from the repository root.
+sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from backends.config import VllmLaunch, VllmServer
+from backends.launch import VllmProcess, die_with_parent_hook
+from backends.models import prepare_model
+from server.config import load_config
+from tests.support.vllm import TINY_MODEL_NAME, free_port, test_data_dir, tiny_llama
+
+REPO = Path(__file__).resolve().parent.parent
+TTFT_TARGET_MS = 2.0
+GATEWAY_MODEL_ID = "bench-chat"
+JSON_HEADERS = {"content-type": "application/json"}
+PROMPT = (
+    "Write a short story about a cat who finds a map near the old tree, follows the river "
+    "to a small house, and reads a letter from a friend in Paris. Keep it simple."
+)
+FIRST_CONTENT = re.compile(rb'"content":"[^"]')
+"""An SSE event whose delta carries text (vLLM's first, role-only event has ``""``)."""
+
+
+def say(message: str) -> None:
+    print(f"[overhead] {message}", file=sys.stderr, flush=True)
+
+
+# -- the workload -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cell:
+    stream: bool
+    concurrency: int
+
+    @property
+    def label(self) -> str:
+        return f"{'stream' if self.stream else 'non-stream'} c={self.concurrency}"
+
+
+CELLS = (Cell(False, 1), Cell(True, 1), Cell(False, 8), Cell(True, 8))
+
+
+@dataclass(frozen=True)
+class Target:
+    """One place the workload goes: vLLM itself, or the gateway in front of it."""
+
+    name: str
+    url: str
+    model: str
+    client: httpx.AsyncClient
+    server_pid: int | None = None
+    """The gateway's process, whose CPU time per request is measured (None for vLLM)."""
+    server_idle_cpu: float = 0.0
+    """CPU seconds per second the server burns with no traffic (background tasks)."""
+
+
+@dataclass(frozen=True)
+class Sample:
+    ttft_s: float
+    total_s: float
+    completion_tokens: int
+
+
+@dataclass
+class Batch:
+    """``concurrency`` requests sent at once; throughput is measured over their wall time."""
+
+    wall_s: float
+    client_cpu_s: float
+    server_cpu_s: float
+    samples: list[Sample] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return sum(s.completion_tokens for s in self.samples)
+
+
+class RequestFailed(Exception):
+    """A request got no complete, well-formed answer."""
+
+
+def chat_body(model: str, uid: int, max_tokens: int, stream: bool) -> bytes:
+    body: dict[str, Any] = {
+        "model": model,
+        # The number first, zero-padded: unique prompts of one length, no shared prefix.
+        "messages": [{"role": "user", "content": f"{uid:07d}. {PROMPT}"}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    return orjson.dumps(body)
+
+
+def stream_usage(raw: bytes) -> dict[str, Any] | None:
+    """The ``usage`` object of the last SSE event carrying one."""
+    for event in reversed(raw.split(b"\n\n")):
+        payload = event.strip().removeprefix(b"data:").strip()
+        if b'"usage"' not in payload:
+            continue
+        with contextlib.suppress(orjson.JSONDecodeError):
+            usage = orjson.loads(payload).get("usage")
+            if isinstance(usage, dict):
+                return usage
+    return None
+
+
+async def one_request(target: Target, body: bytes, stream: bool) -> Sample:
+    url = f"{target.url}/v1/chat/completions"
+    started = time.perf_counter()
+    if not stream:
+        response = await target.client.post(url, content=body, headers=JSON_HEADERS)
+        total = time.perf_counter() - started
+        if response.status_code != 200:
+            raise RequestFailed(f"HTTP {response.status_code}: {response.text[:200]}")
+        usage = orjson.loads(response.content).get("usage") or {}
+        return Sample(total, total, int(usage.get("completion_tokens", 0)))
+    ttft: float | None = None
+    raw = bytearray()
+    async with target.client.stream("POST", url, content=body, headers=JSON_HEADERS) as response:
+        if response.status_code != 200:
+            await response.aread()
+            raise RequestFailed(f"HTTP {response.status_code}: {response.text[:200]}")
+        async for chunk in response.aiter_raw():
+            now = time.perf_counter()
+            scan_from = max(0, len(raw) - 16)
+            raw += chunk
+            if ttft is None and FIRST_CONTENT.search(raw, scan_from):
+                ttft = now - started
+    total = time.perf_counter() - started
+    if not raw.rstrip().endswith(b"data: [DONE]"):
+        raise RequestFailed(f"stream ended without [DONE]: ...{bytes(raw[-200:])!r}")
+    usage = stream_usage(bytes(raw))
+    if ttft is None or usage is None:
+        raise RequestFailed("stream without content or without usage")
+    return Sample(ttft, total, int(usage.get("completion_tokens", 0)))
+
+
+def cpu_seconds(process: psutil.Process | None) -> float:
+    if process is None:
+        return 0.0
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
+async def idle_cpu(pid: int, seconds: float) -> float:
+    """CPU seconds per second that process ``pid`` uses while nothing is sent to it."""
+    process = psutil.Process(pid)
+    cpu, started = cpu_seconds(process), time.perf_counter()
+    await asyncio.sleep(seconds)
+    return (cpu_seconds(process) - cpu) / (time.perf_counter() - started)
+
+
+async def run_batch(target: Target, cell: Cell, uids: Iterator[int], max_tokens: int) -> Batch:
+    bodies = [
+        chat_body(target.model, next(uids), max_tokens, cell.stream)
+        for _ in range(cell.concurrency)
+    ]
+    server = psutil.Process(target.server_pid) if target.server_pid else None
+    server_cpu = cpu_seconds(server)
+    client_cpu = time.process_time()
+    started = time.perf_counter()
+    results = await asyncio.gather(
+        *(one_request(target, body, cell.stream) for body in bodies), return_exceptions=True
+    )
+    wall_s = time.perf_counter() - started
+    batch = Batch(
+        wall_s=wall_s,
+        client_cpu_s=time.process_time() - client_cpu,
+        server_cpu_s=cpu_seconds(server) - server_cpu - target.server_idle_cpu * wall_s,
+    )
+    for result in results:
+        if isinstance(result, Sample):
+            batch.samples.append(result)
+            if result.completion_tokens != max_tokens:
+                batch.errors.append(f"{result.completion_tokens} tokens, not {max_tokens}")
+        elif isinstance(result, Exception):
+            batch.errors.append(f"{type(result).__name__}: {result}")
+        else:
+            raise result
+    return batch
+
+
+Results = dict[tuple[Cell, str], list[Batch]]
+
+
+async def run_workload(
+    targets: tuple[Target, Target], requests: int, warmup: int, max_tokens: int
+) -> Results:
+    """Every cell, ``requests`` requests per target, in rounds of alternating batches."""
+    uids = iter(range(10**7))
+    plan = {cell: max(1, -(-requests // cell.concurrency)) for cell in CELLS}
+    results: Results = {(cell, t.name): [] for cell in CELLS for t in targets}
+    rounds = max(plan.values())
+    for rnd in range(-warmup, rounds):
+        order = targets if rnd % 2 == 0 else targets[::-1]
+        for cell in CELLS:
+            if rnd >= plan[cell]:
+                continue
+            for target in order:
+                batch = await run_batch(target, cell, uids, max_tokens)
+                if rnd >= 0:
+                    results[cell, target.name].append(batch)
+                elif batch.errors:
+                    raise RequestFailed(f"warm-up to {target.name} failed: {batch.errors[0]}")
+        if rnd >= 0 and (rnd + 1) % max(1, rounds // 4) == 0:
+            say(f"round {rnd + 1}/{rounds}")
+    return results
+
+
+# -- statistics and the table ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Summary:
+    ttft_ms: np.ndarray
+    total_ms: np.ndarray
+    batch_tokens: np.ndarray
+    batch_wall_s: np.ndarray
+    client_cpu_ms: float
+    """CPU time of this load client per request."""
+    server_cpu_ms: float
+    """CPU time of the gateway process per request (0 for direct)."""
+    errors: int
+
+    @classmethod
+    def of(cls, batches: Sequence[Batch]) -> Summary:
+        samples = [s for b in batches for s in b.samples]
+        return cls(
+            ttft_ms=np.array([s.ttft_s * 1e3 for s in samples]),
+            total_ms=np.array([s.total_s * 1e3 for s in samples]),
+            batch_tokens=np.array([b.tokens for b in batches], dtype=float),
+            batch_wall_s=np.array([b.wall_s for b in batches]),
+            client_cpu_ms=1e3 * sum(b.client_cpu_s for b in batches) / max(1, len(samples)),
+            server_cpu_ms=1e3 * sum(b.server_cpu_s for b in batches) / max(1, len(samples)),
+            errors=sum(len(b.errors) for b in batches),
+        )
+
+    @property
+    def tokens_per_s(self) -> float:
+        return float(self.batch_tokens.sum() / self.batch_wall_s.sum())
+
+
+def pct(values: np.ndarray, p: float) -> float:
+    return float(np.percentile(values, p)) if values.size else float("nan")
+
+
+def bootstrap(direct: Summary, gateway: Summary, n: int = 2000) -> tuple[np.ndarray, np.ndarray]:
+    """95 % intervals of the TTFT p50 difference and of the throughput ratio.
+
+    TTFT samples are resampled per target; batches are resampled in pairs (round i of
+    direct with round i of gateway), since a round's two batches share the same drift.
+    """
+    rng = np.random.default_rng(0)
+    d, g = direct.ttft_ms, gateway.ttft_ms
+    dd = np.median(d[rng.integers(0, d.size, (n, d.size))], axis=1)
+    gg = np.median(g[rng.integers(0, g.size, (n, g.size))], axis=1)
+    ttft_ci = np.percentile(gg - dd, [2.5, 97.5])
+    k = min(direct.batch_wall_s.size, gateway.batch_wall_s.size)
+    idx = rng.integers(0, k, (n, k))
+    d_tps = direct.batch_tokens[idx].sum(1) / direct.batch_wall_s[idx].sum(1)
+    g_tps = gateway.batch_tokens[idx].sum(1) / gateway.batch_wall_s[idx].sum(1)
+    return ttft_ci, np.percentile(g_tps / d_tps, [2.5, 97.5])
+
+
+def report(results: Results, tolerance: float) -> bool:
+    """Print the comparison table and the verdicts; True when every target is met."""
+    head = f"{'cell':<16}{'target':<18}"
+    cols = ("TTFT p50", "TTFT p99", "total p50", "total p99")
+    head += "".join(f"{c:>11}" for c in cols) + f"{'tok/s':>10}{'cli CPU':>9}{'gw CPU':>9}"
+    print(head + f"{'n':>6}{'errors':>8}")
+    print(
+        f"{'':<34}" + "".join(f"{'ms':>11}" for _ in cols) + f"{'':>10}{'ms/req':>9}{'ms/req':>9}"
+    )
+    verdicts: list[str] = []
+    all_met = True
+    for cell in CELLS:
+        direct = Summary.of(results[cell, "direct"])
+        gateway = Summary.of(results[cell, "gateway"])
+        for name, s in (("direct", direct), ("gateway", gateway)):
+            row = (pct(s.ttft_ms, 50), pct(s.ttft_ms, 99), pct(s.total_ms, 50), pct(s.total_ms, 99))
+            print(
+                f"{cell.label if name == 'direct' else '':<16}{name:<18}"
+                + "".join(f"{v:11.2f}" for v in row)
+                + f"{s.tokens_per_s:10.1f}{s.client_cpu_ms:9.2f}{s.server_cpu_ms:9.2f}"
+                + f"{s.ttft_ms.size:6d}{s.errors:8d}"
+            )
+        diffs = [pct(gateway.ttft_ms, p) - pct(direct.ttft_ms, p) for p in (50, 99)] + [
+            pct(gateway.total_ms, p) - pct(direct.total_ms, p) for p in (50, 99)
+        ]
+        ratio = gateway.tokens_per_s / direct.tokens_per_s
+        print(
+            f"{'':<16}{'gateway - direct':<18}"
+            + "".join(f"{v:+11.2f}" for v in diffs)
+            + f"{ratio:9.3f}x"
+        )
+        ttft_ci, ratio_ci = bootstrap(direct, gateway)
+        ttft_ok = diffs[0] <= TTFT_TARGET_MS
+        tput_ok = ratio >= 1.0 - tolerance
+        clean = direct.errors == 0 and gateway.errors == 0
+        all_met &= ttft_ok and tput_ok and clean
+        verdicts.append(
+            f"  {cell.label:<15} TTFT p50 {diffs[0]:+6.2f} ms "
+            f"[95% CI {ttft_ci[0]:+.2f}, {ttft_ci[1]:+.2f}] {'met' if ttft_ok else 'NOT MET'}; "
+            f"tok/s ratio {ratio:.3f} [{ratio_ci[0]:.3f}, {ratio_ci[1]:.3f}] "
+            f"{'met' if tput_ok else 'NOT MET'}" + ("" if clean else "; ERRORS (see table)")
+        )
+    print()
+    print(
+        f"Targets (issue 2): the gateway adds <= {TTFT_TARGET_MS:g} ms to TTFT p50; it loses "
+        f"no throughput (gateway/direct tok/s >= {1 - tolerance:.2f}, i.e. "
+        f"{tolerance:.0%} measurement tolerance)"
+    )
+    print("\n".join(verdicts))
+    print(f"Overall: {'all targets met' if all_met else 'NOT all targets met'}")
+    return all_met
+
+
+def first_errors(results: Results, limit: int = 5) -> list[str]:
+    errors = [f"{c.label} {t}: {e}" for (c, t), bs in results.items() for b in bs for e in b.errors]
+    return errors[:limit]
+
+
+# -- processes ------------------------------------------------------------------------
+
+
+def parse_cores(spec: str) -> set[int]:
+    """``"1"``, ``"0,2"``, ``"2-3"`` → a set of core numbers."""
+    cores: set[int] = set()
+    for part in spec.split(","):
+        low, _, high = part.strip().partition("-")
+        cores.update(range(int(low), int(high or low) + 1))
+    return cores
+
+
+@contextlib.contextmanager
+def affinity(cores: set[int] | None) -> Iterator[None]:
+    """Run the block on ``cores`` (a process started inside inherits them)."""
+    if cores is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def toml_str(value: str) -> str:
+    return orjson.dumps(value).decode()  # JSON string escapes are valid in TOML basic strings
+
+
+def gateway_toml(
+    *, data_dir: Path, port: int, vllm_url: str, served: str, model: Path | None, cache: bool
+) -> str:
+    """A gateway config with just the chat model behind ``vllm_url`` (no embedding model).
+
+    ``cache=False`` turns the gateway's answer cache off (pure pass-through); otherwise the
+    gateway's default applies (prompts here are unique: every request is a miss).
+    """
+    lines = [f"data_dir = {toml_str(str(data_dir))}"]
+    if not cache:
+        lines.append("cache = false")
+    lines += [
+        "[server]",
+        'host = "127.0.0.1"',
+        f"port = {port}",
+        "[[models]]",
+        f'id = "{GATEWAY_MODEL_ID}"',
+        'backend = "bench"',
+        'task = "chat"',
+        "[[backends]]",
+        'kind = "vllm"',
+        'name = "bench"',
+        f"served_model = {toml_str(served)}",
+    ]
+    if model is not None:
+        lines.append(f"model_path = {toml_str(str(model))}")
+    lines += ["[[backends.servers]]", f"url = {toml_str(vllm_url)}"]
+    return "\n".join(lines) + "\n"
+
+
+class GatewayProcess:
+    """``python -m server.cli serve --no-launch`` in its own process (and session)."""
+
+    def __init__(self, config_path: Path, port: int, log_path: Path) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+        self.command = [
+            sys.executable, "-m", "server.cli", "serve",
+            "--no-launch", "--config", str(config_path), "--port", str(port),
+        ]  # fmt: skip
+        self.log_path = log_path
+        self._popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._popen.pid if self._popen else None
+
+    def start(self) -> None:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+        with self.log_path.open("ab") as log:
+            self._popen = subprocess.Popen(
+                self.command,
+                cwd=REPO,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C reaches us; we stop it in order
+                preexec_fn=die_with_parent_hook(),
+            )
+
+    async def wait_ready(self, timeout_s: float = 180.0) -> None:
+        assert self._popen is not None
+        deadline = time.monotonic() + timeout_s
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                if self._popen.poll() is not None:
+                    break
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get(f"{self.url}/ready")).status_code == 200:
+                        return
+                await asyncio.sleep(0.2)
+        tail = self.log_path.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"the gateway did not become ready (log {self.log_path}):\n{tail}")
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        if self._popen is None or self._popen.poll() is not None:
+            return
+        try:
+            self._popen.send_signal(signal.SIGINT)  # uvicorn's graceful shutdown
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(self._popen.wait, grace_s)
+        finally:
+            if self._popen.poll() is None:
+                self._popen.kill()
+            self._popen.wait()
+
+
+async def served_model_of(url: str) -> str:
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        response = await client.get(f"{url}/v1/models")
+        response.raise_for_status()
+        return str(response.json()["data"][0]["id"])
+
+
+# -- main -----------------------------------------------------------------------------
+
+
+async def run(args: argparse.Namespace, vllm_cores: set[int] | None) -> bool:
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    for sig in (signal.SIGINT, signal.SIGTERM):  # also when started with SIGINT ignored (&)
+        loop.add_signal_handler(sig, task.cancel)
+    data_dir: Path = args.data_dir
+    async with contextlib.AsyncExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="semcache-overhead-")))
+        model_path: Path | None = None
+        if args.vllm_url:
+            vllm_url = args.vllm_url.rstrip("/")
+            served = args.served_model or await served_model_of(vllm_url)
+            vllm_note = f"vLLM: {served} at {vllm_url} (already running)"
+        else:
+            if args.model_path:
+                model_path = await asyncio.to_thread(prepare_model, args.model_path, data_dir, say)
+                served = args.served_model or model_path.name
+            else:
+                model_path = await tiny_llama(data_dir)
+                served = TINY_MODEL_NAME
+            vllm_url = f"http://127.0.0.1:{free_port()}"
+            launch = VllmLaunch(
+                cpu_cores=args.vllm_cores if vllm_cores else None,
+                kv_cache_gib=1.0,
+                max_model_len=args.max_model_len,
+            )
+            process = VllmProcess(
+                model=model_path,
+                served_model=served,
+                server=VllmServer(url=vllm_url, launch=launch),
+                data_dir=data_dir,
+                log_name=f"overhead-{served}",
+            )
+            say(f"starting vLLM ({served}) at {vllm_url}; log {process.log_path}")
+            with affinity(vllm_cores):  # every vLLM process inherits the pinning
+                process.start()
+            stack.push_async_callback(process.stop)
+            waited = await process.wait_ready(600.0, say)
+            say(f"vLLM ready after {waited:.0f} s")
+            pin = f", all its processes pinned to core(s) {args.vllm_cores}" if vllm_cores else ""
+            vllm_note = f"vLLM: {served} at {vllm_url} (started here{pin})"
+
+        port = free_port()
+        config_path = tmp / "gateway.toml"
+        config_path.write_text(
+            gateway_toml(
+                data_dir=tmp,  # the gateway's disk cache is thrown away afterwards
+                port=port,
+                vllm_url=vllm_url,
+                served=served,
+                model=model_path,
+                cache=args.cache,
+            )
+        )
+        load_config(config_path)  # fail here, not in the child, on a bad config
+        gateway = GatewayProcess(config_path, port, tmp / "gateway.log")
+        gateway.start()
+        stack.push_async_callback(gateway.stop)
+        await gateway.wait_ready()
+        say(f"gateway ready at {gateway.url} (pid {gateway.pid})")
+
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+        timeout = httpx.Timeout(600.0, connect=10.0)
+        clients = [httpx.AsyncClient(limits=limits, timeout=timeout) for _ in range(2)]
+        for client in clients:
+            stack.push_async_callback(client.aclose)
+        assert gateway.pid is not None
+        gateway_idle = await idle_cpu(gateway.pid, 3.0 if args.quick else 10.0)
+        targets = (
+            Target("direct", vllm_url, served, clients[0]),
+            Target("gateway", gateway.url, GATEWAY_MODEL_ID, clients[1], gateway.pid, gateway_idle),
+        )
+        load_before = os.getloadavg()[0]
+        say(f"measuring: {args.requests} requests per cell and target, {args.warmup} warm-up")
+        started = time.monotonic()
+        results = await run_workload(targets, args.requests, args.warmup, args.max_tokens)
+        elapsed = time.monotonic() - started
+
+    client_cores = sorted(os.sched_getaffinity(0))
+    print()
+    print(vllm_note)
+    print(
+        f"gateway: {gateway.url}, python -m server.cli serve --no-launch (uvicorn, own process); "
+        f"answer cache {'on (every request a miss)' if args.cache else 'off'}"
+    )
+    print(
+        f"gateway idle CPU (health checks, queue polling, ...): {1e3 * gateway_idle:.1f} ms/s; "
+        "gw CPU below is net of it"
+    )
+    if vllm_cores:
+        print(
+            f"CPU: the gateway and this load client share core(s) "
+            f"{','.join(map(str, client_cores))}; vLLM has core(s) {args.vllm_cores}"
+        )
+    else:
+        print(f"CPU: no pinning; {os.cpu_count()} cores, shared by vLLM, gateway and client")
+    print(
+        f"workload: chat, unique {len(PROMPT.split()) + 1}-word prompts, max_tokens="
+        f"{args.max_tokens}, ignore_eos, temperature 0; {args.requests} requests per cell and "
+        f"target; direct/gateway batches alternate (order flips each round); {elapsed:.0f} s"
+    )
+    print(
+        f"machine load average (1 min): {load_before:.2f} before, {os.getloadavg()[0]:.2f} after "
+        f"(other work shares this machine)"
+    )
+    print()
+    met = report(results, args.throughput_tolerance)
+    for line in first_errors(results):
+        print(f"error: {line}")
+    return met
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--requests", type=int, default=64, help="requests per cell and target")
+    ap.add_argument("--max-tokens", type=int, default=64, help="completion tokens per answer")
+    ap.add_argument("--warmup", type=int, default=2, help="warm-up rounds (not measured)")
+    ap.add_argument("--quick", action="store_true", help="a small run for a smoke check")
+    ap.add_argument("--vllm-url", help="use this running vLLM server instead of starting one")
+    ap.add_argument(
+        "--model-path",
+        help="model to serve (folder, or prepared:NAME, e.g. prepared:smollm2-135m-instruct); "
+        "default: the tiny random-weight test Llama",
+    )
+    ap.add_argument("--served-model", help="vLLM's model name (default: the folder's name)")
+    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument(
+        "--data-dir",
+        default=str(test_data_dir()),
+        help="where models are built/prepared and vLLM logs go (default: the tests' data dir)",
+    )
+    ap.add_argument(
+        "--vllm-cores",
+        help="cores vLLM runs on (the one started here is pinned to them); the gateway and "
+        "the client get the others. 'none': no pinning. Default: 1, or none with --vllm-url",
+    )
+    ap.add_argument(
+        "--no-cache",
+        dest="cache",
+        action="store_false",
+        help="turn the gateway's answer cache off (default: on, as configured by default; "
+        "every prompt is unique, so each request pays a cache miss)",
+    )
+    ap.add_argument("--throughput-tolerance", type=float, default=0.01)
+    return ap
+
+
+def pinning(args: argparse.Namespace) -> set[int] | None:
+    """vLLM's cores, or None when nothing is pinned; pins this process to the rest."""
+    if args.vllm_cores is None:
+        args.vllm_cores = "none" if args.vllm_url else "1"
+    if args.vllm_cores.lower() == "none":
+        return None
+    available = os.sched_getaffinity(0)
+    cores = parse_cores(args.vllm_cores)
+    rest = available - cores
+    if not cores <= available or not rest:
+        say(f"not pinning: cores {args.vllm_cores} leave nothing else of {sorted(available)}")
+        return None
+    os.sched_setaffinity(0, rest)  # before any thread exists, so all of them inherit it
+    return cores
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.data_dir = Path(args.data_dir).resolve()
+    if args.quick:
+        args.requests, args.max_tokens, args.warmup = 16, 16, 1
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    vllm_cores = pinning(args)
+    try:
+        met = asyncio.run(run(args, vllm_cores))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        say("interrupted; everything started here is stopped")
+        return 130
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
