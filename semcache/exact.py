@@ -131,7 +131,11 @@ class ExactCache:
         metrics: CacheMetrics | None = None,
         clock: Callable[[], float] = time.time,
         links: Sequence[RedisLink] = (),
+        write_behind: bool = False,
     ) -> None:
+        """``write_behind``: writes to the local disk tier run in the background, off the
+        request path (the memory tier already holds the answer; Redis stays written through so
+        other gateways can read an answer as soon as it was sent)."""
         self.memory = memory
         self.lower = list(lower)
         self.epochs: EpochBook = epochs or LocalEpochs()
@@ -142,6 +146,8 @@ class ExactCache:
         self.purger = Purger(self.epochs, stores)
         self._flights: dict[str, asyncio.Future[CachedAnswer]] = {}
         self._refreshing: dict[str, asyncio.Task[None]] = {}
+        self._write_behind = write_behind
+        self._writes: set[asyncio.Task[None]] = set()
         self._closed = False
 
     @property
@@ -258,6 +264,20 @@ class ExactCache:
         if self.metrics:
             self.metrics.bytes_stored.labels(store.tier).inc(len(blob))
 
+    async def _write(self, store: Store[bytes], key: str, blob: bytes, ttl_s: float) -> None:
+        """Write through, or in the background for the disk tier when writing behind."""
+        if not (self._write_behind and store.tier == "disk") or self._closed:
+            await self._set(store, key, blob, ttl_s)
+            return
+        task = asyncio.create_task(self._set(store, key, blob, ttl_s))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def flush(self) -> None:
+        """Wait for the background writes started so far."""
+        while self._writes:
+            await asyncio.gather(*list(self._writes), return_exceptions=True)
+
     async def _delete(self, store: Store[Any], key: str) -> None:
         try:
             await store.delete(key)
@@ -307,7 +327,7 @@ class ExactCache:
                 continue
             if blob is None:
                 blob = encode_entry(entry, req.key.digest)
-            await self._set(store, req.key.digest, blob, remaining)
+            await self._write(store, req.key.digest, blob, remaining)
 
     async def lookup(self, req: CacheRequest) -> CacheResult:
         """Look the request up; counts metrics. Never calls a backend."""
@@ -376,7 +396,7 @@ class ExactCache:
             await self.memory.set(key.digest, entry, life)
         if self.lower:
             blob = encode_entry(entry, key.digest)
-            await asyncio.gather(*(self._set(s, key.digest, blob, life) for s in self.lower))
+            await asyncio.gather(*(self._write(s, key.digest, blob, life) for s in self.lower))
         if self.metrics:
             self.metrics.stores.labels(key.model_id).inc()
             if self.memory is not None:
@@ -538,6 +558,7 @@ class ExactCache:
             t.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.gather(*self._refreshing.values(), return_exceptions=True)
+        await self.flush()
         await self.epochs.aclose()
         for s in self.lower:
             await s.aclose()
@@ -555,6 +576,7 @@ async def open_exact_cache(
     *,
     data_dir: str | Path,
     registry: CollectorRegistry | None = None,
+    write_behind: bool = True,
 ) -> ExactCache:
     """Build the cache from the policy's tier settings and start it (pub/sub listener).
 
@@ -593,6 +615,7 @@ async def open_exact_cache(
         epochs=book,
         metrics=CacheMetrics(registry) if registry is not None else None,
         links=links,
+        write_behind=write_behind,
     )
     await cache.start()
     return cache
