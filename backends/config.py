@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import os
+import tempfile
+from pathlib import Path
+from typing import Annotated, Literal
 
 import msgspec
+import orjson
+
+from backends.profiles import LaunchProfile, check_profile_for_model, merge_flags
 
 ServerRole = Literal["both", "prefill", "decode"]
+ConnectorMode = Literal["nixl", "example"]
+PosInt = Annotated[int, msgspec.Meta(ge=1)]
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+PosFloat = Annotated[float, msgspec.Meta(gt=0.0)]
 
 
 class VllmLaunch(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -30,6 +40,8 @@ class VllmServer(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     role: ServerRole = "both"
     launch: VllmLaunch | None = None
     """Present when the gateway starts this server itself; absent for a server run elsewhere."""
+    max_inflight: PosInt | None = None
+    """This server's concurrency limit; default: the backend's ``max_inflight_per_server``."""
 
 
 class VllmBackend(
@@ -45,9 +57,131 @@ class VllmBackend(
     revision: str | None = None
     """Explicit revision; by default a hash of the files under ``model_path``."""
     servers: list[VllmServer] = msgspec.field(default_factory=list)
+    """``role = "both"`` servers form a monolithic pool; ``prefill`` + ``decode`` servers a
+    disaggregated one (any number of each). A backend is one or the other."""
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 600.0
+    """Longest wait for the next bytes of an answer (the first included)."""
     max_connections: int = 256
+
+    # -- disaggregated prefill/decode
+    connector: ConnectorMode = "nixl"
+    """How prefill hands its KV to decode: ``nixl`` (vLLM's NixlConnector: the decode server
+    pulls the blocks the prefill answer names) or ``example`` (vLLM's ExampleConnector: KV files
+    under ``shared_storage_path``; a debugging connector that ignores ``cache_salt``)."""
+    shared_storage_path: str | None = None
+    """ExampleConnector's folder; default ``$TMPDIR/semcache-kv-<name>``."""
+    prefill_threshold_tokens: NonNegInt = 256
+    """Prompts estimated shorter than this skip the prefill pool: decode computes them alone."""
+    prefill_timeout_s: PosFloat = 120.0
+    """A prefill hop slower than this is given up; decode then computes the prompt alone."""
+    decode_attempts: PosInt = 2
+    """Decode servers tried for one request when one fails before the first byte."""
+
+    # -- placement
+    chars_per_token: PosFloat = 4.0
+    """Prompt-size estimate without a tokenizer: rendered characters per token."""
+    prefix_tokens: PosInt = 256
+    """Prefix-aware placement hashes about this many leading prompt tokens (rendered text)."""
+    prefix_load_slack: NonNegInt = 2
+    """A prefix's preferred server is skipped when it runs this many more requests than the
+    least busy one (bounded-load placement)."""
+
+    # -- admission and health
+    max_inflight_per_server: PosInt = 64
+    """Requests one server runs at once (per-server ``max_inflight`` overrides it)."""
+    max_queue: NonNegInt = 256
+    """Requests that may wait for a free server per pool; past it the gateway answers 429."""
+    queue_timeout_s: PosFloat = 30.0
+    """Longest wait in that queue before a 429."""
+    retry_after_s: PosInt = 1
+    """``Retry-After`` of a 429 (overloaded)."""
+    health_interval_s: PosFloat = 5.0
+    """Period of the ``/health`` checks that eject and re-admit servers (also the 503
+    ``Retry-After`` when every server is down). A server is ejected when it refuses a
+    connection, or fails three checks in a row without answering a request in between."""
+    health_timeout_s: PosFloat = 5.0
+    scrape_metrics: bool = True
+    """Copy the servers' own ``vllm:`` prefix-cache/KV counters into the gateway's /metrics."""
+
+    # -- tenant isolation inside vLLM
+    cache_salt: bool = True
+    """Send vLLM a ``cache_salt`` derived from the request's salt scope (tenant or shared)."""
+    cache_salt_secret: str | None = None
+    """Key of the salt hash. ``cache_salt_secret_env`` wins; with neither, a random key per
+    process (salts then change on restart and differ between gateways)."""
+    cache_salt_secret_env: str | None = "SEMCACHE_CACHE_SALT_SECRET"
+
+    # -- launch profiles (GPU)
+    profiles: dict[ServerRole, LaunchProfile] = msgspec.field(default_factory=dict)
+    """Per pool (``prefill``, ``decode``, ``both``): flags added to the launched servers."""
+
+    def __post_init__(self) -> None:
+        roles = {s.role for s in self.servers}
+        if "both" in roles and roles & {"prefill", "decode"}:
+            raise ValueError(
+                f"backend {self.name!r}: mixes role 'both' with prefill/decode servers; "
+                "a backend is either monolithic or disaggregated"
+            )
+        if "prefill" in roles and "decode" not in roles:
+            raise ValueError(f"backend {self.name!r}: prefill servers need decode servers")
+        urls = [s.url.rstrip("/") for s in self.servers]
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"backend {self.name!r}: a server url appears twice")
+        model_dir = Path(self.model_path) if self.model_path else None
+        for role, profile in self.profiles.items():
+            if model_dir is not None and model_dir.is_dir():
+                check_profile_for_model(profile, model_dir)
+            if role not in roles and self.servers:
+                raise ValueError(f"backend {self.name!r}: profile for absent pool {role!r}")
+        prefill, decode = self.profiles.get("prefill"), self.profiles.get("decode")
+        if (prefill.kv_cache_dtype if prefill else "auto") != (
+            decode.kv_cache_dtype if decode else "auto"
+        ):
+            raise ValueError(
+                f"backend {self.name!r}: prefill and decode need the same kv_cache_dtype "
+                "(KV blocks move between them as they are)"
+            )
+        for server in self.servers:
+            if server.launch is not None:
+                self._check_gpus(server)
+                server.launch = self._launch_with_profile(server)
+
+    def _check_gpus(self, server: VllmServer) -> None:
+        profile = self.profiles.get(server.role)
+        visible = (server.launch.env if server.launch else {}).get("CUDA_VISIBLE_DEVICES")
+        if profile is None or not visible:
+            return
+        count = len([gpu for gpu in visible.split(",") if gpu.strip()])
+        if count != profile.gpus_per_server:
+            raise ValueError(
+                f"backend {self.name!r}: server {server.url} sees {count} GPU(s) "
+                f"(CUDA_VISIBLE_DEVICES={visible}) but its {server.role} profile uses "
+                f"{profile.gpus_per_server} (tensor x pipeline x data parallel)"
+            )
+
+    def storage_path(self) -> str:
+        """ExampleConnector's shared folder (config or a per-backend temp folder)."""
+        if self.shared_storage_path:
+            return os.path.expanduser(self.shared_storage_path)
+        return str(Path(tempfile.gettempdir()) / f"semcache-kv-{self.name}")
+
+    def _launch_with_profile(self, server: VllmServer) -> VllmLaunch:
+        """The server's launch options plus its pool's profile and connector flags."""
+        assert server.launch is not None
+        flags: list[tuple[str, str | None]] = []
+        profile = self.profiles.get(server.role)
+        if profile is not None:
+            flags += profile.flags()
+        if self.connector == "example" and server.role != "both":
+            transfer = {
+                "kv_connector": "ExampleConnector",
+                "kv_role": "kv_both",
+                "kv_connector_extra_config": {"shared_storage_path": self.storage_path()},
+            }
+            flags.append(("--kv-transfer-config", orjson.dumps(transfer).decode()))
+        extra = merge_flags(server.launch.extra_args, flags)
+        return msgspec.structs.replace(server.launch, extra_args=extra)
 
 
 class LocalEmbeddingBackend(

@@ -1,145 +1,125 @@
-"""Async OpenAI-protocol client for vLLM servers: one pooled httpx client per backend."""
+"""Async OpenAI-protocol client for one vLLM backend: a monolithic or a prefill/decode pool.
+
+One pooled httpx client per backend; the servers are organised in pools (``backends.pool``)
+and each request is placed and, when the backend is disaggregated, sent through prefill and
+decode (``backends.router``).
+"""
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
 import orjson
 
-from backends.config import VllmBackend, VllmServer
-from backends.protocol import BackendError, RequestContext, UpstreamResponse
+from backends.config import VllmBackend
+from backends.pool import BackendStats, HealthMonitor, ServerLoad, build_pools
+from backends.protocol import RequestContext, UpstreamResponse
+from backends.router import PDRouter, VllmStream, http_failure
+from backends.salt import CacheSalter
 
-
-def _failure(exc: Exception, url: str) -> BackendError:
-    if isinstance(exc, httpx.TimeoutException):
-        return BackendError("timeout", f"backend {url} timed out", retry_after_s=1)
-    if isinstance(exc, httpx.ConnectError | httpx.RemoteProtocolError | httpx.ReadError):
-        return BackendError("unreachable", f"backend {url} is unreachable", retry_after_s=2)
-    return BackendError("broken", f"backend {url} failed: {type(exc).__name__}", retry_after_s=1)
-
-
-class VllmStream:
-    """A streamed answer relayed as raw bytes; closing it aborts the request in vLLM."""
-
-    def __init__(self, response: httpx.Response, url: str, release: Callable[[], None]) -> None:
-        self._response = response
-        self._url = url
-        self._release: Callable[[], None] | None = release
-        self.status = response.status_code
-        self.content_type = response.headers.get("content-type", "text/event-stream")
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._response.aiter_raw():
-                yield chunk
-        except httpx.HTTPError as exc:
-            raise _failure(exc, self._url) from exc
-        finally:
-            await self.aclose()
-
-    async def read_all(self) -> bytes:
-        try:
-            return await self._response.aread()
-        except httpx.HTTPError as exc:
-            raise _failure(exc, self._url) from exc
-        finally:
-            await self.aclose()
-
-    async def aclose(self) -> None:
-        if self._release is not None:
-            self._release()
-            self._release = None
-        await self._response.aclose()
+__all__ = ["VllmClient", "VllmStream", "http_failure"]
 
 
 class VllmClient:
     """Sends OpenAI-protocol requests to the servers of one vLLM backend.
 
-    Server choice here is the simplest that is correct for a monolithic pool (least
-    outstanding requests, round-robin on ties); disaggregated routing plugs in above it.
+    ``stats`` feeds ``backends.pool.BackendCollector`` (per-server in-flight, errors,
+    ejections, P/D hops, KV hand-off latency, the servers' own prefix-cache counters).
     """
 
-    def __init__(self, config: VllmBackend) -> None:
+    def __init__(
+        self,
+        config: VllmBackend,
+        salter: CacheSalter | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        """``salter``: default from the config; ``transport``: httpx's (tests inject one)."""
         self.config = config
         self.name = config.name
         self.served_model = config.served_model
-        servers = [s for s in config.servers if s.role == "both"] or list(config.servers)
-        if not servers:
-            raise ValueError(f"backend {config.name!r} has no servers")
-        self._servers = servers
-        self._inflight = {s.url: 0 for s in servers}
-        self._rr = itertools.count()
+        self.prefill_pool, self.decode_pool = build_pools(config)
+        pools = [p for p in (self.prefill_pool, self.decode_pool) if p is not None]
+        self.stats = BackendStats(config.name, pools)
+        self._max_model_len: int | None = None
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s),
             limits=httpx.Limits(
                 max_connections=config.max_connections,
                 max_keepalive_connections=config.max_connections,
             ),
+            transport=transport,
+        )
+        self.monitor = HealthMonitor(
+            self._http,
+            pools,
+            interval_s=config.health_interval_s,
+            timeout_s=config.health_timeout_s,
+            scrape_metrics=config.scrape_metrics,
+        )
+        if salter is None and config.cache_salt:
+            salter = CacheSalter.from_config(config)
+        self.router = PDRouter(
+            config,
+            self._http,
+            self.prefill_pool,
+            self.decode_pool,
+            self.stats,
+            self.monitor,
+            salter,
         )
 
-    def _pick(self) -> VllmServer:
-        start = next(self._rr)
-        n = len(self._servers)
-        order = [self._servers[(start + i) % n] for i in range(n)]
-        return min(order, key=lambda s: self._inflight[s.url])
+    @property
+    def disaggregated(self) -> bool:
+        """True when the backend has a prefill pool."""
+        return self.prefill_pool is not None
 
     async def post(self, path: str, body: dict[str, Any], ctx: RequestContext) -> UpstreamResponse:
-        server = self._pick()
-        url = server.url.rstrip("/") + path
-        self._inflight[server.url] += 1
-        try:
-            r = await self._http.post(
-                url,
-                content=orjson.dumps(body),
-                headers={"content-type": "application/json", "x-request-id": ctx.request_id},
-            )
-        except httpx.HTTPError as exc:
-            raise _failure(exc, server.url) from exc
-        finally:
-            self._inflight[server.url] -= 1
-        return UpstreamResponse(
-            status=r.status_code,
-            body=r.content,
-            content_type=r.headers.get("content-type", "application/json"),
-        )
+        return await self.router.post(path, body, ctx)
 
     async def open_stream(self, path: str, body: dict[str, Any], ctx: RequestContext) -> VllmStream:
-        server = self._pick()
-        url = server.url.rstrip("/") + path
-        request = self._http.build_request(
-            "POST",
-            url,
-            content=orjson.dumps(body),
-            headers={
-                "content-type": "application/json",
-                "accept": "text/event-stream",
-                "x-request-id": ctx.request_id,
-            },
-        )
-        self._inflight[server.url] += 1
-
-        def release() -> None:
-            self._inflight[server.url] -= 1
-
-        try:
-            response = await self._http.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            release()
-            raise _failure(exc, server.url) from exc
-        return VllmStream(response, server.url, release)
+        return await self.router.open_stream(path, body, ctx)
 
     async def ready(self) -> bool:
-        for s in self._servers:
-            try:
-                r = await self._http.get(s.url.rstrip("/") + "/health", timeout=2.0)
-            except httpx.HTTPError:
-                return False
-            if r.status_code != 200:
-                return False
-        return True
+        """Check every server now; ready while the answering pool has a healthy server."""
+        self.monitor.ensure_running()
+        await self.monitor.check_all()
+        return bool(self.decode_pool.healthy())
 
     async def aclose(self) -> None:
+        await self.monitor.aclose()
         await self._http.aclose()
+
+    # -- capacity: read by the batch workers, which only run on idle capacity --------
+
+    def inflight(self) -> int:
+        """Requests this client has open right now (sync and batch), counted once each."""
+        return sum(s.inflight for s in self.decode_pool.servers)
+
+    def has_capacity(self, per_server_limit: int | None = None) -> bool:
+        """True when some healthy answering server runs fewer requests than its limit
+        (or than ``per_server_limit``, when that is lower)."""
+        return self.decode_pool.has_capacity(per_server_limit)
+
+    def capacity(self) -> list[ServerLoad]:
+        """In-flight requests against the limit, per server of every pool."""
+        loads = [] if self.prefill_pool is None else self.prefill_pool.loads()
+        return loads + self.decode_pool.loads()
+
+    async def max_model_len(self) -> int | None:
+        """The smallest context length the servers report (``/v1/models``), asked once."""
+        if self._max_model_len is None:
+            lengths: list[int] = []
+            for s in [load for load in self.capacity() if load.healthy]:
+                try:
+                    r = await self._http.get(f"{s.url}/v1/models", timeout=5.0)
+                    cards = orjson.loads(r.content).get("data") or []
+                except (httpx.HTTPError, orjson.JSONDecodeError, AttributeError):
+                    return None
+                lengths += [
+                    c["max_model_len"]
+                    for c in cards
+                    if isinstance(c, dict) and isinstance(c.get("max_model_len"), int)
+                ]
+            self._max_model_len = min(lengths) if lengths else 0
+        return self._max_model_len or None

@@ -1,0 +1,321 @@
+"""Monolithic vs disaggregated prefill/decode (1P1D) on the same hardware, one mixed workload.
+
+Claim shown (issue 5): with long prompts mixed into a stream of short ones, a decode server
+that never runs a long prefill keeps inter-token latency (ITL) steady, and TTFT of the long
+prompts does not pay for the decode work of others. On this 2-core CPU with the tiny model the
+figures only show the plumbing works; the same script runs on GPUs with a real model.
+
+Two setups share the same device slots (CPU cores, or GPUs with ``--gpu``):
+- monolithic: one ``role = "both"`` server per slot, least-outstanding placement;
+- 1P1D: a prefill server on the first slot and a decode server on the second (NixlConnector).
+
+Each setup is started, measured and stopped in turn (``semcache``'s own Launcher and
+``VllmClient``, i.e. the gateway's routing, without the HTTP layer). The workload: ``--requests``
+streamed chat requests, ``--long-share`` of them with ~``--long-tokens`` prompt tokens and the
+rest ~``--short-tokens``, sent ``--concurrency`` at a time; every prompt starts with a unique
+number (no prefix-cache help), ``max_tokens`` is fixed with ``ignore_eos``. TTFT: time to the
+first event carrying content. ITL: gaps between the following content events. p50/p99 per
+setup and prompt class are printed side by side.
+
+    .venv/bin/python bench/pd.py --quick                          # smoke check, ~5 min here
+    .venv/bin/python bench/pd.py [--requests 64] [--concurrency 8] [--model smollm]
+    .venv/bin/python bench/pd.py --mono-url URL --mono-url URL --prefill-url URL --decode-url URL
+
+On a GPU machine (2 GPUs, vLLM with CUDA and nixl installed, a local HF model folder):
+
+    SEMCACHE_VLLM_DEVICE=cuda .venv/bin/python bench/pd.py --gpu --slots 0,1 \\
+        --model /models/Llama-3.1-8B-Instruct --served-name llama \\
+        --requests 400 --concurrency 32 --long-tokens 6000 --short-tokens 100 \\
+        --max-tokens 256 --max-model-len 8192 --prefill-threshold 512 [--kv-cache-dtype fp8]
+"""
+
+# ruff: noqa: E402  (imports after the sys.path fix below)
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import re
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# The repo root instead of bench/ (whose sibling scripts, e.g. queue.py, shadow stdlib names).
+_BENCH = Path(__file__).resolve().parent
+sys.path[:] = [str(_BENCH.parent), *(p for p in sys.path if Path(p or ".").resolve() != _BENCH)]
+
+from backends.config import VllmBackend, VllmLaunch, VllmServer
+from backends.launch import Device, Launcher
+from backends.profiles import LaunchProfile
+from backends.protocol import BackendError, RequestContext
+from backends.vllm import VllmClient
+from tests.support.vllm import TINY_MODEL_NAME, free_port, test_data_dir, tiny_llama
+
+FIRST_CONTENT = re.compile(rb'"(?:content|text)":"[^"]')
+SENTENCES = (
+    "The cat reads a book near the window.",
+    "A bird visits the old tree every day.",
+    "Our team builds a small house before the rain.",
+    "The teacher answers the question in the morning.",
+    "My friend paints the blue sea after lunch.",
+    "They follow the road to the capital of France.",
+)
+CHARS_PER_TOKEN = 4.0
+
+
+def say(message: str) -> None:
+    print(f"[pd] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Sample:
+    kind: str
+    ttft_s: float
+    gaps_s: list[float]
+    tokens: int
+
+
+@dataclass
+class Result:
+    setup: str
+    wall_s: float
+    samples: list[Sample] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    notes: str = ""
+
+
+def prompt(uid: int, tokens: int, rng: random.Random) -> str:
+    words = [f"{uid:07d}."]
+    while len(" ".join(words)) < tokens * CHARS_PER_TOKEN:
+        words.append(rng.choice(SENTENCES))
+    return " ".join(words)
+
+
+def workload(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(kind, prompt) for every request, the kinds shuffled with a fixed seed."""
+    rng = random.Random(7)
+    longs = round(args.requests * args.long_share)
+    kinds = ["long"] * longs + ["short"] * (args.requests - longs)
+    rng.shuffle(kinds)
+    sizes = {"long": args.long_tokens, "short": args.short_tokens}
+    base = random.randrange(1_000_000)  # unique across runs: no prefix-cache carry-over
+    return [(k, prompt(base + i, sizes[k], rng)) for i, k in enumerate(kinds)]
+
+
+async def one(client: VllmClient, kind: str, text: str, args: argparse.Namespace) -> Sample:
+    body: dict[str, Any] = {
+        "model": client.served_model,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": args.max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "skip_special_tokens": False,  # every generated token shows up as text
+        "stream": True,
+    }
+    ctx = RequestContext(request_id=uuid.uuid4().hex, tenant="bench", salt_scope="bench")
+    started = time.perf_counter()
+    stream = await client.open_stream("/v1/chat/completions", body, ctx)
+    if stream.status != 200:
+        raise BackendError("broken", f"HTTP {stream.status}: {(await stream.read_all())[:200]!r}")
+    stamps: list[float] = []
+    buffer = b""
+    async for chunk in stream.chunks():
+        now = time.perf_counter()
+        buffer += chunk
+        *events, buffer = buffer.split(b"\n\n")
+        stamps += [now for event in events if FIRST_CONTENT.search(event)]
+    if not stamps:  # a random-weight model may emit only tokens that decode to no text
+        return Sample(kind, float("nan"), [], 0)
+    return Sample(kind, stamps[0] - started, list(np.diff(stamps)), len(stamps))
+
+
+async def measure(setup: str, client: VllmClient, args: argparse.Namespace) -> Result:
+    items = workload(args)
+    queue: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+    for item in items:
+        queue.put_nowait(item)
+    result = Result(setup, 0.0)
+
+    async def worker() -> None:
+        while not queue.empty():
+            kind, text = queue.get_nowait()
+            try:
+                result.samples.append(await one(client, kind, text, args))
+            except BackendError as exc:
+                result.errors.append(f"{kind}: {exc.message}")
+
+    say(f"{setup}: warm-up")
+    for kind, text in workload(argparse.Namespace(**{**vars(args), "requests": 4}))[:4]:
+        await one(client, kind, text, args)
+    say(f"{setup}: {len(items)} requests, {args.concurrency} at a time")
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+    result.wall_s = time.perf_counter() - started
+    stats = client.stats
+    result.notes = f"hops {dict(stats.hops)}, prefill skipped {dict(stats.prefill_skipped)}"
+    for label, hist in (
+        ("prefill hop", stats.prefill_seconds),
+        ("KV hand-off", stats.handoff_seconds),
+    ):
+        count = sum(hist.counts)
+        if count:
+            result.notes += f"; {label} mean {hist.sum / count * 1000:.0f} ms (n={count})"
+    return result
+
+
+def pct(values: Sequence[float], p: float) -> float:
+    return float(np.percentile(values, p)) * 1000 if len(values) else float("nan")
+
+
+def report(results: list[Result], args: argparse.Namespace) -> None:
+    print(
+        f"\nworkload: {args.requests} streamed chat requests, {args.concurrency} concurrent, "
+        f"{args.long_share:.0%} long (~{args.long_tokens} tokens) / short (~{args.short_tokens}), "
+        f"max_tokens {args.max_tokens}, model {args.model}\n"
+    )
+    header = (
+        f"{'setup':<12}{'prompts':<8}{'n':>5}{'TTFT p50':>11}{'TTFT p99':>11}"
+        f"{'ITL p50':>10}{'ITL p99':>10}{'tok/s':>9}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        for kind in ("long", "short", "all"):
+            chosen = [s for s in r.samples if kind in ("all", s.kind) and s.tokens]
+            gaps = [g for s in chosen for g in s.gaps_s]
+            tokens = sum(s.tokens for s in chosen)
+            rate = f"{tokens / r.wall_s:9.0f}" if kind == "all" else " " * 9
+            ttfts = [s.ttft_s for s in chosen]
+            print(
+                f"{r.setup:<12}{kind:<8}{len(chosen):>5}"
+                f"{pct(ttfts, 50):>9.0f}ms{pct(ttfts, 99):>9.0f}ms"
+                f"{pct(gaps, 50):>8.1f}ms{pct(gaps, 99):>8.1f}ms{rate}"
+            )
+        empty = sum(1 for s in r.samples if not s.tokens)
+        if empty:
+            print(f"{'':<12}answers without visible text (left out): {empty}")
+        if r.errors:
+            print(f"{'':<12}errors: {len(r.errors)} (first: {r.errors[0]})")
+        print(f"{'':<12}{r.notes}")
+
+
+# -- the two setups ----------------------------------------------------------------------------
+
+
+def server(args: argparse.Namespace, role: str, slot: str) -> VllmServer:
+    env = {"CUDA_VISIBLE_DEVICES": slot} if args.gpu else {}
+    return VllmServer(
+        url=f"http://127.0.0.1:{free_port()}",
+        role=role,  # type: ignore[arg-type]
+        launch=VllmLaunch(
+            cpu_cores=None if args.gpu else slot,
+            kv_cache_gib=args.kv_cache_gib,
+            max_model_len=args.max_model_len,
+            nixl_side_channel_port=free_port() if role != "both" else None,
+            env=env,
+        ),
+    )
+
+
+def backend(args: argparse.Namespace, name: str, servers: list[VllmServer]) -> VllmBackend:
+    roles = {s.role for s in servers}
+    profile = LaunchProfile(kv_cache_dtype=args.kv_cache_dtype) if args.gpu else None
+    return VllmBackend(
+        name=name,
+        served_model=args.served_name,
+        model_path=args.model_path,
+        servers=servers,
+        prefill_threshold_tokens=args.prefill_threshold,
+        max_inflight_per_server=max(256, args.concurrency),
+        health_interval_s=5.0,
+        cache_salt_secret="bench",
+        profiles={r: profile for r in roles} if profile else {},
+    )
+
+
+async def run_setup(
+    name: str, config: VllmBackend, args: argparse.Namespace, launch: bool
+) -> Result:
+    device: Device | None = "cuda" if args.gpu else None
+    launcher = Launcher([config], Path(args.data_dir), progress=say, device=device)
+    if launch:
+        await launcher.start()
+    client = VllmClient(config)
+    try:
+        return await measure(name, client, args)
+    finally:
+        await client.aclose()
+        await launcher.stop()
+
+
+async def run(args: argparse.Namespace) -> None:
+    slots = args.slots.split(",")
+    if len(slots) < 2:
+        raise SystemExit("--slots needs two device slots (cores or GPUs)")
+    if args.model == "tiny":
+        args.model_path = str(await tiny_llama(Path(args.data_dir)))
+        args.served_name = args.served_name or TINY_MODEL_NAME
+    elif args.model == "smollm":
+        args.model_path = "prepared:smollm2-135m-instruct"
+        args.served_name = args.served_name or "SmolLM2-135M-Instruct"
+    else:
+        args.model_path = args.model
+        args.served_name = args.served_name or Path(args.model).name
+    results = []
+    if args.mono_url:
+        mono = [VllmServer(url=u) for u in args.mono_url]
+    else:
+        mono = [server(args, "both", slot) for slot in slots[:2]]
+    results.append(
+        await run_setup("monolithic", backend(args, "mono", mono), args, not args.mono_url)
+    )
+    if args.prefill_url and args.decode_url:
+        pd = [VllmServer(url=args.prefill_url, role="prefill")]
+        pd += [VllmServer(url=args.decode_url, role="decode")]
+    else:
+        pd = [server(args, "prefill", slots[0]), server(args, "decode", slots[1])]
+    launch = not (args.prefill_url and args.decode_url)
+    results.append(await run_setup("1P1D", backend(args, "pd", pd), args, launch))
+    report(results, args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--model", default="tiny", help="tiny | smollm | an HF folder / prepared:NAME")
+    ap.add_argument("--served-name", default=None)
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--long-share", type=float, default=0.25)
+    ap.add_argument("--long-tokens", type=int, default=1500)
+    ap.add_argument("--short-tokens", type=int, default=30)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--prefill-threshold", type=int, default=256)
+    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--kv-cache-gib", type=float, default=1.0, help="CPU only")
+    ap.add_argument("--slots", default="0,1", help="two CPU cores, or two GPUs with --gpu")
+    ap.add_argument("--gpu", action="store_true", help="servers on GPUs (CUDA_VISIBLE_DEVICES)")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"], help="GPU only")
+    ap.add_argument("--mono-url", action="append", help="running monolithic servers")
+    ap.add_argument("--prefill-url", help="a running prefill server (kv_producer)")
+    ap.add_argument("--decode-url", help="a running decode server (kv_consumer)")
+    ap.add_argument("--data-dir", default=str(test_data_dir()))
+    ap.add_argument("--quick", action="store_true", help="24 requests, 4 concurrent")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        args.requests, args.concurrency = 24, 4
+    asyncio.run(run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
