@@ -131,6 +131,17 @@ class VllmClient:
             raise _failure(exc, server.url) from exc
         return VllmStream(response, server.url, release)
 
+    def inflight(self) -> int:
+        """Requests this client has open right now, on all its servers."""
+        return sum(self._inflight.values())
+
+    def has_capacity(self, per_server_limit: int | None = None) -> bool:
+        """True when some server runs fewer requests than ``per_server_limit`` (a monolithic
+        pool has no limit of its own: without one, always true)."""
+        if per_server_limit is None:
+            return True
+        return any(n < per_server_limit for n in self._inflight.values())
+
     async def ready(self) -> bool:
         for s in self._servers:
             try:
