@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 import msgspec
 import orjson
+import psutil
 import pytest
 import redis
 from litestar.testing import TestClient
@@ -48,6 +49,7 @@ from server.batch import (
     CapacityGates,
     ItemOutcome,
 )
+from server.caching import tenant_from
 from server.config import ConfigError, GatewayConfig, ModelEntry, load_config, parse_config
 from server.errors import ApiError
 from server.workers_ai import text_result, workers_stream
@@ -303,6 +305,58 @@ async def test_a_live_request_preempts_batch_work_which_then_completes_once(
     assert workers.finished == {"success": 1, "failure": 0, "duplicate": 0}
 
 
+class EchoRunner:
+    """Answers every item at once with its prompt (no backend)."""
+
+    def __init__(self) -> None:
+        self.models: list[str] = []
+
+    async def run_item(self, model: str, body: dict[str, Any], ctx: RequestContext) -> ItemOutcome:
+        self.models.append(model)
+        return ItemOutcome(success=True, result={"response": body["prompt"]})
+
+
+async def test_a_gateway_leaves_items_of_models_it_does_not_serve(tmp_path: Path) -> None:
+    settings = BatchSettings(unserved_delay_s=0.2)
+    queue = await DiskQueue.open(tmp_path / "q.sqlite3")
+    other = ModelRegistry()
+    other.add(ModelInfo("x", "chat", (), "t", "busy", "r", "n"))
+    serving = ModelRegistry()
+    serving.generation["busy"] = LoadedBackend()  # type: ignore[assignment]
+    serving.add(ModelInfo("m", "chat", ("@cf/m",), "t", "busy", "r", "n"))
+    metrics = CollectorRegistry()
+    runners = (EchoRunner(), EchoRunner())
+    wrong = BatchWorkers(
+        queue, runners[0], CapacityGates(other, settings), settings, BatchMetrics(metrics)
+    )
+    right = BatchWorkers(
+        queue,
+        runners[1],
+        CapacityGates(serving, settings),
+        settings,
+        BatchMetrics(CollectorRegistry()),
+    )
+    service = BatchService(queue, settings)
+    wrong.start()
+    try:
+        queued = await service.submit("acme", "@cf/m", [{"prompt": "p0"}])
+        await eventually(
+            lambda: (metrics.get_sample_value("semcache_batch_unserved_total") or 0) >= 1
+        )
+        assert runners[0].models == [] and wrong.finished["failure"] == 0
+        right.start()
+        await eventually(lambda: right.finished["success"] == 1)
+        done = await service.poll("acme", queued["request_id"])
+    finally:
+        await wrong.aclose()
+        await right.aclose()
+        await queue.aclose()
+    assert runners[0].models == [] and runners[1].models == ["@cf/m"]
+    assert done["responses"] == [
+        {"id": 0, "result": {"response": "p0"}, "success": True, "external_reference": None}
+    ]
+
+
 async def _chunks(*payloads: bytes) -> AsyncIterator[bytes]:
     for p in payloads:
         yield p
@@ -390,6 +444,32 @@ def test_session_affinity_and_tenant_reach_the_backend(tmp_path: Path) -> None:
     assert path == "/v1/chat/completions"
     assert body["messages"] == [{"role": "user", "content": "hi"}]
     assert (body["max_tokens"], body["temperature"]) == (256, 0.6)  # Workers AI's defaults
+
+
+def test_without_configured_tokens_any_bearer_token_is_its_own_tenant(tmp_path: Path) -> None:
+    """The embedded default lists no token: Cloudflare's curl works with any bearer token, and
+    each token only sees its own batches."""
+    fake = RecordingGeneration()
+    reg = ModelRegistry()
+    reg.generation["fake"] = fake
+    reg.add(ModelInfo("chat-model", "chat", (CHAT,), "t", "fake", "rev1", "tpl"))
+    config = GatewayConfig(data_dir=str(tmp_path))
+    assert config.auth.tokens == []
+    run = f"/client/v4/accounts/ACC/ai/run/{CHAT}"
+    with TestClient(create_app(config, registry=reg)) as client:
+        assert ok(client.post(run, json={"prompt": "hi"}, headers=bearer("any")))["response"]
+        failed(client.post(run, json={"prompt": "hi"}), 401)
+        queued = ok(
+            client.post(
+                run + "?queueRequest=true",
+                json={"requests": [{"prompt": "x"}]},
+                headers=bearer("alice"),
+            )
+        )
+        rid = queued["request_id"]
+        failed(client.post(run, json={"request_id": rid}, headers=bearer("bob")), 404)
+        assert ok(client.post(run, json={"request_id": rid}, headers=bearer("alice")))
+    assert fake.contexts[0].tenant == tenant_from({"authorization": "Bearer any"})
 
 
 # -- slow: the real gateway in front of the real tiny vLLM ---------------------------------
@@ -836,6 +916,16 @@ class GatewayProcess:
                 self.kill()
 
 
+def idle_cpu_s(gateway: GatewayProcess, seconds: float) -> float:
+    """CPU seconds (user + system) the gateway process burns in ``seconds`` of idling."""
+    assert gateway.proc is not None
+    proc = psutil.Process(gateway.proc.pid)
+    before = proc.cpu_times()
+    time.sleep(seconds)
+    after = proc.cpu_times()
+    return (after.user - before.user) + (after.system - before.system)
+
+
 def stored_results(db: Path, request_id: str) -> dict[int, bytes]:
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30) as conn:
         rows = conn.execute(
@@ -881,6 +971,9 @@ def test_kill_9_mid_batch_loses_and_duplicates_nothing(
     write_gateway_toml(config, data_dir, tiny_vllm.url, {"path": str(db), "lease_s": 2.0})
     first = GatewayProcess(config).start()
     try:
+        time.sleep(1.0)  # start-up work (first requests of the lifespan) settles
+        idle = idle_cpu_s(first, 3.0)
+        assert idle < 0.1, f"an idle gateway burned {idle:.3f} s of CPU in 3 s"
         with httpx.Client(timeout=120) as http:
             rid = submit_batch(http, first.url, n, max_tokens=48)
             deadline = time.monotonic() + 240

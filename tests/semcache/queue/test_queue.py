@@ -214,3 +214,32 @@ async def test_disk_purge_removes_everything_of_an_expired_job(tmp_path: Path) -
         assert await q.job("open") is not None
     finally:
         await q.aclose()
+
+
+async def test_idle_disk_claim_sleeps_until_a_submit_or_a_due_retry(tmp_path: Path) -> None:
+    """No polling while idle: one look, then asleep until this process submits or gives an
+    item back, or a retry delay runs out (``poll_s`` is only for other processes)."""
+    q = await DiskQueue.open(tmp_path / "q.sqlite3", poll_s=60.0, lease_s=LEASE_S)
+    looks = 0
+    look = q._claim_or_due
+
+    def counted(consumer: str, limit: int) -> tuple[list[WorkItem], float | None]:
+        nonlocal looks
+        looks += 1
+        return look(consumer, limit)
+
+    q._claim_or_due = counted  # type: ignore[method-assign]
+    try:
+        waiter = asyncio.create_task(q.claim("w1", 1, wait_s=30.0))
+        await asyncio.sleep(1.0)
+        assert looks == 1 and not waiter.done()
+        await q.submit("j", "t", "m", payloads(1))
+        (item,) = await asyncio.wait_for(waiter, 2.0)
+        await q.retry(item, 0.5)
+        start = asyncio.get_running_loop().time()
+        (again,) = await asyncio.wait_for(q.claim("w1", 1, wait_s=30.0), 5.0)
+        waited = asyncio.get_running_loop().time() - start
+        assert 0.4 <= waited < 2.0 and again.index == 0
+        assert looks <= 5
+    finally:
+        await q.aclose()
