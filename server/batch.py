@@ -56,8 +56,11 @@ class BatchSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Most batch items one gateway runs at once (on idle capacity only)."""
     yield_to_sync: bool = True
     """Start batch items only while no synchronous request is in flight on their backend."""
-    sync_idle_s: NonNegFloat = 0.1
-    """...and none has been seen for this long (live traffic often comes in bursts)."""
+    sync_idle_s: NonNegFloat = 0.5
+    """...and none has been seen for this long (live traffic often comes in bursts). Batch
+    items resumed between live requests share the backend's steps with the next one and
+    delay its first token (on a CPU backend, by 2-3x with 0.1 s; ``bench/batch_queue.py``);
+    a shorter wait gives batches more throughput under steady live traffic."""
     preempt: bool = True
     """A synchronous request arriving on a backend stops the batch items running there; they
     go back to the queue and run again on the next idle capacity."""
