@@ -47,7 +47,7 @@ import numpy as np
 import orjson
 import psutil
 
-# Run as a script, bench/ is sys.path[0], and a bench/queue.py would shadow the stdlib's queue:
+# Run as a script, bench/ is sys.path[0], where a module could shadow the standard library:
 # move bench/ behind everything else (a stable sort), then import from the repository root.
 sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

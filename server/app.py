@@ -20,7 +20,9 @@ from server.config import GatewayConfig
 from server.errors import handle_exception
 from server.metrics import GatewayMetrics
 from server.routes import admin, health, openai
+from server.routes import workers_ai as workers_ai_routes
 from server.serving import OpenAIServing
+from server.workers_ai import open_workers_ai
 
 log = logging.getLogger("semcache.server")
 
@@ -64,16 +66,18 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
                 policy.current.tiers, data_dir=config.data_path(), registry=metrics.registry
             )
         reload_on_sighup(policy)
+        app.state.workers_ai = await open_workers_ai(config, serving, registry, metrics.registry)
         try:
             yield
         finally:
+            await app.state.workers_ai.aclose()  # batch workers stop before the cache closes
             if serving.cache is not None:
                 await serving.cache.aclose()
                 serving.cache = None
             await registry.aclose()
 
     return Litestar(
-        route_handlers=[*openai.ROUTES, *health.ROUTES, *admin.ROUTES],
+        route_handlers=[*openai.ROUTES, *health.ROUTES, *admin.ROUTES, *workers_ai_routes.ROUTES],
         state=State(
             {
                 "registry": registry,

@@ -10,6 +10,8 @@ from typing import Literal
 import msgspec
 
 from backends.config import BackendConfig
+from server.auth import AuthSettings
+from server.batch import BatchSettings
 
 Task = Literal["chat", "embeddings", "classification"]
 
@@ -45,6 +47,10 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     server: ServerSettings = msgspec.field(default_factory=ServerSettings)
     models: list[ModelEntry] = msgspec.field(default_factory=list)
     backends: list[BackendConfig] = msgspec.field(default_factory=list)
+    auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
+    """API tokens of the Workers-AI routes (``/client/v4``) and the tenants they belong to."""
+    batch: BatchSettings = msgspec.field(default_factory=BatchSettings)
+    """Asynchronous batches (Workers AI ``queueRequest``): the queue and its workers."""
 
     def data_path(self) -> Path:
         """The data directory (prepared models, disk cache), created on demand."""

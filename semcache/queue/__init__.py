@@ -1,0 +1,34 @@
+"""Durable queues of batch work: SQLite on one machine, Redis Streams across gateways."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from semcache.queue.base import BatchQueue, ItemResult, JobState, JobStatus, QueueSettings, WorkItem
+from semcache.queue.disk import DiskQueue
+from semcache.queue.redis import RedisQueue
+
+__all__ = [
+    "BatchQueue",
+    "DiskQueue",
+    "ItemResult",
+    "JobState",
+    "JobStatus",
+    "QueueSettings",
+    "RedisQueue",
+    "WorkItem",
+    "open_queue",
+]
+
+
+async def open_queue(settings: QueueSettings, data_dir: Path) -> BatchQueue:
+    """The queue ``settings`` describe; the disk queue defaults to ``data_dir/queue/``."""
+    common = {
+        "lease_s": settings.lease_s,
+        "results_ttl_s": settings.results_ttl_s,
+        "max_age_s": settings.max_age_s,
+    }
+    if settings.kind == "redis":
+        return await RedisQueue.open(settings.redis_url, prefix=settings.prefix, **common)
+    path = Path(settings.path) if settings.path else data_dir / "queue" / "batch.sqlite3"
+    return await DiskQueue.open(path.expanduser(), **common)

@@ -1,0 +1,245 @@
+"""The batch queue contract, on SQLite (local disk) and on a real redis-server (Streams)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from semcache.queue import BatchQueue, DiskQueue, RedisQueue, WorkItem
+from tests.semcache.conftest import RedisServer
+
+QueueFactory = Callable[..., Awaitable[BatchQueue]]
+
+LEASE_S = 0.4
+
+
+@pytest.fixture(params=["disk", pytest.param("redis", marks=pytest.mark.slow)])
+async def make_queue(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[QueueFactory]:
+    """Opens queues of one kind; queues opened by one test share their storage."""
+    opened: list[BatchQueue] = []
+    prefix = f"t{uuid.uuid4().hex[:10]}"
+
+    async def make(**kwargs: Any) -> BatchQueue:
+        kwargs.setdefault("lease_s", LEASE_S)
+        queue: BatchQueue
+        if request.param == "disk":
+            queue = await DiskQueue.open(tmp_path / "q.sqlite3", poll_s=0.02, **kwargs)
+        else:
+            server: RedisServer = request.getfixturevalue("redis_server")
+            queue = await RedisQueue.open(server.url, prefix=prefix, **kwargs)
+        opened.append(queue)
+        return queue
+
+    try:
+        yield make
+    finally:
+        for q in opened:
+            await q.aclose()
+
+
+def payloads(n: int) -> list[bytes]:
+    return [f"item-{i}".encode() for i in range(n)]
+
+
+async def drain(queue: BatchQueue, consumer: str, limit: int = 10) -> list[WorkItem]:
+    out: list[WorkItem] = []
+    while batch := await queue.claim(consumer, limit, wait_s=0.05):
+        out.extend(batch)
+    return out
+
+
+async def test_life_cycle_queued_running_done(make_queue: QueueFactory) -> None:
+    q = await make_queue()
+    await q.submit("job1", "acme", "@cf/test/tiny", payloads(3))
+    state = await q.job("job1")
+    assert state is not None and state.status == "queued"
+    assert (state.tenant, state.model, state.total, state.completed) == (
+        "acme",
+        "@cf/test/tiny",
+        3,
+        0,
+    )
+
+    items = await q.claim("w1", 2, wait_s=0.1)
+    assert [(i.job_id, i.index, i.payload, i.attempts) for i in items] == [
+        ("job1", 0, b"item-0", 1),
+        ("job1", 1, b"item-1", 1),
+    ]
+    state = await q.job("job1")
+    assert state is not None and state.status == "running"
+
+    assert await q.complete(items[1], b"r1")
+    assert await q.complete(items[0], b"r0")
+    (last,) = await q.claim("w1", 5, wait_s=0.1)
+    assert last.index == 2
+    assert await q.complete(last, b"r2")
+    state = await q.job("job1")
+    assert state is not None and state.status == "done" and state.finished_at is not None
+    assert [(r.index, r.body) for r in await q.results("job1")] == [
+        (0, b"r0"),
+        (1, b"r1"),
+        (2, b"r2"),
+    ]
+    assert await q.claim("w1", 5, wait_s=0.05) == []
+
+
+async def test_unknown_job_is_none(make_queue: QueueFactory) -> None:
+    q = await make_queue()
+    assert await q.job("nope") is None
+    assert await q.results("nope") == []
+
+
+async def test_a_second_result_for_an_item_is_ignored(make_queue: QueueFactory) -> None:
+    q = await make_queue()
+    await q.submit("j", "t", "m", payloads(1))
+    (item,) = await q.claim("w1", 1, wait_s=0.1)
+    assert await q.complete(item, b"first")
+    assert not await q.complete(item, b"second")
+    assert [r.body for r in await q.results("j")] == [b"first"]
+    state = await q.job("j")
+    assert state is not None and state.completed == 1
+
+
+async def test_consumers_never_share_a_live_claim(make_queue: QueueFactory) -> None:
+    q = await make_queue()
+    await q.submit("j", "t", "m", payloads(40))
+    a, b = await asyncio.gather(drain(q, "a", 3), drain(q, "b", 3))
+    got = sorted(i.index for i in a + b)
+    assert got == list(range(40))
+    assert a and b
+
+
+async def test_expired_lease_goes_to_another_worker_with_one_result(
+    make_queue: QueueFactory,
+) -> None:
+    q = await make_queue()
+    await q.submit("j", "t", "m", payloads(2))
+    dead = await q.claim("dead", 2, wait_s=0.1)  # then the worker is "killed": no extend
+    assert len(dead) == 2
+    assert await q.claim("alive", 2, wait_s=0.0) == []
+    await asyncio.sleep(LEASE_S + 0.3)
+    taken = await q.claim("alive", 2, wait_s=0.1)
+    assert sorted(i.index for i in taken) == [0, 1]
+    assert all(i.attempts == 2 for i in taken)
+    for item in taken:
+        assert await q.complete(item, b"alive")
+    # The dead worker comes back and answers too late: its results are dropped.
+    for item in dead:
+        assert not await q.complete(item, b"dead")
+    assert [r.body for r in await q.results("j")] == [b"alive", b"alive"]
+
+
+async def test_extended_lease_is_kept(make_queue: QueueFactory) -> None:
+    q = await make_queue()
+    await q.submit("j", "t", "m", payloads(1))
+    items = await q.claim("w1", 1, wait_s=0.1)
+    for _ in range(4):
+        await asyncio.sleep(LEASE_S / 2)
+        await q.extend("w1", items)
+    assert await q.claim("w2", 1, wait_s=0.0) == []
+    assert await q.complete(items[0], b"ok")
+
+
+async def test_retry_gives_the_item_back(make_queue: QueueFactory) -> None:
+    q = await make_queue()
+    await q.submit("j", "t", "m", payloads(1))
+    (item,) = await q.claim("w1", 1, wait_s=0.1)
+    await q.retry(item, 0.0)
+    (again,) = await q.claim("w2", 1, wait_s=0.5)
+    assert (again.index, again.payload, again.attempts) == (0, b"item-0", 2)
+    assert await q.complete(again, b"ok")
+
+
+async def test_waiting_claim_wakes_up_for_new_work(make_queue: QueueFactory) -> None:
+    q = await make_queue()
+    waiter = asyncio.create_task(q.claim("w1", 1, wait_s=5.0))
+    await asyncio.sleep(0.1)
+    await q.submit("j", "t", "m", payloads(1))
+    (item,) = await asyncio.wait_for(waiter, 5.0)
+    assert item.job_id == "j"
+
+
+async def test_finished_jobs_expire(make_queue: QueueFactory) -> None:
+    q = await make_queue(results_ttl_s=0.3)
+    await q.submit("j", "t", "m", payloads(1))
+    (item,) = await q.claim("w1", 1, wait_s=0.1)
+    await q.complete(item, b"ok")
+    assert await q.job("j") is not None
+    await asyncio.sleep(0.6)
+    await q.purge_expired()
+    assert await q.job("j") is None
+    assert await q.results("j") == []
+
+
+async def test_disk_queue_survives_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "q.sqlite3"
+    first = await DiskQueue.open(path, lease_s=LEASE_S)
+    await first.submit("j", "t", "m", payloads(3))
+    (item,) = await first.claim("w1", 1, wait_s=0.1)
+    await first.complete(item, b"r0")
+    await first.claim("w1", 1, wait_s=0.1)  # claimed, never finished: the process "dies"
+    await first.aclose()
+
+    second = await DiskQueue.open(path, lease_s=LEASE_S)
+    try:
+        await asyncio.sleep(LEASE_S + 0.2)
+        rest = await drain(second, "w2")
+        assert sorted(i.index for i in rest) == [1, 2]
+        for i in rest:
+            assert await second.complete(i, b"r")
+        state = await second.job("j")
+        assert state is not None and state.status == "done"
+        assert [r.index for r in await second.results("j")] == [0, 1, 2]
+    finally:
+        await second.aclose()
+
+
+async def test_disk_purge_removes_everything_of_an_expired_job(tmp_path: Path) -> None:
+    now = [1000.0]
+    q = await DiskQueue.open(tmp_path / "q.sqlite3", results_ttl_s=10, clock=lambda: now[0])
+    try:
+        await q.submit("done", "t", "m", payloads(1))
+        await q.submit("open", "t", "m", payloads(1))
+        (item,) = await q.claim("w", 1, wait_s=0)
+        assert item.job_id == "done"
+        await q.complete(item, b"x")
+        now[0] += 11
+        assert await q.purge_expired() == 1
+        assert await q.job("done") is None
+        assert await q.job("open") is not None
+    finally:
+        await q.aclose()
+
+
+async def test_idle_disk_claim_sleeps_until_a_submit_or_a_due_retry(tmp_path: Path) -> None:
+    """No polling while idle: one look, then asleep until this process submits or gives an
+    item back, or a retry delay runs out (``poll_s`` is only for other processes)."""
+    q = await DiskQueue.open(tmp_path / "q.sqlite3", poll_s=60.0, lease_s=LEASE_S)
+    looks = 0
+    look = q._claim_or_due
+
+    def counted(consumer: str, limit: int) -> tuple[list[WorkItem], float | None]:
+        nonlocal looks
+        looks += 1
+        return look(consumer, limit)
+
+    q._claim_or_due = counted  # type: ignore[method-assign]
+    try:
+        waiter = asyncio.create_task(q.claim("w1", 1, wait_s=30.0))
+        await asyncio.sleep(1.0)
+        assert looks == 1 and not waiter.done()
+        await q.submit("j", "t", "m", payloads(1))
+        (item,) = await asyncio.wait_for(waiter, 2.0)
+        await q.retry(item, 0.5)
+        start = asyncio.get_running_loop().time()
+        (again,) = await asyncio.wait_for(q.claim("w1", 1, wait_s=30.0), 5.0)
+        waited = asyncio.get_running_loop().time() - start
+        assert 0.4 <= waited < 2.0 and again.index == 0
+        assert looks <= 5
+    finally:
+        await q.aclose()
