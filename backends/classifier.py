@@ -11,6 +11,7 @@ version is retrained in memory at load (a second or two).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import logging
 from collections.abc import Sequence
@@ -163,6 +164,56 @@ def load_classifier(
     if head is None:
         head = build_head(encoder, examples_path)
     return TextClassifier(encoder, head)
+
+
+class ClassifierBackend:
+    """A classifier model of the registry, run in process on an encoder given at start.
+
+    The encoder is the semantic cache's own (one MiniLM in memory); the server loads it on
+    the first classification request and calls :meth:`start` with it.
+    """
+
+    def __init__(
+        self, name: str, head_path: Path = DEFAULT_HEAD, *, revision: str | None = None
+    ) -> None:
+        self.name = name
+        self.head_path = head_path
+        self.fixed_revision = revision
+        """A revision set in the config; None: the model's revision is :attr:`version`."""
+        self.classifier: TextClassifier | None = None
+        self._lock = asyncio.Lock()
+
+    async def start(self, encoder: TextEncoder) -> TextClassifier:
+        """Load the head for ``encoder`` (retrained in memory if it was trained for another)."""
+        if self.classifier is None:
+            async with self._lock:
+                if self.classifier is None:
+                    self.classifier = await asyncio.to_thread(
+                        load_classifier, encoder, self.head_path
+                    )
+        return self.classifier
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self._loaded().labels)
+
+    @property
+    def version(self) -> str:
+        return self._loaded().version
+
+    def _loaded(self) -> TextClassifier:
+        if self.classifier is None:
+            raise RuntimeError(f"classifier {self.name} is not started")
+        return self.classifier
+
+    async def classify(self, texts: Sequence[str]) -> list[LabelScores]:
+        return await self._loaded().classify(texts)
+
+    async def ready(self) -> bool:
+        return self.classifier is not None
+
+    async def aclose(self) -> None:
+        self.classifier = None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -113,6 +113,14 @@ class Encoder:
         self._queue.put(_Request(list(texts), loop, future))
         return await future
 
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Tokens per text as the model sees them (special tokens included, truncated)."""
+        tokenizer = getattr(self.model, "tokenizer", None)
+        if tokenizer is None or not texts:
+            return [len(text.split()) for text in texts]
+        ids = tokenizer(list(texts), add_special_tokens=True, truncation=True)["input_ids"]
+        return [len(row) for row in ids]
+
     def encode_sync(self, texts: Sequence[str], *, show_progress: bool = False) -> np.ndarray:
         """Blocking encode in the caller's thread, for offline work (training, benchmarks)."""
         if not texts:
