@@ -130,11 +130,42 @@ async def measure(
     return lines
 
 
+async def batching_gain(encoder: Encoder, texts: list[str], rounds: int = 3) -> list[str]:
+    """Per-text encode time: requests one after another vs the same requests concurrently.
+
+    Concurrent requests queue while a batch runs and go into the next one (the encoder's
+    micro-batching); a request alone is encoded at once.
+    """
+    lines: list[str] = []
+    for clients in (8, 32, 64):
+        batch = texts[:clients]
+        alone: list[float] = []
+        together: list[float] = []
+        calls: list[int] = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            for text in batch:
+                await encoder.encode([text])
+            alone.append((time.perf_counter() - t0) / clients)
+            before = encoder.stats.model_calls
+            t0 = time.perf_counter()
+            await asyncio.gather(*(encoder.encode([text]) for text in batch))
+            together.append((time.perf_counter() - t0) / clients)
+            calls.append(encoder.stats.model_calls - before)
+        a, b = min(alone) * 1000, min(together) * 1000
+        lines.append(
+            f"{clients:>3} requests of 1 text: one at a time {a:6.2f} ms/text, concurrent "
+            f"{b:6.2f} ms/text ({max(calls)} model calls) -> {a / b:4.1f}x"
+        )
+    return lines
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="10000,100000,1000000")
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--ef-search", default="32,64,128,256")
+    parser.add_argument("--skip-batching", action="store_true")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     ef_values = [int(s) for s in args.ef_search.split(",")]
@@ -161,6 +192,10 @@ async def main() -> None:
     settings = IndexSettings(dimensions=encoder.dimensions, background=False, use_gpu=False)
     for _ in range(20):  # warm the model and the thread hand-off
         await encoder.encode([queries[0]])
+    if not args.skip_batching:
+        print("micro-batching (best of 3 rounds):")
+        for line in await batching_gain(encoder, queries):
+            print("  " + line, flush=True)
     print(
         f"{'entries':>9}  {'index':<10}{'search':>9}{'p99':>9}{'+encode':>10}{'p99':>10}"
         f"{'recall@1':>10}   (ms)"

@@ -30,6 +30,7 @@ from semcache import replay
 from semcache.entry import CachedAnswer, StreamRecorder
 from semcache.exact import CacheRequest, CacheResult, CacheStatus, ExactCache
 from semcache.policy import PolicyHolder
+from semcache.semantic.chat import chat_partition, chat_query, with_query
 from semcache.semantic.items import ItemCache
 from semcache.semantic.service import SemanticService
 from server.caching import CacheDirectives, result_headers, semantic_headers, status_headers
@@ -129,6 +130,7 @@ class OpenAIServing:
         """Set at start-up (opening the tiers is async); ``None`` serves without caching."""
         self.semantic = semantic
         """The semantic cache (loaded on first use); also the classifier's encoder."""
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- models -----------------------------------------------------------------
 
@@ -243,9 +245,85 @@ class OpenAIServing:
         creq = await self._prepare(route, info, body, ctx, directives)
         if creq is None:
             return await self._forward(call, stream)
+        hit, remember = await self._chat_semantic(call, creq, body, stream, directives)
+        if hit is not None:
+            return hit
         if not stream:
-            return await self._cached_json(call, creq)
-        return await self._cached_stream(call, creq)
+            return await self._cached_json(call, creq, remember)
+        return await self._cached_stream(call, creq, remember)
+
+    async def _chat_semantic(
+        self,
+        call: GenerationCall,
+        creq: CacheRequest,
+        body: dict[str, Any],
+        stream: bool,
+        directives: CacheDirectives | None,
+    ) -> tuple[Reply | None, Remember | None]:
+        """A semantic hit for a qualifying chat request, or how to index its answer later.
+
+        Opt-in per model in the policy; temperature 0, single-turn requests only (see
+        ``semcache.semantic.chat``). The matched request's answer is looked up under its own
+        exact key, so purges and expiry apply.
+        """
+        rule = creq.rule.semantic
+        if (
+            call.route != "chat"
+            or not rule.enabled
+            or self.semantic is None
+            or self.cache is None
+            or not creq.cacheable
+            or (directives is not None and directives.custom_key is not None)
+        ):
+            return None, None
+        query = chat_query(body)
+        if query is None:
+            return None, None
+        index, text = query
+        semantic = await self.semantic.get()
+        partition = chat_partition(semantic, creq.key, body, index)
+        vectors = await semantic.encode([text])
+        control = creq.control
+        ttl = control.ttl_s if control.ttl_s is not None else creq.rule.ttl_s
+        ttl = max(0, min(ttl, creq.rule.max_ttl_s))
+
+        async def remember() -> None:
+            await semantic.insert(
+                partition, [text], [creq.key.digest], float(ttl), rule=rule, vectors=vectors
+            )
+
+        if control.bypass_read:
+            return None, remember
+        tighten = directives.semantic_threshold if directives is not None else None
+        (match,) = await semantic.lookup(partition, [text], rule, tighten, vectors=vectors)
+        if match is None or match.text == text:
+            return None, remember  # an identical text is the exact cache's job
+        other = await self._prepare(
+            call.route, call.info, with_query(body, index, match.text), call.ctx, directives
+        )
+        assert other is not None
+        res = await self.cache.lookup(other)
+        entry = res.entry
+        if not res.from_cache or entry is None or entry.status != 200:
+            await semantic.remove(partition, [match.payload_ref])
+            return None, remember
+        headers = semantic_headers(1, 1, match.similarity, creq.key.short_id, stored=False)
+        if match.verifier_prob is not None:
+            headers["x-semcache-verifier-prob"] = f"{match.verifier_prob:.4f}"
+        self._observe_latency(call, stream=stream)
+        if not stream:
+            return Reply(200, replay.as_json(entry, call.route), headers=headers), None
+        include_usage = replay.wants_usage(call.upstream)
+        payloads = replay.as_stream(entry, call.route, include_usage=include_usage)
+        return (
+            Reply(
+                200,
+                stream=_replayed(payloads),
+                media_type=SSE,
+                headers={**SSE_HEADERS, **headers},
+            ),
+            None,
+        )
 
     def _backend_failed(self, call: GenerationCall, kind: str) -> None:
         self.metrics.backend_errors.labels(call.backend.name, kind).inc()
@@ -299,7 +377,9 @@ class OpenAIServing:
         self._observe_latency(call, stream=True)
         self.metrics.count_usage(call.info.id, reader.usage())
 
-    async def _cached_json(self, call: GenerationCall, creq: CacheRequest) -> Reply:
+    async def _cached_json(
+        self, call: GenerationCall, creq: CacheRequest, remember: Remember | None = None
+    ) -> Reply:
         assert self.cache is not None
 
         async def fill() -> CachedAnswer:
@@ -318,11 +398,15 @@ class OpenAIServing:
         res = await self.cache.get_or_fill(creq, fill)
         entry = res.entry
         assert entry is not None  # fill always answers (or raises)
+        if res.stored and remember is not None:
+            await remember()
         self._observe_latency(call, stream=False)
         headers = result_headers(res, creq.rule.prices) if entry.status == 200 else {}
         return Reply(entry.status, replay.as_json(entry, call.route), headers=headers)
 
-    async def _cached_stream(self, call: GenerationCall, creq: CacheRequest) -> Reply:
+    async def _cached_stream(
+        self, call: GenerationCall, creq: CacheRequest, remember: Remember | None = None
+    ) -> Reply:
         """A stream through the cache: replay a stored answer, or relay and record a live one.
 
         The backend is always asked for the usage chunk (so the stored answer knows its
@@ -362,6 +446,8 @@ class OpenAIServing:
 
         task = asyncio.create_task(self.cache.get_or_fill(creq, fill))
         task.add_done_callback(_retrieve_exception)
+        if remember is not None:
+            self._after_store(task, remember)
         waiter = asyncio.create_task(opened.wait())
         try:
             await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -414,8 +500,24 @@ class OpenAIServing:
                 return
             self._observe_latency(call, stream=True)
         finally:
-            if not task.done():
+            if not done and not task.done():
                 task.cancel()  # the client has gone: abort the backend, store nothing
+            # Once the answer is complete the task is only storing it: let it finish.
+
+    def _after_store(self, task: asyncio.Task[CacheResult], remember: Remember) -> None:
+        """Index a streamed answer in the semantic cache once the cache has stored it."""
+
+        async def wait() -> None:
+            try:
+                res = await task
+            except (Exception, asyncio.CancelledError):
+                return
+            if res.stored:
+                await remember()
+
+        pending = asyncio.create_task(wait())
+        self._background.add(pending)
+        pending.add_done_callback(self._background.discard)
 
     def _count_usage(self, info: ModelInfo, body: bytes) -> None:
         try:
@@ -580,6 +682,9 @@ class OpenAIServing:
             )
         return Reply(200, res.entry.body or b"", headers=headers)
 
+
+Remember = Callable[[], Awaitable[None]]
+"""Adds a stored chat answer to the semantic index."""
 
 Compute = Callable[[list[str]], Awaitable[tuple[list[bytes], list[int]]]]
 

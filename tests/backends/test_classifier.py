@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+import msgspec
 import numpy as np
 import pytest
 
 from backends.classifier import (
     DEFAULT_EXAMPLES,
+    DEFAULT_HEAD,
     LABELS,
+    LinearHead,
     TextClassifier,
     load_classifier,
     load_examples,
@@ -72,7 +75,9 @@ async def test_uses_the_injected_encoder(encoder: Encoder, classifier: TextClass
 
 def test_shipped_head_matches_the_encoder(classifier: TextClassifier, encoder: Encoder) -> None:
     """The shipped head was trained for this encoder (no silent in-memory retrain)."""
-    assert classifier.head.encoder_version == encoder.version
+    shipped = msgspec.json.decode(DEFAULT_HEAD.read_bytes(), type=LinearHead)
+    assert shipped.encoder_version == encoder.version
+    assert classifier.head.version == shipped.version
     assert classifier.head.version == classifier.head.digest()
 
 

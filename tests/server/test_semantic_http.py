@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,8 +15,11 @@ import numpy as np
 import pytest
 
 from backends.config import EmbeddedClassifierBackend, LocalEmbeddingBackend
+from backends.launch import VllmProcess
 from server.config import GatewayConfig, ModelEntry, ServerSettings
+from tests.conftest import gateway_config
 from tests.support.gateway import GatewayThread
+from tests.support.vllm import TINY_MODEL_NAME
 
 pytestmark = pytest.mark.slow
 
@@ -337,3 +341,134 @@ def test_model_revision_isolation_and_persistence(tmp_path: Path) -> None:
         assert resp.headers["x-semcache-semantic"] == "hit"
     finally:
         three.stop()
+
+
+CHAT_POLICY = f"""
+version = 1
+[tiers.disk]
+dir = "cache/exact"
+[admin]
+token = "{ADMIN}"
+[models."tiny-chat".routes.chat.semantic]
+enabled = true
+threshold = 0.9
+[models."tiny-verified".routes.chat.semantic]
+enabled = true
+threshold = 0.5
+min_threshold = 0.5
+verifier = true
+verifier_min_prob = 0.96
+"""
+
+
+@pytest.fixture(scope="module")
+def chat_gw(
+    tmp_path_factory: pytest.TempPathFactory, data_dir: Path, tiny_vllm: VllmProcess
+) -> Iterator[GatewayThread]:
+    tmp = tmp_path_factory.mktemp("semantic-chat")
+    (tmp / "policy.toml").write_text(CHAT_POLICY)
+    model = data_dir / "models" / TINY_MODEL_NAME
+    cfg = gateway_config(tmp, tiny_vllm.url, model, policy=str(tmp / "policy.toml"))
+    cfg.models += [
+        ModelEntry(id="tiny-off", backend="tiny", task="chat"),
+        ModelEntry(id="tiny-verified", backend="tiny", task="chat"),
+    ]
+    gw = GatewayThread(cfg).start()
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+def chat(
+    gw: GatewayThread,
+    model: str,
+    user: str,
+    *,
+    system: str = "Answer briefly.",
+    headers_: dict[str, str] | None = None,
+    **extra: Any,
+) -> httpx.Response:
+    body = {
+        "model": model,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        "max_tokens": 8,
+        "temperature": 0,
+        **extra,
+    }
+    r = httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers=headers_ or {}, timeout=120)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def test_chat_semantic_is_opt_in_and_temperature_0_only(chat_gw: GatewayThread) -> None:
+    first = chat(chat_gw, "tiny-chat", "What is the capital of France?")
+    assert "detail=semantic" not in first.headers["cache-status"]
+    near = "what is the capital of france!"
+    hit = chat(chat_gw, "tiny-chat", near)
+    assert "detail=semantic" in hit.headers["cache-status"]
+    assert hit.headers["x-semcache-semantic"] == "hit"
+    assert float(hit.headers["x-semcache-similarity"]) >= 0.9
+    assert hit.json()["id"] == first.json()["id"]  # the cached answer, not a new one
+
+    # Sampled requests, another system prompt, a model without the opt-in: never.
+    assert "x-semcache-semantic" not in chat(chat_gw, "tiny-chat", near, temperature=0.7).headers
+    other_system = chat(chat_gw, "tiny-chat", near, system="Answer in French.")
+    assert "x-semcache-semantic" not in other_system.headers
+    chat(chat_gw, "tiny-off", "What is the capital of France?")
+    assert "x-semcache-semantic" not in chat(chat_gw, "tiny-off", near).headers
+
+    # A streamed answer is indexed once stored; a semantic hit can be streamed too.
+    with httpx.stream(
+        "POST",
+        f"{chat_gw.url}/v1/chat/completions",
+        json={
+            "model": "tiny-chat",
+            "messages": [
+                {"role": "system", "content": "Answer briefly."},
+                {"role": "user", "content": "Which river flows through Paris?"},
+            ],
+            "max_tokens": 8,
+            "temperature": 0,
+            "stream": True,
+        },
+        timeout=120,
+    ) as s:
+        assert s.status_code == 200
+        s.read()
+    # The answer is stored (and indexed) just after the stream ends: poll with no-store
+    # probes, which are never indexed themselves.
+    near_river = "which river flows through paris!"
+    deadline = time.monotonic() + 10
+    while (
+        "x-semcache-semantic"
+        not in chat(
+            chat_gw, "tiny-chat", near_river, headers_={"cache-control": "no-store"}
+        ).headers
+    ):
+        assert time.monotonic() < deadline, "the streamed answer was never indexed"
+        time.sleep(0.2)
+    streamed = httpx.post(
+        f"{chat_gw.url}/v1/chat/completions",
+        json={
+            "model": "tiny-chat",
+            "messages": [
+                {"role": "system", "content": "Answer briefly."},
+                {"role": "user", "content": near_river},
+            ],
+            "max_tokens": 8,
+            "temperature": 0,
+            "stream": True,
+        },
+        headers={"cache-control": "no-store"},
+        timeout=120,
+    )
+    assert streamed.headers["x-semcache-semantic"] == "hit"
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    assert streamed.text.rstrip().endswith("data: [DONE]")
+
+
+def test_chat_verifier_refuses_a_close_but_different_question(chat_gw: GatewayThread) -> None:
+    chat(chat_gw, "tiny-verified", "How do I lose 10 kg in two months?")
+    other = chat(chat_gw, "tiny-verified", "How do I lose 30 kg in two months?")
+    assert "x-semcache-semantic" not in other.headers
