@@ -201,4 +201,20 @@ class LocalEmbeddingBackend(
     normalize: bool = True
 
 
-BackendConfig = VllmBackend | LocalEmbeddingBackend
+class EmbeddedClassifierBackend(
+    msgspec.Struct,
+    forbid_unknown_fields=True,
+    kw_only=True,
+    tag_field="kind",
+    tag="embedded-classifier",
+):
+    """The embedded text classifier (a linear head over the semantic cache's encoder)."""
+
+    name: str
+    head_path: str | None = None
+    """The head's JSON file; default: the shipped sentiment head (``data/classifier``)."""
+    revision: str | None = None
+    """Explicit revision; by default the head's and the encoder's versions."""
+
+
+BackendConfig = VllmBackend | LocalEmbeddingBackend | EmbeddedClassifierBackend

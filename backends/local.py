@@ -54,6 +54,11 @@ class LocalEmbeddingBackend:
         async with self._lock:
             return await asyncio.to_thread(self._encode, texts)
 
+    def count_tokens(self, texts: list[str]) -> list[int]:
+        """Tokens per text, counted as ``embed`` counts them (no model call)."""
+        tokens = self._model.tokenizer(texts, add_special_tokens=True, truncation=True)
+        return [len(ids) for ids in tokens["input_ids"]]
+
     def detokenize(self, token_ids: list[int]) -> str:
         text: str = self._model.tokenizer.decode(token_ids, skip_special_tokens=True)
         return text

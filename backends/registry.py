@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from backends.classifier import DEFAULT_HEAD, ClassifierBackend
+from backends.config import EmbeddedClassifierBackend, VllmBackend
 from backends.config import LocalEmbeddingBackend as LocalEmbeddingConfig
-from backends.config import VllmBackend
 from backends.local import LocalEmbeddingBackend
 from backends.models import chat_template_fingerprint, model_revision, prepare_model
 from backends.protocol import EmbeddingBackend, GenerationBackend
@@ -36,6 +39,7 @@ class ModelRegistry:
     models: dict[str, ModelInfo] = field(default_factory=dict)
     generation: dict[str, GenerationBackend] = field(default_factory=dict)
     embedding: dict[str, EmbeddingBackend] = field(default_factory=dict)
+    classifiers: dict[str, ClassifierBackend] = field(default_factory=dict)
     _by_name: dict[str, ModelInfo] = field(default_factory=dict)
 
     def add(self, info: ModelInfo) -> None:
@@ -46,6 +50,15 @@ class ModelRegistry:
     def resolve(self, name: str) -> ModelInfo | None:
         """Find a model by OpenAI id or alias."""
         return self._by_name.get(name)
+
+    def set_revision(self, backend_name: str, revision: str) -> None:
+        """Give every model of a backend a new revision (known only once it is loaded)."""
+        for info in list(self.models.values()):
+            if info.backend_name == backend_name and info.revision != revision:
+                self.add(dataclasses.replace(info, revision=revision))
+
+    def classifier_backend(self, info: ModelInfo) -> ClassifierBackend:
+        return self.classifiers[info.backend_name]
 
     def generation_backend(self, info: ModelInfo) -> GenerationBackend:
         return self.generation[info.backend_name]
@@ -58,6 +71,8 @@ class ModelRegistry:
             await g.aclose()
         for e in self.embedding.values():
             await e.aclose()
+        for c in self.classifiers.values():
+            await c.aclose()
 
 
 @dataclass(frozen=True)
@@ -79,7 +94,7 @@ def _resolve_path(spec: str | None, data_dir: Path) -> Path | None:
 
 def build_registry(
     models: list[ModelSpec],
-    backends: list[VllmBackend | LocalEmbeddingConfig],
+    backends: list[VllmBackend | LocalEmbeddingConfig | EmbeddedClassifierBackend],
     data_dir: Path,
     created: int = 0,
 ) -> ModelRegistry:
@@ -87,6 +102,13 @@ def build_registry(
     reg = ModelRegistry()
     revisions: dict[str, tuple[str, str]] = {}
     for b in backends:
+        if isinstance(b, EmbeddedClassifierBackend):
+            head = Path(b.head_path) if b.head_path else DEFAULT_HEAD
+            digest = hashlib.sha256(head.read_bytes()).hexdigest()[:12]
+            # Refined to the head's and the encoder's versions when the classifier starts.
+            revisions[b.name] = (b.revision or f"head-{digest}", "none")
+            reg.classifiers[b.name] = ClassifierBackend(b.name, head, revision=b.revision)
+            continue
         path = _resolve_path(b.model_path, data_dir)
         if b.revision:
             rev = b.revision

@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 from backends.registry import ModelRegistry, ModelSpec, build_registry
 from semcache.exact import open_exact_cache
 from semcache.policy import PolicyHolder
+from semcache.semantic.service import SemanticService
 from server.config import GatewayConfig
 from server.errors import handle_exception
 from server.metrics import GatewayMetrics
@@ -56,6 +57,12 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
     metrics = GatewayMetrics(CollectorRegistry())
     policy = PolicyHolder(config.policy)  # invalid → PolicyError: the server refuses to start
     serving = OpenAIServing(registry, metrics, policy)
+    # Built now, loaded on first use: the semantic cache and the classifiers' encoder.
+    serving.semantic = SemanticService(
+        snapshot_dir=config.data_path() / "cache" / "semantic" if config.cache else None,
+        redis_url=policy.current.tiers.redis.url if config.cache else None,
+        redis_prefix=policy.current.tiers.redis.prefix,
+    )
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -71,6 +78,8 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
             yield
         finally:
             await app.state.workers_ai.aclose()  # batch workers stop before the cache closes
+            if serving.semantic is not None:
+                await serving.semantic.aclose()
             if serving.cache is not None:
                 await serving.cache.aclose()
                 serving.cache = None

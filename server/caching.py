@@ -28,6 +28,9 @@ class CacheDirectives(msgspec.Struct, frozen=True, kw_only=True):
     control: CacheControl = CacheControl()
     custom_key: str | None = None
     tags: tuple[str, ...] = ()
+    semantic_threshold: float | None = None
+    """``x-semcache-semantic-threshold``: a stricter similarity threshold for this request
+    (the policy's threshold still applies when it is higher: a request never loosens it)."""
 
 
 def _int(value: str | None) -> int | None:
@@ -63,7 +66,21 @@ def directives_from(headers: Mapping[str, str]) -> CacheDirectives:
         control=CacheControl(bypass_read=bypass, no_store=no_store, ttl_s=ttl, max_age_s=max_age),
         custom_key=custom,
         tags=tuple(tags),
+        semantic_threshold=_unit(headers.get(SEMANTIC_THRESHOLD_HEADER)),
     )
+
+
+SEMANTIC_THRESHOLD_HEADER = "x-semcache-semantic-threshold"
+
+
+def _unit(value: str | None) -> float | None:
+    if value is None:
+        return None
+    try:
+        x = float(value.strip())
+    except ValueError:
+        return None
+    return x if 0.0 <= x <= 1.0 else None
 
 
 def tenant_from(headers: Mapping[str, str]) -> str:
@@ -108,6 +125,32 @@ def status_headers(
         if prices is not None:
             usd = prices.cost_usd(u.prompt_tokens, u.completion_tokens)
             out["x-semcache-saved-usd"] = f"{usd:.8f}"
+    return out
+
+
+def semantic_headers(
+    served: int, total: int, similarity: float | None, short_id: str, *, stored: bool
+) -> dict[str, str]:
+    """Headers of an answer whose items came (all or some) from semantic matches.
+
+    ``Cache-Status`` says ``hit; detail=semantic`` when every item was served from the
+    cache, ``fwd=partial; detail=semantic`` when the backend computed the rest; an exact
+    hit never carries ``detail=semantic``.
+    """
+    full = served == total
+    rfc = "semcache; hit" if full else "semcache; fwd=partial"
+    if stored:
+        rfc += "; stored"
+    rfc += f'; detail=semantic; key="{short_id}"'
+    out = {
+        "cache-status": rfc,
+        "cf-aig-cache-status": CacheStatus.HIT.value if full else CacheStatus.MISS.value,
+        "x-semcache-key": short_id,
+        "x-semcache-semantic": "hit" if full else "partial",
+        "x-semcache-semantic-items": f"{served}/{total}",
+    }
+    if similarity is not None:
+        out["x-semcache-similarity"] = f"{similarity:.4f}"
     return out
 
 

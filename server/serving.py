@@ -9,33 +9,40 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import numpy as np
 import orjson
 
 from backends.protocol import (
     BackendError,
-    EmbeddingBackend,
     GenerationBackend,
     RequestContext,
     UpstreamStream,
+    as_float32,
 )
 from backends.registry import ModelInfo, ModelRegistry, Task
 from semcache import replay
 from semcache.entry import CachedAnswer, StreamRecorder
 from semcache.exact import CacheRequest, CacheResult, CacheStatus, ExactCache
 from semcache.policy import PolicyHolder
-from server.caching import CacheDirectives, result_headers, status_headers
+from semcache.semantic.chat import chat_partition, chat_query, with_query
+from semcache.semantic.items import ItemCache
+from semcache.semantic.service import SemanticService
+from server.caching import CacheDirectives, result_headers, semantic_headers, status_headers
 from server.errors import ApiError
 from server.metrics import GatewayMetrics
 from server.schemas.openai import (
     ChatCompletionRequest,
+    ClassificationRequest,
     CompletionRequest,
     EmbeddingRequest,
     InputError,
+    classification_inputs,
     embedding_inputs,
 )
 from server.sse import DONE, SSEReader, error_event, event
@@ -106,7 +113,7 @@ async def _replayed(payloads: list[bytes]) -> AsyncIterator[bytes]:
 
 
 class OpenAIServing:
-    """Implements /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/models."""
+    """Implements the /v1 routes: chat, completions, embeddings, classify and models."""
 
     def __init__(
         self,
@@ -114,12 +121,16 @@ class OpenAIServing:
         metrics: GatewayMetrics,
         policy: PolicyHolder,
         cache: ExactCache | None = None,
+        semantic: SemanticService | None = None,
     ) -> None:
         self.registry = registry
         self.metrics = metrics
         self.policy = policy
         self.cache = cache
         """Set at start-up (opening the tiers is async); ``None`` serves without caching."""
+        self.semantic = semantic
+        """The semantic cache (loaded on first use); also the classifier's encoder."""
+        self._background: set[asyncio.Task[None]] = set()
 
     # -- models -----------------------------------------------------------------
 
@@ -234,9 +245,85 @@ class OpenAIServing:
         creq = await self._prepare(route, info, body, ctx, directives)
         if creq is None:
             return await self._forward(call, stream)
+        hit, remember = await self._chat_semantic(call, creq, body, stream, directives)
+        if hit is not None:
+            return hit
         if not stream:
-            return await self._cached_json(call, creq)
-        return await self._cached_stream(call, creq)
+            return await self._cached_json(call, creq, remember)
+        return await self._cached_stream(call, creq, remember)
+
+    async def _chat_semantic(
+        self,
+        call: GenerationCall,
+        creq: CacheRequest,
+        body: dict[str, Any],
+        stream: bool,
+        directives: CacheDirectives | None,
+    ) -> tuple[Reply | None, Remember | None]:
+        """A semantic hit for a qualifying chat request, or how to index its answer later.
+
+        Opt-in per model in the policy; temperature 0, single-turn requests only (see
+        ``semcache.semantic.chat``). The matched request's answer is looked up under its own
+        exact key, so purges and expiry apply.
+        """
+        rule = creq.rule.semantic
+        if (
+            call.route != "chat"
+            or not rule.enabled
+            or self.semantic is None
+            or self.cache is None
+            or not creq.cacheable
+            or (directives is not None and directives.custom_key is not None)
+        ):
+            return None, None
+        query = chat_query(body)
+        if query is None:
+            return None, None
+        index, text = query
+        semantic = await self.semantic.get()
+        partition = chat_partition(semantic, creq.key, body, index)
+        vectors = await semantic.encode([text])
+        control = creq.control
+        ttl = control.ttl_s if control.ttl_s is not None else creq.rule.ttl_s
+        ttl = max(0, min(ttl, creq.rule.max_ttl_s))
+
+        async def remember() -> None:
+            await semantic.insert(
+                partition, [text], [creq.key.digest], float(ttl), rule=rule, vectors=vectors
+            )
+
+        if control.bypass_read:
+            return None, remember
+        tighten = directives.semantic_threshold if directives is not None else None
+        (match,) = await semantic.lookup(partition, [text], rule, tighten, vectors=vectors)
+        if match is None or match.text == text:
+            return None, remember  # an identical text is the exact cache's job
+        other = await self._prepare(
+            call.route, call.info, with_query(body, index, match.text), call.ctx, directives
+        )
+        assert other is not None
+        res = await self.cache.lookup(other)
+        entry = res.entry
+        if not res.from_cache or entry is None or entry.status != 200:
+            await semantic.remove(partition, [match.payload_ref])
+            return None, remember
+        headers = semantic_headers(1, 1, match.similarity, creq.key.short_id, stored=False)
+        if match.verifier_prob is not None:
+            headers["x-semcache-verifier-prob"] = f"{match.verifier_prob:.4f}"
+        self._observe_latency(call, stream=stream)
+        if not stream:
+            return Reply(200, replay.as_json(entry, call.route), headers=headers), None
+        include_usage = replay.wants_usage(call.upstream)
+        payloads = replay.as_stream(entry, call.route, include_usage=include_usage)
+        return (
+            Reply(
+                200,
+                stream=_replayed(payloads),
+                media_type=SSE,
+                headers={**SSE_HEADERS, **headers},
+            ),
+            None,
+        )
 
     def _backend_failed(self, call: GenerationCall, kind: str) -> None:
         self.metrics.backend_errors.labels(call.backend.name, kind).inc()
@@ -290,7 +377,9 @@ class OpenAIServing:
         self._observe_latency(call, stream=True)
         self.metrics.count_usage(call.info.id, reader.usage())
 
-    async def _cached_json(self, call: GenerationCall, creq: CacheRequest) -> Reply:
+    async def _cached_json(
+        self, call: GenerationCall, creq: CacheRequest, remember: Remember | None = None
+    ) -> Reply:
         assert self.cache is not None
 
         async def fill() -> CachedAnswer:
@@ -309,11 +398,15 @@ class OpenAIServing:
         res = await self.cache.get_or_fill(creq, fill)
         entry = res.entry
         assert entry is not None  # fill always answers (or raises)
+        if res.stored and remember is not None:
+            await remember()
         self._observe_latency(call, stream=False)
         headers = result_headers(res, creq.rule.prices) if entry.status == 200 else {}
         return Reply(entry.status, replay.as_json(entry, call.route), headers=headers)
 
-    async def _cached_stream(self, call: GenerationCall, creq: CacheRequest) -> Reply:
+    async def _cached_stream(
+        self, call: GenerationCall, creq: CacheRequest, remember: Remember | None = None
+    ) -> Reply:
         """A stream through the cache: replay a stored answer, or relay and record a live one.
 
         The backend is always asked for the usage chunk (so the stored answer knows its
@@ -353,6 +446,8 @@ class OpenAIServing:
 
         task = asyncio.create_task(self.cache.get_or_fill(creq, fill))
         task.add_done_callback(_retrieve_exception)
+        if remember is not None:
+            self._after_store(task, remember)
         waiter = asyncio.create_task(opened.wait())
         try:
             await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -405,8 +500,24 @@ class OpenAIServing:
                 return
             self._observe_latency(call, stream=True)
         finally:
-            if not task.done():
+            if not done and not task.done():
                 task.cancel()  # the client has gone: abort the backend, store nothing
+            # Once the answer is complete the task is only storing it: let it finish.
+
+    def _after_store(self, task: asyncio.Task[CacheResult], remember: Remember) -> None:
+        """Index a streamed answer in the semantic cache once the cache has stored it."""
+
+        async def wait() -> None:
+            try:
+                res = await task
+            except (Exception, asyncio.CancelledError):
+                return
+            if res.stored:
+                await remember()
+
+        pending = asyncio.create_task(wait())
+        self._background.add(pending)
+        pending.add_done_callback(self._background.discard)
 
     def _count_usage(self, info: ModelInfo, body: bytes) -> None:
         try:
@@ -415,7 +526,7 @@ class OpenAIServing:
             return
         self.metrics.count_usage(info.id, usage if isinstance(usage, dict) else None)
 
-    # -- embeddings ---------------------------------------------------------------
+    # -- embeddings and classification (per-item semantic caching) ----------------
 
     async def embeddings(
         self, body: dict[str, Any], ctx: RequestContext, cache: CacheDirectives | None = None
@@ -440,40 +551,186 @@ class OpenAIServing:
                 code="invalid_value",
             )
         started = time.perf_counter()
+        texts = [t if isinstance(t, str) else backend.detokenize(t) for t in items]
+
+        async def compute(todo: list[str]) -> tuple[list[bytes], list[int]]:
+            result = await backend.embed(todo)
+            self.metrics.count_usage(info.id, {"prompt_tokens": sum(result.token_counts)})
+            rows = as_float32(result.vectors)
+            return [row.astype("<f4").tobytes() for row in rows], list(result.token_counts)
+
+        def render(payloads: list[bytes], tokens: list[int]) -> bytes:
+            return _embedding_body(info.id, payloads, tokens, req.encoding_format)
+
+        reply = await self._pooled(
+            "embeddings", info, body, ctx, cache, texts, compute, render, backend.count_tokens
+        )
+        self.metrics.latency.labels("embeddings", "false").observe(time.perf_counter() - started)
+        return reply
+
+    async def classify(
+        self, body: dict[str, Any], ctx: RequestContext, cache: CacheDirectives | None = None
+    ) -> Reply:
+        """``POST /v1/classify`` in vLLM's shape, on the embedded classifier."""
+        req = msgspec.convert(body, ClassificationRequest)
+        info = self.resolve(req.model, "classification")
+        if info.backend_name not in self.registry.classifiers:
+            raise ApiError(
+                400,
+                f"The model `{info.id}` has no classifier on this gateway.",
+                param="model",
+                code="model_task_mismatch",
+            )
+        try:
+            texts = classification_inputs(req.input)
+        except InputError as exc:
+            raise ApiError(400, str(exc), param=exc.param, code="invalid_value") from None
+        if self.semantic is None:
+            raise ApiError(503, "The classifier is not available on this gateway.")
+        backend = self.registry.classifier_backend(info)
+        encoder = await self.semantic.encoder()
+        classifier = await backend.start(encoder)
+        if backend.fixed_revision is None:
+            self.registry.set_revision(info.backend_name, classifier.version)
+            info = self.resolve(req.model, "classification")
+        started = time.perf_counter()
+        labels = list(classifier.labels)
+
+        async def compute(todo: list[str]) -> tuple[list[bytes], list[int]]:
+            scored = await backend.classify(todo)
+            tokens = encoder.count_tokens(todo)
+            self.metrics.count_usage(info.id, {"prompt_tokens": sum(tokens)})
+            payloads = [
+                orjson.dumps([dict(row).get(label, 0.0) for label in labels]) for row in scored
+            ]
+            return payloads, tokens
+
+        def render(payloads: list[bytes], tokens: list[int]) -> bytes:
+            return _classification_body(info.id, labels, payloads, tokens)
+
+        reply = await self._pooled(
+            "classification", info, body, ctx, cache, texts, compute, render, encoder.count_tokens
+        )
+        self.metrics.latency.labels("classification", "false").observe(
+            time.perf_counter() - started
+        )
+        return reply
+
+    async def _pooled(
+        self,
+        route: str,
+        info: ModelInfo,
+        body: dict[str, Any],
+        ctx: RequestContext,
+        directives: CacheDirectives | None,
+        texts: list[str],
+        compute: Compute,
+        render: Callable[[list[bytes], list[int]], bytes],
+        count_tokens: Callable[[list[str]], list[int]],
+    ) -> Reply:
+        """Exact key first; on a miss, per-item semantic lookups, the backend for the rest.
+
+        ``compute`` runs the backend on some texts and returns one payload (the item's
+        stored answer) and token count per text; ``render`` builds the response body.
+        """
+        creq = await self._prepare(route, info, body, ctx, directives)
+        if creq is None:
+            payloads, tokens = await compute(texts)
+            return Reply(200, render(payloads, tokens))
+        assert self.cache is not None
+        use_items = self.semantic is not None and creq.rule.semantic.enabled and creq.cacheable
+        tighten = directives.semantic_threshold if directives is not None else None
+        outcome: dict[str, Any] = {}
 
         async def fill() -> CachedAnswer:
-            texts = [t if isinstance(t, str) else backend.detokenize(t) for t in items]
-            body = await self._embed(info, backend, texts, req.encoding_format)
-            return CachedAnswer.from_json(body, model_id=info.id)
+            if not use_items:
+                computed, counted = await compute(texts)
+                return CachedAnswer.from_json(render(computed, counted), model_id=info.id)
+            assert self.cache is not None and self.semantic is not None
+            items = ItemCache(self.cache, await self.semantic.get())
+            look = await items.lookup(creq, texts, tighten_threshold=tighten)
+            misses = look.miss_indices
+            payloads: list[bytes] = [b""] * len(texts)
+            tokens: list[int] = [0] * len(texts)
+            if misses:
+                todo = [texts[i] for i in misses]
+                got, counts = await compute(todo)
+                for n, i in enumerate(misses):
+                    payloads[i], tokens[i] = got[n], counts[n]
+                await items.store(creq, look, todo, got, counts, misses)
+            served = [i for i, hit in enumerate(look.hits) if hit is not None]
+            if served:
+                # Usage counts the request's own texts, as the backend would have.
+                counts = count_tokens([texts[i] for i in served])
+                for n, i in enumerate(served):
+                    hit = look.hits[i]
+                    assert hit is not None
+                    payloads[i], tokens[i] = hit.payload, counts[n]
+            outcome.update(served=len(served), similarity=look.min_similarity)
+            return CachedAnswer.from_json(render(payloads, tokens), model_id=info.id)
 
-        creq = await self._prepare("embeddings", info, body, ctx, cache)
-        if creq is None:
-            answer, headers = await fill(), {}
+        res = await self.cache.get_or_fill(creq, fill)
+        assert res.entry is not None
+        headers = result_headers(res, creq.rule.prices)
+        if outcome.get("served") and not res.from_cache and not res.coalesced:
+            headers = semantic_headers(
+                outcome["served"],
+                len(texts),
+                outcome["similarity"],
+                creq.key.short_id,
+                stored=res.stored,
+            )
+        return Reply(200, res.entry.body or b"", headers=headers)
+
+
+Remember = Callable[[], Awaitable[None]]
+"""Adds a stored chat answer to the semantic index."""
+
+Compute = Callable[[list[str]], Awaitable[tuple[list[bytes], list[int]]]]
+
+
+def _usage(tokens: list[int]) -> dict[str, int]:
+    total = sum(tokens)
+    return {"prompt_tokens": total, "total_tokens": total}
+
+
+def _embedding_body(
+    model_id: str, payloads: list[bytes], tokens: list[int], encoding: str
+) -> bytes:
+    data: list[dict[str, Any]] = []
+    for i, payload in enumerate(payloads):
+        vec: Any
+        if encoding == "base64":
+            vec = base64.b64encode(payload).decode("ascii")
         else:
-            assert self.cache is not None
-            res = await self.cache.get_or_fill(creq, fill)
-            assert res.entry is not None
-            answer, headers = res.entry, result_headers(res, creq.rule.prices)
-        self.metrics.latency.labels("embeddings", "false").observe(time.perf_counter() - started)
-        return Reply(200, answer.body or b"", headers=headers)
+            vec = np.frombuffer(payload, dtype="<f4")
+        data.append({"object": "embedding", "index": i, "embedding": vec})
+    out = {"object": "list", "data": data, "model": model_id, "usage": _usage(tokens)}
+    return orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY)
 
-    async def _embed(
-        self, info: ModelInfo, backend: EmbeddingBackend, texts: list[str], encoding: str
-    ) -> bytes:
-        result = await backend.embed(texts)
-        vectors = result.vectors
-        data: list[dict[str, Any]] = []
-        for i in range(len(texts)):
-            vec: Any = vectors[i]
-            if encoding == "base64":
-                vec = base64.b64encode(vec.astype("<f4").tobytes()).decode("ascii")
-            data.append({"object": "embedding", "index": i, "embedding": vec})
-        tokens = sum(result.token_counts)
-        self.metrics.count_usage(info.id, {"prompt_tokens": tokens})
-        out = {
-            "object": "list",
-            "data": data,
-            "model": info.id,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
-        return orjson.dumps(out, option=orjson.OPT_SERIALIZE_NUMPY)
+
+def _classification_body(
+    model_id: str, labels: list[str], payloads: list[bytes], tokens: list[int]
+) -> bytes:
+    data: list[dict[str, Any]] = []
+    for i, payload in enumerate(payloads):
+        probs = orjson.loads(payload)
+        best = max(range(len(probs)), key=probs.__getitem__)
+        data.append(
+            {
+                "index": i,
+                "label": labels[best],
+                "probs": probs,
+                "num_classes": len(probs),
+                "object": "classification",
+            }
+        )
+    out = {
+        "id": f"classify-{uuid.uuid4().hex}",
+        "object": "list",
+        "created": int(time.time()),
+        "model": model_id,
+        "data": data,
+        "usage": {**_usage(tokens), "completion_tokens": 0, "prompt_tokens_details": None},
+    }
+    return orjson.dumps(out)

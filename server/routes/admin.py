@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from typing import Any, Literal
 
 import msgspec
 import orjson
 from litestar import Request, Response, post
 
+from semcache.keys import scope_for
 from semcache.policy import PolicyHolder
+from semcache.semantic.records import PartitionKey
 from server.errors import ApiError
 from server.serving import OpenAIServing, parse_body
 
@@ -19,6 +22,22 @@ PurgeKind = Literal["key", "model", "tenant", "scope", "tag", "all"]
 class PurgeRequest(msgspec.Struct, forbid_unknown_fields=True):
     kind: PurgeKind
     target: str = ""
+
+
+def semantic_purge_predicate(kind: str, target: str) -> Callable[[PartitionKey], bool]:
+    """Which semantic partitions a purge drops (key and tag purges are checked per item)."""
+    match kind:
+        case "all":
+            return lambda _key: True
+        case "model":
+            return lambda key: key.model_revision.startswith(f"{target}@")
+        case "tenant":
+            scope = scope_for(target, shared=False)
+            return lambda key: key.scope == scope
+        case "scope":
+            return lambda key: key.scope == target
+        case _:
+            return lambda _key: False
 
 
 def _authorize(request: Request[Any, Any, Any]) -> None:
@@ -45,6 +64,10 @@ async def purge(request: Request[Any, Any, Any]) -> Response[bytes]:
     if serving.cache is None:
         raise ApiError(409, "The cache is disabled on this gateway.", code="cache_disabled")
     result = await serving.cache.purge(req.kind, req.target)
+    if serving.semantic is not None:
+        # The purge already hides semantic entries (their partition and item keys carry the
+        # purge epochs); dropping the partitions frees their memory at once.
+        await serving.semantic.purge(semantic_purge_predicate(req.kind, req.target))
     return Response(orjson.dumps(msgspec.to_builtins(result)), media_type="application/json")
 
 

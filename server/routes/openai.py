@@ -77,4 +77,13 @@ async def embeddings(request: Request[Any, Any, Any]) -> Response[Any]:
     )
 
 
-ROUTES = [list_models, get_model, chat_completions, completions, embeddings]
+@post("/v1/classify")
+async def classify(request: Request[Any, Any, Any]) -> Response[Any]:
+    ctx = context(request)
+    body = parse_body(await request.body())
+    return respond(
+        await serving(request).classify(body, ctx, directives_from(request.headers)), ctx
+    )
+
+
+ROUTES = [list_models, get_model, chat_completions, completions, embeddings, classify]

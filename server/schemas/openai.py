@@ -108,3 +108,23 @@ def embedding_inputs(value: str | list[Any]) -> list[str] | list[list[int]]:
         "input",
         "Expected a string, a list of strings, a list of token ids or a list of token-id lists.",
     )
+
+
+class ClassificationRequest(msgspec.Struct, kw_only=True):
+    """vLLM's ``POST /v1/classify`` body (the fields the gateway reads)."""
+
+    model: NonEmptyStr
+    input: NonEmptyStr | Annotated[list[Any], msgspec.Meta(min_length=1, max_length=2048)]
+    user: str | None = None
+
+
+def classification_inputs(value: str | list[Any]) -> list[str]:
+    """``input`` as a list of non-empty strings (token-id input is not supported here)."""
+    if isinstance(value, str):
+        return [value]
+    for i, v in enumerate(value):
+        if not isinstance(v, str):
+            raise InputError(f"input[{i}]", "Expected a string; this model classifies text.")
+        if not v:
+            raise InputError(f"input[{i}]", "Input strings must not be empty.")
+    return list(value)

@@ -1,0 +1,187 @@
+"""Semantic-cache quality on the shipped data: is a semantic hit the right answer?
+
+    .venv/bin/python -m bench.semantic_quality
+
+- chat (same-meaning decision): QQP pairs of the held-out test split (questions never seen
+  by the verifier's training or its threshold choice): precision / recall of cosine alone
+  and of cosine + verifier, and the shipped setting (chosen on the validation split);
+- classification: label agreement (served labels == the classifier's labels for the new
+  text) and hit rate, threshold chosen on the validation split, reported on test and on
+  the paraphrase pairs;
+- embeddings: fidelity (cosine between the served vector and the backend's true vector for
+  the new text) at several thresholds on the paraphrase pairs and QQP test texts;
+- the verifier's cost per lookup.
+
+Uses the same code as ``semcache calibrate``; embeddings are cached under .data/embeddings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+
+from backends.classifier import load_classifier
+from semcache.calibrate import (
+    FIDELITY,
+    PairScores,
+    point,
+    report_from_scores,
+    score_pairs,
+)
+from semcache.semantic.encoder import Encoder, load_encoder
+from semcache.semantic.pairs import (
+    EMBEDDING_CACHE_DIR,
+    PARAPHRASE_PAIRS,
+    QQP_PAIRS,
+    Pair,
+    Split,
+    load_pairs,
+    split_pairs,
+)
+from semcache.semantic.verifier import PairVerifier, load_verifier, pair_features
+
+HEADER = (
+    f"{'matcher':<28}{'threshold':>10}{'min_prob':>10}{'precision':>11}{'recall':>9}{'hits':>7}"
+)
+
+
+def row(name: str, threshold: float, min_prob: float | None, scores: PairScores) -> str:
+    cos = np.asarray(scores.cosine)
+    correct = np.asarray(scores.correct, dtype=bool)
+    hits = cos >= threshold
+    if min_prob is not None:
+        assert scores.verifier is not None
+        hits &= np.asarray(scores.verifier) >= min_prob
+    p = point(hits, correct, threshold, min_prob)
+    shown = f"{min_prob:.3f}" if min_prob is not None else "-"
+    return f"{name:<28}{threshold:>10.2f}{shown:>10}{p.precision:>11.3f}{p.recall:>9.3f}{p.hits:>7}"
+
+
+async def chat_section(
+    encoder: Encoder, verifier: PairVerifier, parts: dict[Split, list[Pair]]
+) -> None:
+    scores = await score_pairs(
+        parts["test"], "chat", encoder=encoder, verifier=verifier, cache_dir=EMBEDDING_CACHE_DIR
+    )
+    positives = sum(scores.correct)
+    print(f"\n== chat: QQP held-out test split, {len(parts['test'])} pairs, {positives} same ==")
+    print(HEADER)
+    for threshold in (0.80, 0.85, 0.90, 0.95, 0.99):
+        print(row("cosine alone", threshold, None, scores))
+    shipped = verifier.recommended
+    assert shipped is not None
+    for min_prob in (0.5, 0.8, 0.9):
+        print(row("cosine+verifier", shipped.threshold, min_prob, scores))
+    print(row("cosine+verifier (shipped)", shipped.threshold, shipped.min_prob, scores))
+    print(
+        f"shipped chat setting (chosen on the validation split): threshold {shipped.threshold},"
+        f" verifier_min_prob {shipped.min_prob}"
+    )
+
+
+async def classification_section(
+    encoder: Encoder, parts: dict[Split, list[Pair]], paraphrases: list[Pair]
+) -> None:
+    classifier = load_classifier(encoder)
+
+    async def scores_of(pairs: list[Pair]) -> PairScores:
+        return await score_pairs(
+            pairs,
+            "classification",
+            encoder=encoder,
+            classifier=classifier,
+            cache_dir=EMBEDDING_CACHE_DIR,
+        )
+
+    val = report_from_scores("classification", await scores_of(parts["val"]), 0.99, encoder.version)
+    chosen = val.suggestion.threshold if val.suggestion is not None else 0.99
+    print(f"\n== classification: label agreement ({classifier.version}) ==")
+    print(f"threshold chosen on the QQP validation split for agreement >= 0.99: {chosen}")
+    print(f"{'pairs':<28}{'threshold':>10}{'agreement':>11}{'hit rate':>10}{'hits':>7}")
+    for name, pairs in (("QQP test", parts["test"]), ("paraphrase", paraphrases)):
+        scores = await scores_of(pairs)
+        cos = np.asarray(scores.cosine)
+        correct = np.asarray(scores.correct, dtype=bool)
+        for threshold in sorted({0.85, 0.90, 0.95, chosen}):
+            p = point(cos >= threshold, correct, threshold)
+            mark = " (chosen)" if threshold == chosen else ""
+            print(
+                f"{name + mark:<28}{threshold:>10.2f}{p.precision:>11.3f}"
+                f"{p.hit_rate:>10.3f}{p.hits:>7}"
+            )
+
+
+async def embeddings_section(
+    encoder: Encoder, parts: dict[Split, list[Pair]], paraphrases: list[Pair]
+) -> None:
+    print("\n== embeddings: fidelity of the served vector ==")
+    print(
+        "backend = all-MiniLM-L6-v2 in the gateway, the same model as the cache encoder: "
+        "the fidelity of a hit equals its similarity"
+    )
+    print(
+        f"{'pairs':<16}{'threshold':>10}{'hit rate':>10}{'hits':>7}{'min fidelity':>14}"
+        f"{'mean':>8}{f'share >= {FIDELITY}':>15}"
+    )
+    for name, pairs in (("paraphrase", paraphrases), ("QQP test", parts["test"])):
+        scores = await score_pairs(
+            pairs, "embeddings", encoder=encoder, cache_dir=EMBEDDING_CACHE_DIR
+        )
+        cos = np.asarray(scores.cosine)
+        for threshold in (0.90, 0.95, 0.98, 0.99):
+            hits = cos >= threshold
+            fidelity = cos[hits]  # served = cached text's vector, true = new text's vector
+            if len(fidelity):
+                stats = (
+                    f"{fidelity.min():>14.4f}{fidelity.mean():>8.4f}"
+                    f"{(fidelity >= FIDELITY).mean():>15.3f}"
+                )
+            else:
+                stats = f"{'-':>14}{'-':>8}{'-':>15}"
+            print(f"{name:<16}{threshold:>10.2f}{hits.mean():>10.3f}{int(hits.sum()):>7}{stats}")
+
+
+def verifier_cost(verifier: PairVerifier, candidates: int = 4, rounds: int = 2000) -> None:
+    rng = np.random.default_rng(0)
+    u = rng.standard_normal((candidates, 384)).astype(np.float32)
+    v = rng.standard_normal((candidates, 384)).astype(np.float32)
+    a = ["How do I lose 10 kg in a month?"] * candidates
+    b = [f"How can I lose {n} kg in one month?" for n in range(candidates)]
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        verifier.probabilities(u, v, a, b)
+        times.append(time.perf_counter() - start)
+    times.sort()
+    features = pair_features(u, v, a, b)
+    print(
+        f"\n== verifier cost: {candidates} candidates per lookup ({features.shape[1]} features, "
+        f"hidden {verifier.weights['w1'].shape[1]}) =="
+    )
+    print(
+        f"p50 {times[len(times) // 2] * 1e6:.0f} us, p99 {times[int(len(times) * 0.99)] * 1e6:.0f}"
+        " us per lookup (numpy, one thread), plus reading the candidates' vectors from FAISS"
+    )
+
+
+async def main() -> None:
+    started = time.time()
+    encoder = load_encoder()
+    verifier = load_verifier()
+    parts = split_pairs(load_pairs(QQP_PAIRS))
+    paraphrases = load_pairs(PARAPHRASE_PAIRS)
+    print(f"encoder {encoder.version}, verifier {verifier.version}")
+    try:
+        await chat_section(encoder, verifier, parts)
+        await classification_section(encoder, parts, paraphrases)
+        await embeddings_section(encoder, parts, paraphrases)
+        verifier_cost(verifier)
+    finally:
+        await encoder.aclose()
+    print(f"\n({time.time() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

