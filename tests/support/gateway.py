@@ -29,7 +29,7 @@ class GatewayThread:
         self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve()))
 
-    def start(self, timeout_s: float = 60.0) -> GatewayThread:
+    def start(self, timeout_s: float = 240.0) -> GatewayThread:
         self._thread.start()
         deadline = time.monotonic() + timeout_s
         while not self._server.started:
