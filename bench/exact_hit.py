@@ -1,0 +1,1062 @@
+"""Exact-cache hits: the gateway against a bare Litestar endpoint and LiteLLM's proxy cache.
+
+Claims checked (issue 3): an exact-cache hit through the gateway serves >= 0.7x the requests/s
+of (b) a bare Litestar endpoint returning the same bytes (the ceiling of this stack: uvicorn +
+Litestar, same settings), and >= 5x the requests/s of (c) LiteLLM's proxy serving a hit from
+its own cache (``cache: true``, in-memory ``local`` cache) for the same request.
+
+Each server runs in its own process: a tiny vLLM (pinned to one core; only the first request
+of each cache reaches it), (a) the gateway (``python -m server.cli serve --no-launch``), (b)
+the bare app (this script with ``--serve-bare``, run exactly as the gateway runs: uvicorn's
+``Server.serve`` under ``asyncio.run``, log level warning) and (c) LiteLLM's proxy, installed in
+a bench-only virtualenv outside the project's (``--setup``). One fixed temperature-0 chat
+request, non-stream and stream, is sent with one ``httpx.AsyncClient`` per target at
+concurrency 1, 16 and 64. Each round runs one batch per cell and target, the targets' order
+rotating every round, so drift on this shared machine hits all of them. Every answer is
+checked (200, complete, a hit: ``cf-aig-cache-status: HIT`` / LiteLLM's
+``x-litellm-cache-key``), and vLLM's prompt-token counter must not move while measuring.
+
+    .venv/bin/python bench/exact_hit.py --setup    # once: LiteLLM into .data/bench-venv-litellm
+    .venv/bin/python bench/exact_hit.py --quick    # smoke check, a few minutes
+    .venv/bin/python bench/exact_hit.py [--requests 2000] [--rounds 8]
+    .venv/bin/python bench/exact_hit.py --vllm-url http://127.0.0.1:8100   # a running vLLM
+    .venv/bin/python bench/exact_hit.py --profile-gateway /tmp/gw.txt   # + py-spy on the gateway
+"""
+
+# ruff: noqa: E402  (the imports must come after the sys.path fix below)
+
+from __future__ import annotations
+
+import os
+import sys
+
+# `python bench/exact_hit.py` puts bench/ first on sys.path, where a sibling script's name
+# (bench/queue.py) would shadow the standard library's module: the repo root goes there instead.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+for _entry in [p for p in sys.path if os.path.abspath(p or ".") == _HERE]:
+    sys.path.remove(_entry)
+sys.path.insert(0, os.path.dirname(_HERE))
+
+import argparse
+import asyncio
+import contextlib
+import ctypes
+import importlib.metadata
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import numpy as np
+import orjson
+import psutil
+import uvicorn
+from litestar import Litestar, Request, Response, get, post
+from litestar.response import Stream
+
+from backends.config import VllmLaunch, VllmServer
+from backends.launch import VllmProcess
+from server.config import load_config
+from tests.support.vllm import (
+    TINY_MODEL_NAME,
+    free_port,
+    metric_value,
+    test_data_dir,
+    tiny_llama,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+THIS_FILE = str(Path(__file__).resolve())
+HIT_VS_BARE_TARGET = 0.7
+HIT_VS_LITELLM_TARGET = 5.0
+MODEL_ID = "bench-chat"
+LITELLM_SPEC = "litellm[proxy]==1.106.12"
+"""Pinned. Later releases moved the proxy into a ``litellm-proxy`` package the index lacks."""
+LITELLM_VENV = REPO / ".data" / "bench-venv-litellm"
+MASTER_KEY = "sk-bench-exact-hit-0123456789abcdef"
+"""LiteLLM's proxy refuses to start without one; loopback only. All targets get the header."""
+VLLM_TOKENS = "vllm:prompt_tokens_total"
+POOL = 8
+"""Connections per httpx.AsyncClient: its pool's CPU cost per request grows with its size."""
+MESSAGES = [
+    {"role": "system", "content": "You are a concise assistant."},
+    {"role": "user", "content": "What is the capital of France? Answer in one sentence."},
+]
+DROPPED_HEADERS = {"date", "server", "content-length", "content-type", "transfer-encoding"}
+"""Headers uvicorn/Litestar write themselves; the bare app copies the gateway's other ones."""
+
+
+def say(message: str) -> None:
+    print(f"[exact_hit] {message}", file=sys.stderr, flush=True)
+
+
+def request_body(stream: bool) -> bytes:
+    """The one request every target gets (LiteLLM's model name is the gateway's)."""
+    body: dict[str, Any] = {
+        "model": MODEL_ID,
+        "messages": MESSAGES,
+        "temperature": 0,
+        "max_tokens": 48,
+    }
+    if stream:
+        body["stream"] = True
+    return orjson.dumps(body)
+
+
+BODIES = {False: request_body(False), True: request_body(True)}
+STREAM_MARK = b'"stream":true'
+REQUEST_HEADERS = {"content-type": "application/json", "authorization": f"Bearer {MASTER_KEY}"}
+
+
+# -- (b) the bare app -------------------------------------------------------------------------
+
+
+class CannedReply(msgspec.Struct, kw_only=True):
+    """One answer as the gateway sent it on a hit: headers and body (SSE events for a stream)."""
+
+    headers: dict[str, str]
+    chunks: list[bytes]
+
+
+class CannedReplies(msgspec.Struct, kw_only=True):
+    json: CannedReply
+    stream: CannedReply
+
+
+def bare_app(replies: CannedReplies) -> Litestar:
+    """The ceiling of this stack: read the body, send the gateway's bytes back, nothing else."""
+    body = b"".join(replies.json.chunks)
+
+    async def events() -> AsyncIterator[bytes]:
+        for chunk in replies.stream.chunks:  # one write per SSE event, as the gateway does
+            yield chunk
+
+    @post("/v1/chat/completions")
+    async def chat(request: Request[Any, Any, Any]) -> Response[Any]:
+        raw = await request.body()
+        if STREAM_MARK in raw:
+            return Stream(
+                events(),
+                status_code=200,
+                media_type="text/event-stream",
+                headers=replies.stream.headers,
+            )
+        return Response(
+            body, status_code=200, media_type="application/json", headers=replies.json.headers
+        )
+
+    @get("/ready", sync_to_thread=False)
+    def ready() -> dict[str, str]:
+        return {"status": "ready"}
+
+    # As the gateway's factory builds its Litestar (no OpenAPI, no logging config).
+    return Litestar(route_handlers=[chat, ready], openapi_config=None, logging_config=None)
+
+
+def serve_bare(port: int, replies_path: Path) -> None:
+    """Run the bare app the way ``server.cli serve`` runs the gateway."""
+    replies = msgspec.json.decode(replies_path.read_bytes(), type=CannedReplies)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            bare_app(replies), host="127.0.0.1", port=port, log_level="warning", lifespan="on"
+        )
+    )
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(server.serve())
+
+
+# -- (c) LiteLLM's bench-only environment ---------------------------------------------------
+
+
+def litellm_installed(venv: Path) -> bool:
+    marker = venv / ".bench-installed"
+    return (
+        (venv / "bin" / "litellm").is_file()
+        and marker.is_file()
+        and (marker.read_text().strip() == LITELLM_SPEC)
+    )
+
+
+def setup_litellm(venv: Path) -> str | None:
+    """Install LiteLLM's proxy into ``venv`` (a virtualenv of its own); None, or why not."""
+    if litellm_installed(venv):
+        return None
+    base = (
+        Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    )
+    python = venv / "bin" / "python"
+    say(f"installing {LITELLM_SPEC} into {venv} (once; several minutes)…")
+    steps = [
+        [str(base), "-m", "venv", str(venv)],
+        [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", LITELLM_SPEC],
+    ]
+    for step in steps:
+        try:
+            done = subprocess.run(step, capture_output=True, text=True, check=False)
+        except OSError as exc:
+            return f"`{' '.join(step)}` could not run: {exc}"
+        if done.returncode != 0:
+            lines = [ln for ln in (done.stderr + done.stdout).splitlines() if "ignored" not in ln]
+            tail = "\n".join(lines[-6:])
+            return f"`{' '.join(step)}` failed (exit {done.returncode}):\n{tail}"
+    (venv / ".bench-installed").write_text(LITELLM_SPEC + "\n")
+    return None
+
+
+def litellm_config(vllm_url: str, served: str) -> bytes:
+    """LiteLLM's proxy config (JSON is valid YAML): the tiny vLLM as an OpenAI backend."""
+    return orjson.dumps(
+        {
+            "model_list": [
+                {
+                    "model_name": MODEL_ID,
+                    "litellm_params": {
+                        "model": f"openai/{served}",
+                        "api_base": f"{vllm_url}/v1",
+                        "api_key": "none",
+                    },
+                }
+            ],
+            # its in-memory entries live 600 s unless told otherwise
+            "litellm_settings": {"cache": True, "cache_params": {"type": "local", "ttl": 86400}},
+            "general_settings": {"master_key": MASTER_KEY},
+        },
+        option=orjson.OPT_INDENT_2,
+    )
+
+
+# -- child processes --------------------------------------------------------------------------
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has Linux SIGKILL the child if this script dies without cleaning up.
+
+    libc is looked up here, in the parent: the hook itself only makes one call after fork.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig, sigkill = 1, int(signal.SIGKILL)
+
+    def hook() -> None:
+        prctl(pr_set_pdeathsig, sigkill)
+
+    return hook
+
+
+class Child:
+    """A server in its own session (so a Ctrl-C reaches only us, and we stop it in order)."""
+
+    def __init__(
+        self, name: str, command: list[str], log_path: Path, env: Mapping[str, str], cwd: Path
+    ) -> None:
+        self.name, self.command, self.log_path = name, command, log_path
+        self.env, self.cwd = dict(env), cwd
+        self._popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self._popen is not None
+        return self._popen.pid
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self._popen = subprocess.Popen(
+                self.command,
+                cwd=self.cwd,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=die_with_parent(),
+            )
+
+    def log_tail(self, chars: int = 2500) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    async def wait_ready(self, url: str, timeout_s: float) -> float:
+        assert self._popen is not None
+        started = time.monotonic()
+        async with httpx.AsyncClient(timeout=2.0) as client:
+            while time.monotonic() - started < timeout_s:
+                if self._popen.poll() is not None:
+                    raise RuntimeError(
+                        f"{self.name} exited with {self._popen.returncode} "
+                        f"(log {self.log_path}):\n{self.log_tail()}"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    if (await client.get(url)).status_code == 200:
+                        return time.monotonic() - started
+                await asyncio.sleep(0.25)
+        raise RuntimeError(f"{self.name} not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def _group_alive(self) -> bool:
+        assert self._popen is not None
+        self._popen.poll()
+        try:
+            os.killpg(self._popen.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """SIGINT the whole process group (uvicorn shuts down cleanly), then SIGKILL it."""
+        if self._popen is None:
+            return
+        try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._popen.pid, signal.SIGINT)
+            deadline = time.monotonic() + grace_s
+            while self._group_alive() and time.monotonic() < deadline:  # noqa: ASYNC110
+                await asyncio.sleep(0.1)
+        finally:  # also when cancelled mid-wait
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._popen.pid, signal.SIGKILL)
+            self._popen.wait()
+
+
+def gateway_toml(data_dir: Path, port: int, vllm_url: str, served: str, model: Path | None) -> str:
+    """The gateway with one chat model behind ``vllm_url``; default policy (cache on)."""
+
+    def s(value: str) -> str:
+        return orjson.dumps(value).decode()  # JSON string escapes are valid TOML
+
+    lines = [
+        f"data_dir = {s(str(data_dir))}",
+        "[server]",
+        'host = "127.0.0.1"',
+        f"port = {port}",
+        "[[models]]",
+        f"id = {s(MODEL_ID)}",
+        'backend = "bench"',
+        'task = "chat"',
+        "[[backends]]",
+        'kind = "vllm"',
+        'name = "bench"',
+        f"served_model = {s(served)}",
+    ]
+    if model is not None:
+        lines.append(f"model_path = {s(str(model))}")
+    lines += ["[[backends.servers]]", f"url = {s(vllm_url)}"]
+    return "\n".join(lines) + "\n"
+
+
+@contextlib.contextmanager
+def affinity(cores: set[int] | None) -> Iterator[None]:
+    """Run the block on ``cores``; a process started inside inherits them."""
+    if cores is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def parse_cores(spec: str) -> set[int]:
+    """``"1"``, ``"0,2"``, ``"2-3"`` → a set of core numbers."""
+    cores: set[int] = set()
+    for part in spec.split(","):
+        low, _, high = part.strip().partition("-")
+        cores.update(range(int(low), int(high or low) + 1))
+    return cores
+
+
+# -- the load -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cell:
+    stream: bool
+    concurrency: int
+
+    @property
+    def label(self) -> str:
+        return f"{'stream' if self.stream else 'non-stream'} c={self.concurrency}"
+
+
+def thread_cpu_ns(pid: int) -> int:
+    """Time on CPU of every live thread of ``pid`` (``/proc/PID/task/*/schedstat``, in ns).
+
+    ``cpu_times()`` counts in 10 ms clock ticks, too coarse for batches of sub-ms requests;
+    the servers' threads (event loop, thread pool) live as long as the process.
+    """
+    total = 0
+    for task in os.scandir(f"/proc/{pid}/task"):
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            with open(f"{task.path}/schedstat") as stat:
+                total += int(stat.read().split()[0])
+    return total
+
+
+@dataclass
+class Target:
+    name: str
+    url: str
+    clients: list[httpx.AsyncClient]
+    """Worker i uses client i % ceil(concurrency / POOL): httpx's pool slows down as it grows."""
+    pid: int
+    hit_header: str | None
+    """A response header that must be present (and not MISS) on a cache hit; None: no cache."""
+    hit_value: str | None = None
+    procs: list[psutil.Process] = field(default_factory=list)
+
+    def track_cpu(self) -> None:
+        """Remember the server's processes (LiteLLM may have children) for CPU accounting."""
+        root = psutil.Process(self.pid)
+        self.procs = [root, *root.children(recursive=True)]
+
+    def cpu_s(self) -> float:
+        """CPU time of the server's threads so far: Linux's ns counters, else clock ticks."""
+        total = 0.0
+        for proc in self.procs:
+            try:
+                total += thread_cpu_ns(proc.pid) / 1e9
+            except OSError:
+                with contextlib.suppress(psutil.Error):
+                    t = proc.cpu_times()
+                    total += t.user + t.system
+        return total
+
+    def miss_reason(self, headers: httpx.Headers) -> str | None:
+        if self.hit_header is None:
+            return None
+        value = headers.get(self.hit_header)
+        if not value or (self.hit_value is not None and value != self.hit_value):
+            return f"not a cache hit ({self.hit_header}: {value!r})"
+        return None
+
+
+@dataclass
+class Batch:
+    requests: int
+    wall_s: float
+    client_cpu_s: float
+    server_cpu_s: float
+    latencies_s: list[float]
+    errors: list[str]
+    retries: int
+
+
+async def one_request(target: Target, stream: bool, worker: int = 0) -> tuple[str | None, int]:
+    """Send the request once; returns (what was wrong or None, response bytes)."""
+    url = f"{target.url}/v1/chat/completions"
+    client = target.clients[worker]
+    if not stream:
+        r = await client.post(url, content=BODIES[False], headers=REQUEST_HEADERS)
+        if r.status_code != 200:
+            return f"HTTP {r.status_code}: {r.text[:200]}", len(r.content)
+        if not r.content.startswith(b"{"):
+            return f"not a JSON answer: {r.content[:100]!r}", len(r.content)
+        return target.miss_reason(r.headers), len(r.content)
+    raw = bytearray()
+    async with client.stream("POST", url, content=BODIES[True], headers=REQUEST_HEADERS) as r:
+        async for chunk in r.aiter_raw():
+            raw += chunk
+        if r.status_code != 200:
+            return f"HTTP {r.status_code}: {bytes(raw[:200])!r}", len(raw)
+        if not raw.rstrip().endswith(b"data: [DONE]"):
+            return f"stream ended without [DONE]: ...{bytes(raw[-120:])!r}", len(raw)
+        return target.miss_reason(r.headers), len(raw)
+
+
+async def run_batch(target: Target, cell: Cell, n: int) -> Batch:
+    """``n`` requests from ``cell.concurrency`` workers, each sending its next one at once."""
+    remaining = n
+    latencies: list[float] = []
+    errors: list[str] = []
+
+    retries = 0
+
+    async def worker(client: int) -> None:
+        nonlocal remaining, retries
+        while remaining > 0:
+            remaining -= 1
+            t0 = time.perf_counter()
+            for attempt in range(2):
+                try:
+                    problem, _ = await one_request(target, cell.stream, client)
+                    break
+                except httpx.TransportError as exc:
+                    # e.g. a kept-alive connection the server closed just as it was reused:
+                    # sent again once (the latency includes both tries), and counted
+                    problem = f"{type(exc).__name__}: {exc}"
+                    retries += attempt == 0
+            latencies.append(time.perf_counter() - t0)
+            if problem:
+                errors.append(problem)
+
+    server_cpu = target.cpu_s()
+    client_cpu = time.process_time()
+    started = time.perf_counter()
+    pools = -(-cell.concurrency // POOL)
+    await asyncio.gather(*(worker(i % pools) for i in range(cell.concurrency)))
+    return Batch(
+        requests=n,
+        wall_s=time.perf_counter() - started,
+        client_cpu_s=time.process_time() - client_cpu,
+        server_cpu_s=target.cpu_s() - server_cpu,
+        latencies_s=latencies,
+        errors=errors,
+        retries=retries,
+    )
+
+
+Results = dict[tuple[Cell, str], list[Batch]]
+
+
+async def run_rounds(
+    targets: list[Target], cells: Sequence[Cell], args: argparse.Namespace
+) -> Results:
+    """``args.rounds`` rounds; in each, one batch per cell and target, the order rotating.
+
+    A batch is ``args.requests / args.rounds`` requests (LiteLLM's: ``args.litellm_share`` of
+    that, it is so much slower), at least two per worker; warm-up batches are short.
+    """
+    results: Results = {(cell, t.name): [] for cell in cells for t in targets}
+    for rnd in range(-args.warmup, args.rounds):
+        shift = rnd % len(targets)
+        order = targets[shift:] + targets[:shift]
+        for cell in cells:
+            for target in order:
+                share = args.litellm_share if target.name == "litellm" else 1.0
+                n = max(round(share * args.requests / args.rounds), 2 * cell.concurrency)
+                if rnd < 0:
+                    n = min(n, max(2 * cell.concurrency, 20))
+                batch = await run_batch(target, cell, n)
+                if rnd >= 0:
+                    results[cell, target.name].append(batch)
+                elif batch.errors:
+                    raise RuntimeError(f"warm-up of {target.name} failed: {batch.errors[0]}")
+        if rnd >= 0:
+            say(f"round {rnd + 1}/{args.rounds} done")
+    return results
+
+
+# -- statistics and the report ------------------------------------------------------------------
+
+
+def rps(batches: Sequence[Batch]) -> float:
+    return sum(b.requests for b in batches) / sum(b.wall_s for b in batches)
+
+
+def ratio_ci(num: Sequence[Batch], den: Sequence[Batch], n: int = 2000) -> tuple[float, float]:
+    """95 % interval of rps(num)/rps(den), resampling rounds in pairs (a round shares drift)."""
+    k = min(len(num), len(den))
+    rng = np.random.default_rng(0)
+    idx = rng.integers(0, k, (n, k))
+    nr = np.array([b.requests for b in num[:k]], float)
+    nw = np.array([b.wall_s for b in num[:k]])
+    dr = np.array([b.requests for b in den[:k]], float)
+    dw = np.array([b.wall_s for b in den[:k]])
+    ratios = (nr[idx].sum(1) / nw[idx].sum(1)) / (dr[idx].sum(1) / dw[idx].sum(1))
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def latency_ms(batches: Sequence[Batch], p: float) -> float:
+    values = np.array([s for b in batches for s in b.latencies_s]) * 1e3
+    return float(np.percentile(values, p)) if values.size else float("nan")
+
+
+def cpu_us(batches: Sequence[Batch], attr: str) -> float:
+    total = sum(getattr(b, attr) for b in batches)
+    return 1e6 * total / max(1, sum(b.requests for b in batches))
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "NOT MET"
+
+
+LABEL = {"gateway": "(a) gateway hit", "bare": "(b) bare", "litellm": "(c) LiteLLM hit"}
+W = 18
+
+
+def throughput_table(results: Results, cells: Sequence[Cell], names: list[str]) -> list[str]:
+    """Print requests/s side by side with the ratios; returns the verdict lines."""
+    has_ll = "litellm" in names
+    print("requests/s (higher is better); ratios [95% CI, rounds resampled in pairs]")
+    head = f"{'':<16}" + "".join(f"{LABEL[n]:>{W}}" for n in names) + f"{'hit/bare':>24}{'':>9}"
+    print(head + (f"{'hit/LiteLLM':>24}" if has_ll else ""))
+    verdicts = []
+    for cell in cells:
+        row = f"{cell.label:<16}" + "".join(f"{rps(results[cell, n]):{W}.0f}" for n in names)
+        gw, bare = results[cell, "gateway"], results[cell, "bare"]
+        r, (lo, hi) = rps(gw) / rps(bare), ratio_ci(gw, bare)
+        ok = r >= HIT_VS_BARE_TARGET
+        row += f"{r:9.2f} [{lo:5.2f},{hi:5.2f}]{verdict(ok):>9}"
+        line = f"  {cell.label:<15} hit/bare {r:.2f} {verdict(ok)}"
+        if has_ll:
+            ll = results[cell, "litellm"]
+            r2, (lo2, hi2) = rps(gw) / rps(ll), ratio_ci(gw, ll)
+            ok2 = r2 >= HIT_VS_LITELLM_TARGET
+            row += f"{r2:9.1f} [{lo2:5.1f},{hi2:5.1f}]{verdict(ok2):>9}"
+            line += f"; hit/LiteLLM {r2:.1f} {verdict(ok2)}"
+            ok &= ok2
+        if all(cpu_us(b, "client_cpu_s") > cpu_us(b, "server_cpu_s") for b in (gw, bare)):
+            line += " (client-bound: this client spent more CPU per request than the servers)"
+        print(row)
+        verdicts.append(line if ok else line + "  <--")
+    return verdicts
+
+
+def latency_table(results: Results, cells: Sequence[Cell], names: list[str]) -> None:
+    print("latency per request, ms: p50 / p99")
+    print(f"{'':<16}" + "".join(f"{LABEL[n]:>{W + 2}}" for n in names))
+    for cell in cells:
+        row = f"{cell.label:<16}"
+        for n in names:
+            b = results[cell, n]
+            row += f"{latency_ms(b, 50):>{W - 7}.2f} /{latency_ms(b, 99):7.2f}"
+        print(row)
+
+
+def net_cpu_us(batches: Sequence[Batch], idle_cpu: float) -> float:
+    """Server CPU per request less what the server burns with no requests at all."""
+    busy = sum(b.server_cpu_s - idle_cpu * b.wall_s for b in batches)
+    return 1e6 * busy / max(1, sum(b.requests for b in batches))
+
+
+def cpu_table(
+    results: Results, cells: Sequence[Cell], names: list[str], idle: Mapping[str, float]
+) -> list[str]:
+    """Print the servers' CPU per request; returns the capacity verdict lines."""
+    has_ll = "litellm" in names
+    print(
+        "CPU per request, µs: each server's process(es), all / net of its idle load (one core "
+        "serves 1e6/µs requests/s, whatever the client manages); then this client's"
+    )
+    print(
+        "idle load, CPU ms per s with no requests: "
+        + ", ".join(f"{LABEL[n]} {1e3 * idle[n]:.1f}" for n in names)
+    )
+    head = f"{'':<16}" + "".join(f"{LABEL[n]:>{W}}" for n in names)
+    head += f"{'bare/hit (net)':>16}" + (f"{'LiteLLM/hit':>13}" if has_ll else "")
+    print(head + "".join(f"{'client ' + n[:4]:>12}" for n in names))
+    verdicts = []
+    for cell in cells:
+        cpu = {n: cpu_us(results[cell, n], "server_cpu_s") for n in names}
+        net = {n: net_cpu_us(results[cell, n], idle[n]) for n in names}
+        row = f"{cell.label:<16}" + "".join(f"{f'{cpu[n]:.0f} / {net[n]:.0f}':>{W}}" for n in names)
+        r, r_net = cpu["bare"] / cpu["gateway"], net["bare"] / net["gateway"]
+        row += f"{r:9.2f} ({r_net:.2f})"
+        line = (
+            f"  {cell.label:<15} bare/hit CPU {r:.2f} {verdict(r >= HIT_VS_BARE_TARGET)}"
+            f" (net of idle load {r_net:.2f} {verdict(r_net >= HIT_VS_BARE_TARGET)})"
+        )
+        if has_ll:
+            r2 = cpu["litellm"] / cpu["gateway"]
+            row += f"{r2:13.1f}"
+            line += f"; LiteLLM/hit CPU {r2:.1f} {verdict(r2 >= HIT_VS_LITELLM_TARGET)}"
+        row += "".join(f"{cpu_us(results[cell, n], 'client_cpu_s'):12.0f}" for n in names)
+        print(row)
+        verdicts.append(line)
+    return verdicts
+
+
+def report(
+    results: Results, cells: Sequence[Cell], names: list[str], idle: Mapping[str, float]
+) -> bool:
+    """Print the tables and the verdicts; True when the requests/s targets are met everywhere."""
+    rps_verdicts = throughput_table(results, cells, names)
+    print()
+    latency_table(results, cells, names)
+    print()
+    cpu_verdicts = cpu_table(results, cells, names, idle)
+    print()
+
+    def count(attr: str) -> dict[str, int]:
+        def size(b: Batch) -> int:
+            value = getattr(b, attr)
+            return value if isinstance(value, int) else len(value)
+
+        return {n: sum(size(b) for c in cells for b in results[c, n]) for n in names}
+
+    total, errors, retries = count("requests"), count("errors"), count("retries")
+    print(
+        "requests (errors, connection retries): "
+        + ", ".join(f"{LABEL[n]} {total[n]} ({errors[n]}, {retries[n]})" for n in names)
+    )
+    goal = f"hit >= {HIT_VS_BARE_TARGET:g} x bare"
+    goal += f"; hit >= {HIT_VS_LITELLM_TARGET:g} x LiteLLM" if "litellm" in names else ""
+    print(f"Targets (issue 3): {goal}, in requests/s")
+    print("\n".join(rps_verdicts))
+    print("The same targets in server CPU per request (capacity, not bound by the client):")
+    print("\n".join(cpu_verdicts))
+    met = not any("<--" in line for line in rps_verdicts)
+    clean = not any(errors.values())
+    if not clean:
+        print("ERRORS: some answers were wrong or not hits (first ones below); verdicts void")
+    print(
+        f"Overall (requests/s): {'all targets met' if met and clean else 'NOT all targets met'}"
+        + ("" if "litellm" in names else " (LiteLLM not measured: see above)")
+    )
+    for (cell, n), batches in results.items():
+        for err in [e for b in batches for e in b.errors][:2]:
+            print(f"error: {n} {cell.label}: {err}")
+    return met and clean
+
+
+# -- setting everything up -------------------------------------------------------------------
+
+
+async def idle_load(targets: Sequence[Target], seconds: float) -> dict[str, float]:
+    """CPU seconds per second each server spends while nobody sends it anything."""
+    say(f"measuring the servers' idle load for {seconds:g} s")
+    before = {t.name: t.cpu_s() for t in targets}
+    started = time.perf_counter()
+    await asyncio.sleep(seconds)
+    wall = time.perf_counter() - started
+    return {t.name: (t.cpu_s() - before[t.name]) / wall for t in targets}
+
+
+async def served_model_of(url: str) -> str:
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        response = await client.get(f"{url}/v1/models")
+        response.raise_for_status()
+        return str(response.json()["data"][0]["id"])
+
+
+async def prime(target: Target, tries: int = 5) -> None:
+    """Send each request until it is a hit (the first is a miss that fills the cache)."""
+    for stream in (False, True):
+        problem: str | None = "never sent"
+        for _ in range(tries):
+            problem, _ = await one_request(target, stream)
+            if problem is None:
+                break
+            await asyncio.sleep(0.2)
+        if problem is not None:
+            kind = "stream" if stream else "non-stream"
+            raise RuntimeError(f"{target.name}: the {kind} request never became a hit: {problem}")
+
+
+async def canned_replies(gateway: Target) -> CannedReplies:
+    """The gateway's hit answers, to be sent back by the bare app byte for byte."""
+
+    def kept(headers: httpx.Headers) -> dict[str, str]:
+        return {k: v for k, v in headers.items() if k.lower() not in DROPPED_HEADERS}
+
+    client, url = gateway.clients[0], f"{gateway.url}/v1/chat/completions"
+    r = await client.post(url, content=BODIES[False], headers=REQUEST_HEADERS)
+    json_reply = CannedReply(headers=kept(r.headers), chunks=[r.content])
+    async with client.stream("POST", url, content=BODIES[True], headers=REQUEST_HEADERS) as s:
+        raw = await s.aread()
+        headers = kept(s.headers)
+    events = [e + b"\n\n" for e in raw.split(b"\n\n") if e.strip()]
+    return CannedReplies(json=json_reply, stream=CannedReply(headers=headers, chunks=events))
+
+
+async def answer_sizes(target: Target) -> str:
+    sizes = [(await one_request(target, stream))[1] for stream in (False, True)]
+    return f"{sizes[0]} B JSON, {sizes[1]} B stream"
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **extra)
+    return env
+
+
+@dataclass
+class Backend:
+    """The vLLM every cache is filled from (once per target)."""
+
+    url: str
+    served: str
+    model_path: Path | None
+    note: str
+    process: VllmProcess | None = None
+
+
+class Bench:
+    """Starts the servers and the clients, and stops them all when the run ends."""
+
+    def __init__(self, args: argparse.Namespace, stack: contextlib.AsyncExitStack, tmp: Path):
+        self.args, self.stack, self.tmp = args, stack, tmp
+        self.pools = -(-max(args.concurrency) // POOL)
+
+    def clients(self) -> list[httpx.AsyncClient]:
+        limits = httpx.Limits(max_connections=POOL, max_keepalive_connections=POOL)
+        timeout = httpx.Timeout(120.0, connect=10.0)
+        clients = [httpx.AsyncClient(limits=limits, timeout=timeout) for _ in range(self.pools)]
+        for client in clients:
+            self.stack.push_async_callback(client.aclose)
+        return clients
+
+    def child(self, name: str, argv: list[str], cwd: Path, **env: str) -> Child:
+        log = self.tmp / f"{name.split()[0].lower()}.log"
+        child = Child(name, argv, log, child_env(**env), cwd)
+        child.start()
+        self.stack.push_async_callback(child.stop)
+        return child
+
+    async def start_vllm(self) -> Backend:
+        """The running vLLM of ``--vllm-url``, or the tiny one started here (not yet ready)."""
+        args = self.args
+        if args.vllm_url:
+            url = args.vllm_url.rstrip("/")
+            served = await served_model_of(url)
+            return Backend(url, served, None, f"vLLM: {served} at {url} (already running)")
+        model = await tiny_llama(args.data_dir)
+        url = f"http://127.0.0.1:{free_port()}"
+        cores = None if args.vllm_cores == "none" else parse_cores(args.vllm_cores)
+        launch = VllmLaunch(cpu_cores=args.vllm_cores if cores else None)
+        process = VllmProcess(
+            model=model,
+            served_model=TINY_MODEL_NAME,
+            server=VllmServer(url=url, launch=launch),
+            data_dir=args.data_dir,
+            log_name="exact-hit",
+        )
+        say(f"starting vLLM ({TINY_MODEL_NAME}) at {url}; log {process.log_path}")
+        with affinity(cores):  # every vLLM process inherits the pinning
+            process.start()
+        self.stack.push_async_callback(process.stop)
+        pin = f", pinned to core(s) {args.vllm_cores}" if cores else ""
+        note = f"vLLM: {TINY_MODEL_NAME} at {url} (started here{pin})"
+        return Backend(url, TINY_MODEL_NAME, model, note, process)
+
+    async def start_gateway(self, vllm: Backend) -> Target:
+        port = free_port()
+        config = self.tmp / "gateway.toml"
+        config.write_text(
+            gateway_toml(self.tmp / "gateway-data", port, vllm.url, vllm.served, vllm.model_path)
+        )
+        load_config(config)  # fail here, not in the child, on a bad config
+        argv = [sys.executable, "-m", "server.cli", "serve", "--no-launch"]
+        argv += ["--config", str(config), "--port", str(port)]
+        child = self.child("gateway", argv, REPO, PYTHONPATH=str(REPO))
+        url = f"http://127.0.0.1:{port}"
+        await child.wait_ready(f"{url}/ready", 300.0)
+        say(f"gateway ready at {url}")
+        target = Target("gateway", url, self.clients(), child.pid, "cf-aig-cache-status", "HIT")
+        await prime(target)
+        return target
+
+    async def start_bare(self, gateway: Target) -> Target:
+        """The bare app, sending back the bytes of the gateway's hits."""
+        replies = self.tmp / "replies.json"
+        replies.write_bytes(msgspec.json.encode(await canned_replies(gateway)))
+        port = free_port()
+        argv = [sys.executable, THIS_FILE, "--serve-bare", str(port), "--replies", str(replies)]
+        child = self.child("bare app", argv, REPO, PYTHONPATH=str(REPO))
+        url = f"http://127.0.0.1:{port}"
+        await child.wait_ready(f"{url}/ready", 120.0)
+        return Target("bare", url, self.clients(), child.pid, None)
+
+    def start_litellm(self, vllm: Backend) -> tuple[Child, str]:
+        """LiteLLM's proxy from its own venv, 1 uvicorn worker (its default); not yet ready."""
+        config = self.tmp / "litellm.yaml"
+        config.write_bytes(litellm_config(vllm.url, vllm.served))
+        port = free_port()
+        argv = [str(self.args.litellm_venv / "bin" / "litellm"), "--config", str(config)]
+        argv += ["--host", "127.0.0.1", "--port", str(port)]
+        # no cost-map download (offline); log level error: no access log, as for the others
+        env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
+        return self.child("LiteLLM proxy", argv, self.tmp, **env), f"http://127.0.0.1:{port}"
+
+    async def litellm_target(self, child: Child, url: str) -> Target:
+        waited = await child.wait_ready(f"{url}/health/liveliness", 600.0)
+        say(f"LiteLLM proxy ready at {url} after {waited:.0f} s")
+        target = Target("litellm", url, self.clients(), child.pid, "x-litellm-cache-key")
+        await prime(target)
+        return target
+
+
+@dataclass
+class Run:
+    """What a run measured, and what the report says about its setting."""
+
+    results: Results
+    cells: list[Cell]
+    names: list[str]
+    notes: list[str]
+    vllm_tokens: float
+    idle_cpu: dict[str, float]
+    """CPU seconds per second each server uses with no requests (health checks, pollers)."""
+
+
+async def measure(args: argparse.Namespace, litellm_missing: str | None) -> Run:
+    cells = [Cell(stream, c) for stream in (False, True) for c in args.concurrency]
+    async with contextlib.AsyncExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="semcache-exact-hit-")))
+        bench = Bench(args, stack, tmp)
+        vllm = await bench.start_vllm()
+        # LiteLLM's start-up takes long: overlap it with vLLM's
+        litellm = None if litellm_missing else bench.start_litellm(vllm)
+        if vllm.process is not None:
+            waited = await vllm.process.wait_ready(600.0, say)
+            say(f"vLLM ready after {waited:.0f} s")
+        gateway = await bench.start_gateway(vllm)
+        targets = [gateway, await bench.start_bare(gateway)]
+        if litellm is not None:
+            try:
+                targets.append(await bench.litellm_target(*litellm))
+            except RuntimeError as exc:
+                litellm_missing = f"the LiteLLM proxy did not serve hits: {exc}"
+                say(litellm_missing)
+                await litellm[0].stop()
+
+        sizes = {t.name: await answer_sizes(t) for t in targets}
+        profiler = None
+        if args.profile_gateway:
+            profiler = start_profiler(gateway.pid, Path(args.profile_gateway), tmp)
+            stack.callback(stop_profiler, profiler)
+        for t in targets:
+            t.track_cpu()
+        idle_cpu = await idle_load(targets, args.idle_s)
+        tokens_before = await metric_value(vllm.url, VLLM_TOKENS)
+        load_before = os.getloadavg()[0]
+        started = time.monotonic()
+        say(
+            f"measuring {len(cells)} cells x {len(targets)} targets, {args.requests} requests "
+            f"each, {args.rounds} rounds (+{args.warmup} warm-up)"
+        )
+        results = await run_rounds(targets, cells, args)
+        elapsed = time.monotonic() - started
+        load_after = os.getloadavg()[0]
+        tokens = await metric_value(vllm.url, VLLM_TOKENS) - tokens_before
+        if profiler is not None:
+            stop_profiler(profiler)
+            say(f"py-spy profile of the gateway: {args.profile_gateway}")
+
+    versions = ", ".join(
+        f"{pkg} {importlib.metadata.version(pkg)}" for pkg in ("litestar", "uvicorn", "httpx")
+    )
+    pinned = args.vllm_cores if vllm.process is not None else "(not started here)"
+    notes = [
+        f"{vllm.note}; it served {tokens:.0f} prompt tokens while measuring",
+        "(a) gateway: python -m server.cli serve --no-launch (uvicorn, own process); answers "
+        + sizes["gateway"],
+        "(b) bare Litestar app sending the gateway's bytes back (uvicorn, own process, run as "
+        f"server.cli runs the gateway); answers {sizes['bare']}",
+        f"(c) LiteLLM proxy {LITELLM_SPEC}, cache: true (type local), 1 uvicorn worker; "
+        f"answers {sizes['litellm']}"
+        if "litellm" in sizes
+        else f"(c) LiteLLM: NOT MEASURED: {litellm_missing}",
+        f"client: this process; per target, one httpx.AsyncClient per {POOL} concurrent "
+        f"requests (its pool gets slow when large); {versions}",
+        f"machine: {os.cpu_count()} cores SHARED WITH OTHER WORK (load average 1 min "
+        f"{load_before:.1f} before, {load_after:.1f} after); vLLM pinned to core(s) {pinned}; "
+        "gateway, bare app, LiteLLM and client not pinned",
+        "workload: one chat request (temperature 0, max_tokens 48), non-stream and stream; "
+        f"{args.requests} requests per cell and target in {args.rounds} rounds, the target "
+        f"order rotating each round; {elapsed:.0f} s"
+        + ("; py-spy attached to the gateway (its figures are perturbed)" if profiler else ""),
+    ]
+    names = [t.name for t in targets]
+    return Run(results, cells, names, notes, tokens, idle_cpu)
+
+
+async def run(args: argparse.Namespace, litellm_missing: str | None) -> bool:
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    measured = await measure(args, litellm_missing)
+    print()
+    print("\n".join(measured.notes))
+    print()
+    met = report(measured.results, measured.cells, measured.names, measured.idle_cpu)
+    if measured.vllm_tokens:
+        print("ERROR: vLLM served requests while measuring: not every answer was a cache hit")
+        met = False
+    return met
+
+
+def start_profiler(pid: int, out: Path, tmp: Path) -> subprocess.Popen[bytes]:
+    """py-spy (from the project venv) sampling the gateway, collapsed stacks into ``out``."""
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log = (tmp / "py-spy.log").open("ab")
+    argv = [py_spy, "record", "--pid", str(pid), "--format", "raw", "--output", str(out)]
+    argv += ["--rate", "250", "--nonblocking"]
+    return subprocess.Popen(
+        argv,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=die_with_parent(),
+    )
+
+
+def stop_profiler(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--requests", type=int, default=2000, help="per cell and target")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=1, help="warm-up rounds (not measured)")
+    ap.add_argument("--idle-s", type=float, default=10.0, help="idle-load window, seconds")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--quick", action="store_true", help="120 requests per cell, 3 rounds")
+    ap.add_argument(
+        "--litellm-share",
+        type=float,
+        default=0.25,
+        help="LiteLLM's batches are this share of the others' (it is much slower)",
+    )
+    ap.add_argument("--vllm-url", help="use this running vLLM server instead of starting one")
+    ap.add_argument("--vllm-cores", default="1", help="cores for the vLLM started here ('none')")
+    ap.add_argument("--data-dir", default=str(test_data_dir()), help="models and vLLM logs")
+    ap.add_argument("--litellm-venv", default=str(LITELLM_VENV), help="LiteLLM's own virtualenv")
+    ap.add_argument("--no-litellm", action="store_true", help="measure (a) and (b) only")
+    ap.add_argument("--setup", action="store_true", help=f"install {LITELLM_SPEC} and exit")
+    ap.add_argument("--profile-gateway", metavar="FILE", help="py-spy collapsed stacks to FILE")
+    ap.add_argument("--serve-bare", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    ap.add_argument("--replies", help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.serve_bare:
+        serve_bare(args.serve_bare, Path(args.replies))
+        return 0
+    args.data_dir = Path(args.data_dir).resolve()
+    args.litellm_venv = Path(args.litellm_venv).resolve()
+    if args.setup:
+        problem = setup_litellm(args.litellm_venv)
+        print(problem or f"{LITELLM_SPEC} is installed in {args.litellm_venv}")
+        return 1 if problem else 0
+    if args.quick:
+        args.requests, args.rounds, args.idle_s = 120, 3, 5.0
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    litellm_missing = "--no-litellm" if args.no_litellm else setup_litellm(args.litellm_venv)
+    if litellm_missing:
+        say(f"(c) LiteLLM will not be measured: {litellm_missing}")
+    try:
+        met = asyncio.run(run(args, litellm_missing))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        say("interrupted; everything started here is stopped")
+        return 130
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
