@@ -197,11 +197,6 @@ async def test_metric_value_reads_prefix_cache_hits(tiny_vllm: VllmProcess) -> N
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=False,
-    reason="the NIXL hand-off was seen to fall back to local compute on a heavily loaded "
-    "2-core machine; P/D is issue 5's, which will make this strict again",
-)
 async def test_launcher_runs_a_prefill_decode_pair_and_stops_everything(data_dir: Path) -> None:
     model = await asyncio.to_thread(build_tiny_llama, data_dir / "models" / TINY_MODEL_NAME)
 
