@@ -242,9 +242,14 @@ async def test_launcher_runs_a_prefill_decode_pair_and_stops_everything(data_dir
                     json={**body, "max_tokens": 4, "kv_transfer_params": params},
                 )
                 assert second.status_code == 200
-                after = await metric_value(
-                    decode.url, "vllm:external_prefix_cache_hits_total", client=client
-                )
+                # vLLM publishes an engine step's stats after the answer: wait for them
+                for _ in range(100):
+                    after = await metric_value(
+                        decode.url, "vllm:external_prefix_cache_hits_total", client=client
+                    )
+                    if after > before:
+                        break
+                    await asyncio.sleep(0.1)
             assert after > before
 
             prefill.kill()  # a crash: all its processes are gone at once
