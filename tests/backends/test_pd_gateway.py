@@ -43,7 +43,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 DECODE_KV_BLOCKS = 112
 KV_BYTES_PER_TOKEN = 1024  # tiny Llama: 2 layers x 2 KV heads x 64 dims x (K, V) x bf16
 BLOCK = 32
-REQUEST_TIMEOUT_S = 120.0
+REQUEST_TIMEOUT_S = 300.0  # bounded (no hang), but a 2-core CI box under this suite is slow
 
 SYSTEM = (
     "You are the helpful assistant of the city library. Answer the question of the reader "
