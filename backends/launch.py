@@ -126,8 +126,8 @@ def build_command(
 
 
 @functools.cache
-def die_with_parent_hook() -> Callable[[], None] | None:
-    """A ``preexec_fn`` giving the child SIGTERM if the gateway dies without stopping it.
+def die_with_parent_hook(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` giving the child ``sig`` if the gateway dies without stopping it.
 
     libc is looked up here, in the parent: the hook itself only makes one call after fork.
     """
@@ -137,10 +137,10 @@ def die_with_parent_hook() -> Callable[[], None] | None:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
-    pr_set_pdeathsig, sigterm = 1, int(signal.SIGTERM)
+    pr_set_pdeathsig, death_signal = 1, int(sig)
 
     def hook() -> None:
-        prctl(pr_set_pdeathsig, sigterm)
+        prctl(pr_set_pdeathsig, death_signal)
 
     return hook
 

@@ -441,9 +441,23 @@ class PDRouter:
         self._skip("prefill_down")
         return False, None
 
-    async def _first_decode_lease(self, plan: Plan) -> Lease:
+    async def _begin(
+        self, path: str, body: dict[str, Any], ctx: RequestContext
+    ) -> tuple[Plan, Lease, bool, dict[str, Any] | None]:
+        """Plan the request, reserve its first decode slot, then run the prefill hop.
+
+        Returns the plan, the decode lease, whether prefill ran, and the KV parameters.
+        """
+        self.monitor.ensure_running()
+        plan = self.plan(path, body, ctx)
         pool = self.decode_pool
-        return await pool.acquire(lambda: self.placement.rank(pool.servers, plan.key))
+        first = await pool.acquire(lambda: self.placement.rank(pool.servers, plan.key))
+        try:
+            prefilled, params = await self._prefill(plan, ctx)
+        except BaseException:
+            first.release()
+            raise
+        return plan, first, prefilled, params
 
     async def _next_decode_lease(self, plan: Plan, excluded: set[ServerState]) -> Lease | None:
         """Another decode slot for a retry, or None when no other server is left."""
@@ -456,14 +470,7 @@ class PDRouter:
             return None
 
     async def post(self, path: str, body: dict[str, Any], ctx: RequestContext) -> UpstreamResponse:
-        self.monitor.ensure_running()
-        plan = self.plan(path, body, ctx)
-        first = await self._first_decode_lease(plan)
-        try:
-            _, params = await self._prefill(plan, ctx)
-        except BaseException:
-            first.release()
-            raise
+        plan, first, _, params = await self._begin(path, body, ctx)
         lease: Lease | None = first
         excluded: set[ServerState] = set()
         failure: BackendError | None = None
@@ -504,14 +511,7 @@ class PDRouter:
         raise failure
 
     async def open_stream(self, path: str, body: dict[str, Any], ctx: RequestContext) -> VllmStream:
-        self.monitor.ensure_running()
-        plan = self.plan(path, body, ctx)
-        first = await self._first_decode_lease(plan)
-        try:
-            prefilled, params = await self._prefill(plan, ctx)
-        except BaseException:
-            first.release()
-            raise
+        plan, first, prefilled, params = await self._begin(path, body, ctx)
         lease: Lease | None = first
         handoff_from = time.perf_counter()
         excluded: set[ServerState] = set()

@@ -40,14 +40,13 @@ sys.path.insert(0, os.path.dirname(_HERE))
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import importlib.metadata
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,7 +61,8 @@ from litestar import Litestar, Request, Response, get, post
 from litestar.response import Stream
 
 from backends.config import VllmLaunch, VllmServer
-from backends.launch import VllmProcess
+from backends.launch import VllmProcess, die_with_parent_hook
+from bench.support import affinity, parse_cores, served_model_of
 from server.config import load_config
 from tests.support.vllm import (
     TINY_MODEL_NAME,
@@ -235,25 +235,6 @@ def litellm_config(vllm_url: str, served: str) -> bytes:
 # -- child processes --------------------------------------------------------------------------
 
 
-def die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that has Linux SIGKILL the child if this script dies without cleaning up.
-
-    libc is looked up here, in the parent: the hook itself only makes one call after fork.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    pr_set_pdeathsig, sigkill = 1, int(signal.SIGKILL)
-
-    def hook() -> None:
-        prctl(pr_set_pdeathsig, sigkill)
-
-    return hook
-
-
 class Child:
     """A server in its own session (so a Ctrl-C reaches only us, and we stop it in order)."""
 
@@ -279,7 +260,7 @@ class Child:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=die_with_parent(),
+                preexec_fn=die_with_parent_hook(signal.SIGKILL),
             )
 
     def log_tail(self, chars: int = 2500) -> str:
@@ -353,29 +334,6 @@ def gateway_toml(data_dir: Path, port: int, vllm_url: str, served: str, model: P
         lines.append(f"model_path = {s(str(model))}")
     lines += ["[[backends.servers]]", f"url = {s(vllm_url)}"]
     return "\n".join(lines) + "\n"
-
-
-@contextlib.contextmanager
-def affinity(cores: set[int] | None) -> Iterator[None]:
-    """Run the block on ``cores``; a process started inside inherits them."""
-    if cores is None:
-        yield
-        return
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, cores)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
-
-
-def parse_cores(spec: str) -> set[int]:
-    """``"1"``, ``"0,2"``, ``"2-3"`` → a set of core numbers."""
-    cores: set[int] = set()
-    for part in spec.split(","):
-        low, _, high = part.strip().partition("-")
-        cores.update(range(int(low), int(high or low) + 1))
-    return cores
 
 
 # -- the load -----------------------------------------------------------------------------------
@@ -726,13 +684,6 @@ async def idle_load(targets: Sequence[Target], seconds: float) -> dict[str, floa
     return {t.name: (t.cpu_s() - before[t.name]) / wall for t in targets}
 
 
-async def served_model_of(url: str) -> str:
-    async with httpx.AsyncClient(timeout=10.0) as client:
-        response = await client.get(f"{url}/v1/models")
-        response.raise_for_status()
-        return str(response.json()["data"][0]["id"])
-
-
 async def prime(target: Target, tries: int = 5) -> None:
     """Send each request until it is a hit (the first is a miss that fills the cache)."""
     for stream in (False, True):
@@ -993,7 +944,7 @@ def start_profiler(pid: int, out: Path, tmp: Path) -> subprocess.Popen[bytes]:
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        preexec_fn=die_with_parent(),
+        preexec_fn=die_with_parent_hook(signal.SIGKILL),
     )
 
 

@@ -55,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backends.config import VllmLaunch, VllmServer
 from backends.launch import VllmProcess, die_with_parent_hook
 from backends.models import prepare_model
+from bench.support import affinity, parse_cores, served_model_of
 from server.config import load_config
 from tests.support.vllm import TINY_MODEL_NAME, free_port, test_data_dir, tiny_llama
 
@@ -377,29 +378,6 @@ def first_errors(results: Results, limit: int = 5) -> list[str]:
 # -- processes ------------------------------------------------------------------------
 
 
-def parse_cores(spec: str) -> set[int]:
-    """``"1"``, ``"0,2"``, ``"2-3"`` → a set of core numbers."""
-    cores: set[int] = set()
-    for part in spec.split(","):
-        low, _, high = part.strip().partition("-")
-        cores.update(range(int(low), int(high or low) + 1))
-    return cores
-
-
-@contextlib.contextmanager
-def affinity(cores: set[int] | None) -> Iterator[None]:
-    """Run the block on ``cores`` (a process started inside inherits them)."""
-    if cores is None:
-        yield
-        return
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, cores)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
-
-
 def toml_str(value: str) -> str:
     return orjson.dumps(value).decode()  # JSON string escapes are valid in TOML basic strings
 
@@ -489,13 +467,6 @@ class GatewayProcess:
             if self._popen.poll() is None:
                 self._popen.kill()
             self._popen.wait()
-
-
-async def served_model_of(url: str) -> str:
-    async with httpx.AsyncClient(timeout=10.0) as client:
-        response = await client.get(f"{url}/v1/models")
-        response.raise_for_status()
-        return str(response.json()["data"][0]["id"])
 
 
 # -- main -----------------------------------------------------------------------------
