@@ -25,7 +25,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -36,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from backends.config import ServerRole, VllmBackend, VllmServer
 from backends.protocol import BackendError
+from backends.upstream import HTTP_ERRORS, HttpSession
 
 log = logging.getLogger("semcache.backends")
 
@@ -362,7 +363,7 @@ class HealthMonitor:
 
     def __init__(
         self,
-        http: httpx.AsyncClient,
+        http: HttpSession,
         pools: Sequence[Pool],
         *,
         interval_s: float,
@@ -373,6 +374,7 @@ class HealthMonitor:
         self.pools = list(pools)
         self.interval_s = interval_s
         self.timeout_s = timeout_s
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.scrape_metrics = scrape_metrics
         self.last_check = 0.0
         self._task: asyncio.Task[None] | None = None
@@ -393,13 +395,15 @@ class HealthMonitor:
         self.last_check = time.monotonic()
 
     async def _check(self, pool: Pool, server: ServerState) -> None:
+        session = self.http.session
         try:
-            response = await self.http.get(f"{server.url}/health", timeout=self.timeout_s)
-            ok = response.status_code == 200
-        except httpx.ConnectError:
+            async with session.get(f"{server.url}/health", timeout=self._timeout) as response:
+                ok = response.status == 200
+                await response.read()  # to the end: the connection goes back to the pool
+        except aiohttp.ClientConnectorError:
             pool.eject(server)  # nothing listens: no point in a second try
             return
-        except httpx.HTTPError:
+        except HTTP_ERRORS:
             ok = False
         if not ok:
             server.health_failures += 1
@@ -408,10 +412,11 @@ class HealthMonitor:
             return
         pool.readmit(server)
         if self.scrape_metrics:
-            with contextlib.suppress(httpx.HTTPError, ValueError):
-                page = await self.http.get(f"{server.url}/metrics", timeout=self.timeout_s)
-                if page.status_code == 200:
-                    server.upstream = await asyncio.to_thread(parse_upstream_metrics, page.text)
+            with contextlib.suppress(*HTTP_ERRORS, ValueError):
+                async with session.get(f"{server.url}/metrics", timeout=self._timeout) as page:
+                    text = await page.text() if page.status == 200 else None
+                if text is not None:
+                    server.upstream = await asyncio.to_thread(parse_upstream_metrics, text)
 
     async def aclose(self) -> None:
         if self._task is not None:

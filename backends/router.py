@@ -48,13 +48,14 @@ from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
 
 from backends.config import VllmBackend
 from backends.pool import BackendStats, HealthMonitor, Lease, Pool, ServerState
 from backends.protocol import BackendError, RequestContext, UpstreamResponse
 from backends.salt import ANONYMOUS_SCOPE, CacheSalter
+from backends.upstream import HTTP_ERRORS, HttpSession, http_failure, raw_chunks, stream_timeout
 
 PER_MESSAGE_TOKENS = 4
 """Chat-template tokens around each message (role header, separators), roughly."""
@@ -63,15 +64,6 @@ _PREFILL_DROPPED = ("stream_options", "min_tokens", "min_completion_tokens")
 
 
 # -- failures -------------------------------------------------------------------------------
-
-
-def http_failure(exc: Exception, url: str) -> BackendError:
-    """The ``BackendError`` for an httpx exception talking to ``url``."""
-    if isinstance(exc, httpx.TimeoutException):
-        return BackendError("timeout", f"backend {url} timed out", retry_after_s=1)
-    if isinstance(exc, httpx.ConnectError | httpx.RemoteProtocolError | httpx.ReadError):
-        return BackendError("unreachable", f"backend {url} is unreachable", retry_after_s=2)
-    return BackendError("broken", f"backend {url} failed: {type(exc).__name__}", retry_after_s=1)
 
 
 def _note_failure(pool: Pool, server: ServerState, failure: BackendError) -> None:
@@ -217,7 +209,7 @@ class VllmStream:
 
     def __init__(
         self,
-        response: httpx.Response,
+        response: aiohttp.ClientResponse,
         url: str,
         release: Callable[[], None],
         *,
@@ -231,16 +223,16 @@ class VllmStream:
         self._head = head
         self._rest = rest
         self._on_failure = on_failure
-        self.status = response.status_code
+        self.status = response.status
         self.content_type = response.headers.get("content-type", "text/event-stream")
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
             if self._head:
                 yield self._head
-            async for chunk in self._rest or self._response.aiter_raw():
+            async for chunk in self._rest or raw_chunks(self._response):
                 yield chunk
-        except httpx.HTTPError as exc:
+        except HTTP_ERRORS as exc:
             failure = http_failure(exc, self._url)
             if self._on_failure is not None:
                 self._on_failure(failure)
@@ -251,9 +243,9 @@ class VllmStream:
     async def read_all(self) -> bytes:
         try:
             if self._rest is None:
-                return self._head + await self._response.aread()
+                return self._head + await self._response.read()
             return self._head + b"".join([chunk async for chunk in self._rest])
-        except httpx.HTTPError as exc:
+        except HTTP_ERRORS as exc:
             raise http_failure(exc, self._url) from exc
         finally:
             await self.aclose()
@@ -262,12 +254,16 @@ class VllmStream:
         if self._release is not None:
             self._release()
             self._release = None
-        await self._response.aclose()
+        # Back to the pool when read to the end; otherwise the connection is closed, which
+        # makes vLLM abort the request.
+        self._response.release()
 
 
-async def _read_first_event(response: httpx.Response) -> tuple[bytes, AsyncIterator[bytes]]:
+async def _read_first_event(
+    response: aiohttp.ClientResponse,
+) -> tuple[bytes, AsyncIterator[bytes]]:
     """Bytes up to the end of the first SSE event (or of the stream), and the rest."""
-    rest = response.aiter_raw()
+    rest = raw_chunks(response)
     head = b""
     async for chunk in rest:
         head += chunk
@@ -316,7 +312,7 @@ class PDRouter:
     def __init__(
         self,
         config: VllmBackend,
-        http: httpx.AsyncClient,
+        http: HttpSession,
         prefill: Pool | None,
         decode: Pool,
         stats: BackendStats,
@@ -405,13 +401,15 @@ class PDRouter:
             try:
                 response = await self.http.post(
                     server.url + plan.path,
-                    content=orjson.dumps(self._prefill_body(plan.body)),
-                    headers=self._headers(ctx, stream=False),
-                    timeout=httpx.Timeout(
-                        self.config.prefill_timeout_s, connect=self.config.connect_timeout_s
-                    ),
+                    orjson.dumps(self._prefill_body(plan.body)),
+                    self._headers(ctx, stream=False),
+                    stream_timeout(self.config.prefill_timeout_s, self.config.connect_timeout_s),
                 )
-            except httpx.HTTPError as exc:
+                try:
+                    status, content = response.status, await response.read()
+                finally:
+                    response.release()
+            except HTTP_ERRORS as exc:
                 failure = http_failure(exc, server.url)
                 _note_failure(pool, server, failure)
                 if failure.kind != "unreachable":
@@ -423,15 +421,15 @@ class PDRouter:
                 lease.release()
             self.stats.prefill_seconds.observe(time.perf_counter() - started)
             pool.answered(server)
-            if response.status_code != 200:
+            if status != 200:
                 # decode alone gives the authoritative answer (or the same error)
-                server.errors[f"status_{response.status_code}"] += 1
+                server.errors[f"status_{status}"] += 1
                 self._skip("prefill_rejected")
                 return False, None
             if self.config.connector != "nixl":
                 return True, None
             try:
-                params = orjson.loads(response.content).get("kv_transfer_params")
+                params = orjson.loads(content).get("kv_transfer_params")
             except (orjson.JSONDecodeError, AttributeError):
                 params = None
             if not isinstance(params, dict):
@@ -482,24 +480,24 @@ class PDRouter:
             decode_body = _with_params(plan.body, params)
             try:
                 response = await self.http.post(
-                    server.url + path,
-                    content=orjson.dumps(decode_body),
-                    headers=self._headers(ctx, stream=False),
+                    server.url + path, orjson.dumps(decode_body), self._headers(ctx, stream=False)
                 )
-            except httpx.HTTPError as exc:
+                try:
+                    answer = UpstreamResponse(
+                        status=response.status,
+                        body=await response.read(),
+                        content_type=response.headers.get("content-type", "application/json"),
+                    )
+                finally:
+                    response.release()
+            except HTTP_ERRORS as exc:
                 failure = http_failure(exc, server.url)
                 excluded.add(server)
             else:
-                if response.status_code < 500:
+                if answer.status < 500:
                     self.decode_pool.answered(server)
-                    return UpstreamResponse(
-                        status=response.status_code,
-                        body=response.content,
-                        content_type=response.headers.get("content-type", "application/json"),
-                    )
-                failure = BackendError(
-                    "broken", f"backend {server.url} answered {response.status_code}"
-                )
+                    return answer
+                failure = BackendError("broken", f"backend {server.url} answered {answer.status}")
                 params = None  # e.g. the KV pull failed: the next try computes the prompt
             finally:
                 lease.release()
@@ -522,16 +520,12 @@ class PDRouter:
             server = lease.server
             self.stats.hops["decode" if attempt == 0 else "decode_retry"] += 1
             decode_body = _with_params(plan.body, params)
-            request = self.http.build_request(
-                "POST",
-                server.url + path,
-                content=orjson.dumps(decode_body),
-                headers=self._headers(ctx, stream=True),
-            )
-            response: httpx.Response | None = None
+            response: aiohttp.ClientResponse | None = None
             try:
-                response = await self.http.send(request, stream=True)
-                if response.status_code == 200:
+                response = await self.http.post(
+                    server.url + path, orjson.dumps(decode_body), self._headers(ctx, stream=True)
+                )
+                if response.status == 200:
                     head, rest = await _read_first_event(response)
                     if head and not _is_server_error_event(head):
                         self.decode_pool.answered(server)
@@ -540,24 +534,24 @@ class PDRouter:
                         return self._stream(response, lease, head, rest)
                     failure = BackendError("broken", f"backend {server.url} failed early")
                     params = None
-                elif response.status_code < 500:
+                elif response.status < 500:
                     # a client error: relay it (the server reads it with read_all)
                     return self._stream(response, lease, b"", None)
                 else:
                     failure = BackendError(
-                        "broken", f"backend {server.url} answered {response.status_code}"
+                        "broken", f"backend {server.url} answered {response.status}"
                     )
                     params = None
-            except httpx.HTTPError as exc:
+            except HTTP_ERRORS as exc:
                 failure = http_failure(exc, server.url)
                 excluded.add(server)
             except BaseException:
                 if response is not None:
-                    await response.aclose()
+                    response.release()
                 lease.release()
                 raise
             if response is not None:
-                await response.aclose()
+                response.release()
             lease.release()
             _note_failure(self.decode_pool, server, failure)
             lease = None
@@ -568,7 +562,7 @@ class PDRouter:
 
     def _stream(
         self,
-        response: httpx.Response,
+        response: aiohttp.ClientResponse,
         lease: Lease,
         head: bytes,
         rest: AsyncIterator[bytes] | None,

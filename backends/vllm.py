@@ -1,22 +1,23 @@
 """Async OpenAI-protocol client for one vLLM backend: a monolithic or a prefill/decode pool.
 
-One pooled httpx client per backend; the servers are organised in pools (``backends.pool``)
-and each request is placed and, when the backend is disaggregated, sent through prefill and
-decode (``backends.router``).
+One pooled aiohttp session per backend (``backends.upstream``); the servers are organised in
+pools (``backends.pool``) and each request is placed and, when the backend is disaggregated,
+sent through prefill and decode (``backends.router``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import httpx
+import aiohttp
 import orjson
 
 from backends.config import VllmBackend
 from backends.pool import BackendStats, HealthMonitor, ServerLoad, build_pools
 from backends.protocol import RequestContext, UpstreamResponse
-from backends.router import PDRouter, VllmStream, http_failure
+from backends.router import PDRouter, VllmStream
 from backends.salt import CacheSalter
+from backends.upstream import HTTP_ERRORS, HttpSession, http_failure
 
 __all__ = ["VllmClient", "VllmStream", "http_failure"]
 
@@ -32,9 +33,8 @@ class VllmClient:
         self,
         config: VllmBackend,
         salter: CacheSalter | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        """``salter``: default from the config; ``transport``: httpx's (tests inject one)."""
+        """``salter``: default from the config."""
         self.config = config
         self.name = config.name
         self.served_model = config.served_model
@@ -42,13 +42,10 @@ class VllmClient:
         pools = [p for p in (self.prefill_pool, self.decode_pool) if p is not None]
         self.stats = BackendStats(config.name, pools)
         self._max_model_len: int | None = None
-        self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s),
-            limits=httpx.Limits(
-                max_connections=config.max_connections,
-                max_keepalive_connections=config.max_connections,
-            ),
-            transport=transport,
+        self._http = HttpSession(
+            max_connections=config.max_connections,
+            read_timeout_s=config.read_timeout_s,
+            connect_timeout_s=config.connect_timeout_s,
         )
         self.monitor = HealthMonitor(
             self._http,
@@ -112,9 +109,11 @@ class VllmClient:
             lengths: list[int] = []
             for s in [load for load in self.capacity() if load.healthy]:
                 try:
-                    r = await self._http.get(f"{s.url}/v1/models", timeout=5.0)
-                    cards = orjson.loads(r.content).get("data") or []
-                except (httpx.HTTPError, orjson.JSONDecodeError, AttributeError):
+                    async with self._http.session.get(
+                        f"{s.url}/v1/models", timeout=aiohttp.ClientTimeout(total=5.0)
+                    ) as r:
+                        cards = orjson.loads(await r.read()).get("data") or []
+                except (*HTTP_ERRORS, orjson.JSONDecodeError, AttributeError):
                     return None
                 lengths += [
                     c["max_model_len"]

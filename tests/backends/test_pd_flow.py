@@ -1,86 +1,125 @@
 """The P/D flow's rules without vLLM: what each hop is sent, retries, fallbacks, failures.
 
-The servers here are httpx mock transports that record what they receive and answer like
-vLLM (or fail like a dead one): these tests pin the decisions (which hop, which body, when to
-retry). That the hops really move KV and give a monolithic server's answer is proven against
-real vLLM in ``test_pd_gateway.py``.
+The servers here are local HTTP servers (``tests.support.fake_upstream``) that record what
+they receive and answer like vLLM, or are down (connections refused) like a dead one: these
+tests pin the decisions (which hop, which body, when to retry). That the hops really move KV
+and give a monolithic server's answer is proven against real vLLM in ``test_pd_gateway.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from typing import Any
 
-import httpx
 import orjson
 import pytest
+from aiohttp import web
 
 from backends.config import VllmBackend, VllmServer
 from backends.protocol import BackendError, RequestContext
 from backends.salt import CacheSalter
 from backends.vllm import VllmClient
+from tests.support.fake_upstream import FakeServer, sse
 
-PREFILL, DECODE_1, DECODE_2 = "http://p:1", "http://d:1", "http://d:2"
+PREFILL, DECODE_1, DECODE_2 = "prefill", "decode-1", "decode-2"
+"""The fake servers' names (each listens on its own port: ``Upstream.url``)."""
 PARAMS = {"do_remote_prefill": True, "remote_block_ids": [1, 2], "remote_engine_id": "e"}
 LONG = "The cat reads a book near the window. " * 40
 CHAT = "/v1/chat/completions"
 
 
-@dataclass
+Behaviour = Callable[[web.Request, dict[str, Any]], Awaitable[web.StreamResponse]]
+"""How a fake server answers a request, given the request and its JSON body."""
+
+
 class Upstream:
-    """Fake servers by base URL: each answers with ``behaviour[url](request)``."""
+    """Fake vLLM servers by name: each answers with ``behaviour[name](request, body)``."""
 
-    behaviour: dict[str, Callable[[httpx.Request], httpx.Response]]
-    seen: list[tuple[str, dict[str, Any], str]] = field(default_factory=list)
-    down: set[str] = field(default_factory=set)
-    """Servers that refuse every connection, health checks included."""
+    def __init__(self, behaviour: dict[str, Behaviour]) -> None:
+        self.behaviour = dict(behaviour)
+        self.seen: list[tuple[str, dict[str, Any], str]] = []
+        self.servers = {name: FakeServer(self._handler(name)) for name in behaviour}
 
-    async def __call__(self, request: httpx.Request) -> httpx.Response:
-        base = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
-        if base in self.down:
-            raise httpx.ConnectError("connection refused", request=request)
-        if request.url.path == "/health":
-            return httpx.Response(200)
-        body = orjson.loads(request.content)
-        self.seen.append((base, body, request.headers.get("x-request-id", "")))
-        return self.behaviour[base](request)
+    def _handler(self, name: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            if request.path == "/health":
+                return web.Response(status=200)
+            body = orjson.loads(await request.read())
+            self.seen.append((name, body, request.headers.get("x-request-id", "")))
+            return await self.behaviour[name](request, body)
 
-    def bodies(self, base: str) -> list[dict[str, Any]]:
-        return [body for url, body, _ in self.seen if url == base]
+        return handle
+
+    def url(self, name: str) -> str:
+        return self.servers[name].url
+
+    def name(self, url: str) -> str:
+        return next(n for n, s in self.servers.items() if s.url == url)
+
+    async def set_down(self, name: str, down: bool = True) -> None:
+        """A server that is down refuses every connection, health checks included."""
+        server = self.servers[name]
+        await (server.stop() if down else server.start())
+
+    def bodies(self, name: str) -> list[dict[str, Any]]:
+        return [body for n, body, _ in self.seen if n == name]
 
 
-async def events(*chunks: bytes) -> AsyncIterator[bytes]:
-    for chunk in chunks:
-        yield chunk
+@pytest.fixture
+async def upstream() -> AsyncIterator[Callable[..., Awaitable[Upstream]]]:
+    """Starts fake servers (all up but those named in ``down``); stops them after the test."""
+    made: list[Upstream] = []
+
+    async def make(behaviour: dict[str, Behaviour], down: Collection[str] = ()) -> Upstream:
+        up = Upstream(behaviour)
+        made.append(up)
+        for name, server in up.servers.items():
+            if name not in down:
+                await server.start()
+        return up
+
+    yield make
+    for up in made:
+        for server in up.servers.values():
+            await server.stop()
 
 
-def prefill_ok(request: httpx.Request) -> httpx.Response:
-    return httpx.Response(200, json={"choices": [], "kv_transfer_params": PARAMS})
+def json_answer(status: int, payload: Any) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(payload), content_type="application/json")
 
 
-def decode_ok(request: httpx.Request) -> httpx.Response:
-    body = orjson.loads(request.content)
+async def prefill_ok(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+    return json_answer(200, {"choices": [], "kv_transfer_params": PARAMS})
+
+
+async def decode_ok(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
     if body.get("stream"):
-        content = events(b'data: {"choices":[{"delta":{"content":"Hi"}}]}\n\n', b"data: [DONE]\n\n")
-        return httpx.Response(200, content=content, headers={"content-type": "text/event-stream"})
-    return httpx.Response(200, json={"choices": [{"message": {"content": "Hi"}}]})
+        hi = b'data: {"choices":[{"delta":{"content":"Hi"}}]}\n\n'
+        return await sse(request, hi, b"data: [DONE]\n\n")
+    return json_answer(200, {"choices": [{"message": {"content": "Hi"}}]})
 
 
-def refused(request: httpx.Request) -> httpx.Response:
-    raise httpx.ConnectError("connection refused", request=request)
+def answering(status: int, payload: Any) -> Behaviour:
+    async def answer(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        return json_answer(status, payload)
+
+    return answer
 
 
 def client(
     upstream: Upstream, decode: tuple[str, ...] = (DECODE_1,), **settings: Any
 ) -> VllmClient:
-    servers = [VllmServer(url=PREFILL, role="prefill")]
-    servers += [VllmServer(url=u, role="decode") for u in decode]
+    servers = [VllmServer(url=upstream.url(PREFILL), role="prefill")]
+    servers += [VllmServer(url=upstream.url(name), role="decode") for name in decode]
     settings = {"health_interval_s": 3600, **settings}  # the tests drive ejection themselves
     config = VllmBackend(
         name="t", served_model="m", servers=servers, prefill_threshold_tokens=64, **settings
     )
-    return VllmClient(config, CacheSalter(b"k"), transport=httpx.MockTransport(upstream))
+    return VllmClient(config, CacheSalter(b"k"))
+
+
+Make = Callable[..., Awaitable[Upstream]]
 
 
 def ctx(**fields: Any) -> RequestContext:
@@ -91,8 +130,10 @@ def chat(content: str = LONG, **extra: Any) -> dict[str, Any]:
     return {"model": "m", "messages": [{"role": "user", "content": content}], **extra}
 
 
-async def test_prefill_then_decode_with_the_prefill_kv_params_and_one_request_id() -> None:
-    up = Upstream({PREFILL: prefill_ok, DECODE_1: decode_ok})
+async def test_prefill_then_decode_with_the_prefill_kv_params_and_one_request_id(
+    upstream: Make,
+) -> None:
+    up = await upstream({PREFILL: prefill_ok, DECODE_1: decode_ok})
     c = client(up)
     body = chat(
         stream=True,
@@ -129,8 +170,8 @@ async def test_prefill_then_decode_with_the_prefill_kv_params_and_one_request_id
     await c.aclose()
 
 
-async def test_short_prompts_and_parallel_sampling_go_to_decode_alone() -> None:
-    up = Upstream({PREFILL: prefill_ok, DECODE_1: decode_ok})
+async def test_short_prompts_and_parallel_sampling_go_to_decode_alone(upstream: Make) -> None:
+    up = await upstream({PREFILL: prefill_ok, DECODE_1: decode_ok})
     c = client(up)
     assert (await c.post(CHAT, chat("Hello there"), ctx())).status == 200
     assert (await c.post(CHAT, chat(n=2), ctx())).status == 200
@@ -140,20 +181,21 @@ async def test_short_prompts_and_parallel_sampling_go_to_decode_alone() -> None:
     await c.aclose()
 
 
-async def test_prefill_down_means_decode_alone_and_the_server_is_ejected() -> None:
-    up = Upstream({PREFILL: refused, DECODE_1: decode_ok})
+async def test_prefill_down_means_decode_alone_and_the_server_is_ejected(upstream: Make) -> None:
+    up = await upstream({PREFILL: prefill_ok, DECODE_1: decode_ok}, down={PREFILL})
     c = client(up)
     assert (await c.post(CHAT, chat(), ctx())).status == 200
     assert "kv_transfer_params" not in up.bodies(DECODE_1)[0]
     assert c.prefill_pool is not None and not c.prefill_pool.servers[0].healthy
     assert (await c.post(CHAT, chat(), ctx())).status == 200  # no second try on it
-    assert len(up.bodies(PREFILL)) == 1
+    dead = c.prefill_pool.servers[0]
+    assert dead.requests == 1 and dead.errors["unreachable"] == 1  # tried once, refused
     assert c.stats.prefill_skipped == {"prefill_down": 2}
     await c.aclose()
 
 
-async def test_a_prefill_error_answer_leaves_the_answer_to_decode() -> None:
-    up = Upstream({PREFILL: lambda r: httpx.Response(400, json={}), DECODE_1: decode_ok})
+async def test_a_prefill_error_answer_leaves_the_answer_to_decode(upstream: Make) -> None:
+    up = await upstream({PREFILL: answering(400, {}), DECODE_1: decode_ok})
     c = client(up)
     assert (await c.post(CHAT, chat(), ctx())).status == 200
     assert c.stats.prefill_skipped == {"prefill_rejected": 1}
@@ -162,14 +204,13 @@ async def test_a_prefill_error_answer_leaves_the_answer_to_decode() -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_an_unreachable_decode_server_is_replaced_with_the_same_kv_params(
-    stream: bool,
+    stream: bool, upstream: Make
 ) -> None:
-    up = Upstream({PREFILL: prefill_ok, DECODE_1: refused, DECODE_2: decode_ok})
+    up = await upstream({PREFILL: prefill_ok, DECODE_1: decode_ok, DECODE_2: decode_ok})
     c = client(up, decode=(DECODE_1, DECODE_2))
-    order = [s.url for s in c.router.placement.rank(c.decode_pool.servers, _key(c))]
-    if order[0] != DECODE_1:  # make the dead server the first choice
-        up.behaviour[DECODE_1], up.behaviour[DECODE_2] = decode_ok, refused
+    order = [up.name(s.url) for s in c.router.placement.rank(c.decode_pool.servers, _key(c))]
     first, second = order
+    await up.set_down(first)  # the dead server is the first choice
     request = chat(stream=stream)
     if stream:
         answer = await c.open_stream(CHAT, request, ctx(session_affinity="s"))
@@ -177,8 +218,8 @@ async def test_an_unreachable_decode_server_is_replaced_with_the_same_kv_params(
     else:
         assert (await c.post(CHAT, request, ctx(session_affinity="s"))).status == 200
     assert up.bodies(second)[0]["kv_transfer_params"] == PARAMS
-    assert len(up.bodies(first)) == 1
-    dead = next(s for s in c.decode_pool.servers if s.url == first)
+    dead = next(s for s in c.decode_pool.servers if s.url == up.url(first))
+    assert up.bodies(first) == [] and dead.requests == 1  # tried once, refused
     assert not dead.healthy and dead.errors["unreachable"] == 1
     assert c.stats.hops["decode_retry"] == 1
     await c.aclose()
@@ -190,20 +231,20 @@ def _key(c: VllmClient) -> Any:
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_a_decode_error_before_the_first_byte_is_retried_without_kv_params(
-    stream: bool,
+    stream: bool, upstream: Make
 ) -> None:
     calls = []
 
-    def kv_pull_fails_once(request: httpx.Request) -> httpx.Response:
+    async def kv_pull_fails_once(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         calls.append(1)
         if len(calls) == 1:
             if stream:
                 error = b'data: {"error":{"message":"Internal server error","code":500}}\n\n'
-                return httpx.Response(200, content=events(error, b"data: [DONE]\n\n"))
-            return httpx.Response(500, json={"error": {"code": 500}})
-        return decode_ok(request)
+                return await sse(request, error, b"data: [DONE]\n\n")
+            return json_answer(500, {"error": {"code": 500}})
+        return await decode_ok(request, body)
 
-    up = Upstream({PREFILL: prefill_ok, DECODE_1: kv_pull_fails_once})
+    up = await upstream({PREFILL: prefill_ok, DECODE_1: kv_pull_fails_once})
     c = client(up)
     request = chat(stream=stream)
     if stream:
@@ -218,10 +259,8 @@ async def test_a_decode_error_before_the_first_byte_is_retried_without_kv_params
     await c.aclose()
 
 
-async def test_a_client_error_is_relayed_not_retried() -> None:
-    up = Upstream(
-        {PREFILL: prefill_ok, DECODE_1: lambda r: httpx.Response(400, json={"error": "bad"})}
-    )
+async def test_a_client_error_is_relayed_not_retried(upstream: Make) -> None:
+    up = await upstream({PREFILL: prefill_ok, DECODE_1: answering(400, {"error": "bad"})})
     c = client(up)
     answer = await c.open_stream(CHAT, chat("hi", stream=True), ctx())
     assert answer.status == 400
@@ -231,26 +270,36 @@ async def test_a_client_error_is_relayed_not_retried() -> None:
     await c.aclose()
 
 
-async def test_a_stream_broken_after_the_first_bytes_raises_and_frees_the_slot() -> None:
-    async def cut() -> AsyncIterator[bytes]:
-        yield b'data: {"choices":[{"delta":{"content":"Hi"}}]}\n\n'
-        raise httpx.ReadError("connection reset")
+async def test_a_stream_broken_after_the_first_bytes_raises_and_frees_the_slot(
+    upstream: Make,
+) -> None:
+    received_first = asyncio.Event()
 
-    up = Upstream({PREFILL: prefill_ok, DECODE_1: lambda r: httpx.Response(200, content=cut())})
+    async def cut(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"choices":[{"delta":{"content":"Hi"}}]}\n\n')
+        await received_first.wait()
+        assert request.transport is not None
+        request.transport.close()  # the server dies mid-answer: the chunked body is cut short
+        return response
+
+    up = await upstream({PREFILL: prefill_ok, DECODE_1: cut})
     c = client(up)
     answer = await c.open_stream(CHAT, chat(stream=True), ctx())
     received = []
     with pytest.raises(BackendError) as broken:
         async for chunk in answer.chunks():
             received.append(chunk)
+            received_first.set()
     assert len(received) == 1 and broken.value.kind == "unreachable"
     assert c.inflight() == 0
     assert not c.decode_pool.servers[0].healthy  # ejected until a health check passes
     await c.aclose()
 
 
-async def test_every_decode_server_down_is_unavailable_then_readmitted() -> None:
-    up = Upstream({PREFILL: prefill_ok, DECODE_1: decode_ok}, down={DECODE_1})
+async def test_every_decode_server_down_is_unavailable_then_readmitted(upstream: Make) -> None:
+    up = await upstream({PREFILL: prefill_ok, DECODE_1: decode_ok}, down={DECODE_1})
     c = client(up, health_interval_s=7)
     with pytest.raises(BackendError) as first:
         await c.post(CHAT, chat(), ctx())
@@ -259,7 +308,7 @@ async def test_every_decode_server_down_is_unavailable_then_readmitted() -> None
         await c.post(CHAT, chat(), ctx())
     assert then.value.kind == "unavailable" and then.value.retry_after_s == 7
     assert not await c.ready()
-    up.down.clear()  # the server is back: the next health check re-admits it
+    await up.set_down(DECODE_1, False)  # the server is back: the next health check re-admits it
     assert await c.ready()
     assert (await c.post(CHAT, chat(), ctx())).status == 200
     await c.aclose()

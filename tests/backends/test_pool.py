@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import pytest
+from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -20,12 +20,21 @@ from backends.pool import (
     parse_upstream_metrics,
 )
 from backends.protocol import BackendError
+from backends.upstream import HttpSession
+from tests.support.fake_upstream import FakeServer
 
 
-def make_pool(limits: list[int], *, max_queue: int = 2, timeout_s: float = 5.0) -> Pool:
+def make_pool(
+    limits: list[int],
+    *,
+    max_queue: int = 2,
+    timeout_s: float = 5.0,
+    urls: list[str] | None = None,
+) -> Pool:
+    urls = urls or [f"http://127.0.0.1:{9000 + i}" for i in range(len(limits))]
     states = [
-        ServerState(VllmServer(url=f"http://127.0.0.1:{9000 + i}", role="decode"), limit=n)
-        for i, n in enumerate(limits)
+        ServerState(VllmServer(url=url, role="decode"), limit=n)
+        for url, n in zip(urls, limits, strict=True)
     ]
     return Pool(
         "b",
@@ -218,21 +227,25 @@ def test_collector_exposes_servers_hops_and_scraped_vllm_counters() -> None:
 
 
 async def test_health_checks_eject_after_three_silent_failures_and_readmit() -> None:
-    pool = make_pool([4, 4])
+    slow = {"a": False}
+
+    async def health_a(request: web.Request) -> web.StreamResponse:
+        if slow["a"]:
+            await asyncio.Event().wait()  # never answers: the check times out
+        return web.Response(status=200)
+
+    async def health_b(request: web.Request) -> web.StreamResponse:
+        return web.Response(status=200)
+
+    server_a, server_b = FakeServer(health_a), FakeServer(health_b)
+    await server_a.start()
+    await server_b.start()
+    pool = make_pool([4, 4], urls=[server_a.url, server_b.url])
     a, b = pool.servers
-    status = {a.url: 200, b.url: 200}
-
-    def health(request: httpx.Request) -> httpx.Response:
-        code = status[f"http://{request.url.host}:{request.url.port}"]
-        if code == 0:
-            raise httpx.ReadTimeout("slow", request=request)
-        if code == -1:
-            raise httpx.ConnectError("refused", request=request)
-        return httpx.Response(code)
-
-    async with httpx.AsyncClient(transport=httpx.MockTransport(health)) as http:
-        monitor = HealthMonitor(http, [pool], interval_s=60, timeout_s=1, scrape_metrics=False)
-        status[a.url] = 0  # answers /health too late: busy, or stuck
+    http = HttpSession(max_connections=8, read_timeout_s=60, connect_timeout_s=5)
+    try:
+        monitor = HealthMonitor(http, [pool], interval_s=60, timeout_s=0.2, scrape_metrics=False)
+        slow["a"] = True  # answers /health too late: busy, or stuck
         for _ in range(2):
             await monitor.check_all()
         pool.answered(a)  # ...but it just relayed an answer: busy, not dead
@@ -241,9 +254,14 @@ async def test_health_checks_eject_after_three_silent_failures_and_readmit() -> 
         assert a.healthy
         await monitor.check_all()
         assert not a.healthy  # three checks in a row, no answer in between
-        status[b.url] = -1
+        await server_b.stop()  # nothing listens any more: connections are refused
         await monitor.check_all()
         assert not b.healthy and b.ejections == 1  # a refused connection ejects at once
-        status[a.url] = status[b.url] = 200
+        slow["a"] = False
+        await server_b.start()
         await monitor.check_all()
         assert a.healthy and b.healthy and a.health_failures == 0
+    finally:
+        await http.aclose()
+        await server_a.stop()
+        await server_b.stop()

@@ -1,0 +1,182 @@
+"""Gateway CPU per request, without a model: the gateway in front of a fake vLLM.
+
+The fake (an aiohttp server in its own process) answers chat completions like vLLM does, at
+once: a JSON answer, or 16 content events, a usage event and ``[DONE]``, one HTTP chunk each
+(1 ms apart). With no model competing for the cores, the gateway's CPU time per request
+(user + system, read with psutil) is a steadier figure than latency on a shared machine;
+it is what the gateway adds to every request. Cells: non-stream and stream, 1 and 8
+concurrent; the answer cache is on (every request a miss) unless ``--no-cache``.
+
+    .venv/bin/python bench/gateway_cpu.py [--requests 200] [--no-cache]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import orjson
+import psutil
+from aiohttp import web
+
+sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.overhead import GATEWAY_MODEL_ID, GatewayProcess, chat_body, gateway_toml
+from tests.support.vllm import free_port
+
+SERVED = "fake-llama"
+TOKENS = 16
+_EVENT = orjson.dumps(
+    {
+        "id": "chatcmpl-x",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": SERVED,
+        "choices": [{"index": 0, "delta": {"content": " word"}, "finish_reason": None}],
+    }
+)
+_USAGE = {"prompt_tokens": 40, "completion_tokens": TOKENS, "total_tokens": 40 + TOKENS}
+_LAST = orjson.dumps(
+    {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1, "model": SERVED}
+    | {"choices": [], "usage": _USAGE}
+)
+_ANSWER = orjson.dumps(
+    {
+        "id": "chatcmpl-x",
+        "object": "chat.completion",
+        "created": 1,
+        "model": SERVED,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": " word" * TOKENS},
+                "finish_reason": "length",
+            }
+        ],
+        "usage": _USAGE,
+    }
+)
+
+
+def serve_fake(port: int) -> None:
+    """Run the fake vLLM on ``port`` until killed."""
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        if not body.get("stream"):
+            await asyncio.sleep(0.001 * TOKENS)
+            return web.Response(body=_ANSWER, content_type="application/json")
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        for _ in range(TOKENS):
+            await response.write(b"data: " + _EVENT + b"\n\n")
+            await asyncio.sleep(0.001)
+        await response.write(b"data: " + _LAST + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    async def empty(request: web.Request) -> web.StreamResponse:
+        return web.Response(text="")
+
+    async def models(request: web.Request) -> web.StreamResponse:
+        card = {"id": SERVED, "object": "model", "max_model_len": 2048}
+        payload = {"object": "list", "data": [card]}
+        return web.Response(body=orjson.dumps(payload), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/health", empty)
+    app.router.add_get("/metrics", empty)
+    app.router.add_get("/v1/models", models)
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+async def measure(args: argparse.Namespace, fake_port: int) -> None:
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="semcache-gwcpu-") as tmp_name:
+        tmp = Path(tmp_name)
+        config = tmp / "gateway.toml"
+        config.write_text(
+            gateway_toml(
+                data_dir=tmp,
+                port=port,
+                vllm_url=f"http://127.0.0.1:{fake_port}",
+                served=SERVED,
+                model=None,
+                cache=not args.no_cache,
+            )
+        )
+        gateway = GatewayProcess(config, port, tmp / "gateway.log")
+        gateway.start()
+        try:
+            await gateway.wait_ready()
+            assert gateway.pid is not None
+            await run_cells(gateway.url, psutil.Process(gateway.pid), args.requests)
+        finally:
+            await gateway.stop()
+
+
+async def run_cells(base: str, server: psutil.Process, requests: int) -> None:
+    uids = iter(range(10**9))
+    headers = {"content-type": "application/json"}
+    limits = httpx.Limits(max_connections=16, max_keepalive_connections=16)
+    async with httpx.AsyncClient(timeout=60.0, limits=limits) as client:
+
+        async def one(stream: bool) -> None:
+            body = chat_body(GATEWAY_MODEL_ID, next(uids), TOKENS, stream)
+            url = f"{base}/v1/chat/completions"
+            async with client.stream("POST", url, content=body, headers=headers) as r:
+                await r.aread()
+                if r.status_code != 200:
+                    raise RuntimeError(f"gateway answered {r.status_code}: {r.text[:200]}")
+
+        print(f"gateway CPU per request (fake vLLM, {requests} requests per cell)")
+        for stream in (False, True):
+            for concurrency in (1, 8):
+                for _ in range(10):  # warm-up
+                    await one(stream)
+                cpu = sum(server.cpu_times()[:2])
+                started = time.perf_counter()
+                for _ in range(requests // concurrency):
+                    await asyncio.gather(*(one(stream) for _ in range(concurrency)))
+                n = requests // concurrency * concurrency
+                per_request = 1e3 * (sum(server.cpu_times()[:2]) - cpu) / n
+                wall = 1e3 * (time.perf_counter() - started) / n
+                label = f"{'stream' if stream else 'non-stream'} c={concurrency}"
+                print(
+                    f"  {label:16s} {per_request:6.2f} ms CPU/req  ({wall:.1f} ms wall/req, "
+                    f"load {os.getloadavg()[0]:.1f})",
+                    flush=True,
+                )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument("--requests", type=int, default=200, help="requests per cell")
+    ap.add_argument("--no-cache", action="store_true", help="gateway answer cache off")
+    ap.add_argument("--serve-fake", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.serve_fake:
+        serve_fake(args.serve_fake)
+        return 0
+    fake_port = free_port()
+    fake = subprocess.Popen([sys.executable, __file__, "--serve-fake", str(fake_port)])
+    try:
+        asyncio.run(measure(args, fake_port))
+    finally:
+        fake.terminate()
+        fake.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
