@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -90,22 +91,28 @@ async def test_backend_killed_mid_stream_ends_cleanly(data_dir: Path) -> None:
     ).start()
     try:
         client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="t", max_retries=0, timeout=60)
+        # warm: a fresh server's first answer can lag behind its own generation
+        await client.chat.completions.create(model="tiny-chat", messages=MESSAGES, max_tokens=4)
+        # 4 choices (sampled, so never cached) keep vLLM writing for seconds: on a quiet
+        # machine the tiny model writes one 1500-token answer in under 2 s
         stream = await client.chat.completions.create(
             model="tiny-chat",
-            messages=MESSAGES,
+            messages=[{"role": "user", "content": f"Write a long story {uuid.uuid4().hex}."}],
             max_tokens=1500,
-            temperature=0,
+            n=4,
+            temperature=1.0,
             stream=True,
             extra_body={"ignore_eos": True},
         )
-        received = 0
+        # the answer has begun (200, headers and the first event sent): kill vLLM now
+        assert stream.response.status_code == 200
         started = time.monotonic()
+        process.kill()
+        received = 0
         with pytest.raises(openai.APIError) as err:
             async for _chunk in stream:
                 received += 1
-                if received == 3:
-                    process.kill()
-        assert received >= 3
+        assert 1 <= received < 4 * 1500  # cut short, with an error event at the end
         assert time.monotonic() - started < 30  # no hang
         assert "backend" in str(err.value.message).lower()
         # afterwards: a clean 502 with Retry-After, in OpenAI's shape

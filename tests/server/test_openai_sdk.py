@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import time
+import uuid
 from typing import Any
 
 import httpx
@@ -176,7 +177,8 @@ def test_client_disconnect_cancels_backend_request(
 
     body = {
         "model": "tiny-chat",
-        "messages": MESSAGES,
+        # a prompt of its own: a cached answer (temperature 0) would never reach vLLM
+        "messages": [{"role": "user", "content": f"Tell me a long story {uuid.uuid4().hex}."}],
         "max_tokens": 1500,
         "temperature": 0,
         "ignore_eos": True,
