@@ -164,21 +164,25 @@ class ItemCache:
             return 0
         if not creq.cacheable or creq.control.no_store:
             return 0
-        refs: list[str] = []
-        kept: list[int] = []
-        ttl = 0
-        for n, (text, payload, count) in enumerate(zip(texts, payloads, tokens, strict=True)):
-            item = await self._item_request(creq, text)
+        items = [await self._item_request(creq, text) for text in texts]
+
+        async def put(item: CacheRequest, payload: bytes, count: int) -> bool:
             answer = CachedAnswer(
                 body=payload,
                 content_type=ITEM_CONTENT_TYPE,
                 usage=Usage(prompt_tokens=count),
                 model_id=creq.key.model_id,
             )
-            if await self.exact.store(item, answer):
-                refs.append(item.key.digest)
-                kept.append(n)
-                ttl = _ttl(item.control, item.rule.ttl_s, item.rule.max_ttl_s)
+            # Written through: the answer is on disk before the durable semantic record
+            # that points to it, so a crash never leaves a record without its answer.
+            return await self.exact.store(item, answer, write_through=True)
+
+        stored = await asyncio.gather(
+            *(put(i, p, c) for i, p, c in zip(items, payloads, tokens, strict=True))
+        )
+        kept = [n for n, ok in enumerate(stored) if ok]
+        refs = [items[n].key.digest for n in kept]
+        ttl = _ttl(items[0].control, items[0].rule.ttl_s, items[0].rule.max_ttl_s) if kept else 0
         if not kept:
             return 0
         rows = [indices[n] for n in kept]
