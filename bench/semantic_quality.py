@@ -17,7 +17,9 @@ Uses the same code as ``semcache calibrate``; embeddings are cached under .data/
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import os
 import time
 
 import numpy as np
@@ -167,12 +169,20 @@ def verifier_cost(verifier: PairVerifier, candidates: int = 4, rounds: int = 200
 
 
 async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (1 on a busy shared machine)"
+    )
+    args = parser.parse_args()
     started = time.time()
-    encoder = load_encoder()
+    encoder = load_encoder(threads=args.threads)
     verifier = load_verifier()
     parts = split_pairs(load_pairs(QQP_PAIRS))
     paraphrases = load_pairs(PARAPHRASE_PAIRS)
-    print(f"encoder {encoder.version}, verifier {verifier.version}")
+    print(
+        f"encoder {encoder.version}, verifier {verifier.version}; {os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
     try:
         await chat_section(encoder, verifier, parts)
         await classification_section(encoder, parts, paraphrases)
@@ -180,7 +190,7 @@ async def main() -> None:
         verifier_cost(verifier)
     finally:
         await encoder.aclose()
-    print(f"\n({time.time() - started:.0f} s)")
+    print(f"\n({time.time() - started:.0f} s; load average {os.getloadavg()[0]:.1f} at the end)")
 
 
 if __name__ == "__main__":
