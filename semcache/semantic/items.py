@@ -17,6 +17,7 @@ never leaves it.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 
 import msgspec
@@ -62,6 +63,16 @@ class ItemLookup(msgspec.Struct, kw_only=True):
     def min_similarity(self) -> float | None:
         values = [hit.similarity for hit in self.hits if hit is not None]
         return min(values) if values else None
+
+
+def label_margin(probs: Sequence[float]) -> float:
+    """Log-odds margin of the top label over the next one (inf with a single label)."""
+    if len(probs) < 2:
+        return math.inf
+    top, second = sorted(probs, reverse=True)[:2]
+    if second <= 0.0:
+        return math.inf
+    return math.log(max(top, 1e-300) / second)
 
 
 def partition_of(semantic: SemanticCache, key: CacheKey, task: str) -> PartitionKey:

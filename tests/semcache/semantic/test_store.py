@@ -1,7 +1,9 @@
-"""Crash safety of the semantic index: durable records, reconciled with the snapshot."""
+"""Crash safety of the semantic index (durable records, reconciled with the snapshot), and
+the label margin that guards classification hits."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 from semcache.semantic.cache import SemanticCache
 from semcache.semantic.encoder import Encoder
 from semcache.semantic.index import IndexSettings, SemanticIndex
+from semcache.semantic.items import label_margin
 from semcache.semantic.records import PartitionKey
 from semcache.semantic.settings import SemanticRule
 from semcache.semantic.store import RecordStore
@@ -161,3 +164,10 @@ async def test_records_of_another_matcher_are_dropped(
     assert two.cache.index.keys() == []
     assert len(two.store) == 0
     two.crash()
+
+
+def test_label_margin_is_the_log_odds_of_the_top_two_labels() -> None:
+    assert label_margin([0.5, 0.5]) == 0.0
+    assert label_margin([0.2, 0.8]) == pytest.approx(math.log(4.0))
+    assert label_margin([0.7, 0.2, 0.1]) == pytest.approx(math.log(3.5))
+    assert label_margin([1.0]) == math.inf and label_margin([1.0, 0.0]) == math.inf
