@@ -32,7 +32,13 @@ from semcache.semantic.index import (
     PartitionIndex,
     configure_faiss_threads,
 )
-from semcache.semantic.pairs import QQP_PAIRS, embed_texts, load_pairs, unique_texts
+from semcache.semantic.pairs import (
+    QQP_PAIRS,
+    embed_texts,
+    load_pairs,
+    split_pairs,
+    unique_texts,
+)
 from semcache.semantic.records import PartitionKey
 
 KEY = PartitionKey(scope="bench", model_revision="r", task="embeddings", template="t")
@@ -166,12 +172,21 @@ async def main() -> None:
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--ef-search", default="32,64,128,256")
     parser.add_argument("--skip-batching", action="store_true")
+    parser.add_argument(
+        "--corpus",
+        choices=["all", "test", "val"],
+        default="all",
+        help="QQP texts to index: all (~73k, encoded once) or one split's texts (~15k, "
+        "already encoded by bench.semantic_quality); past its size, noisy copies",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch threads")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     ef_values = [int(s) for s in args.ef_search.split(",")]
 
-    encoder = load_encoder()
-    texts = unique_texts(load_pairs(QQP_PAIRS))
+    encoder = load_encoder(threads=args.threads)
+    pairs = load_pairs(QQP_PAIRS)
+    texts = unique_texts(pairs if args.corpus == "all" else split_pairs(pairs)[args.corpus])
     embedded = embed_texts(encoder, texts)
     order = list(range(len(texts)))
     random.Random(0).shuffle(order)
@@ -180,7 +195,8 @@ async def main() -> None:
     base = embedded.vectors[index_rows]
     base_texts = [texts[i] for i in index_rows]
     print(
-        f"encoder {encoder.version}; {len(base):,} real QQP vectors; {len(queries)} held-out "
+        f"encoder {encoder.version}; {len(base):,} real QQP vectors ({args.corpus}); "
+        f"{len(queries)} held-out "
         f"query texts encoded one at a time; {os.cpu_count()} cores, load average "
         f"{os.getloadavg()[0]:.1f}"
     )
@@ -215,6 +231,7 @@ async def main() -> None:
         )
         del flat, hnsw, vectors
         gc.collect()
+    print(f"(load average {os.getloadavg()[0]:.1f} at the end)")
     await encoder.aclose()
 
 

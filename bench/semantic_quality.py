@@ -17,12 +17,14 @@ Uses the same code as ``semcache calibrate``; embeddings are cached under .data/
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import os
 import time
 
 import numpy as np
 
-from backends.classifier import load_classifier
+from backends.classifier import TextClassifier, load_classifier
 from semcache.calibrate import (
     FIDELITY,
     PairScores,
@@ -31,14 +33,17 @@ from semcache.calibrate import (
     score_pairs,
 )
 from semcache.semantic.encoder import Encoder, load_encoder
+from semcache.semantic.items import label_margin
 from semcache.semantic.pairs import (
     EMBEDDING_CACHE_DIR,
     PARAPHRASE_PAIRS,
     QQP_PAIRS,
     Pair,
     Split,
+    embed_texts,
     load_pairs,
     split_pairs,
+    unique_texts,
 )
 from semcache.semantic.verifier import PairVerifier, load_verifier, pair_features
 
@@ -111,6 +116,47 @@ async def classification_section(
                 f"{name + mark:<28}{threshold:>10.2f}{p.precision:>11.3f}"
                 f"{p.hit_rate:>10.3f}{p.hits:>7}"
             )
+    # The policy's min_label_margin: serve only cached labels clear of the boundary.
+    rule = (await scores_of(parts["val"]), margins_of(classifier, parts["val"], encoder))
+    print(
+        "\nwith min_label_margin (the cached text's top-label log-odds margin), the smallest"
+        " margin reaching agreement >= 0.99 on the validation split:"
+    )
+    print(
+        f"{'pairs':<28}{'threshold':>10}{'margin':>8}{'agreement':>11}{'hit rate':>10}{'hits':>7}"
+    )
+    for threshold in (0.85, 0.90, 0.95):
+        margin = smallest_margin(rule[0], rule[1], threshold)
+        if margin is None:
+            print(f"{'(none on val)':<28}{threshold:>10.2f}")
+            continue
+        for name, pairs in (("QQP test", parts["test"]), ("paraphrase", paraphrases)):
+            scores = await scores_of(pairs)
+            hits = (np.asarray(scores.cosine) >= threshold) & (
+                margins_of(classifier, pairs, encoder) >= margin
+            )
+            p = point(hits, np.asarray(scores.correct, dtype=bool), threshold)
+            print(
+                f"{name:<28}{threshold:>10.2f}{margin:>8.2f}{p.precision:>11.3f}"
+                f"{p.hit_rate:>10.3f}{p.hits:>7}"
+            )
+
+
+def margins_of(classifier: TextClassifier, pairs: list[Pair], encoder: Encoder) -> np.ndarray:
+    """The label margin of each pair's cached text (text_a), as the gateway computes it."""
+    embedded = embed_texts(encoder, unique_texts(pairs), cache_dir=EMBEDDING_CACHE_DIR)
+    scores = classifier.classify_vectors(embedded.of([p.text_a for p in pairs]))
+    return np.asarray([label_margin([prob for _, prob in row]) for row in scores])
+
+
+def smallest_margin(scores: PairScores, margins: np.ndarray, threshold: float) -> float | None:
+    cos = np.asarray(scores.cosine)
+    correct = np.asarray(scores.correct, dtype=bool)
+    for margin in np.arange(0.0, 10.0, 0.05):
+        hits = (cos >= threshold) & (margins >= margin)
+        if hits.sum() >= 20 and correct[hits].mean() >= 0.99:
+            return float(round(margin, 2))
+    return None
 
 
 async def embeddings_section(
@@ -167,12 +213,20 @@ def verifier_cost(verifier: PairVerifier, candidates: int = 4, rounds: int = 200
 
 
 async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (1 on a busy shared machine)"
+    )
+    args = parser.parse_args()
     started = time.time()
-    encoder = load_encoder()
+    encoder = load_encoder(threads=args.threads)
     verifier = load_verifier()
     parts = split_pairs(load_pairs(QQP_PAIRS))
     paraphrases = load_pairs(PARAPHRASE_PAIRS)
-    print(f"encoder {encoder.version}, verifier {verifier.version}")
+    print(
+        f"encoder {encoder.version}, verifier {verifier.version}; {os.cpu_count()} cores, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
     try:
         await chat_section(encoder, verifier, parts)
         await classification_section(encoder, parts, paraphrases)
@@ -180,7 +234,7 @@ async def main() -> None:
         verifier_cost(verifier)
     finally:
         await encoder.aclose()
-    print(f"\n({time.time() - started:.0f} s)")
+    print(f"\n({time.time() - started:.0f} s; load average {os.getloadavg()[0]:.1f} at the end)")
 
 
 if __name__ == "__main__":

@@ -227,7 +227,7 @@ async def score_pairs(
     if verifier is not None:
         a_texts, b_texts = [p.text_a for p in pairs], [p.text_b for p in pairs]
         probs = verifier.probabilities_of_features(pair_features(u, v, a_texts, b_texts))
-    correct = await _correctness(pairs, task, embedded, classifier, embedder)
+    correct = await _correctness(pairs, task, embedded, classifier, embedder, encoder)
     return PairScores(
         cosine=cosine.tolist(),
         verifier=probs.tolist() if probs is not None else None,
@@ -241,6 +241,7 @@ async def _correctness(
     embedded: EmbeddedTexts,
     classifier: Classifier | None,
     embedder: Embedder | None,
+    encoder: Encoder | None = None,
 ) -> np.ndarray:
     if task == "chat":
         if any(p.label not in (0, 1) for p in pairs):
@@ -251,6 +252,12 @@ async def _correctness(
             raise ValueError("classification calibration needs a classifier")
         texts = embedded.texts
         labels: dict[str, str] = {}
+        classify_vectors = getattr(classifier, "classify_vectors", None)
+        if classify_vectors is not None and getattr(classifier, "encoder", None) is encoder:
+            # A head over the cache's own encoder: reuse the vectors instead of encoding again.
+            for text, scores in zip(texts, classify_vectors(embedded.vectors), strict=True):
+                labels[text] = scores[0][0]
+            return np.asarray([labels[p.text_a] == labels[p.text_b] for p in pairs], dtype=bool)
         for start in range(0, len(texts), 1024):
             chunk = texts[start : start + 1024]
             for text, scores in zip(chunk, await classifier.classify(chunk), strict=True):

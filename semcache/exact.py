@@ -264,9 +264,11 @@ class ExactCache:
         if self.metrics:
             self.metrics.bytes_stored.labels(store.tier).inc(len(blob))
 
-    async def _write(self, store: Store[bytes], key: str, blob: bytes, ttl_s: float) -> None:
+    async def _write(
+        self, store: Store[bytes], key: str, blob: bytes, ttl_s: float, *, through: bool = False
+    ) -> None:
         """Write through, or in the background for the disk tier when writing behind."""
-        if not (self._write_behind and store.tier == "disk") or self._closed:
+        if through or not (self._write_behind and store.tier == "disk") or self._closed:
             await self._set(store, key, blob, ttl_s)
             return
         task = asyncio.create_task(self._set(store, key, blob, ttl_s))
@@ -374,8 +376,14 @@ class ExactCache:
         ttl = req.control.ttl_s if req.control.ttl_s is not None else req.rule.ttl_s
         return max(0, min(ttl, req.rule.max_ttl_s))
 
-    async def store(self, req: CacheRequest, answer: CachedAnswer) -> bool:
-        """Store a complete answer if policy and request allow it; True when stored."""
+    async def store(
+        self, req: CacheRequest, answer: CachedAnswer, *, write_through: bool = False
+    ) -> bool:
+        """Store a complete answer if policy and request allow it; True when stored.
+
+        ``write_through``: return only once every tier holds it, even when the disk tier
+        writes behind (an answer a durable semantic record will point to).
+        """
         if not req.cacheable or req.control.no_store or answer.status != 200:
             return False
         ttl = self._effective_ttl(req)
@@ -396,7 +404,9 @@ class ExactCache:
             await self.memory.set(key.digest, entry, life)
         if self.lower:
             blob = encode_entry(entry, key.digest)
-            await asyncio.gather(*(self._write(s, key.digest, blob, life) for s in self.lower))
+            await asyncio.gather(
+                *(self._write(s, key.digest, blob, life, through=write_through) for s in self.lower)
+            )
         if self.metrics:
             self.metrics.stores.labels(key.model_id).inc()
             if self.memory is not None:

@@ -131,10 +131,23 @@ class RedisTier(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
         return bool(self.url)
 
 
+class SemanticTier(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Where the semantic index lives on disk: its durable records and its snapshots."""
+
+    dir: str = "cache/semantic"
+    """Relative paths are resolved against the gateway's data directory."""
+    max_bytes: PosInt = 2 * 1024 * 1024 * 1024
+    """Bound of the records directory (diskcache; the least recently stored go first)."""
+    snapshot_interval_s: NonNegFloat = 300.0
+    """Write the index snapshot this often when it changed (0: only at shutdown). Records
+    are durable at once; the snapshot only makes a restart faster."""
+
+
 class TierSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     memory: MemoryTier = msgspec.field(default_factory=MemoryTier)
     disk: DiskTier = msgspec.field(default_factory=DiskTier)
     redis: RedisTier = msgspec.field(default_factory=RedisTier)
+    semantic: SemanticTier = msgspec.field(default_factory=SemanticTier)
 
 
 class AdminSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

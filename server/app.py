@@ -51,6 +51,13 @@ def reload_on_sighup(policy: PolicyHolder) -> None:
         pass  # not the main thread (tests) or no signals on this platform
 
 
+def semantic_used(policy: PolicyHolder) -> bool:
+    """Whether any rule of the current policy turns the semantic cache on."""
+    current = policy.current
+    rules = [current.defaults, *current.route_rules.values(), *current.model_rules.values()]
+    return any(rule.semantic.enabled for rule in rules)
+
+
 def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> Litestar:
     """Build the gateway app for ``config``; backend clients are made here, models load at start."""
     registry = registry or registry_from_config(config)
@@ -58,10 +65,13 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
     policy = PolicyHolder(config.policy)  # invalid → PolicyError: the server refuses to start
     serving = OpenAIServing(registry, metrics, policy)
     # Built now, loaded on first use: the semantic cache and the classifiers' encoder.
+    tiers = policy.current.tiers
     serving.semantic = SemanticService(
-        snapshot_dir=config.data_path() / "cache" / "semantic" if config.cache else None,
-        redis_url=policy.current.tiers.redis.url if config.cache else None,
-        redis_prefix=policy.current.tiers.redis.prefix,
+        directory=config.data_path() / tiers.semantic.dir if config.cache else None,
+        redis_url=tiers.redis.url if config.cache else None,
+        redis_prefix=tiers.redis.prefix,
+        max_bytes=tiers.semantic.max_bytes,
+        snapshot_interval_s=tiers.semantic.snapshot_interval_s,
     )
 
     @asynccontextmanager
@@ -73,6 +83,9 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
                 policy.current.tiers, data_dir=config.data_path(), registry=metrics.registry
             )
         reload_on_sighup(policy)
+        if serving.semantic is not None and serving.semantic.redis_url and semantic_used(policy):
+            # Subscribe to the other gateways' entries now, not at the first request.
+            serving.semantic.warm()
         app.state.workers_ai = await open_workers_ai(config, serving, registry, metrics.registry)
         try:
             yield

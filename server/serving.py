@@ -31,7 +31,7 @@ from semcache.entry import CachedAnswer, StreamRecorder
 from semcache.exact import CacheRequest, CacheResult, CacheStatus, ExactCache
 from semcache.policy import PolicyHolder
 from semcache.semantic.chat import chat_partition, chat_query, with_query
-from semcache.semantic.items import ItemCache
+from semcache.semantic.items import ItemCache, label_margin
 from semcache.semantic.service import SemanticService
 from server.caching import CacheDirectives, result_headers, semantic_headers, status_headers
 from server.errors import ApiError
@@ -608,8 +608,20 @@ class OpenAIServing:
         def render(payloads: list[bytes], tokens: list[int]) -> bytes:
             return _classification_body(info.id, labels, payloads, tokens)
 
+        def margin(payload: bytes) -> float:
+            return label_margin(orjson.loads(payload))
+
         reply = await self._pooled(
-            "classification", info, body, ctx, cache, texts, compute, render, encoder.count_tokens
+            "classification",
+            info,
+            body,
+            ctx,
+            cache,
+            texts,
+            compute,
+            render,
+            encoder.count_tokens,
+            margin_of=margin,
         )
         self.metrics.latency.labels("classification", "false").observe(
             time.perf_counter() - started
@@ -627,11 +639,15 @@ class OpenAIServing:
         compute: Compute,
         render: Callable[[list[bytes], list[int]], bytes],
         count_tokens: Callable[[list[str]], list[int]],
+        *,
+        margin_of: Callable[[bytes], float] | None = None,
     ) -> Reply:
         """Exact key first; on a miss, per-item semantic lookups, the backend for the rest.
 
         ``compute`` runs the backend on some texts and returns one payload (the item's
         stored answer) and token count per text; ``render`` builds the response body.
+        ``margin_of`` (classification) reads a stored answer's label margin: a match whose
+        margin is under the rule's ``min_label_margin`` is treated as a miss.
         """
         creq = await self._prepare(route, info, body, ctx, directives)
         if creq is None:
@@ -649,6 +665,12 @@ class OpenAIServing:
             assert self.cache is not None and self.semantic is not None
             items = ItemCache(self.cache, await self.semantic.get())
             look = await items.lookup(creq, texts, tighten_threshold=tighten)
+            floor = creq.rule.semantic.min_label_margin
+            if margin_of is not None and floor > 0:
+                look.hits = [
+                    hit if hit is not None and margin_of(hit.payload) >= floor else None
+                    for hit in look.hits
+                ]
             misses = look.miss_indices
             payloads: list[bytes] = [b""] * len(texts)
             tokens: list[int] = [0] * len(texts)

@@ -26,6 +26,7 @@ from semcache.semantic.feed import EntryFeed
 from semcache.semantic.index import Hit, Limits, LoadReport, SemanticIndex
 from semcache.semantic.records import PartitionKey, SemanticRecord, vector_bytes
 from semcache.semantic.settings import SemanticRule
+from semcache.semantic.store import RecordStore
 from semcache.semantic.verifier import PairVerifier
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class SemanticCache:
         *,
         verifier: PairVerifier | None = None,
         feed: EntryFeed | None = None,
+        store: RecordStore | None = None,
         maintenance_interval_s: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -72,8 +74,12 @@ class SemanticCache:
         self.index = index
         self.verifier = verifier
         self.feed = feed
+        self.store = store
+        """The durable records (None: the index lives in memory and snapshots only)."""
         self.maintenance_interval_s = maintenance_interval_s
         self.clock = clock
+        self.changes = 0
+        """Counts inserts and removals, so a periodic snapshot can skip an unchanged index."""
         self._maintenance: asyncio.Task[None] | None = None
 
     @property
@@ -186,43 +192,78 @@ class SemanticCache:
         now = self.clock()
         ttls = [float(ttl_s)] * len(texts) if isinstance(ttl_s, int | float) else list(ttl_s)
         expires = [now + ttl for ttl in ttls]
+        records = [
+            SemanticRecord(
+                partition=partition,
+                text=text,
+                payload_ref=ref,
+                expires_at=expiry,
+                created_at=now,
+                vector=vector_bytes(vector),
+            )
+            for text, ref, expiry, vector in zip(texts, payload_refs, expires, vectors, strict=True)
+        ]
         part = self.index.partition(partition, limits_of(rule))
-        await asyncio.to_thread(part.add, texts, vectors, payload_refs, expires, now=now)
+
+        def add() -> None:
+            part.add(texts, vectors, payload_refs, expires, now=now)
+            self._persist(records, now)
+
+        await asyncio.to_thread(add)
+        self.changes += 1
         if self.feed is not None:
-            records = [
-                SemanticRecord(
-                    partition=partition,
-                    text=text,
-                    payload_ref=ref,
-                    expires_at=expiry,
-                    created_at=now,
-                    vector=vector_bytes(vector),
-                )
-                for text, ref, expiry, vector in zip(
-                    texts, payload_refs, expires, vectors, strict=True
-                )
-            ]
             try:
                 await self.feed.publish(records)
             except Exception:  # the local entry stands; other gateways just miss it
                 log.exception("publishing %d semantic entries failed", len(records))
 
+    def _persist(self, records: Sequence[SemanticRecord], now: float) -> None:
+        """Write records and forget evicted ones in the store (blocking; a worker thread)."""
+        if self.store is None:
+            return
+        self.store.put(records, now=now)
+        for key, refs in self.index.drain_evicted().items():
+            self.store.delete(key, refs)
+
     async def remove(self, partition: PartitionKey, payload_refs: Sequence[str]) -> int:
         """Delete entries by payload ref (e.g. after an exact-cache purge)."""
         part = self.index.get(partition)
-        if part is None:
-            return 0
-        return await asyncio.to_thread(part.remove_refs, payload_refs)
+        refs = list(payload_refs)
+
+        def remove() -> int:
+            removed = part.remove_refs(refs) if part is not None else 0
+            if self.store is not None:
+                self.store.delete(partition, refs)
+            return removed
+
+        self.changes += 1
+        return await asyncio.to_thread(remove)
 
     async def purge(self, predicate: Callable[[PartitionKey], bool]) -> int:
         """Drop every partition the predicate selects (tenant purge, model retired)."""
-        return await asyncio.to_thread(self.index.remove_partitions, predicate)
+
+        def purge() -> int:
+            dropped = self.index.remove_partitions(predicate)
+            if self.store is not None:
+                self.store.delete_partitions(predicate)
+            return dropped
+
+        self.changes += 1
+        return await asyncio.to_thread(purge)
 
     async def add_records(self, records: list[SemanticRecord]) -> None:
-        """Add records written elsewhere (the feed's sink)."""
+        """Add records written elsewhere (the feed's sink); they are kept durably too."""
         ours = [r for r in records if r.partition.matcher == self.matcher_version]
-        if ours:
-            await asyncio.to_thread(self.index.add_records, ours, now=self.clock())
+        if not ours:
+            return
+        now = self.clock()
+
+        def add() -> None:
+            self.index.add_records(ours, now=now)
+            self._persist(ours, now)
+
+        await asyncio.to_thread(add)
+        self.changes += 1
 
     async def start(self) -> None:
         """Start background maintenance and, with a feed, receiving other gateways' entries."""
@@ -256,9 +297,56 @@ class SemanticCache:
         def limits_for(key: PartitionKey) -> Limits:
             return limits_of(rule_for(key)) if rule_for is not None else Limits()
 
-        return await asyncio.to_thread(
-            self.index.load, folder, ours, limits_for=limits_for, now=self.clock()
-        )
+        if self.store is None:
+            return await asyncio.to_thread(
+                self.index.load, folder, ours, limits_for=limits_for, now=self.clock()
+            )
+        return await asyncio.to_thread(self._restore, Path(folder), limits_for, self.clock())
+
+    def _restore(
+        self, folder: Path, limits_for: Callable[[PartitionKey], Limits], now: float
+    ) -> LoadReport:
+        """The snapshot reconciled with the durable records (blocking).
+
+        The records are the truth: a snapshot entry without a record (evicted, purged or
+        removed after the snapshot was written) is dropped, a record the snapshot lacks
+        (written after it, or no usable snapshot at all) is added, oldest first, so
+        ``max_entries`` evicts the same entries it would have. Partitions and records of
+        another matcher version (a retrained verifier) are dropped for good.
+        """
+        assert self.store is not None
+        report = self.index.load(folder, (), limits_for=limits_for, now=now)
+        matcher = self.matcher_version
+        self.store.delete_partitions(lambda key: key.matcher != matcher)
+        self.index.remove_partitions(lambda key: key.matcher != matcher)
+        durable = self.store.refs()
+        by_digest = {key.digest(): key for key in self.index.keys()}
+        for digest, key in by_digest.items():
+            part = self.index.get(key)
+            if part is None:
+                continue
+            keep = durable.get(digest, set())
+            doomed = [ref for ref in part.payload_refs() if ref not in keep]
+            if doomed:
+                report.dropped += part.remove_refs(doomed, now=now)
+        missing: list[tuple[str, str]] = []
+        for digest, stored in durable.items():
+            known = by_digest.get(digest)
+            found = self.index.get(known) if known is not None else None
+            missing.extend(
+                (digest, ref) for ref in stored if found is None or not found.has_ref(ref)
+            )
+        records = [r for r in self.store.get_many(missing) if r.partition.matcher == matcher]
+        records.sort(key=lambda r: r.created_at)
+        rebuilt = {r.partition for r in records} - set(by_digest.values())
+        for key in {r.partition for r in records}:
+            self.index.partition(key, limits_for(key))
+        report.records_added = self.index.add_records(records, now=now)
+        report.rebuilt = len(rebuilt)
+        for key, evicted in self.index.drain_evicted().items():
+            self.store.delete(key, evicted)
+        self.index.remove_partitions(lambda key: (p := self.index.get(key)) is None or not len(p))
+        return report
 
     async def _maintain_loop(self) -> None:
         while True:

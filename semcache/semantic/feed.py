@@ -49,6 +49,7 @@ class RedisEntryFeed:
         block_ms: int = 250,
         read_count: int = 512,
         replay: bool = False,
+        start_id: str | None = None,
     ) -> None:
         self.redis = redis
         self.stream = stream
@@ -58,6 +59,10 @@ class RedisEntryFeed:
         self.read_count = read_count
         self.replay = replay
         """Deliver the records already in the stream on subscribe (warm a new gateway)."""
+        self.start_id = start_id
+        """Resume after this stream id (a restarted gateway's saved cursor); wins over replay."""
+        self.last_id: str | None = None
+        """The id of the last message read (delivered to the sink or skipped)."""
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(SemanticRecord)
         self._task: asyncio.Task[None] | None = None
@@ -80,7 +85,11 @@ class RedisEntryFeed:
     async def subscribe(self, sink: RecordSink) -> None:
         if self._task is not None:
             raise RuntimeError("already subscribed")
-        last_id = "0-0" if self.replay else await self._tail_id()
+        if self.start_id is not None:
+            last_id = self.start_id
+        else:
+            last_id = "0-0" if self.replay else await self._tail_id()
+        self.last_id = last_id
         self._task = asyncio.create_task(self._read_loop(sink, last_id), name="semantic-feed")
 
     async def aclose(self) -> None:
@@ -131,6 +140,7 @@ class RedisEntryFeed:
                     self.delivered += len(records)
                 except Exception:
                     log.exception("semantic feed: adding %d records failed", len(records))
+            self.last_id = last_id
 
 
 def _text(value: bytes | str) -> str:

@@ -101,6 +101,8 @@ class PartitionIndex:
         self._by_ref: dict[str, int] = {}
         self._expiry: list[tuple[float, int]] = []
         self._hidden: set[int] = set()
+        self._evicted: list[str] = []
+        """Payload refs evicted by ``max_entries`` since the last ``drain_evicted``."""
         self._selector: Any = None
         self._selector_batch: Any = None
         self._next_id = 1
@@ -118,6 +120,16 @@ class PartitionIndex:
 
     def has_ref(self, payload_ref: str) -> bool:
         return payload_ref in self._by_ref
+
+    def payload_refs(self) -> list[str]:
+        with self._lock:
+            return list(self._by_ref)
+
+    def drain_evicted(self) -> list[str]:
+        """Payload refs evicted (``max_entries``) since the last call, for the record store."""
+        with self._lock:
+            evicted, self._evicted = self._evicted, []
+            return evicted
 
     def stats(self) -> PartitionStats:
         with self._lock:
@@ -289,6 +301,7 @@ class PartitionIndex:
         excess = len(self._entries) - self.limits.max_entries
         for _ in range(max(0, excess)):
             entry_id = next(iter(self._entries))
+            self._evicted.append(self._entries[entry_id].payload_ref)
             self._remove_entry(entry_id)
 
     def _maintain_locked(self, now: float) -> None:
@@ -479,6 +492,8 @@ class LoadReport(msgspec.Struct, kw_only=True):
     rebuilt: int = 0
     """Partitions built from the supplied records (snapshot missing or stale)."""
     records_added: int = 0
+    dropped: int = 0
+    """Snapshot entries dropped because their durable record is gone (evicted, purged)."""
     stale_reason: str | None = None
 
 
@@ -509,6 +524,15 @@ class SemanticIndex:
 
     def get(self, key: PartitionKey) -> PartitionIndex | None:
         return self._partitions.get(key)
+
+    def drain_evicted(self) -> dict[PartitionKey, list[str]]:
+        """Refs evicted per partition since the last call (see ``PartitionIndex``)."""
+        out: dict[PartitionKey, list[str]] = {}
+        for key in self.keys():
+            part = self._partitions.get(key)
+            if part is not None and (evicted := part.drain_evicted()):
+                out[key] = evicted
+        return out
 
     def keys(self) -> list[PartitionKey]:
         with self._lock:

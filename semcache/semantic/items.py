@@ -17,6 +17,7 @@ never leaves it.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Sequence
 
 import msgspec
@@ -62,6 +63,16 @@ class ItemLookup(msgspec.Struct, kw_only=True):
     def min_similarity(self) -> float | None:
         values = [hit.similarity for hit in self.hits if hit is not None]
         return min(values) if values else None
+
+
+def label_margin(probs: Sequence[float]) -> float:
+    """Log-odds margin of the top label over the next one (inf with a single label)."""
+    if len(probs) < 2:
+        return math.inf
+    top, second = sorted(probs, reverse=True)[:2]
+    if second <= 0.0:
+        return math.inf
+    return math.log(max(top, 1e-300) / second)
 
 
 def partition_of(semantic: SemanticCache, key: CacheKey, task: str) -> PartitionKey:
@@ -164,21 +175,25 @@ class ItemCache:
             return 0
         if not creq.cacheable or creq.control.no_store:
             return 0
-        refs: list[str] = []
-        kept: list[int] = []
-        ttl = 0
-        for n, (text, payload, count) in enumerate(zip(texts, payloads, tokens, strict=True)):
-            item = await self._item_request(creq, text)
+        items = [await self._item_request(creq, text) for text in texts]
+
+        async def put(item: CacheRequest, payload: bytes, count: int) -> bool:
             answer = CachedAnswer(
                 body=payload,
                 content_type=ITEM_CONTENT_TYPE,
                 usage=Usage(prompt_tokens=count),
                 model_id=creq.key.model_id,
             )
-            if await self.exact.store(item, answer):
-                refs.append(item.key.digest)
-                kept.append(n)
-                ttl = _ttl(item.control, item.rule.ttl_s, item.rule.max_ttl_s)
+            # Written through: the answer is on disk before the durable semantic record
+            # that points to it, so a crash never leaves a record without its answer.
+            return await self.exact.store(item, answer, write_through=True)
+
+        stored = await asyncio.gather(
+            *(put(i, p, c) for i, p, c in zip(items, payloads, tokens, strict=True))
+        )
+        kept = [n for n, ok in enumerate(stored) if ok]
+        refs = [items[n].key.digest for n in kept]
+        ttl = _ttl(items[0].control, items[0].rule.ttl_s, items[0].rule.max_ttl_s) if kept else 0
         if not kept:
             return 0
         rows = [indices[n] for n in kept]

@@ -16,6 +16,7 @@ import pytest
 
 from backends.config import EmbeddedClassifierBackend, LocalEmbeddingBackend
 from backends.launch import VllmProcess
+from semcache.semantic.items import label_margin
 from server.config import GatewayConfig, ModelEntry, ServerSettings
 from tests.conftest import gateway_config
 from tests.support.gateway import GatewayThread
@@ -294,6 +295,40 @@ def test_classify_shape_and_semantic_hits(gw: Gateway) -> None:
     assert [d["label"] for d in data] == ["POSITIVE", "NEGATIVE", "POSITIVE"]
     assert [d["probs"] for d in data[:2]] == [d["probs"] for d in body["data"]]
     assert second.headers["x-semcache-semantic-items"] == "2/3"
+
+
+def test_classify_serves_only_clear_cached_labels_under_a_margin(gw: Gateway) -> None:
+    """``min_label_margin``: a cached label near the boundary is recomputed, a clear one served."""
+    clear = "Absolutely wonderful service, the best meal I have had in years!"
+    vague = "What time does the public library open on Sundays?"
+    first = gw.classify([clear, vague]).json()["data"]
+    margins = [label_margin(d["probs"]) for d in first]
+    assert margins[0] > margins[1] + 0.2, margins  # the premise: one label is clearer
+    floor = (margins[0] + margins[1]) / 2
+    policy = Path(str(gw.thread.app.state.config.policy))
+    original = policy.read_text()
+    marker = "[routes.classification.semantic]\n"
+    policy.write_text(original.replace(marker, f"{marker}min_label_margin = {floor}\n"))
+    try:
+        gw.purge("all")  # nothing exact left: only semantic matches can answer
+        gw.classify([clear, vague])
+        dups = [clear.rstrip("!") + ".", vague.rstrip("?")]
+        # Without a margin both are semantic hits (no-store: the next request is no exact hit).
+        both = gw.http.post(
+            "/v1/classify",
+            json={"model": CLASSIFY, "input": dups},
+            headers={"authorization": "Bearer tenant-a", "cache-control": "no-store"},
+        )
+        assert both.headers["x-semcache-semantic-items"] == "2/2"
+        gw.classify_calls.reset()
+        reload = gw.http.post("/admin/policy/reload", headers={"authorization": f"Bearer {ADMIN}"})
+        assert reload.status_code == 200, reload.text
+        resp = gw.classify(dups)
+        assert gw.classify_calls.texts == [dups[1]]  # the vague one went to the classifier
+        assert resp.headers["x-semcache-semantic-items"] == "1/2"
+    finally:
+        policy.write_text(original)
+        gw.http.post("/admin/policy/reload", headers={"authorization": f"Bearer {ADMIN}"})
 
 
 def test_purge_applies_to_semantic_entries(gw: Gateway) -> None:

