@@ -265,6 +265,7 @@ class VllmProcess:
                     )
                 with contextlib.suppress(httpx.HTTPError):
                     if (await client.get(f"{self.url}/health")).status_code == 200:
+                        self._remember_family()
                         return time.monotonic() - started
                 now = time.monotonic()
                 if now - started > timeout_s:
@@ -277,18 +278,22 @@ class VllmProcess:
                     next_note = now + 5.0
                 await asyncio.sleep(0.5)
 
+    def _remember_family(self) -> None:
+        """Note the server's children while the parent still knows them: a child that moved to
+        another process group would otherwise be missed when the group is signalled."""
+        if self._popen is None or self._popen.poll() is not None:
+            return
+        with contextlib.suppress(psutil.Error):
+            known = {p.pid for p in self._family}
+            for child in psutil.Process(self._popen.pid).children(recursive=True):
+                if child.pid not in known:
+                    self._family.append(child)
+
     def _signal_all(self, sig: signal.Signals) -> None:
         if self._popen is None or not self._remaining():
             # Once the whole group is gone its number may be reused: never signal it again.
             return
-        if self._popen.poll() is None:
-            # Remember the children while the parent still knows them: a child that moved to
-            # another group would otherwise be missed.
-            with contextlib.suppress(psutil.Error):
-                known = {p.pid for p in self._family}
-                for child in psutil.Process(self._popen.pid).children(recursive=True):
-                    if child.pid not in known:
-                        self._family.append(child)
+        self._remember_family()
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._popen.pid, sig)
         for proc in _living(self._family):
@@ -312,6 +317,12 @@ class VllmProcess:
 
     def kill(self) -> None:
         """SIGKILL the server and all its processes now (simulates a crash in tests)."""
+        if self._popen is not None and self._popen.poll() is None:
+            # The group first, in one call (the leader is alive, so its number is ours): the
+            # search for stragglers below walks /proc, which takes seconds when a busy thread
+            # of this process holds the GIL, and a crash must not let the server run on.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._popen.pid, signal.SIGKILL)
         self._signal_all(signal.SIGKILL)
         if self._popen is not None:
             self._popen.wait()
