@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from litestar import Request, Response, get, post
+from litestar.background_tasks import BackgroundTask
 from litestar.params import FromPath
 from litestar.response import Stream
 
@@ -28,13 +30,29 @@ def context(request: Request[Any, Any, Any]) -> RequestContext:
     )
 
 
+async def close_stream(stream: AsyncIterator[bytes]) -> None:
+    """Close a relayed stream once its response is over, however it ended.
+
+    When the client leaves, Litestar cancels the sending task and leaves the generator
+    suspended at its ``yield``: its ``finally`` (which aborts the backend and keeps a partial
+    answer out of the cache) would only run at garbage collection.
+    """
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
 def respond(reply: Reply, ctx: RequestContext | None = None) -> Response[Any]:
     headers = dict(reply.headers)
     if ctx is not None:
         headers["x-request-id"] = ctx.request_id
     if reply.stream is not None:
         return Stream(
-            reply.stream, status_code=reply.status, media_type=reply.media_type, headers=headers
+            reply.stream,
+            status_code=reply.status,
+            media_type=reply.media_type,
+            headers=headers,
+            background=BackgroundTask(close_stream, reply.stream),
         )
     return Response(
         reply.body, status_code=reply.status, media_type=reply.media_type, headers=headers

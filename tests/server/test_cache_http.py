@@ -268,7 +268,13 @@ def test_client_gone_mid_stream_stores_nothing(gw: GatewayThread) -> None:
             break
     time.sleep(0.5)
     r = post(gw, {**body, "stream": False})
-    assert r.headers["cf-aig-cache-status"] == "MISS"
+    if r.headers["cf-aig-cache-status"] != "MISS":
+        # On a quiet machine the tiny model can write all 1500 tokens before the gateway
+        # learns that the client left; it then relayed (and may store) a complete answer.
+        # What must never be stored is a partial one.
+        answer = r.json()
+        assert answer["usage"]["completion_tokens"] == 1500
+        assert answer["choices"][0]["finish_reason"] == "length"
 
 
 def test_admin_purge(gw: GatewayThread) -> None:
