@@ -175,30 +175,41 @@ def test_client_disconnect_cancels_backend_request(
         text = httpx.get(f"{tiny_vllm.url}/metrics").text
         return parse_metric(text, "vllm:generation_tokens_total")
 
-    body = {
-        "model": "tiny-chat",
-        # a prompt of its own: a cached answer (temperature 0) would never reach vLLM
-        "messages": [{"role": "user", "content": f"Tell me a long story {uuid.uuid4().hex}."}],
-        "max_tokens": 1500,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    before = generated()
-    with (
-        httpx.Client(timeout=30) as client,
-        client.stream("POST", f"{gateway.url}/v1/chat/completions", json=body) as r,
-    ):
-        assert r.status_code == 200
-        for n, _ in enumerate(r.iter_raw()):
-            if n == 3:
-                break
-    # The client has gone: vLLM stops generating (the count settles) far short of 1500 tokens.
-    time.sleep(2)
-    settled = generated()
-    time.sleep(2)
-    assert generated() == settled
-    assert settled - before < 1500
+    def leave_after_three_chunks() -> float:
+        """Tokens vLLM generated for a stream whose client left after 3 chunks (settled)."""
+        body = {
+            "model": "tiny-chat",
+            # a prompt of its own: a cached answer (temperature 0) would never reach vLLM
+            "messages": [{"role": "user", "content": f"Tell me a long story {uuid.uuid4().hex}."}],
+            "max_tokens": 1500,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+        }
+        before = generated()
+        with (
+            httpx.Client(timeout=30) as client,
+            client.stream("POST", f"{gateway.url}/v1/chat/completions", json=body) as r,
+        ):
+            assert r.status_code == 200
+            for n, _ in enumerate(r.iter_raw()):
+                if n == 3:
+                    break
+        time.sleep(2)
+        settled = generated()
+        time.sleep(2)
+        assert generated() == settled  # nothing still running
+        return settled - before
+
+    # The client has gone: vLLM stops generating far short of 1500 tokens. On a quiet machine
+    # the tiny model can finish its answer (about 1.7 s) before the gateway sees the client
+    # leave, so the cut gets 3 tries; a gateway that never aborts fails all of them.
+    counts = []
+    for _ in range(3):
+        counts.append(leave_after_three_chunks())
+        if counts[-1] < 1500:
+            break
+    assert counts[-1] < 1500, counts
 
 
 def test_metrics_page_counts_requests(gw: openai.OpenAI, gateway: GatewayThread) -> None:

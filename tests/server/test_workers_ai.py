@@ -224,13 +224,14 @@ def test_gate_runs_batch_only_on_idle_capacity() -> None:
     assert not relaxed.free()  # the server is full
 
 
-async def eventually(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    """Wait (bounded) for a condition another task makes true."""
-    for _ in range(int(timeout_s / 0.01)):
-        if check():
-            return
+async def eventually(check: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    """Wait (bounded by the clock: a loaded CI box is slow) for a condition another task makes
+    true."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition never became true")
         await asyncio.sleep(0.01)
-    raise AssertionError("condition never became true")
 
 
 class LoadedBackend(Probe):
