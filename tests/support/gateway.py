@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import uvicorn
 
 from backends.registry import ModelRegistry
 from server.app import create_app
 from server.config import GatewayConfig
-from tests.support.vllm import free_port
+from tests.support.vllm import REPO_ROOT, free_port
 
 
 class GatewayThread:
@@ -41,3 +46,63 @@ class GatewayThread:
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=30)
+
+
+class GatewayProcess:
+    """``python -m server.cli serve --no-launch`` as a child process that the test can kill."""
+
+    def __init__(self, config: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config = config
+        self.proc: subprocess.Popen[str] | None = None
+        self.lines: list[str] = []
+
+    def start(self, timeout_s: float = 180.0) -> GatewayProcess:
+        cmd = [
+            sys.executable,
+            "-m",
+            "server.cli",
+            "serve",
+            "--no-launch",
+            "--config",
+            str(self.config),
+            "--port",
+            str(self.port),
+        ]
+        self.proc = subprocess.Popen(
+            cmd,
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"},
+        )
+        ready = threading.Event()
+
+        def pump() -> None:
+            assert self.proc is not None and self.proc.stdout is not None
+            for line in self.proc.stdout:
+                self.lines.append(line)
+                if "[semcache] ready" in line:
+                    ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        if not ready.wait(timeout_s):
+            self.kill()
+            raise AssertionError("gateway did not start:\n" + "".join(self.lines[-40:]))
+        return self
+
+    def kill(self) -> None:
+        """``kill -9``: no shutdown code runs, leases are not given back."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
