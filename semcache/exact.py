@@ -147,7 +147,6 @@ class ExactCache:
         self._flights: dict[str, asyncio.Future[CachedAnswer]] = {}
         self._refreshing: dict[str, asyncio.Task[None]] = {}
         self._write_behind = write_behind
-        self._writes: set[asyncio.Task[None]] = set()
         self._closed = False
 
     @property
@@ -268,17 +267,22 @@ class ExactCache:
         self, store: Store[bytes], key: str, blob: bytes, ttl_s: float, *, through: bool = False
     ) -> None:
         """Write through, or in the background for the disk tier when writing behind."""
-        if through or not (self._write_behind and store.tier == "disk") or self._closed:
+        if through or not self._write_behind or self._closed or not isinstance(store, DiskStore):
             await self._set(store, key, blob, ttl_s)
             return
-        task = asyncio.create_task(self._set(store, key, blob, ttl_s))
-        self._writes.add(task)
-        task.add_done_callback(self._writes.discard)
+        # Batched with the writes around it, off the request path (see DiskStore.set_behind).
+        store.set_behind(key, blob, ttl_s)
+        if self.metrics:
+            self.metrics.bytes_stored.labels(store.tier).inc(len(blob))
 
     async def flush(self) -> None:
-        """Wait for the background writes started so far."""
-        while self._writes:
-            await asyncio.gather(*list(self._writes), return_exceptions=True)
+        """Commit the background writes started so far."""
+        for store in self.lower:
+            if isinstance(store, DiskStore):
+                try:
+                    await store.flush()
+                except Exception as exc:
+                    self._tier_error(store, "set", exc)
 
     async def _delete(self, store: Store[Any], key: str) -> None:
         try:

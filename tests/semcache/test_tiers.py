@@ -6,6 +6,8 @@ import asyncio
 import os
 from pathlib import Path
 
+import pytest
+
 from semcache.tiers import CircuitBreaker, DiskStore, MemoryStore
 
 
@@ -161,3 +163,107 @@ def test_circuit_breaker_backs_off_probes_once_and_recovers() -> None:
     breaker.success()
     assert not breaker.is_open and breaker.allow() and breaker.allow()
     assert breaker.failures == 1
+
+
+# --------------------------------------------------------------------------- disk key filter
+
+
+def _sqlite_reads(store: DiskStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    reads: list[str] = []
+    real = store._get
+
+    def counting(key: str) -> bytes | None:
+        reads.append(key)
+        return real(key)
+
+    monkeypatch.setattr(store, "_get", counting)
+    return reads
+
+
+async def test_disk_miss_skips_sqlite_once_the_key_filter_is_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with DiskStore(tmp_path / "l2") as store:
+        await store.set("present", b"v")
+        assert store.key_filter is not None
+        await store.key_filter.wait_ready()
+        reads = _sqlite_reads(store, monkeypatch)
+        for i in range(20):
+            assert await store.get(f"absent-{i}") is None
+        assert reads == [] and store.key_filter.skipped == 20
+        assert await store.get("present") == b"v"
+        assert reads == ["present"]
+
+
+async def test_disk_key_filter_sees_keys_written_before_a_restart(tmp_path: Path) -> None:
+    async with DiskStore(tmp_path / "l2") as first:
+        await first.set("old", b"kept")
+    async with DiskStore(tmp_path / "l2") as second:
+        assert second.key_filter is not None
+        await second.key_filter.wait_ready()
+        assert len(second.key_filter) == 1
+        assert await second.get("old") == b"kept"
+
+
+async def test_disk_key_filter_never_hides_another_workers_write(tmp_path: Path) -> None:
+    """Two worker processes share a directory: each one's filter must notice the other."""
+    async with DiskStore(tmp_path / "l2") as one, DiskStore(tmp_path / "l2") as two:
+        assert one.key_filter is not None and two.key_filter is not None
+        await one.key_filter.wait_ready()
+        await two.key_filter.wait_ready()
+        assert await two.get("k") is None  # exact filter: absent
+        for i in range(5):
+            await one.set(f"k{i}", f"from one {i}".encode())
+            # Read at once, before two's filter has caught up: the generation moved, so two
+            # asks SQLite instead of trusting its set.
+            assert await two.get(f"k{i}") == f"from one {i}".encode()
+        await two.key_filter.wait_ready()
+        assert await two.get("k4") == b"from one 4"
+        skipped = two.key_filter.skipped
+        assert await two.get("never") is None
+        assert two.key_filter.skipped == skipped + 1  # trusted again after catching up
+
+
+async def test_disk_writes_are_group_committed_and_readable_while_pending(
+    tmp_path: Path,
+) -> None:
+    async with DiskStore(tmp_path / "l2") as store:
+        writes = [store.set(f"k{i}", f"v{i}".encode()) for i in range(50)]
+        tasks = [asyncio.create_task(w) for w in writes]
+        await asyncio.sleep(0)
+        assert await store.get("k49") == b"v49"  # pending or in flight, already readable
+        await asyncio.gather(*tasks)
+        assert store._backend.batches < 50
+        assert [await store.get(f"k{i}") for i in range(50)] == [
+            f"v{i}".encode() for i in range(50)
+        ]
+    async with DiskStore(tmp_path / "l2") as again:
+        assert await again.get("k0") == b"v0"
+
+
+async def test_disk_delete_of_a_pending_write_is_not_undone_by_the_batch(
+    tmp_path: Path,
+) -> None:
+    async with DiskStore(tmp_path / "l2") as store:
+        first = asyncio.create_task(store.set("a", b"1"))
+        await asyncio.sleep(0)
+        pending = asyncio.create_task(store.set("b", b"2"))  # waits for the next batch
+        await asyncio.sleep(0)
+        await store.delete("b")
+        await asyncio.gather(first, pending)
+        assert await store.get("b") is None
+        assert await store.get("a") == b"1"
+
+
+async def test_disk_writes_behind_are_batched_within_the_linger_time(tmp_path: Path) -> None:
+    async with (
+        DiskStore(tmp_path / "l2", linger_s=30.0) as store,
+        DiskStore(tmp_path / "l2") as other,
+    ):
+        for i in range(20):
+            store.set_behind(f"k{i}", f"v{i}".encode(), ttl_s=60)
+        assert await store.get("k7") == b"v7"  # this process reads its pending writes
+        assert await other.get("k7") is None  # not committed yet (30 s linger)
+        await store.flush()
+        assert store._backend.batches == 1
+        assert await other.get("k7") == b"v7"
