@@ -242,6 +242,7 @@ async def test_bad_input_is_an_openai_400(s: Setup) -> None:
     long = " ".join(["word"] * (MAX_MODEL_LEN * 2))
     err = assert_openai_error(s.classify([long]), 400)
     assert err["type"] == "invalid_request_error"
+    assert "maximum context length" in err["message"]
     assert_openai_error(s.classify([long]), 400)  # refused again: nothing was cached
 
 
