@@ -34,6 +34,12 @@ LABELS = ("NEGATIVE", "POSITIVE")
 LabelScores = list[tuple[str, float]]
 
 
+def label_names(labels: Sequence[str], count: int) -> list[str]:
+    """``count`` label names: ``labels``, then transformers' ``LABEL_<i>`` for any not known
+    (a vLLM classifier without a model folder learns its names from vLLM's answers)."""
+    return [labels[i] if i < len(labels) else f"LABEL_{i}" for i in range(count)]
+
+
 class TextEncoder(Protocol):
     """What the classifier needs from an encoder (``semcache.semantic.encoder.Encoder``)."""
 

@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 import orjson
 
+from backends.classifier import label_names
 from backends.protocol import (
     BackendError,
     GenerationBackend,
@@ -757,7 +758,7 @@ def _classification_body(
         data.append(
             {
                 "index": i,
-                "label": labels[best],
+                "label": label_names(labels, len(probs))[best],
                 "probs": probs,
                 "num_classes": len(probs),
                 "object": "classification",

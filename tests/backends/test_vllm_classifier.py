@@ -11,6 +11,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from backends.classifier import label_names
 from backends.config import VllmBackend, VllmLaunch, VllmServer
 from backends.launch import build_command
 from backends.protocol import BackendError, RequestContext, UpstreamRejected
@@ -261,3 +262,8 @@ def test_config_pairs_classification_models_with_classify_backends() -> None:
     ]
     with pytest.raises(ConfigError, match="no prefill/decode"):
         parse_config(doc)
+
+
+def test_label_names_fill_in_unknown_labels() -> None:
+    assert label_names(["A"], 3) == ["A", "LABEL_1", "LABEL_2"]
+    assert label_names(["A", "B"], 2) == ["A", "B"]
