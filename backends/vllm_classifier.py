@@ -106,6 +106,13 @@ class VllmClassifier:
         ctx = ctx or RequestContext(request_id=f"classify-{uuid.uuid4().hex}")
         body = {"model": self.served_model, "input": list(texts)}
         answer = await self.client.post(CLASSIFY_PATH, body, ctx)
+        if answer.status in (404, 405):  # the path or the served model is not there
+            refused = UpstreamRejected.from_answer(answer.status, answer.body)
+            raise BackendError(
+                "broken",
+                f"vLLM backend {self.name} answered {answer.status} to /classify "
+                f"({refused.message}): is it a classification model named {self.served_model!r}?",
+            )
         if answer.status != 200:
             raise UpstreamRejected.from_answer(answer.status, answer.body)
         rows = self._rows(answer.body, len(texts))

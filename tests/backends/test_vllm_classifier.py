@@ -156,6 +156,20 @@ async def test_a_refusal_carries_vllms_message(vllm: Vllm) -> None:
         await c.client.aclose()
 
 
+async def test_a_missing_route_or_model_is_a_broken_backend_not_a_client_error(
+    vllm: Vllm,
+) -> None:
+    error = {"error": {"message": "The model `m` does not exist.", "code": 404}}
+    vllm.answer = lambda texts: web.json_response(error, status=404)
+    c = classifier(vllm.server.url)
+    try:
+        with pytest.raises(BackendError) as caught:
+            await c.classify(["x"], CTX)
+        assert caught.value.kind == "broken" and "does not exist" in caught.value.message
+    finally:
+        await c.client.aclose()
+
+
 async def test_a_server_error_or_a_dead_server_is_a_backend_error(vllm: Vllm) -> None:
     vllm.answer = lambda texts: web.Response(status=500, text="boom")
     c = classifier(vllm.server.url)
