@@ -16,10 +16,13 @@ import hashlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 import numpy as np
+
+if TYPE_CHECKING:
+    from backends.protocol import RequestContext
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +34,12 @@ LABELS = ("NEGATIVE", "POSITIVE")
 LabelScores = list[tuple[str, float]]
 
 
+def label_names(labels: Sequence[str], count: int) -> list[str]:
+    """``count`` label names: ``labels``, then transformers' ``LABEL_<i>`` for any not known
+    (a vLLM classifier without a model folder learns its names from vLLM's answers)."""
+    return [labels[i] if i < len(labels) else f"LABEL_{i}" for i in range(count)]
+
+
 class TextEncoder(Protocol):
     """What the classifier needs from an encoder (``semcache.semantic.encoder.Encoder``)."""
 
@@ -40,6 +49,48 @@ class TextEncoder(Protocol):
     async def encode(self, texts: Sequence[str]) -> np.ndarray: ...
 
     def encode_sync(self, texts: Sequence[str], *, show_progress: bool = False) -> np.ndarray: ...
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]: ...
+
+
+class TextClassifierBackend(Protocol):
+    """A classification model of the registry, as ``/v1/classify`` serves it.
+
+    Satisfied by the embedded :class:`ClassifierBackend` and by
+    ``backends.vllm_classifier.VllmClassifier`` (a vLLM sequence-classification model).
+    """
+
+    name: str
+    fixed_revision: str | None
+    """A revision known up front (config or model folder); None: :attr:`version` once started."""
+    uses_encoder: bool
+    """True when :meth:`start` needs the semantic cache's encoder (the embedded classifier)."""
+
+    async def start(self, encoder: TextEncoder | None = None) -> object:
+        """Get ready to classify (idempotent)."""
+        ...
+
+    @property
+    def labels(self) -> list[str]:
+        """Every label, in the order of the probabilities a cached answer stores."""
+        ...
+
+    @property
+    def version(self) -> str: ...
+
+    async def classify(
+        self, texts: Sequence[str], ctx: RequestContext | None = None
+    ) -> list[LabelScores]:
+        """Per text, every label with its score (sum 1), best first."""
+        ...
+
+    async def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Tokens per text, as the model counts them (usage of cached items too)."""
+        ...
+
+    async def ready(self) -> bool: ...
+
+    async def aclose(self) -> None: ...
 
 
 class Example(msgspec.Struct):
@@ -173,6 +224,8 @@ class ClassifierBackend:
     the first classification request and calls :meth:`start` with it.
     """
 
+    uses_encoder = True
+
     def __init__(
         self, name: str, head_path: Path = DEFAULT_HEAD, *, revision: str | None = None
     ) -> None:
@@ -183,9 +236,11 @@ class ClassifierBackend:
         self.classifier: TextClassifier | None = None
         self._lock = asyncio.Lock()
 
-    async def start(self, encoder: TextEncoder) -> TextClassifier:
+    async def start(self, encoder: TextEncoder | None = None) -> TextClassifier:
         """Load the head for ``encoder`` (retrained in memory if it was trained for another)."""
         if self.classifier is None:
+            if encoder is None:
+                raise RuntimeError(f"classifier {self.name} needs an encoder to start")
             async with self._lock:
                 if self.classifier is None:
                     self.classifier = await asyncio.to_thread(
@@ -206,8 +261,14 @@ class ClassifierBackend:
             raise RuntimeError(f"classifier {self.name} is not started")
         return self.classifier
 
-    async def classify(self, texts: Sequence[str]) -> list[LabelScores]:
+    async def classify(
+        self, texts: Sequence[str], ctx: RequestContext | None = None
+    ) -> list[LabelScores]:
         return await self._loaded().classify(texts)
+
+    async def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Tokens per text as the encoder counts them (no model call)."""
+        return self._loaded().encoder.count_tokens(texts)
 
     async def ready(self) -> bool:
         return self.classifier is not None

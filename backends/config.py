@@ -13,6 +13,7 @@ import orjson
 from backends.profiles import LaunchProfile, check_profile_for_model, merge_flags
 
 ServerRole = Literal["both", "prefill", "decode"]
+VllmTask = Literal["generate", "classify"]
 ConnectorMode = Literal["nixl", "example"]
 PosInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
@@ -52,6 +53,11 @@ class VllmBackend(
     name: str
     served_model: str
     """The model name vLLM answers to (``--served-model-name``)."""
+    task: VllmTask = "generate"
+    """``generate``: chat/completions (and vLLM's own embeddings); ``classify``: a
+    sequence-classification model served at vLLM's ``/classify`` (launched servers get
+    ``--runner pooling``); it backs models with ``task = "classification"``.
+    A classify backend is monolithic (``role = "both"`` servers only)."""
     model_path: str | None = None
     """HF folder of the weights; ``prepared:NAME`` names a model the gateway prepares itself."""
     revision: str | None = None
@@ -123,6 +129,10 @@ class VllmBackend(
                 f"backend {self.name!r}: mixes role 'both' with prefill/decode servers; "
                 "a backend is either monolithic or disaggregated"
             )
+        if self.task == "classify" and roles - {"both"}:
+            raise ValueError(
+                f"backend {self.name!r}: a classify backend has no prefill/decode servers"
+            )
         if "prefill" in roles and "decode" not in roles:
             raise ValueError(f"backend {self.name!r}: prefill servers need decode servers")
         urls = [s.url.rstrip("/") for s in self.servers]
@@ -173,6 +183,10 @@ class VllmBackend(
         profile = self.profiles.get(server.role)
         if profile is not None:
             flags += profile.flags()
+        if self.task == "classify":
+            # vLLM resolves ``--convert auto`` to classify for *ForSequenceClassification
+            # checkpoints; a causal LM to be converted needs ``--convert classify`` in extra_args.
+            flags.append(("--runner", "pooling"))
         if self.connector == "example" and server.role != "both":
             transfer = {
                 "kv_connector": "ExampleConnector",

@@ -21,6 +21,33 @@ class BackendError(Exception):
         self.retry_after_s = retry_after_s
 
 
+class UpstreamRejected(Exception):
+    """The backend answered, refusing the request (a 4xx, e.g. an input over its context).
+
+    ``message`` is the backend's own when its answer carries one (OpenAI's error shape).
+    """
+
+    def __init__(self, status: int, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+
+    @classmethod
+    def from_answer(cls, status: int, body: bytes) -> UpstreamRejected:
+        message, code = f"The backend refused the request ({status}).", None
+        try:
+            error = msgspec.json.decode(body).get("error")
+        except (msgspec.DecodeError, AttributeError):
+            error = None
+        if isinstance(error, dict):
+            if isinstance(error.get("message"), str) and error["message"]:
+                message = error["message"]
+            if isinstance(error.get("code"), str):
+                code = error["code"]
+        return cls(status, message, code)
+
+
 class RequestContext(msgspec.Struct, kw_only=True):
     """Per-request facts a backend may route on; never cache state."""
 

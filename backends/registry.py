@@ -8,13 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from backends.classifier import DEFAULT_HEAD, ClassifierBackend
+from backends.classifier import DEFAULT_HEAD, ClassifierBackend, TextClassifierBackend
 from backends.config import EmbeddedClassifierBackend, VllmBackend
 from backends.config import LocalEmbeddingBackend as LocalEmbeddingConfig
 from backends.local import LocalEmbeddingBackend
 from backends.models import chat_template_fingerprint, model_revision, prepare_model
 from backends.protocol import EmbeddingBackend, GenerationBackend
 from backends.vllm import VllmClient
+from backends.vllm_classifier import VllmClassifier
 
 Task = Literal["chat", "embeddings", "classification"]
 
@@ -39,7 +40,9 @@ class ModelRegistry:
     models: dict[str, ModelInfo] = field(default_factory=dict)
     generation: dict[str, GenerationBackend] = field(default_factory=dict)
     embedding: dict[str, EmbeddingBackend] = field(default_factory=dict)
-    classifiers: dict[str, ClassifierBackend] = field(default_factory=dict)
+    classifiers: dict[str, TextClassifierBackend] = field(default_factory=dict)
+    """Embedded classifiers, and ``task = "classify"`` vLLM backends (whose clients are in
+    ``generation`` too: health, capacity and metrics treat them as any vLLM backend)."""
     _by_name: dict[str, ModelInfo] = field(default_factory=dict)
 
     def add(self, info: ModelInfo) -> None:
@@ -57,7 +60,7 @@ class ModelRegistry:
             if info.backend_name == backend_name and info.revision != revision:
                 self.add(dataclasses.replace(info, revision=revision))
 
-    def classifier_backend(self, info: ModelInfo) -> ClassifierBackend:
+    def classifier_backend(self, info: ModelInfo) -> TextClassifierBackend:
         return self.classifiers[info.backend_name]
 
     def generation_backend(self, info: ModelInfo) -> GenerationBackend:
@@ -119,7 +122,10 @@ def build_registry(
         template_fp = chat_template_fingerprint(path) if path is not None else "none"
         revisions[b.name] = (rev, template_fp)
         if isinstance(b, VllmBackend):
-            reg.generation[b.name] = VllmClient(b)
+            client = VllmClient(b)
+            reg.generation[b.name] = client
+            if b.task == "classify":
+                reg.classifiers[b.name] = VllmClassifier(client, revision=rev, model_dir=path)
         else:
             assert path is not None
             reg.embedding[b.name] = LocalEmbeddingBackend(

@@ -78,6 +78,9 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         for backend in registry.embedding.values():
             await backend.start()
+        for classifier in registry.classifiers.values():
+            if not classifier.uses_encoder:  # vLLM classifiers: their tokenizer
+                await classifier.start()
         if config.cache:
             serving.cache = await open_exact_cache(
                 policy.current.tiers, data_dir=config.data_path(), registry=metrics.registry

@@ -9,7 +9,7 @@ from typing import Literal
 
 import msgspec
 
-from backends.config import BackendConfig
+from backends.config import BackendConfig, VllmBackend
 from server.auth import AuthSettings
 from server.batch import BatchSettings
 
@@ -77,6 +77,15 @@ def _check(cfg: GatewayConfig, source: str) -> None:
             raise ConfigError(
                 f"{source}: models[{i}].backend: unknown backend {m.backend!r}; "
                 f"expected one of {names}"
+            )
+        backend = cfg.backend(m.backend)
+        if isinstance(backend, VllmBackend) and (m.task == "classification") != (
+            backend.task == "classify"
+        ):
+            raise ConfigError(
+                f"{source}: models[{i}].task: {m.task!r} on vLLM backend {m.backend!r} "
+                f"of task {backend.task!r}; a classification model needs a vLLM backend "
+                'with task = "classify", and such a backend serves classification only'
             )
         for name in (m.id, *m.aliases):
             if name in seen:

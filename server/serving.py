@@ -18,10 +18,12 @@ import msgspec
 import numpy as np
 import orjson
 
+from backends.classifier import label_names
 from backends.protocol import (
     BackendError,
     GenerationBackend,
     RequestContext,
+    UpstreamRejected,
     UpstreamStream,
     as_float32,
 )
@@ -562,8 +564,11 @@ class OpenAIServing:
         def render(payloads: list[bytes], tokens: list[int]) -> bytes:
             return _embedding_body(info.id, payloads, tokens, req.encoding_format)
 
+        async def count_tokens(todo: list[str]) -> list[int]:
+            return backend.count_tokens(todo)
+
         reply = await self._pooled(
-            "embeddings", info, body, ctx, cache, texts, compute, render, backend.count_tokens
+            "embeddings", info, body, ctx, cache, texts, compute, render, count_tokens
         )
         self.metrics.latency.labels("embeddings", "false").observe(time.perf_counter() - started)
         return reply
@@ -571,7 +576,8 @@ class OpenAIServing:
     async def classify(
         self, body: dict[str, Any], ctx: RequestContext, cache: CacheDirectives | None = None
     ) -> Reply:
-        """``POST /v1/classify`` in vLLM's shape, on the embedded classifier."""
+        """``POST /v1/classify`` in vLLM's shape, on the embedded classifier or a vLLM
+        classification model (``task = "classify"`` backend): one path, the same caches."""
         req = msgspec.convert(body, ClassificationRequest)
         info = self.resolve(req.model, "classification")
         if info.backend_name not in self.registry.classifiers:
@@ -585,44 +591,55 @@ class OpenAIServing:
             texts = classification_inputs(req.input)
         except InputError as exc:
             raise ApiError(400, str(exc), param=exc.param, code="invalid_value") from None
-        if self.semantic is None:
-            raise ApiError(503, "The classifier is not available on this gateway.")
         backend = self.registry.classifier_backend(info)
-        encoder = await self.semantic.encoder()
-        classifier = await backend.start(encoder)
+        if backend.uses_encoder:
+            if self.semantic is None:
+                raise ApiError(503, "The classifier is not available on this gateway.")
+            await backend.start(await self.semantic.encoder())
+        else:
+            await backend.start()
         if backend.fixed_revision is None:
-            self.registry.set_revision(info.backend_name, classifier.version)
+            self.registry.set_revision(info.backend_name, backend.version)
             info = self.resolve(req.model, "classification")
         started = time.perf_counter()
-        labels = list(classifier.labels)
+        ctx.salt_scope = (
+            "shared" if self.policy.current.rule(info.id, "classification").shared else ctx.tenant
+        )
 
         async def compute(todo: list[str]) -> tuple[list[bytes], list[int]]:
-            scored = await backend.classify(todo)
-            tokens = encoder.count_tokens(todo)
+            scored = await backend.classify(todo, ctx)
+            tokens = await backend.count_tokens(todo)
             self.metrics.count_usage(info.id, {"prompt_tokens": sum(tokens)})
+            labels = backend.labels
             payloads = [
                 orjson.dumps([dict(row).get(label, 0.0) for label in labels]) for row in scored
             ]
             return payloads, tokens
 
         def render(payloads: list[bytes], tokens: list[int]) -> bytes:
-            return _classification_body(info.id, labels, payloads, tokens)
+            return _classification_body(info.id, backend.labels, payloads, tokens)
 
         def margin(payload: bytes) -> float:
             return label_margin(orjson.loads(payload))
 
-        reply = await self._pooled(
-            "classification",
-            info,
-            body,
-            ctx,
-            cache,
-            texts,
-            compute,
-            render,
-            encoder.count_tokens,
-            margin_of=margin,
-        )
+        try:
+            reply = await self._pooled(
+                "classification",
+                info,
+                body,
+                ctx,
+                cache,
+                texts,
+                compute,
+                render,
+                backend.count_tokens,
+                margin_of=margin,
+            )
+        except UpstreamRejected as exc:
+            raise ApiError(exc.status, exc.message, code=exc.code) from None
+        except BackendError as exc:
+            self.metrics.backend_errors.labels(backend.name, exc.kind).inc()
+            raise
         self.metrics.latency.labels("classification", "false").observe(
             time.perf_counter() - started
         )
@@ -638,7 +655,7 @@ class OpenAIServing:
         texts: list[str],
         compute: Compute,
         render: Callable[[list[bytes], list[int]], bytes],
-        count_tokens: Callable[[list[str]], list[int]],
+        count_tokens: Callable[[list[str]], Awaitable[list[int]]],
         *,
         margin_of: Callable[[bytes], float] | None = None,
     ) -> Reply:
@@ -683,7 +700,7 @@ class OpenAIServing:
             served = [i for i, hit in enumerate(look.hits) if hit is not None]
             if served:
                 # Usage counts the request's own texts, as the backend would have.
-                counts = count_tokens([texts[i] for i in served])
+                counts = await count_tokens([texts[i] for i in served])
                 for n, i in enumerate(served):
                     hit = look.hits[i]
                     assert hit is not None
@@ -741,7 +758,7 @@ def _classification_body(
         data.append(
             {
                 "index": i,
-                "label": labels[best],
+                "label": label_names(labels, len(probs))[best],
                 "probs": probs,
                 "num_classes": len(probs),
                 "object": "classification",

@@ -24,6 +24,7 @@ import msgspec
 import orjson
 from prometheus_client import CollectorRegistry
 
+from backends.classifier import label_names
 from backends.protocol import BackendError, RequestContext
 from backends.registry import ModelInfo, ModelRegistry
 from semcache.queue import open_queue
@@ -499,7 +500,7 @@ class WorkersAIServing:
         if reply.status != 200:
             raise upstream_error(reply)
         (row,) = orjson.loads(reply.body)["data"]
-        labels = self.registry.classifier_backend(info).labels
+        labels = label_names(self.registry.classifier_backend(info).labels, len(row["probs"]))
         scored = sorted(zip(labels, row["probs"], strict=True), key=lambda p: -p[1])
         return [{"label": label, "score": score} for label, score in scored], reply.headers
 

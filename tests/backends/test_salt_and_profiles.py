@@ -155,7 +155,9 @@ def test_invalid_profiles_are_refused() -> None:
         )
 
 
-@pytest.mark.parametrize("name", ["default.toml", "gpu-example.toml"])
+@pytest.mark.parametrize(
+    "name", ["default.toml", "gpu-example.toml", "vllm-classifier-example.toml"]
+)
 def test_the_shipped_configs_are_valid(name: str) -> None:
     config = load_config(Path(__file__).resolve().parents[2] / "config" / name)
     backends = [b for b in config.backends if isinstance(b, VllmBackend)]

@@ -103,9 +103,9 @@ class Calls:
         self.batches: list[list[str]] = []
         real = getattr(obj, method)
 
-        async def spy(texts: Any) -> Any:
+        async def spy(texts: Any, *args: Any) -> Any:
             self.batches.append(list(texts))
-            return await real(texts)
+            return await real(texts, *args)
 
         setattr(obj, method, spy)
 
