@@ -20,8 +20,8 @@ import gc
 import os
 import random
 import time
+from pathlib import Path
 
-import msgspec
 import numpy as np
 from tqdm import tqdm
 
@@ -46,8 +46,13 @@ NOISE_NORM = 0.35
 CHUNK = 20_000
 
 
-def corpus(base: np.ndarray, size: int, seed: int = 0) -> np.ndarray:
-    """``size`` unit vectors: the real ones first, then noisy copies of them."""
+def corpus(base: np.ndarray, size: int, synthetic: str = "noise", seed: int = 0) -> np.ndarray:
+    """``size`` unit vectors: the real ones first, then synthetic ones made from them.
+
+    ``noise``: noisy copies of the real vectors (tight clusters of near-duplicates, the hard
+    case for an ANN index). ``mix``: the normalised sum of two random real vectors (spread
+    like new questions, no clusters).
+    """
     if size <= len(base):
         return base[:size]
     rng = np.random.default_rng(seed)
@@ -55,19 +60,34 @@ def corpus(base: np.ndarray, size: int, seed: int = 0) -> np.ndarray:
     out[: len(base)] = base
     for start in range(len(base), size, CHUNK):
         end = min(start + CHUNK, size)
-        source = base[np.arange(start, end) % len(base)]
-        noise = rng.standard_normal(source.shape).astype(np.float32)
-        noise *= NOISE_NORM / np.linalg.norm(noise, axis=1, keepdims=True)
-        mixed = source + noise
+        if synthetic == "mix":
+            pick = rng.integers(0, len(base), size=(end - start, 2))
+            mixed = base[pick[:, 0]] + base[pick[:, 1]]
+        else:
+            source = base[np.arange(start, end) % len(base)]
+            noise = rng.standard_normal(source.shape).astype(np.float32)
+            noise *= NOISE_NORM / np.linalg.norm(noise, axis=1, keepdims=True)
+            mixed = source + noise
         out[start:end] = mixed / np.linalg.norm(mixed, axis=1, keepdims=True)
     return out
 
 
 def build(
-    vectors: np.ndarray, texts: list[str], ann: bool, settings: IndexSettings
+    vectors: np.ndarray,
+    texts: list[str],
+    ann: bool,
+    settings: IndexSettings,
+    cache_dir: Path | None = None,
 ) -> tuple[PartitionIndex, float]:
+    """The partition of ``vectors``; an HNSW one is read from ``cache_dir`` when built before
+    (its snapshot), so that a rerun measures without the minutes of building."""
     size = len(vectors)
     limits = Limits(ann_after=0 if ann else size + 1, max_entries=size)
+    if ann and cache_dir is not None and (cache_dir / "index.faiss").is_file():
+        started = time.perf_counter()
+        part = PartitionIndex.read(cache_dir, settings, limits, now=time.time())
+        print(f"{'':>9}  (HNSW read from {cache_dir} in {time.perf_counter() - started:.1f} s)")
+        return part, float("nan")
     part = PartitionIndex(KEY, settings, limits)
     expires = [time.time() + 86_400.0] * CHUNK
     started = time.perf_counter()
@@ -82,7 +102,11 @@ def build(
                 expires[: end - start],
             )
             bar.update(end - start)
-    return part, time.perf_counter() - started
+    elapsed = time.perf_counter() - started
+    if ann and cache_dir is not None:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        part.write(cache_dir)
+    return part, elapsed
 
 
 def pct(values: list[float], q: float) -> float:
@@ -98,6 +122,7 @@ async def measure(
     ef_values: list[int],
     settings: IndexSettings,
 ) -> list[str]:
+    del settings
     encode_s: list[float] = []
     flat_s: list[float] = []
     hnsw_s: dict[int, list[float]] = {ef: [] for ef in ef_values}
@@ -111,9 +136,8 @@ async def measure(
         encode_s.append(t1 - t0)
         flat_s.append(t2 - t1)
         for ef in ef_values:
-            hnsw.settings = msgspec.structs.replace(settings, hnsw_ef_search=ef)
             t3 = time.perf_counter()
-            found = hnsw.search(vector, 1)[0][0].entry.id
+            found = hnsw.search(vector, 1, ef_search=ef)[0][0].entry.id
             hnsw_s[ef].append(time.perf_counter() - t3)
             agree[ef] += found == exact
     size = len(flat)
@@ -122,16 +146,19 @@ async def measure(
         f"{size:>9,}  {'flat':<10}{pct(flat_s, 0.5):>9.2f}{pct(flat_s, 0.99):>9.2f}"
         f"{pct(total_flat, 0.5):>10.2f}{pct(total_flat, 0.99):>10.2f}{'1.000':>10}"
     ]
+    auto = hnsw.ef_search()
     for ef in ef_values:
         total = [e + s for e, s in zip(encode_s, hnsw_s[ef], strict=True)]
         recall = agree[ef] / len(queries)
+        name = f"hnsw ef={ef}" + ("*" if ef == auto else "")
         lines.append(
-            f"{size:>9,}  {f'hnsw ef={ef}':<10}{pct(hnsw_s[ef], 0.5):>9.2f}"
+            f"{size:>9,}  {name:<10}{pct(hnsw_s[ef], 0.5):>9.2f}"
             f"{pct(hnsw_s[ef], 0.99):>9.2f}{pct(total, 0.5):>10.2f}{pct(total, 0.99):>10.2f}"
             f"{recall:>10.3f}"
         )
     lines.append(
         f"{'':>9}  encode alone: p50 {pct(encode_s, 0.5):.2f} ms, p99 {pct(encode_s, 0.99):.2f} ms"
+        f"; * = the efSearch the index picks at this size ({auto})"
     )
     return lines
 
@@ -180,6 +207,18 @@ async def main() -> None:
         "already encoded by bench.semantic_quality); past its size, noisy copies",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument(
+        "--synthetic",
+        choices=["noise", "mix"],
+        default="noise",
+        help="entries past the real texts: noisy copies (clusters) or mixtures of two texts",
+    )
+    parser.add_argument(
+        "--index-cache",
+        type=Path,
+        default=Path(".data/bench/hnsw"),
+        help="keep built HNSW partitions here and reuse them ('' to always build)",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     ef_values = [int(s) for s in args.ef_search.split(",")]
@@ -217,10 +256,17 @@ async def main() -> None:
         f"{'recall@1':>10}   (ms)"
     )
     for size in sizes:
-        vectors = corpus(base, size)
+        vectors = corpus(base, size, args.synthetic)
         configure_faiss_threads(os.cpu_count() or 1)  # build with every core
         flat, flat_build = build(vectors, base_texts, False, settings)
-        hnsw, hnsw_build = build(vectors, base_texts, True, settings)
+        cache_dir = None
+        if str(args.index_cache):
+            name = (
+                f"{args.corpus}-{args.synthetic}-{size}-{args.queries}"
+                f"-M{settings.hnsw_m}-efc{settings.hnsw_ef_construction}"
+            )
+            cache_dir = args.index_cache / name
+        hnsw, hnsw_build = build(vectors, base_texts, True, settings, cache_dir)
         configure_faiss_threads(settings.search_threads)
         for line in await measure(encoder, queries, flat, hnsw, ef_values, settings):
             print(line, flush=True)

@@ -16,6 +16,7 @@ All methods are blocking (FAISS, numpy); async callers run them in a worker thre
 from __future__ import annotations
 
 import heapq
+import math
 import os
 import shutil
 import tempfile
@@ -46,7 +47,13 @@ class IndexSettings(msgspec.Struct, kw_only=True, frozen=True):
     hnsw_m: int = 32
     hnsw_ef_construction: int = 200
     hnsw_ef_search: int = 128
-    """Measured by ``bench/semantic_lookup.py`` for recall@1 >= 0.99 against flat."""
+    """efSearch of partitions up to ``hnsw_ef_base_entries`` entries (recall@1 >= 0.99
+    against flat at 100k, ``bench/semantic_lookup.py``)."""
+    hnsw_ef_base_entries: int = 100_000
+    hnsw_ef_growth: float = 0.75
+    """Past the base size, efSearch grows as ``(entries / base) ** growth``: a bigger graph
+    needs a wider beam for the same recall (measured up to 1M entries)."""
+    hnsw_ef_max: int = 2048
     tombstone_fraction: float = 0.2
     """An HNSW partition is rebuilt once this share of its vectors are dead."""
     background: bool = True
@@ -200,8 +207,26 @@ class PartitionIndex:
             self._maintain_locked(now)
             return ids
 
-    def search(self, vectors: np.ndarray, k: int, *, now: float | None = None) -> list[list[Hit]]:
-        """The k nearest live entries of each query vector (inner product = cosine)."""
+    def ef_search(self) -> int:
+        """The HNSW beam width for this partition's size (see ``IndexSettings``)."""
+        s = self.settings
+        grown = s.hnsw_ef_search * max(1.0, len(self._entries) / s.hnsw_ef_base_entries) ** (
+            s.hnsw_ef_growth
+        )
+        return min(max(s.hnsw_ef_search, s.hnsw_ef_max), math.ceil(grown))
+
+    def search(
+        self,
+        vectors: np.ndarray,
+        k: int,
+        *,
+        now: float | None = None,
+        ef_search: int | None = None,
+    ) -> list[list[Hit]]:
+        """The k nearest live entries of each query vector (inner product = cosine).
+
+        ``ef_search`` overrides the HNSW beam width chosen by size (benchmarks).
+        """
         now = time.time() if now is None else now
         queries = _as_matrix(vectors, self.settings.dimensions)
         with self._lock:
@@ -209,7 +234,7 @@ class PartitionIndex:
             if not self._entries or len(queries) == 0:
                 return [[] for _ in range(len(queries))]
             k = min(k, len(self._entries))
-            index, params = self._search_target()
+            index, params = self._search_target(ef_search)
             if params is None:
                 scores, labels = index.search(queries, k)
             else:
@@ -326,10 +351,10 @@ class PartitionIndex:
 
     # -- search plumbing ----------------------------------------------------------------
 
-    def _search_target(self) -> tuple[Any, Any]:
+    def _search_target(self, ef_search: int | None = None) -> tuple[Any, Any]:
         if self.kind == "hnsw":
             params = faiss.SearchParametersHNSW()
-            params.efSearch = self.settings.hnsw_ef_search
+            params.efSearch = ef_search or self.ef_search()
             if self._hidden:
                 params.sel = self._hidden_selector()
             return self._index, params

@@ -267,3 +267,34 @@ def test_snapshot_plus_newer_records(tmp_path: Path) -> None:
     report = restored.load(tmp_path / "snap", index.partition(k).records(), now=NOW)
     assert (report.loaded, report.records_added) == (1, 1)
     assert restored.search(k, vectors[10:11], 1, now=NOW)[0][0].entry.payload_ref == "new-ref"
+
+
+def test_hnsw_beam_widens_with_partition_size_up_to_its_cap() -> None:
+    index = SemanticIndex(
+        settings(hnsw_ef_search=16, hnsw_ef_base_entries=100, hnsw_ef_growth=1.0, hnsw_ef_max=48)
+    )
+    k = key()
+    part = index.partition(k, Limits(ann_after=10, max_entries=10_000))
+    fill(index, k, unit_vectors(80, seed=5))
+    assert part.kind == "hnsw" and part.ef_search() == 16  # at or below the base size
+    more = unit_vectors(120, seed=6)
+    part.add(
+        [f"m{i}" for i in range(120)],
+        more,
+        [f"m{i}" for i in range(120)],
+        [NOW + 100] * 120,
+        now=NOW,
+    )
+    assert part.ef_search() == 32  # 200 entries: twice the base, growth 1
+    extra = unit_vectors(400, seed=7)
+    part.add(
+        [f"x{i}" for i in range(400)],
+        extra,
+        [f"x{i}" for i in range(400)],
+        [NOW + 100] * 400,
+        now=NOW,
+    )
+    assert part.ef_search() == 48  # capped
+    # The widened beam is what the search uses: every stored vector finds itself.
+    hits = part.search(extra[:50], 1, now=NOW)
+    assert [row[0].entry.payload_ref for row in hits] == [f"x{i}" for i in range(50)]
