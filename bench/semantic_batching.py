@@ -6,7 +6,8 @@ A lookup is the gateway's real path: ``SemanticCache.lookup`` of one text (the
 micro-batching encoder, then a search of one flat partition holding ``--entries`` real QQP
 questions). For 1, 8, 32 and 64 clients, the same lookups run one after another, then all
 at once (the encoder batches the ones that queue while a batch runs). Prints both rates
-side by side with the model calls the concurrent run needed; best of ``--rounds``.
+side by side with the model calls the concurrent run needed; best of ``--rounds``. Then the
+ceiling: the same texts through the model alone, one per call vs all in one call.
 """
 
 from __future__ import annotations
@@ -68,6 +69,24 @@ async def main() -> None:
         print(
             f"{clients:>7}  {a:>9.0f} text/s  {b:>6.0f} text/s  {b / a:>4.1f}x  "
             f"{min(calls)}-{max(calls)} for {clients} lookups",
+            flush=True,
+        )
+    print("the ceiling: the model alone (encode_sync), texts one per call vs one call for all")
+    for clients in (8, 32, 64):
+        batch = queries[:clients]
+        single: list[float] = []
+        joint: list[float] = []
+        for _ in range(args.rounds):
+            t0 = time.perf_counter()
+            for text in batch:
+                encoder.encode_sync([text])
+            single.append(clients / (time.perf_counter() - t0))
+            t0 = time.perf_counter()
+            encoder.encode_sync(batch)
+            joint.append(clients / (time.perf_counter() - t0))
+        a, b = max(single), max(joint)
+        print(
+            f"{clients:>7}  {a:>9.0f} text/s  {b:>6.0f} text/s  {b / a:>4.1f}x  (no gateway code)",
             flush=True,
         )
     print(f"(load average {os.getloadavg()[0]:.1f} after)")

@@ -82,6 +82,9 @@ class CacheRequest(msgspec.Struct, frozen=True, kw_only=True):
     tags: tuple[str, ...] = ()
     cacheable: bool = True
     """The policy allows caching this request (rule cacheable, determinism satisfied)."""
+    write_through: bool = False
+    """Store the answer in every tier before the fill returns (a durable semantic record
+    will point to it), even when the disk tier writes behind."""
 
 
 class CacheResult(msgspec.Struct, kw_only=True):
@@ -471,7 +474,7 @@ class ExactCache:
                 fut.exception()
                 return None, False, False
             fut.set_result(answer)
-            stored = await self.store(req, answer)
+            stored = await self.store(req, answer, write_through=req.write_through)
             return answer, False, stored
         finally:
             if self._flights.get(digest) is fut:

@@ -250,6 +250,10 @@ class OpenAIServing:
         hit, remember = await self._chat_semantic(call, creq, body, stream, directives)
         if hit is not None:
             return hit
+        if remember is not None:
+            # The semantic record written after the store points to this answer: no record
+            # may outlive its answer on disk after a crash.
+            creq = msgspec.structs.replace(creq, write_through=True)
         if not stream:
             return await self._cached_json(call, creq, remember)
         return await self._cached_stream(call, creq, remember)

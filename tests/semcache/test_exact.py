@@ -614,3 +614,29 @@ async def test_a_failing_tier_is_a_miss_not_an_error(
         assert metric(registry, "semcache_exact_tier_errors_total", tier="disk", op="get") == 2
     finally:
         await cache.aclose()
+
+
+async def test_write_through_requests_are_on_disk_when_the_fill_returns(
+    tmp_path: Path,
+) -> None:
+    """Write-behind batches disk writes; a request marked write_through waits for its own."""
+    disk = DiskStore(tmp_path / "l2", linger_s=60.0)
+    cache = ExactCache(
+        memory=MemoryStore[CachedAnswer](1 << 20, sizeof=CachedAnswer.memory_size),
+        lower=[disk],
+        write_behind=True,
+    )
+    other = DiskStore(tmp_path / "l2")  # another worker process of the machine
+    try:
+        backend = Backend()
+        behind = await prep(cache, "written behind")
+        await cache.get_or_fill(behind, backend.fill_for("a"))
+        assert await other.get(behind.key.digest) is None  # still lingering
+        through = msgspec.structs.replace(await prep(cache, "written through"), write_through=True)
+        await cache.get_or_fill(through, backend.fill_for("b"))
+        assert await other.get(through.key.digest) is not None
+    finally:
+        await cache.aclose()
+        await other.aclose()
+    async with DiskStore(tmp_path / "l2") as reopened:
+        assert await reopened.get(behind.key.digest) is not None  # flushed at close
