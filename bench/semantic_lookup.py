@@ -268,7 +268,8 @@ async def main() -> None:
             cache_dir = args.index_cache / name
         hnsw, hnsw_build = build(vectors, base_texts, True, settings, cache_dir)
         configure_faiss_threads(settings.search_threads)
-        for line in await measure(encoder, queries, flat, hnsw, ef_values, settings):
+        measured = sorted({*ef_values, hnsw.ef_search()})
+        for line in await measure(encoder, queries, flat, hnsw, measured, settings):
             print(line, flush=True)
         print(
             f"{'':>9}  build: flat {flat_build:.1f} s, HNSW (M={settings.hnsw_m}, "

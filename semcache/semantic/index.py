@@ -50,9 +50,10 @@ class IndexSettings(msgspec.Struct, kw_only=True, frozen=True):
     """efSearch of partitions up to ``hnsw_ef_base_entries`` entries (recall@1 >= 0.99
     against flat at 100k, ``bench/semantic_lookup.py``)."""
     hnsw_ef_base_entries: int = 100_000
-    hnsw_ef_growth: float = 0.75
+    hnsw_ef_growth: float = 1.2
     """Past the base size, efSearch grows as ``(entries / base) ** growth``: a bigger graph
-    needs a wider beam for the same recall (measured up to 1M entries)."""
+    needs a wider beam for the same recall. At 1M near-duplicate-heavy entries recall@1 was
+    0.960 at 256, 0.973 at 1024 and 0.993 at 2048 (search p50 2.9 ms)."""
     hnsw_ef_max: int = 2048
     tombstone_fraction: float = 0.2
     """An HNSW partition is rebuilt once this share of its vectors are dead."""
