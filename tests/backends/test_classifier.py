@@ -35,7 +35,7 @@ CLEAR = [
 
 @pytest.fixture(scope="module")
 async def encoder() -> AsyncIterator[Encoder]:
-    enc = load_encoder(threads=2)
+    enc = load_encoder()
     yield enc
     await enc.aclose()
 

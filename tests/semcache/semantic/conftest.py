@@ -13,7 +13,7 @@ from semcache.semantic.verifier import PairVerifier, load_verifier
 @pytest.fixture(scope="session")
 async def encoder() -> AsyncIterator[Encoder]:
     """all-MiniLM-L6-v2 from its PyPI package, loaded once per session."""
-    enc = load_encoder(threads=2)
+    enc = load_encoder()
     try:
         yield enc
     finally:
