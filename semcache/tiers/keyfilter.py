@@ -12,8 +12,11 @@ the background and kept current:
   the rows added since its last read (by ``rowid``) in the background.
 
 So the filter never says "absent" for a key that was committed and announced before the
-lookup. Deleted, expired and evicted keys stay in the set until the next rebuild (it only
-costs a real disk read); the set is rebuilt once it has grown to twice its last full size.
+lookup, with one bounded exception: SQLite may give a new row the rowid of a deleted newest
+row, which a catch-up read past that rowid does not see; that key is then a miss in this
+process (a backend call, never a wrong answer) until the next full rebuild. Deleted, expired
+and evicted keys stay in the set until that rebuild (they only cost a real disk read); the
+set is rebuilt once it has grown to twice its last full size.
 """
 
 from __future__ import annotations
