@@ -15,8 +15,9 @@ So the filter never says "absent" for a key that was committed and announced bef
 lookup, with one bounded exception: SQLite may give a new row the rowid of a deleted newest
 row, which a catch-up read past that rowid does not see; that key is then a miss in this
 process (a backend call, never a wrong answer) until the next full rebuild. Deleted, expired
-and evicted keys stay in the set until that rebuild (they only cost a real disk read); the
-set is rebuilt once it has grown to twice its last full size.
+and evicted keys stay in the set until that rebuild (they only cost a real disk read). A
+catch-up read becomes a full rebuild once the set has grown to twice its last full size or
+the last full read is ``REBUILD_S`` old.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import fcntl
 import logging
 import mmap
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ import diskcache
 log = logging.getLogger(__name__)
 
 GEN_FILE = "keys.gen"
+REBUILD_S = 600.0
 LOCK_FILE = "keys.lock"
 
 
@@ -85,6 +88,7 @@ class KeyFilter:
         """The generation the set is exact for; -1 while not loaded."""
         self._last_rowid = 0
         self._full_size = 0
+        self._full_at = 0.0
         self._added_during_scan: list[int] | None = None
         self._sync: asyncio.Task[None] | None = None
         self.skipped = 0
@@ -128,7 +132,11 @@ class KeyFilter:
                 self._sync = asyncio.get_running_loop().create_task(self._run_sync())
 
     async def _run_sync(self) -> None:
-        full = not self.ready or len(self._hashes) > 2 * self._full_size + 10_000
+        full = (
+            not self.ready
+            or len(self._hashes) > 2 * self._full_size + 10_000
+            or time.monotonic() - self._full_at > REBUILD_S
+        )
         if full:
             self._added_during_scan = []
         try:
@@ -143,6 +151,7 @@ class KeyFilter:
             self._added_during_scan = None
             self._hashes = hashes
             self._full_size = len(hashes)
+            self._full_at = time.monotonic()
         else:
             self._hashes |= hashes
         if rows:
