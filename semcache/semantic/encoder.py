@@ -190,19 +190,46 @@ class Encoder:
             start = end
 
     def _run_model(self, texts: list[str], *, show_progress: bool = False) -> np.ndarray:
-        raw = self.model.encode(
-            texts,
-            batch_size=self.model_batch_size,
-            convert_to_numpy=True,
-            normalize_embeddings=True,
-            show_progress_bar=show_progress,
-        )
+        if not show_progress and len(texts) <= self.model_batch_size:
+            raw = _forward(self.model, texts)
+        else:
+            raw = None
+        if raw is None:  # many texts (sorted by length and batched by the library), or a fake
+            raw = self.model.encode(
+                texts,
+                batch_size=self.model_batch_size,
+                convert_to_numpy=True,
+                normalize_embeddings=True,
+                show_progress_bar=show_progress,
+            )
         self.stats.model_calls += 1
         self.stats.texts += len(texts)
         vectors = np.ascontiguousarray(raw, dtype=np.float32)
         # Normalise again in float32: the model's own normalisation may run in another dtype.
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)
         return vectors / np.maximum(norms, 1e-12)
+
+
+def _forward(model: Any, texts: list[str]) -> np.ndarray | None:
+    """One forward pass of a sentence-transformers model over one batch, or None.
+
+    The same modules and outputs as ``model.encode`` (bit-identical for one text), without
+    its per-call bookkeeping: about 1 ms less per lookup of one short text on this CPU.
+    """
+    prepare = getattr(model, "preprocess", None) or getattr(model, "tokenize", None)
+    if prepare is None or not callable(model):
+        return None
+    import torch
+
+    with torch.inference_mode():
+        features = prepare(texts)
+        device = getattr(model, "device", None)
+        if device is not None:
+            features = {
+                k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in features.items()
+            }
+        embedding = model(features)["sentence_embedding"]
+        return cast(np.ndarray, embedding.float().cpu().numpy())
 
 
 def _set_result(future: asyncio.Future[np.ndarray], value: np.ndarray) -> None:
