@@ -22,6 +22,7 @@ import random
 import time
 from pathlib import Path
 
+import msgspec
 import numpy as np
 from tqdm import tqdm
 
@@ -207,6 +208,7 @@ async def main() -> None:
         "already encoded by bench.semantic_quality); past its size, noisy copies",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--hnsw-m", type=int, default=None, help="HNSW M (default: shipped)")
     parser.add_argument(
         "--synthetic",
         choices=["noise", "mix"],
@@ -245,6 +247,8 @@ async def main() -> None:
             " cosine ~0.94 to the source), since encoding 1M texts on 2 cores takes hours"
         )
     settings = IndexSettings(dimensions=encoder.dimensions, background=False, use_gpu=False)
+    if args.hnsw_m is not None:
+        settings = msgspec.structs.replace(settings, hnsw_m=args.hnsw_m)
     for _ in range(20):  # warm the model and the thread hand-off
         await encoder.encode([queries[0]])
     if not args.skip_batching:
