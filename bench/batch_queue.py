@@ -24,13 +24,10 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -41,6 +38,7 @@ import httpx
 # Run as a script, bench/ is on sys.path but the repository root (for tests.support) is not.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from tests.support.gateway import GatewayProcess
 from tests.support.vllm import (
     TINY_MODEL_NAME,
     free_port,
@@ -48,7 +46,6 @@ from tests.support.vllm import (
     test_data_dir,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 MODEL = "@cf/meta/llama-3.1-8b-instruct"
 TOKEN = "bench-token"
 HEADERS = {"Authorization": f"Bearer {TOKEN}", "cf-aig-skip-cache": "true"}
@@ -95,53 +92,6 @@ def write_config(work: Path, data_dir: Path, vllm_url: str, batch: dict[str, Any
     path = work / "gateway.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
-
-
-class Gateway:
-    """The gateway as a child process on a free port."""
-
-    def __init__(self, config: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "server.cli",
-                "serve",
-                "--no-launch",
-                "--config",
-                str(config),
-                "--port",
-                str(self.port),
-            ],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"},
-        )
-        self.ready = threading.Event()
-        self.lines: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            if "[semcache] ready" in line:
-                self.ready.set()
-
-    def wait(self) -> Gateway:
-        if not self.ready.wait(180):
-            self.stop()
-            raise RuntimeError("gateway did not start:\n" + "".join(self.lines[-30:]))
-        return self
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)  # the backlog is thrown away with the dir
-            self.proc.wait(30)
 
 
 def run_url(base: str) -> str:
@@ -225,7 +175,7 @@ class Mode:
             "max_items": 100_000,
             **overrides,
         }
-        self.gateway = Gateway(write_config(work, data_dir, vllm_url, batch))
+        self.gateway = GatewayProcess(write_config(work, data_dir, vllm_url, batch))
         self.idle: list[float] = []
         self.loaded: list[float] = []
         self.loaded_items = self.drain_items = 0
@@ -263,7 +213,7 @@ async def run_modes(args: argparse.Namespace, data_dir: Path, vllm_url: str) -> 
             modes.append(Mode(name, overrides, work, data_dir, vllm_url))
         try:
             for mode in modes:
-                mode.gateway.wait()
+                mode.gateway.start()
             async with httpx.AsyncClient(timeout=600) as client:
                 for mode in modes:
                     await sync_phase(
@@ -274,7 +224,7 @@ async def run_modes(args: argparse.Namespace, data_dir: Path, vllm_url: str) -> 
                         await mode.round(client, args)
         finally:
             for mode in modes:
-                mode.gateway.stop()
+                mode.gateway.kill()  # the backlog is thrown away with the directory
     return modes
 
 

@@ -121,9 +121,7 @@ async def measure(
     flat: PartitionIndex,
     hnsw: PartitionIndex,
     ef_values: list[int],
-    settings: IndexSettings,
 ) -> list[str]:
-    del settings
     encode_s: list[float] = []
     flat_s: list[float] = []
     hnsw_s: dict[int, list[float]] = {ef: [] for ef in ef_values}
@@ -273,7 +271,7 @@ async def main() -> None:
         hnsw, hnsw_build = build(vectors, base_texts, True, settings, cache_dir)
         configure_faiss_threads(settings.search_threads)
         measured = sorted({*ef_values, hnsw.ef_search()})
-        for line in await measure(encoder, queries, flat, hnsw, measured, settings):
+        for line in await measure(encoder, queries, flat, hnsw, measured):
             print(line, flush=True)
         print(
             f"{'':>9}  build: flat {flat_build:.1f} s, HNSW (M={settings.hnsw_m}, "

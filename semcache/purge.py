@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
-import mmap
 import os
 import time
 from abc import ABC, abstractmethod
@@ -35,6 +33,7 @@ import msgspec
 import orjson
 from redis.asyncio import Redis
 
+from semcache.generation import Generation
 from semcache.keys import scope_for
 from semcache.tiers.base import Store
 from semcache.tiers.redis import OUTAGE_ERRORS, RedisLink
@@ -121,11 +120,10 @@ class LocalEpochs(EpochBook):
         self._values: dict[str, int] = {}
         self._snap = Epochs()
         self._dir = Path(directory) if directory is not None else None
-        self._gen_map: mmap.mmap | None = None
+        self._generation: Generation | None = None
         self._seen_gen = -1
         if self._dir is not None:
-            self._dir.mkdir(parents=True, exist_ok=True)
-            self._open_gen()
+            self._generation = Generation(self._dir / "epochs.gen", self._dir / "epochs.lock")
             self._reload()
 
     # -- files (blocking, small; called inline only where noted)
@@ -135,20 +133,9 @@ class LocalEpochs(EpochBook):
         assert self._dir is not None
         return self._dir / "epochs.json"
 
-    def _open_gen(self) -> None:
-        assert self._dir is not None
-        path = self._dir / "epochs.gen"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            if os.fstat(fd).st_size < 8:
-                os.ftruncate(fd, 8)
-            self._gen_map = mmap.mmap(fd, 8)
-        finally:
-            os.close(fd)
-
     def _gen(self) -> int:
-        assert self._gen_map is not None
-        return int.from_bytes(self._gen_map[:8], "little")
+        assert self._generation is not None
+        return self._generation.read()
 
     def _reload(self) -> None:
         gen = self._gen()
@@ -166,29 +153,20 @@ class LocalEpochs(EpochBook):
         self._snap = Epochs(dict(self._values))
         self._seen_gen = gen
 
-    @contextlib.contextmanager
-    def _locked(self) -> Any:
-        assert self._dir is not None
-        with open(self._dir / "epochs.lock", "a+b") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
-
     def _write(self) -> None:
         tmp = self._json.with_suffix(f".tmp{os.getpid()}")
         tmp.write_bytes(orjson.dumps(self._values, option=orjson.OPT_SORT_KEYS))
         os.replace(tmp, self._json)
-        assert self._gen_map is not None
-        self._gen_map[:8] = (self._gen() + 1).to_bytes(8, "little")
+        assert self._generation is not None
+        self._generation.increment()
 
     def _apply(self, update: Mapping[str, int] | None, bump: Sequence[str]) -> None:
         """Read-modify-write under the directory lock (blocking)."""
         if self._dir is None:
             self._merge_values(update or {}, bump)
             return
-        with self._locked():
+        assert self._generation is not None
+        with self._generation.locked():
             self._reload()
             if self._merge_values(update or {}, bump):
                 self._write()
@@ -211,7 +189,7 @@ class LocalEpochs(EpochBook):
 
     async def snapshot(self) -> Epochs:
         # Reading 8 bytes of shared memory: no syscall, so it is fine on the event loop.
-        if self._gen_map is not None and self._gen() != self._seen_gen:
+        if self._generation is not None and self._gen() != self._seen_gen:
             await asyncio.to_thread(self._reload)
         return self._snap
 
@@ -229,9 +207,9 @@ class LocalEpochs(EpochBook):
             await asyncio.to_thread(self._apply, dict(values), ())
 
     async def aclose(self) -> None:
-        if self._gen_map is not None:
-            self._gen_map.close()
-            self._gen_map = None
+        if self._generation is not None:
+            self._generation.close()
+            self._generation = None
 
 
 # --------------------------------------------------------------------------- several gateways

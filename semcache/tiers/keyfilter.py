@@ -24,54 +24,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
-import mmap
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 import diskcache
 
+from semcache.generation import Generation
+
 log = logging.getLogger(__name__)
 
-GEN_FILE = "keys.gen"
 REBUILD_S = 600.0
-LOCK_FILE = "keys.lock"
-
-
-class Generation:
-    """A cross-process write counter: a memory-mapped 8-byte file, bumped under a lock."""
-
-    def __init__(self, directory: Path) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self._lock_path = directory / LOCK_FILE
-        fd = os.open(directory / GEN_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            if os.fstat(fd).st_size < 8:
-                os.ftruncate(fd, 8)
-            self._map = mmap.mmap(fd, 8)
-        finally:
-            os.close(fd)
-
-    def read(self) -> int:
-        return int.from_bytes(self._map[:8], "little")
-
-    def bump(self) -> int:
-        """Increment (blocking, takes a file lock); returns the value before the bump."""
-        with open(self._lock_path, "a+b") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                before = self.read()
-                self._map[:8] = (before + 1).to_bytes(8, "little")
-                return before
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
-
-    def close(self) -> None:
-        with contextlib.suppress(BufferError, ValueError):
-            self._map.close()
 
 
 class KeyFilter:
@@ -82,7 +46,7 @@ class KeyFilter:
 
     def __init__(self, cache: diskcache.Cache, directory: Path) -> None:
         self._cache = cache
-        self.generation = Generation(directory)
+        self.generation = Generation(directory / "keys.gen", directory / "keys.lock")
         self._hashes: set[int] = set()
         self._expected = -1
         """The generation the set is exact for; -1 while not loaded."""
@@ -154,8 +118,8 @@ class KeyFilter:
             self._full_at = time.monotonic()
         else:
             self._hashes |= hashes
-        if rows:
-            self._last_rowid = max(self._last_rowid if not full else 0, rows[-1][0])
+        if full or rows:
+            self._last_rowid = rows[-1][0] if rows else 0  # rows come in rowid order
         self._expected = gen
 
     def _read(self, after_rowid: int) -> tuple[int, list[tuple[int, Any]]]:

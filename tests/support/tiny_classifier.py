@@ -10,12 +10,17 @@ every build.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
-import tempfile
 from pathlib import Path
 
-from tests.support.tiny_llama import READY_MARKER, _sentences, build_tiny_llama
+from tests.support import tiny_llama as tiny_llama_module
+from tests.support.tiny_llama import (
+    TINY_SHAPE,
+    _sentences,
+    build_once,
+    build_tiny_llama,
+    recipe_of,
+)
 
 LABELS = ("NEGATIVE", "POSITIVE")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
@@ -31,13 +36,7 @@ def _build(dest: Path, tokenizer_dir: Path) -> None:
     base = LlamaConfig.from_pretrained(tokenizer_dir)
     config = LlamaConfig(
         vocab_size=base.vocab_size,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=2048,
+        **TINY_SHAPE,
         bos_token_id=base.bos_token_id,
         eos_token_id=base.eos_token_id,
         pad_token_id=base.pad_token_id,
@@ -78,28 +77,10 @@ def _score_head(model: object, tokenizer_dir: Path) -> object:
     return torch.stack([-direction, direction])
 
 
-def _recipe() -> str:
-    """Changes whenever this module does, so a stale cached folder gets rebuilt."""
-    return hashlib.blake2b(Path(__file__).read_bytes(), digest_size=8).hexdigest()
-
-
 def build_tiny_classifier(dest: Path, tokenizer_dir: Path) -> Path:
     """Create the classifier folder at ``dest`` unless an up-to-date one is already there."""
-    recipe = _recipe()
-    marker = dest / READY_MARKER
-    if marker.is_file() and marker.read_text().strip() == recipe:
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
-    try:
-        _build(tmp, tokenizer_dir)
-        tmp.chmod(0o755)  # mkdtemp makes it private
-        (tmp / READY_MARKER).write_text(f"{recipe}\n")
-        shutil.rmtree(dest, ignore_errors=True)
-        tmp.rename(dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return dest
+    recipe = recipe_of(Path(__file__), Path(tiny_llama_module.__file__))
+    return build_once(dest, recipe, lambda tmp: _build(tmp, tokenizer_dir))
 
 
 def tiny_classifier(models_dir: Path) -> Path:

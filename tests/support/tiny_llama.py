@@ -13,10 +13,20 @@ import hashlib
 import random
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 READY_MARKER = ".semcache-ready"
+TINY_SHAPE = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "max_position_embeddings": 2048,
+}
+"""The tiny models' shape (the chat Llama and the classifier built on its tokenizer)."""
 
 BOS = "<|begin_of_text|>"
 EOS = "<|end_of_text|>"
@@ -97,13 +107,7 @@ def _build(dest: Path) -> None:
     vocab = -(-len(tokenizer) // 64) * 64  # type: ignore[arg-type]
     config = LlamaConfig(
         vocab_size=vocab,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=2048,
+        **TINY_SHAPE,
         bos_token_id=ids[BOS],
         eos_token_id=[ids[EOT], ids[EOS]],
         pad_token_id=ids[EOS],
@@ -124,9 +128,12 @@ def _build(dest: Path) -> None:
     model.save_pretrained(dest)
 
 
-def _recipe() -> str:
-    """Changes whenever this module does, so a stale cached folder gets rebuilt."""
-    return hashlib.blake2b(Path(__file__).read_bytes(), digest_size=8).hexdigest()
+def recipe_of(*modules: Path) -> str:
+    """Changes whenever one of the modules does, so a stale cached folder gets rebuilt."""
+    digest = hashlib.blake2b(digest_size=8)
+    for module in modules:
+        digest.update(module.read_bytes())
+    return digest.hexdigest()
 
 
 def _is_current(dest: Path, recipe: str) -> bool:
@@ -136,14 +143,18 @@ def _is_current(dest: Path, recipe: str) -> bool:
 
 def build_tiny_llama(dest: Path) -> Path:
     """Create the tiny model folder at ``dest`` unless an up-to-date one is already there."""
-    recipe = _recipe()
+    return build_once(dest, recipe_of(Path(__file__)), _build)
+
+
+def build_once(dest: Path, recipe: str, build: Callable[[Path], None]) -> Path:
+    """``build`` a model folder into ``dest`` atomically, unless one of ``recipe`` is there."""
     if _is_current(dest, recipe):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     old = tmp.with_name(f"{tmp.name}.old")
     try:
-        _build(tmp)
+        build(tmp)
         tmp.chmod(0o755)  # mkdtemp makes it private
         (tmp / READY_MARKER).write_text(f"{recipe}\n")
         with contextlib.suppress(FileNotFoundError):
