@@ -132,10 +132,14 @@ class KeyFilter:
         return gen, list(cursor)
 
     async def wait_ready(self) -> None:
-        """Load the set now (tests; the gateway lets the first lookups start it)."""
-        self._start_sync()
-        if self._sync is not None:
-            await asyncio.shield(self._sync)
+        """Bring the set up to the current generation now (tests; the gateway lets lookups
+        start the reads). A read already running may predate the last write: read again."""
+        for _ in range(10):  # bounded: a failing read leaves the filter untrusted, not hung
+            if self._expected == self.generation.read():
+                return
+            self._start_sync()
+            if self._sync is not None:
+                await asyncio.shield(self._sync)
 
     async def aclose(self) -> None:
         if self._sync is not None:
