@@ -68,11 +68,22 @@ def test_chat_stream_is_relayed_chunk_for_chunk(gw: openai.OpenAI, direct: opena
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    via = [c.model_dump() for c in gw.chat.completions.create(model="@cf/test/tiny", **kw)]
-    ref = [c.model_dump() for c in direct.chat.completions.create(model=TINY_MODEL_NAME, **kw)]
+
+    def content(chunks: list[dict[str, Any]]) -> str:
+        return "".join(c["choices"][0]["delta"]["content"] or "" for c in chunks if c["choices"])
+
+    # vLLM merges the deltas of several tokens into one event when its own reader lags (a
+    # loaded machine), so two identical requests can be chunked differently upstream. The
+    # text must always match; the chunking must match on at least one of a few tries.
+    for _ in range(4):
+        via = [c.model_dump() for c in gw.chat.completions.create(model="@cf/test/tiny", **kw)]
+        ref = [c.model_dump() for c in direct.chat.completions.create(model=TINY_MODEL_NAME, **kw)]
+        assert content(via) == content(ref)
+        if len(via) == len(ref):
+            break
     assert [strip_volatile(c) for c in via] == [strip_volatile(c) for c in ref]
     assert via[-1]["usage"]["completion_tokens"] == 20
-    text = "".join(c["choices"][0]["delta"]["content"] or "" for c in via if c["choices"])
+    text = content(via)
     plain = gw.chat.completions.create(
         model="tiny-chat", messages=MESSAGES, max_tokens=20, temperature=0
     )

@@ -784,8 +784,14 @@ async def test_batch_waits_while_a_live_request_runs(gw: GatewayThread) -> None:
     gate = wai.workers.gates.for_backend("tiny")
     async with httpx.AsyncClient(timeout=300.0) as client:
         # 1500 tokens: the tiny model writes 400 in ~0.5 s, which a quiet machine can finish
-        # before the client has read its first event.
-        body = {"prompt": "a long answer please", "max_tokens": 1500, "stream": True}
+        # before the client has read its first event. Greedy: sampled at Workers AI's default
+        # temperature, the random-weight model can end with EOS after a few hundred tokens.
+        body = {
+            "prompt": "a long answer please",
+            "max_tokens": 1500,
+            "temperature": 0,
+            "stream": True,
+        }
         async with client.stream("POST", url(gw.url, CHAT), headers=bearer(), json=body) as r:
             async for line in r.aiter_lines():
                 if line.startswith("data: "):
