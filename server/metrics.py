@@ -64,3 +64,10 @@ class GatewayMetrics:
             value = usage.get(kind)
             if isinstance(value, int) and value > 0:
                 self.tokens.labels(model, kind.removesuffix("_tokens")).inc(value)
+
+    def count_tokens(self, model: str, prompt: int, completion: int) -> None:
+        """``count_usage`` of usage already read (e.g. a stored answer's)."""
+        if prompt > 0:
+            self.tokens.labels(model, "prompt").inc(prompt)
+        if completion > 0:
+            self.tokens.labels(model, "completion").inc(completion)

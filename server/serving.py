@@ -394,12 +394,16 @@ class OpenAIServing:
             except BackendError as exc:
                 self._backend_failed(call, exc.kind)
                 raise
-            if resp.status == 200:
-                self._count_usage(call.info, resp.body)
             # a non-200 answer is handed to coalesced waiters but never stored
-            return CachedAnswer.from_json(
+            answer = CachedAnswer.from_json(
                 resp.body, model_id=call.info.id, status=resp.status, content_type=resp.content_type
             )
+            if resp.status == 200:  # the body is parsed once, for the answer's usage
+                usage = answer.usage
+                self.metrics.count_tokens(
+                    call.info.id, usage.prompt_tokens, usage.completion_tokens
+                )
+            return answer
 
         res = await self.cache.get_or_fill(creq, fill)
         entry = res.entry
