@@ -1,11 +1,12 @@
 """Gateway CPU per request, without a model: the gateway in front of a fake vLLM.
 
 The fake (an aiohttp server in its own process) answers chat completions like vLLM does, at
-once: a JSON answer, or 16 content events, a usage event and ``[DONE]``, one HTTP chunk each
-(1 ms apart). With no model competing for the cores, the gateway's CPU time per request
-(user + system, read with psutil) is a steadier figure than latency on a shared machine;
-it is what the gateway adds to every request. Cells: non-stream and stream, 1 and 8
-concurrent; the answer cache is on (every request a miss) unless ``--no-cache``.
+once: a JSON answer, or 16 content events (the last with its finish reason), a usage event and
+``[DONE]``, one HTTP chunk each (1 ms apart): complete answers, which the cache stores. With
+no model competing for the cores, the gateway's CPU time per request (user + system, read
+with psutil) is a steadier figure than latency on a shared machine; it is what the gateway
+adds to every request. Cells: non-stream and stream, 1 and 8 concurrent; the answer cache is
+on (every request a miss) unless ``--no-cache``.
 
     .venv/bin/python bench/gateway_cpu.py [--requests 200] [--no-cache]
 """
@@ -43,6 +44,15 @@ _EVENT = orjson.dumps(
         "choices": [{"index": 0, "delta": {"content": " word"}, "finish_reason": None}],
     }
 )
+_FINAL = orjson.dumps(  # the last content event carries the finish reason, as vLLM's does
+    {
+        "id": "chatcmpl-x",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": SERVED,
+        "choices": [{"index": 0, "delta": {"content": " word"}, "finish_reason": "length"}],
+    }
+)
 _USAGE = {"prompt_tokens": 40, "completion_tokens": TOKENS, "total_tokens": 40 + TOKENS}
 _LAST = orjson.dumps(
     {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1, "model": SERVED}
@@ -76,8 +86,8 @@ def serve_fake(port: int) -> None:
             return web.Response(body=_ANSWER, content_type="application/json")
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
-        for _ in range(TOKENS):
-            await response.write(b"data: " + _EVENT + b"\n\n")
+        for i in range(TOKENS):
+            await response.write(b"data: " + (_FINAL if i == TOKENS - 1 else _EVENT) + b"\n\n")
             await asyncio.sleep(0.001)
         await response.write(b"data: " + _LAST + b"\n\n")
         await response.write(b"data: [DONE]\n\n")

@@ -131,6 +131,23 @@ def decode_entry(blob: bytes, digest: str) -> CachedAnswer:
         raise IntegrityError(f"undecodable entry: {exc}") from None
 
 
+class _Choice(msgspec.Struct):
+    index: int = 0
+    finish_reason: Any = None
+
+
+class _Chunk(msgspec.Struct):
+    """What :class:`StreamRecorder` reads of a chunk; a chunk that does not fit these types
+    is read by the general path instead."""
+
+    choices: list[_Choice] | None = None
+    usage: Any = None
+    error: Any = msgspec.UNSET
+
+
+_chunk_decoder = msgspec.json.Decoder(_Chunk)
+
+
 class StreamRecorder:
     """Collects the ``data:`` payloads of a backend stream and says whether it is complete.
 
@@ -157,6 +174,24 @@ class StreamRecorder:
         if self.done or self.failed:
             self.failed = True
             return
+        try:
+            # Only the fields this needs, into structs: no dicts built for the content.
+            chunk = _chunk_decoder.decode(data)
+        except msgspec.DecodeError:  # not JSON, or an unusual shape: the general reading
+            self._feed_doc(data)
+            return
+        if chunk.error is not msgspec.UNSET:
+            self.failed = True
+            return
+        for choice in chunk.choices or ():
+            self._open.add(choice.index)
+            if choice.finish_reason is not None:
+                self._finished.add(choice.index)
+        if chunk.usage:
+            self.usage = usage_of(chunk.usage)
+        self.chunks.append(bytes(data))
+
+    def _feed_doc(self, data: bytes) -> None:
         try:
             doc = orjson.loads(data)
         except orjson.JSONDecodeError:

@@ -411,9 +411,13 @@ class ExactCache:
             await self.memory.set(key.digest, entry, life)
         if self.lower:
             blob = encode_entry(entry, key.digest)
-            await asyncio.gather(
-                *(self._write(s, key.digest, blob, life, through=write_through) for s in self.lower)
-            )
+            writes = [
+                self._write(s, key.digest, blob, life, through=write_through) for s in self.lower
+            ]
+            if len(writes) == 1:
+                await writes[0]  # no task for one tier (the disk tier, usually writing behind)
+            else:
+                await asyncio.gather(*writes)
         if self.metrics:
             self.metrics.stores.labels(key.model_id).inc()
             if self.memory is not None:

@@ -6,43 +6,55 @@ from collections.abc import Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from semcache.metrics import Labelled
+
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self.requests = Counter(
-            "semcache_requests",
-            "HTTP requests by route, model and status code.",
-            ["route", "model", "status"],
-            registry=registry,
+        self.requests = Labelled(
+            Counter(
+                "semcache_requests",
+                "HTTP requests by route, model and status code.",
+                ["route", "model", "status"],
+                registry=registry,
+            )
         )
-        self.latency = Histogram(
-            "semcache_request_duration_seconds",
-            "Time to the complete answer, by route.",
-            ["route", "stream"],
-            buckets=_LATENCY_BUCKETS,
-            registry=registry,
+        self.latency = Labelled(
+            Histogram(
+                "semcache_request_duration_seconds",
+                "Time to the complete answer, by route.",
+                ["route", "stream"],
+                buckets=_LATENCY_BUCKETS,
+                registry=registry,
+            )
         )
-        self.ttft = Histogram(
-            "semcache_time_to_first_byte_seconds",
-            "Time to the first relayed byte of a streamed answer.",
-            ["route"],
-            buckets=_LATENCY_BUCKETS,
-            registry=registry,
+        self.ttft = Labelled(
+            Histogram(
+                "semcache_time_to_first_byte_seconds",
+                "Time to the first relayed byte of a streamed answer.",
+                ["route"],
+                buckets=_LATENCY_BUCKETS,
+                registry=registry,
+            )
         )
-        self.backend_errors = Counter(
-            "semcache_backend_errors",
-            "Failed backend calls by backend and kind.",
-            ["backend", "kind"],
-            registry=registry,
+        self.backend_errors = Labelled(
+            Counter(
+                "semcache_backend_errors",
+                "Failed backend calls by backend and kind.",
+                ["backend", "kind"],
+                registry=registry,
+            )
         )
-        self.tokens = Counter(
-            "semcache_tokens",
-            "Tokens in backend answers, by model and kind (prompt/completion).",
-            ["model", "kind"],
-            registry=registry,
+        self.tokens = Labelled(
+            Counter(
+                "semcache_tokens",
+                "Tokens in backend answers, by model and kind (prompt/completion).",
+                ["model", "kind"],
+                registry=registry,
+            )
         )
 
     def count_usage(self, model: str, usage: Mapping[str, object] | None) -> None:
@@ -52,3 +64,10 @@ class GatewayMetrics:
             value = usage.get(kind)
             if isinstance(value, int) and value > 0:
                 self.tokens.labels(model, kind.removesuffix("_tokens")).inc(value)
+
+    def count_tokens(self, model: str, prompt: int, completion: int) -> None:
+        """``count_usage`` of usage already read (e.g. a stored answer's)."""
+        if prompt > 0:
+            self.tokens.labels(model, "prompt").inc(prompt)
+        if completion > 0:
+            self.tokens.labels(model, "completion").inc(completion)

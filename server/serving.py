@@ -10,7 +10,7 @@ import asyncio
 import base64
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,7 +82,7 @@ class Reply:
 
     status: int
     body: bytes = b""
-    stream: AsyncIterator[bytes] | None = None
+    stream: AsyncIterable[bytes] | None = None
     media_type: str = "application/json"
     headers: dict[str, str] = field(default_factory=dict)
 
@@ -394,12 +394,16 @@ class OpenAIServing:
             except BackendError as exc:
                 self._backend_failed(call, exc.kind)
                 raise
-            if resp.status == 200:
-                self._count_usage(call.info, resp.body)
             # a non-200 answer is handed to coalesced waiters but never stored
-            return CachedAnswer.from_json(
+            answer = CachedAnswer.from_json(
                 resp.body, model_id=call.info.id, status=resp.status, content_type=resp.content_type
             )
+            if resp.status == 200:  # the body is parsed once, for the answer's usage
+                usage = answer.usage
+                self.metrics.count_tokens(
+                    call.info.id, usage.prompt_tokens, usage.completion_tokens
+                )
+            return answer
 
         res = await self.cache.get_or_fill(creq, fill)
         entry = res.entry
@@ -416,14 +420,18 @@ class OpenAIServing:
         """A stream through the cache: replay a stored answer, or relay and record a live one.
 
         The backend is always asked for the usage chunk (so the stored answer knows its
-        tokens); a client that did not ask for it does not get it.
+        tokens); a client that did not ask for it does not get it. The leader's response
+        relays the backend's stream itself, recording it as it goes, and hands the recorded
+        answer to the cache's fill when it ends (no hop through another task per chunk).
         """
         assert self.cache is not None
         include_usage = replay.wants_usage(call.upstream)
         options = dict(call.upstream.get("stream_options") or {})
         live_body = {**call.upstream, "stream_options": {**options, "include_usage": True}}
-        live: asyncio.Queue[bytes | BackendError | None] = asyncio.Queue()
-        opened = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        # The live answer this request relays, or None once the cache answered without one
+        # (a hit, another request's answer, an error).
+        handoff: asyncio.Future[_LiveAnswer | None] = loop.create_future()
 
         async def fill() -> CachedAnswer | None:
             try:
@@ -433,36 +441,32 @@ class OpenAIServing:
                 raise
             if up.status != 200:
                 return CachedAnswer.from_json(await up.read_all(), status=up.status)
-            opened.set()
-            reader, recorder = SSEReader(), StreamRecorder(call.info.id)
+            if asyncio.current_task() is not task:
+                # A background refresh (stale-while-revalidate): no response relays it.
+                return await self._record(call, up)
+            live = _LiveAnswer(up, loop.create_future())
+            handoff.set_result(live)
             try:
-                async for chunk in up.chunks():
-                    for payload in reader.feed(chunk):
-                        recorder.feed(payload)
-                        live.put_nowait(payload)
-            except BackendError as exc:
-                self._backend_failed(call, exc.kind)
-                live.put_nowait(exc)
-                return None
-            finally:
-                await up.aclose()
-                live.put_nowait(None)
-            self.metrics.count_usage(call.info.id, reader.usage())
-            return recorder.answer()  # None unless complete: nothing partial is stored
+                return await live.recorded  # set by the relay when the stream ends
+            except asyncio.CancelledError:
+                await up.aclose()  # the request was cancelled before its relay started
+                raise
+
+        def settle(done: asyncio.Task[CacheResult]) -> None:
+            _retrieve_exception(done)
+            if not handoff.done():
+                handoff.set_result(None)
 
         task = asyncio.create_task(self.cache.get_or_fill(creq, fill))
-        task.add_done_callback(_retrieve_exception)
+        task.add_done_callback(settle)
         if remember is not None:
             self._after_store(task, remember)
-        waiter = asyncio.create_task(opened.wait())
         try:
-            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            live = await handoff
         except asyncio.CancelledError:
             task.cancel()
             raise
-        finally:
-            waiter.cancel()
-        if not opened.is_set():
+        if live is None:
             res = task.result()  # a hit, a coalesced answer, or an error (raised here)
             entry = res.entry
             if entry is None:
@@ -474,41 +478,76 @@ class OpenAIServing:
             return Reply(200, stream=_replayed(payloads), media_type=SSE, headers=headers)
         status = CacheStatus.BYPASS if creq.control.bypass_read else CacheStatus.MISS
         headers = {**SSE_HEADERS, **status_headers(status, creq.key.short_id)}
-        return Reply(
-            200, stream=self._live(call, live, task, include_usage), media_type=SSE, headers=headers
-        )
+        relay = ClosingStream(self._live(call, live, include_usage), live.abandon)
+        return Reply(200, stream=relay, media_type=SSE, headers=headers)
+
+    async def _record(self, call: GenerationCall, up: UpstreamStream) -> CachedAnswer | None:
+        """Read and record a whole stream that no response relays (a background refresh)."""
+        reader, recorder = SSEReader(), StreamRecorder(call.info.id)
+        try:
+            async for chunk in up.chunks():
+                for payload in reader.feed(chunk):
+                    recorder.feed(payload)
+        except BackendError as exc:
+            self._backend_failed(call, exc.kind)
+            return None
+        finally:
+            await up.aclose()
+        self.metrics.count_usage(call.info.id, reader.usage())
+        return recorder.answer()  # None unless complete: nothing partial is stored
 
     async def _live(
-        self,
-        call: GenerationCall,
-        live: asyncio.Queue[bytes | BackendError | None],
-        task: asyncio.Task[CacheResult],
-        include_usage: bool,
-    ) -> AsyncIterator[bytes]:
-        """Relay the payloads the leader's fill records, as they arrive."""
+        self, call: GenerationCall, live: _LiveAnswer, include_usage: bool
+    ) -> AsyncGenerator[bytes, None]:
+        """Relay the leader's live answer as it arrives, recording it for the cache.
+
+        The events of one backend chunk go out together. The recorded answer (``None`` unless
+        complete) goes to the cache's fill once the backend's stream has ended, before the
+        last events are relayed; a client gone earlier leaves it ``None`` (nothing stored).
+        """
+        up = live.upstream
+        reader, recorder = SSEReader(), StreamRecorder(call.info.id)
         first = True
         done = False
+        held = b""  # the events from [DONE] on, sent once the backend's stream has ended
         try:
-            while (item := await live.get()) is not None:
-                if isinstance(item, BackendError):
-                    yield broken_stream_event(item.message)
-                    return
-                if first:
-                    self._observe_ttft(call)
-                    first = False
-                if item == DONE:
-                    done = True
-                elif not include_usage and replay.is_usage_only(item):
-                    continue
-                yield event(item)
+            try:
+                async for chunk in up.chunks():
+                    out = []
+                    for payload in reader.feed(chunk):
+                        recorder.feed(payload)
+                        if first:
+                            self._observe_ttft(call)
+                            first = False
+                        if payload == DONE:
+                            done = True
+                        elif not include_usage and replay.is_usage_only(payload):
+                            continue
+                        out.append(event(payload))
+                    if not out:
+                        continue
+                    if done:
+                        held += b"".join(out)
+                    else:
+                        yield out[0] if len(out) == 1 else b"".join(out)
+            except BackendError as exc:
+                self._backend_failed(call, exc.kind)
+                live.settle(None)
+                if held:
+                    yield held
+                yield broken_stream_event(exc.message)
+                return
+            self.metrics.count_usage(call.info.id, reader.usage())
+            live.settle(recorder.answer())  # None unless complete: nothing partial is stored
+            if held:
+                yield held
             if not done:
                 yield broken_stream_event(None)
                 return
             self._observe_latency(call, stream=True)
         finally:
-            if not done and not task.done():
-                task.cancel()  # the client has gone: abort the backend, store nothing
-            # Once the answer is complete the task is only storing it: let it finish.
+            live.settle(None)  # the client has gone: store nothing (no-op once settled)
+            await up.aclose()  # aborts the backend unless its stream was read to the end
 
     def _after_store(self, task: asyncio.Task[CacheResult], remember: Remember) -> None:
         """Index a streamed answer in the semantic cache once the cache has stored it."""
@@ -724,6 +763,56 @@ class OpenAIServing:
                 stored=res.stored,
             )
         return Reply(200, res.entry.body or b"", headers=headers)
+
+
+class _LiveAnswer:
+    """A leader's open backend stream and the future its relay settles with the recorded
+    answer (``None``: incomplete, or the client left), which the cache's fill returns."""
+
+    __slots__ = ("recorded", "upstream")
+
+    def __init__(
+        self, upstream: UpstreamStream, recorded: asyncio.Future[CachedAnswer | None]
+    ) -> None:
+        self.upstream = upstream
+        self.recorded = recorded
+
+    def settle(self, answer: CachedAnswer | None) -> None:
+        if not self.recorded.done():
+            self.recorded.set_result(answer)
+
+    async def abandon(self) -> None:
+        """The response is over: store nothing unless settled, release the backend's stream."""
+        self.settle(None)
+        await self.upstream.aclose()
+
+
+class ClosingStream:
+    """A response stream whose ``aclose`` closes the generator, then runs ``on_close``: for
+    what must be released even when the generator never started (closing an unstarted
+    generator runs none of its code)."""
+
+    def __init__(
+        self, stream: AsyncGenerator[bytes, None], on_close: Callable[[], Awaitable[None]]
+    ) -> None:
+        self._stream = stream
+        self._on_close = on_close
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._stream
+
+    async def aclose(self) -> None:
+        try:
+            await self._stream.aclose()
+        finally:
+            await self._on_close()
+
+
+async def aclose_stream(stream: AsyncIterable[bytes]) -> None:
+    """Close a response stream (a generator or a :class:`ClosingStream`), if it can be."""
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 Remember = Callable[[], Awaitable[None]]

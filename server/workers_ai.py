@@ -16,8 +16,9 @@ errors are raised as ``ApiError`` and wrapped by ``server.errors`` for ``/client
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterable, Mapping
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -41,7 +42,7 @@ from server.batch import (
 from server.caching import CacheDirectives
 from server.config import GatewayConfig
 from server.errors import ApiError, from_backend, from_validation
-from server.serving import SSE_HEADERS, OpenAIServing, Reply
+from server.serving import SSE_HEADERS, ClosingStream, OpenAIServing, Reply, aclose_stream
 from server.sse import DONE, SSEReader, event
 
 log = logging.getLogger("semcache.workers_ai")
@@ -188,7 +189,7 @@ def text_result(route: str, body: bytes) -> dict[str, Any]:
     return result
 
 
-async def workers_stream(source: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+async def workers_stream(source: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:
     """OpenAI SSE chunks → Workers-AI events: ``{"response": piece}``…, usage, ``[DONE]``.
 
     An error event of the source ends the stream with ``{"errors": [...]}`` and no
@@ -453,7 +454,9 @@ class WorkersAIServing:
         headers = {**reply.headers, **SSE_HEADERS}
         return Reply(
             200,
-            stream=workers_stream(reply.stream),
+            stream=ClosingStream(
+                workers_stream(reply.stream), functools.partial(aclose_stream, reply.stream)
+            ),
             media_type="text/event-stream",
             headers=headers,
         )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable
 from typing import Any
 
 from litestar import Request, Response, get, post
@@ -13,7 +13,7 @@ from litestar.response import Stream
 
 from backends.protocol import RequestContext
 from server.caching import directives_from, tenant_from
-from server.serving import OpenAIServing, Reply, parse_body
+from server.serving import OpenAIServing, Reply, aclose_stream, parse_body
 
 
 def serving(request: Request[Any, Any, Any]) -> OpenAIServing:
@@ -30,16 +30,14 @@ def context(request: Request[Any, Any, Any]) -> RequestContext:
     )
 
 
-async def close_stream(stream: AsyncIterator[bytes]) -> None:
+async def close_stream(stream: AsyncIterable[bytes]) -> None:
     """Close a relayed stream once its response is over, however it ended.
 
     When the client leaves, Litestar cancels the sending task and leaves the generator
     suspended at its ``yield``: its ``finally`` (which aborts the backend and keeps a partial
     answer out of the cache) would only run at garbage collection.
     """
-    aclose = getattr(stream, "aclose", None)
-    if aclose is not None:
-        await aclose()
+    await aclose_stream(stream)
 
 
 def respond(reply: Reply, ctx: RequestContext | None = None) -> Response[Any]:

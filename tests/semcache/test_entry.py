@@ -91,3 +91,64 @@ def test_incomplete_streams_are_not_recorded(stream: list[bytes]) -> None:
     rec.feed_many(stream)
     assert not rec.complete
     assert rec.answer() is None
+
+
+ODD_PAYLOADS = [
+    b'{"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}',
+    b'{"choices":[{"index":1,"delta":{},"finish_reason":"stop"}],"usage":null}',
+    b'{"choices":[{"delta":{"content":"no index"}}]}',
+    b'{"choices":[{"index":null,"finish_reason":"length"}]}',
+    b'{"choices":[{"index":"2","finish_reason":"stop"}]}',
+    b'{"choices":[{"index":true,"finish_reason":"stop"}]}',
+    b'{"choices":[{"index":1.0,"finish_reason":"stop"}]}',
+    b'{"choices":["not a dict",{"index":3,"finish_reason":"stop"}]}',
+    b'{"choices":{"index":0}}',
+    b'{"choices":"abc"}',
+    b'{"choices":0}',
+    b'{"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":2}}',
+    b'{"choices":[],"usage":{"prompt_tokens":"4","completion_tokens":true}}',
+    b'{"choices":[],"usage":[1,2]}',
+    b'{"choices":[],"usage":0}',
+    b'{"error":null}',
+    b'{"error":{"message":"boom"},"choices":[]}',
+    b'[{"choices":[]}]',
+    b'"text"',
+    b"not json",
+    b'{"choices":[{"index":0,"finish_reason":"stop"}]',
+    b'  {"choices":[{"index":0,"finish_reason":"stop"}]}  ',
+    b"[DONE]",
+    b'{"choices":[{"index":0,"finish_reason":"stop"}]}',
+]
+
+
+@pytest.mark.parametrize("start", range(len(ODD_PAYLOADS)))
+def test_recorder_reads_every_shape_like_the_general_reading(start: int) -> None:
+    """The struct-decoding fast path records exactly what reading each chunk as a
+    dict does, whatever the chunk holds."""
+    sequence = ODD_PAYLOADS[start:] + ODD_PAYLOADS[:start]
+    fast, general = StreamRecorder(), StreamRecorder()
+    for payload in sequence:
+        fast.feed(payload)
+        data = payload.strip()
+        if data == b"[DONE]":
+            general.done = True
+        elif general.done or general.failed:
+            general.failed = True
+        else:
+            general._feed_doc(data)
+        state = [
+            (r.chunks, r._open, r._finished, r.usage, r.done, r.failed, r.complete)
+            for r in (fast, general)
+        ]
+        assert state[0] == state[1], payload
+    for payload in ODD_PAYLOADS[:-2]:
+        one, other = StreamRecorder(), StreamRecorder()
+        one.feed(payload)
+        other._feed_doc(payload.strip())
+        assert (one.chunks, one._open, one._finished, one.usage, one.failed) == (
+            other.chunks,
+            other._open,
+            other._finished,
+            other.usage,
+            other.failed,
+        ), payload
