@@ -92,3 +92,75 @@ async def test_real_server_answers_whole(method: str) -> None:
     finally:
         server.should_exit = True
         await task
+
+
+async def test_relay_response_ends_quietly_when_the_client_leaves() -> None:
+    from collections.abc import AsyncIterator
+
+    from litestar.background_tasks import BackgroundTask
+
+    from server.routes.openai import respond
+    from server.serving import Reply
+
+    closed = asyncio.Event()
+
+    async def endless() -> AsyncIterator[bytes]:
+        try:
+            while True:
+                yield b"data: {}\n\n"
+                await asyncio.sleep(0.01)
+        finally:
+            closed.set()
+
+    stream = endless()
+    response = respond(Reply(200, stream=stream, media_type="text/event-stream"))
+    assert isinstance(response.background, BackgroundTask)
+    asgi = response.to_asgi_response(app=None, request=None)  # type: ignore[arg-type]
+    sent: list[dict[str, Any]] = []
+    gone = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if len(sent) == 4:
+            gone.set()
+
+    await asyncio.wait_for(asgi({"type": "http"}, receive, send), 5)  # type: ignore[arg-type]
+    assert closed.is_set()  # the background task closed the stream: the backend is aborted
+    assert sent[0]["type"] == "http.response.start"
+    assert all(m.get("more_body") for m in sent[1:])  # cut, not ended
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+
+async def test_relay_response_sends_the_whole_stream() -> None:
+    from collections.abc import AsyncIterator
+
+    from server.routes.openai import respond
+    from server.serving import Reply
+
+    async def three() -> AsyncIterator[bytes]:
+        for i in range(3):
+            yield b"%d" % i
+
+    response = respond(Reply(200, stream=three(), media_type="text/event-stream"))
+    asgi = response.to_asgi_response(app=None, request=None)  # type: ignore[arg-type]
+    sent: list[dict[str, Any]] = []
+    done = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if message["type"] == "http.response.body" and not message["more_body"]:
+            done.set()
+
+    await asyncio.wait_for(asgi({"type": "http"}, receive, send), 5)  # type: ignore[arg-type]
+    assert sent[0]["status"] == 200
+    assert (b"content-type", b"text/event-stream; charset=utf-8") in sent[0]["headers"]
+    assert [m["body"] for m in sent[1:]] == [b"0", b"1", b"2", b""]
+    assert sent[-1]["more_body"] is False
