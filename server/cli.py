@@ -18,6 +18,7 @@ from backends.launch import Launcher, VllmStartError
 from semcache.policy import PolicyError, load_policy
 from server.app import create_app, registry_from_config
 from server.config import ConfigError, GatewayConfig, load_config
+from server.http_protocol import uvicorn_config
 
 
 def say(message: str) -> None:
@@ -46,9 +47,7 @@ async def _serve(config: GatewayConfig, launch: bool) -> None:
         say("loading models and computing revisions")
         registry = await asyncio.to_thread(registry_from_config, config)
         app = create_app(config, registry)
-        server = uvicorn.Server(
-            uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on")
-        )
+        server = uvicorn.Server(uvicorn_config(app, host, port))
         task = asyncio.create_task(server.serve())
         while not server.started and not task.done():  # noqa: ASYNC110 (uvicorn has no event)
             await asyncio.sleep(0.05)

@@ -16,6 +16,7 @@ import uvicorn
 from backends.registry import ModelRegistry
 from server.app import create_app
 from server.config import GatewayConfig
+from server.http_protocol import uvicorn_config
 from tests.support.vllm import REPO_ROOT, free_port
 
 
@@ -26,11 +27,7 @@ class GatewayThread:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.app = create_app(config, registry)
-        self._server = uvicorn.Server(
-            uvicorn.Config(
-                self.app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on"
-            )
-        )
+        self._server = uvicorn.Server(uvicorn_config(self.app, "127.0.0.1", self.port))
         self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve()))
 
