@@ -15,6 +15,7 @@ import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -174,21 +175,23 @@ def m_mlp_retrained(parts, x, y) -> dict[str, np.ndarray]:
     return {s: v.probabilities_of_features(x[s]) for s in SPLITS}
 
 
+HGB_PARAMS: dict[str, Any] = dict(
+    max_iter=600,
+    learning_rate=0.05,
+    max_leaf_nodes=31,
+    min_samples_leaf=40,
+    l2_regularization=1.0,
+    early_stopping=True,
+    validation_fraction=0.1,
+    n_iter_no_change=30,
+    random_state=0,
+)
+
+
 def _hgb(x, y, **kw) -> dict[str, np.ndarray]:
     from sklearn.ensemble import HistGradientBoostingClassifier
 
-    params = dict(
-        max_iter=600,
-        learning_rate=0.05,
-        max_leaf_nodes=31,
-        min_samples_leaf=40,
-        l2_regularization=1.0,
-        early_stopping=True,
-        validation_fraction=0.1,
-        n_iter_no_change=30,
-        random_state=0,
-    )
-    params.update(kw)
+    params = {**HGB_PARAMS, **kw}
     clf = HistGradientBoostingClassifier(**params)
     started = time.time()
     clf.fit(x["train"], y["train"])
@@ -343,16 +346,7 @@ def measure_cost(parts, x, y) -> None:
     from semcache.semantic.verifier import lexical_features, load_verifier
 
     xe = np.hstack([x["train"][:, COS:], extra_features(parts["train"])])
-    clf = HistGradientBoostingClassifier(
-        max_iter=600,
-        learning_rate=0.05,
-        min_samples_leaf=40,
-        l2_regularization=1.0,
-        early_stopping=True,
-        validation_fraction=0.1,
-        n_iter_no_change=30,
-        random_state=1,
-    ).fit(xe, y["train"])
+    clf = HistGradientBoostingClassifier(**{**HGB_PARAMS, "random_state": 1}).fit(xe, y["train"])
     mlp = load_verifier()
     test = parts["test"]
     for name in ("mlp", "hgb_lex"):

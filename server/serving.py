@@ -546,8 +546,8 @@ class OpenAIServing:
                 return
             self._observe_latency(call, stream=True)
         finally:
-            live.settle(None)  # the client has gone: store nothing (no-op once settled)
-            await up.aclose()  # aborts the backend unless its stream was read to the end
+            # The client has gone unless settled: store nothing; abort an unfinished backend.
+            await live.abandon()
 
     def _after_store(self, task: asyncio.Task[CacheResult], remember: Remember) -> None:
         """Index a streamed answer in the semantic cache once the cache has stored it."""

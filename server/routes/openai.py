@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterable
 from typing import Any
 
 from litestar import Request, Response, get, post
@@ -32,16 +31,6 @@ def context(request: Request[Any, Any, Any]) -> RequestContext:
         session_affinity=headers.get("x-session-affinity"),
         tenant=tenant_from(headers),
     )
-
-
-async def close_stream(stream: AsyncIterable[bytes]) -> None:
-    """Close a relayed stream once its response is over, however it ended.
-
-    When the client leaves, Litestar cancels the sending task and leaves the generator
-    suspended at its ``yield``: its ``finally`` (which aborts the backend and keeps a partial
-    answer out of the cache) would only run at garbage collection.
-    """
-    await aclose_stream(stream)
 
 
 class _RelayResponse(ASGIStreamingResponse):
@@ -105,7 +94,10 @@ def respond(reply: Reply, ctx: RequestContext | None = None) -> Response[Any]:
             status_code=reply.status,
             media_type=reply.media_type,
             headers=headers,
-            background=BackgroundTask(close_stream, reply.stream),
+            # When the client leaves, Litestar stops sending and leaves the generator suspended
+            # at its `yield`: its `finally` (which aborts the backend and keeps a partial
+            # answer out of the cache) would otherwise run only at garbage collection.
+            background=BackgroundTask(aclose_stream, reply.stream),
         )
     return Response(
         reply.body, status_code=reply.status, media_type=reply.media_type, headers=headers
