@@ -43,6 +43,9 @@ CHUNK_TEXTS = 8
 64 QQP questions (16 tokens on average, 60 at most) cost 7.9 ms per text in one pass, 2.8
 in length-sorted passes of 4-8, against 4.1 one at a time (one thread)."""
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+RUNTIMES = ("auto", "onnx", "torch")
+RUNTIME_ENV = "SEMCACHE_ENCODER_RUNTIME"
+"""Sets the default runtime of the semantic encoder and of the local embeddings backends."""
 
 
 class OnnxUnsupported(RuntimeError):
@@ -130,6 +133,14 @@ class OnnxSentenceModel:
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
 
+def requested_runtime(runtime: str | None) -> str:
+    """``runtime``, else :data:`RUNTIME_ENV`, else ``auto``; ValueError if not in RUNTIMES."""
+    chosen = runtime or os.environ.get(RUNTIME_ENV) or "auto"
+    if chosen not in RUNTIMES:
+        raise ValueError(f"encoder runtime must be one of {RUNTIMES}, not {chosen!r}")
+    return chosen
+
+
 def load_onnx_model(
     model: Any, graph_dir: Path, *, threads: int, batch_size: int = 64
 ) -> OnnxSentenceModel:
@@ -144,7 +155,9 @@ def load_onnx_model(
     except ImportError as exc:
         raise OnnxUnsupported("onnxruntime is not installed") from exc
     path = graph_dir / GRAPH_FILE
-    expected = model.encode(list(PROBES), convert_to_numpy=True, normalize_embeddings=normalize)
+    expected = model.encode(
+        list(PROBES), convert_to_numpy=True, normalize_embeddings=normalize, show_progress_bar=False
+    )
     why = ""
     for attempt in range(2):
         if attempt or not path.is_file():

