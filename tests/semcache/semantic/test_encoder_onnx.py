@@ -1,5 +1,5 @@
-"""The ONNX Runtime forward pass: the same vectors as torch, a graph exported once and
-checked at every load, and torch kept where ONNX cannot reproduce it."""
+"""The encoder on ONNX Runtime: picked on a CPU, the graph exported once per model
+version, the same vectors as the torch encoder (the module itself: tests/backends)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from backends.onnx_model import GRAPH_FILE, OnnxSentenceModel
 from semcache.semantic.encoder import Encoder, load_encoder
-from semcache.semantic.onnx_model import (
-    GRAPH_FILE,
-    OnnxSentenceModel,
-    OnnxUnsupported,
-    load_onnx_model,
-)
 
 TEXTS = [
     "How do I lose 10 kg in a month?",
@@ -69,44 +64,6 @@ async def test_async_batches_match_torch(onnx_encoder: Encoder, torch_encoder: E
     vectors = await onnx_encoder.encode(TEXTS[:8])
     np.testing.assert_allclose(vectors, torch_encoder.encode_sync(TEXTS[:8]), atol=1e-5)
     await onnx_encoder.aclose()
-
-
-def test_a_broken_graph_file_is_exported_again(torch_encoder: Encoder, tmp_path: Path) -> None:
-    model = torch_encoder.model
-    first = load_onnx_model(model, tmp_path, threads=1)
-    expected = first.encode(TEXTS[:3])
-    (tmp_path / GRAPH_FILE).write_bytes(b"not an onnx graph")
-    rebuilt = load_onnx_model(model, tmp_path, threads=1)
-    np.testing.assert_allclose(rebuilt.encode(TEXTS[:3]), expected, atol=1e-6)
-    assert (tmp_path / GRAPH_FILE).stat().st_size > 1_000_000
-
-
-def test_a_graph_of_another_model_is_replaced(torch_encoder: Encoder, tmp_path: Path) -> None:
-    model = torch_encoder.model
-    load_onnx_model(model, tmp_path, threads=1)
-    # Same graph, different weights: the probes disagree, so the load exports again.
-    import onnx
-    from onnx import numpy_helper
-
-    graph = onnx.load(str(tmp_path / GRAPH_FILE))
-    weight = max(graph.graph.initializer, key=lambda t: int(np.prod(t.dims)))
-    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 0.5, weight.name))
-    onnx.save(graph, str(tmp_path / GRAPH_FILE))
-    reloaded = load_onnx_model(model, tmp_path, threads=1)
-    np.testing.assert_allclose(
-        reloaded.encode(TEXTS[:2]), torch_encoder.encode_sync(TEXTS[:2]), atol=1e-5
-    )
-
-
-def test_other_model_shapes_stay_on_torch(torch_encoder: Encoder, tmp_path: Path) -> None:
-    from sentence_transformers import SentenceTransformer
-
-    model = torch_encoder.model
-    assert isinstance(model, SentenceTransformer)
-    without_pooling = SentenceTransformer(modules=[model[0]], device="cpu")
-    with pytest.raises(OnnxUnsupported, match="pooling"):
-        load_onnx_model(without_pooling, tmp_path, threads=1)
-    assert not list(tmp_path.iterdir())
 
 
 def test_unknown_runtime_is_refused() -> None:

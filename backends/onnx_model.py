@@ -1,13 +1,14 @@
 """A sentence-transformers model's forward pass through ONNX Runtime.
 
-On this CPU the same all-MiniLM-L6-v2 graph runs about twice as fast in ONNX Runtime as in
-torch for one short text (3.7 ms against 7.8 ms, one thread): fewer, fused kernels and no
-Python per layer. The graph is exported once from the model folder with torch's exporter,
-cached as ``<cache_dir>/<model version>/model.onnx``, and checked against the torch model
-on probe sentences each time it is loaded; a graph that disagrees is exported again, and a
-model it cannot reproduce stays on torch. The vectors are the torch model's to float
-rounding (max abs difference ~2e-7), so the encoder version, thresholds and the verifier
-are unchanged.
+Used by the semantic cache's encoder and by the local embeddings backend. On this CPU the
+same all-MiniLM-L6-v2 graph runs about twice as fast in ONNX Runtime as in torch for one
+short text (3.7 ms against 7.8 ms, one thread): fewer, fused kernels and no Python per
+layer. The graph is exported once from the model folder with torch's exporter, cached as
+``<graph dir>/<model version>/model.onnx`` (``backends.models.model_version``), and checked
+against the torch model on probe sentences each time it is loaded; a graph that disagrees
+is exported again, and a model it cannot reproduce stays on torch. The vectors are the
+torch model's to float rounding (max abs difference ~2e-7), so the encoder version,
+thresholds and the verifier are unchanged, and so are the embeddings the gateway serves.
 
 Only models made of a Transformer, mean pooling and (optionally) Normalize are exported;
 anything else stays on torch.
@@ -42,6 +43,9 @@ CHUNK_TEXTS = 8
 64 QQP questions (16 tokens on average, 60 at most) cost 7.9 ms per text in one pass, 2.8
 in length-sorted passes of 4-8, against 4.1 one at a time (one thread)."""
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+RUNTIMES = ("auto", "onnx", "torch")
+RUNTIME_ENV = "SEMCACHE_ENCODER_RUNTIME"
+"""Sets the default runtime of the semantic encoder and of the local embeddings backends."""
 
 
 class OnnxUnsupported(RuntimeError):
@@ -51,8 +55,8 @@ class OnnxUnsupported(RuntimeError):
 class OnnxSentenceModel:
     """Mean-pooled, optionally normalised sentence vectors from an ONNX transformer graph.
 
-    Offers the part of ``SentenceTransformer`` the encoder uses: ``encode`` and
-    ``tokenizer``.
+    Offers the part of ``SentenceTransformer`` the encoder and the embeddings backend use:
+    ``encode`` (``normalize_embeddings`` included) and ``tokenizer``.
     """
 
     def __init__(
@@ -78,13 +82,24 @@ class OnnxSentenceModel:
         *,
         batch_size: int | None = None,
         show_progress_bar: bool = False,
+        normalize_embeddings: bool = False,
         **_: Any,
     ) -> np.ndarray:
         """Vectors for ``sentences`` in order.
 
-        Several texts run sorted by length in chunks of at most :data:`CHUNK_TEXTS` (or
-        ``batch_size`` if smaller), so little of a chunk is padding.
+        As ``SentenceTransformer.encode``: the model's own Normalize module (if any) always
+        applies, and ``normalize_embeddings`` normalises on top of it. Several texts run
+        sorted by length in chunks of at most :data:`CHUNK_TEXTS` (or ``batch_size`` if
+        smaller), so little of a chunk is padding.
         """
+        vectors = self._encode(sentences, batch_size, show_progress_bar)
+        if normalize_embeddings:
+            vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
+        return vectors
+
+    def _encode(
+        self, sentences: list[str], batch_size: int | None, show_progress_bar: bool
+    ) -> np.ndarray:
         if len(sentences) <= 1:
             return self._batch(sentences)
         size = min(batch_size or self.batch_size, CHUNK_TEXTS)
@@ -118,6 +133,14 @@ class OnnxSentenceModel:
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
 
+def requested_runtime(runtime: str | None) -> str:
+    """``runtime``, else :data:`RUNTIME_ENV`, else ``auto``; ValueError if not in RUNTIMES."""
+    chosen = runtime or os.environ.get(RUNTIME_ENV) or "auto"
+    if chosen not in RUNTIMES:
+        raise ValueError(f"encoder runtime must be one of {RUNTIMES}, not {chosen!r}")
+    return chosen
+
+
 def load_onnx_model(
     model: Any, graph_dir: Path, *, threads: int, batch_size: int = 64
 ) -> OnnxSentenceModel:
@@ -132,7 +155,9 @@ def load_onnx_model(
     except ImportError as exc:
         raise OnnxUnsupported("onnxruntime is not installed") from exc
     path = graph_dir / GRAPH_FILE
-    expected = model.encode(list(PROBES), convert_to_numpy=True, normalize_embeddings=normalize)
+    expected = model.encode(
+        list(PROBES), convert_to_numpy=True, normalize_embeddings=normalize, show_progress_bar=False
+    )
     why = ""
     for attempt in range(2):
         if attempt or not path.is_file():

