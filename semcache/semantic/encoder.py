@@ -20,6 +20,7 @@ from typing import Any, Protocol, cast
 
 import numpy as np
 
+from backends import models
 from backends.models import model_version
 from backends.onnx_model import OnnxUnsupported, load_onnx_model, requested_runtime
 
@@ -35,14 +36,7 @@ class TextModel(Protocol):
 
 def package_model_dir(package: str = DEFAULT_PACKAGE) -> Path:
     """The folder of a sentence-transformers model shipped inside a Python package."""
-    import importlib
-
-    module = importlib.import_module(package)
-    base = Path(module.__file__ or "").resolve().parent
-    for candidate in (base / "model", base):
-        if (candidate / "modules.json").is_file() or (candidate / "config.json").is_file():
-            return candidate
-    raise FileNotFoundError(f"no sentence-transformers model folder inside package {package!r}")
+    return models.package_model_dir(package)
 
 
 def default_threads() -> int:
