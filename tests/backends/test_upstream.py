@@ -135,7 +135,7 @@ async def test_a_request_leaves_before_the_work_queued_behind_it(eager: bool) ->
         headers = {"content-type": "application/json"}
         await (await http.post(url, b"{}", headers)).read()  # connect (pooled from now on)
         if not eager:  # the control: aiohttp's own behaviour on this Python
-            loop.set_task_factory(before)
+            loop.set_task_factory(None)
         server.arrivals.clear()
         blocked_until = 0.0
 
