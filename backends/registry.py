@@ -133,6 +133,7 @@ def build_registry(
                 path,
                 normalize=b.normalize,
                 batch_size=b.max_batch_size,
+                runtime=b.runtime,
                 graph_dir=data_dir / "encoders",  # shared with the semantic cache's encoder
             )
     for m in models:

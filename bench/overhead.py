@@ -28,6 +28,7 @@ Exit status: 0 when every target is met, 1 when not, 130 on Ctrl-C.
     .venv/bin/python bench/overhead.py --model-path prepared:smollm2-135m-instruct
     .venv/bin/python bench/overhead.py --vllm-url http://127.0.0.1:8100   # a running vLLM
     .venv/bin/python bench/overhead.py --client httpx          # the earlier, heavier client
+    .venv/bin/python bench/overhead.py --minimal-proxy         # the floor: a bare aiohttp proxy
 """
 
 from __future__ import annotations
@@ -583,6 +584,9 @@ async def run(args: argparse.Namespace, vllm_cores: set[int] | None) -> bool:
         )
         load_config(config_path)  # fail here, not in the child, on a bad config
         gateway = GatewayProcess(config_path, port, tmp / "gateway.log")
+        if args.minimal_proxy:
+            proxy = REPO / "bench" / "minimal_proxy.py"
+            gateway.command = [sys.executable, str(proxy), str(port), vllm_url, served]
         gateway.start()
         stack.push_async_callback(gateway.stop)
         await gateway.wait_ready()
@@ -608,10 +612,13 @@ async def run(args: argparse.Namespace, vllm_cores: set[int] | None) -> bool:
     client_cores = sorted(os.sched_getaffinity(0))
     print()
     print(vllm_note)
-    print(
-        f"gateway: {gateway.url}, python -m server.cli serve --no-launch (uvicorn, own process); "
-        f"answer cache {'on (every request a miss)' if args.cache else 'off'}"
-    )
+    if args.minimal_proxy:
+        print(f"gateway: {gateway.url}, bench/minimal_proxy.py in its place (own process)")
+    else:
+        print(
+            f"gateway: {gateway.url}, python -m server.cli serve --no-launch (uvicorn, own "
+            f"process); answer cache {'on (every request a miss)' if args.cache else 'off'}"
+        )
     print(
         f"gateway idle CPU (health checks, queue polling, ...): {1e3 * gateway_idle:.1f} ms/s; "
         "gw CPU below is net of it"
@@ -676,6 +683,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="aiohttp",
         help="the load client's HTTP library (default aiohttp: ~5x less CPU per request than "
         "httpx, which shares a core with the gateway)",
+    )
+    ap.add_argument(
+        "--minimal-proxy",
+        action="store_true",
+        help="measure bench/minimal_proxy.py (aiohttp in and out, nothing else) in the "
+        "gateway's place: the floor of any Python proxy in this layout",
     )
     ap.add_argument("--throughput-tolerance", type=float, default=0.01)
     return ap

