@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
@@ -76,19 +78,26 @@ _ANSWER = orjson.dumps(
 )
 
 
-def serve_fake(port: int) -> None:
-    """Run the fake vLLM on ``port`` until killed."""
+def fake_app(
+    pace_s: float = 0.001, on_chat: Callable[[bytes], None] | None = None
+) -> web.Application:
+    """The fake vLLM: answers ``pace_s`` apart per token; ``on_chat`` sees each request body
+    as soon as it is read."""
 
     async def chat(request: web.Request) -> web.StreamResponse:
-        body = orjson.loads(await request.read())
-        if not body.get("stream"):
-            await asyncio.sleep(0.001 * TOKENS)
+        raw = await request.read()
+        if on_chat is not None:
+            on_chat(raw)
+        if not orjson.loads(raw).get("stream"):
+            if pace_s:
+                await asyncio.sleep(pace_s * TOKENS)
             return web.Response(body=_ANSWER, content_type="application/json")
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
         for i in range(TOKENS):
             await response.write(b"data: " + (_FINAL if i == TOKENS - 1 else _EVENT) + b"\n\n")
-            await asyncio.sleep(0.001)
+            if pace_s:
+                await asyncio.sleep(pace_s)
         await response.write(b"data: " + _LAST + b"\n\n")
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
@@ -107,32 +116,39 @@ def serve_fake(port: int) -> None:
     app.router.add_get("/health", empty)
     app.router.add_get("/metrics", empty)
     app.router.add_get("/v1/models", models)
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+    return app
 
 
-async def measure(args: argparse.Namespace, fake_port: int) -> None:
+def serve_fake(port: int) -> None:
+    """Run the fake vLLM on ``port`` until killed."""
+    web.run_app(fake_app(), host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+@contextlib.asynccontextmanager
+async def gateway_before(fake_url: str, *, cache: bool = True) -> AsyncIterator[GatewayProcess]:
+    """The real gateway (its own process, a throw-away data dir) in front of ``fake_url``."""
     port = free_port()
-    with tempfile.TemporaryDirectory(prefix="semcache-gwcpu-") as tmp_name:
+    with tempfile.TemporaryDirectory(prefix="semcache-gwbench-") as tmp_name:
         tmp = Path(tmp_name)
         config = tmp / "gateway.toml"
         config.write_text(
             gateway_toml(
-                data_dir=tmp,
-                port=port,
-                vllm_url=f"http://127.0.0.1:{fake_port}",
-                served=SERVED,
-                model=None,
-                cache=not args.no_cache,
+                data_dir=tmp, port=port, vllm_url=fake_url, served=SERVED, model=None, cache=cache
             )
         )
         gateway = GatewayProcess(config, port, tmp / "gateway.log")
         gateway.start()
         try:
             await gateway.wait_ready()
-            assert gateway.pid is not None
-            await run_cells(gateway.url, psutil.Process(gateway.pid), args.requests)
+            yield gateway
         finally:
             await gateway.stop()
+
+
+async def measure(args: argparse.Namespace, fake_port: int) -> None:
+    async with gateway_before(f"http://127.0.0.1:{fake_port}", cache=not args.no_cache) as gw:
+        assert gw.pid is not None
+        await run_cells(gw.url, psutil.Process(gw.pid), args.requests)
 
 
 async def run_cells(base: str, server: psutil.Process, requests: int) -> None:

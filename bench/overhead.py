@@ -172,13 +172,37 @@ async def one_request(target: Target, body: bytes, stream: bool) -> Sample:
     return await _one_request_httpx(target.client, target.url, body, stream)
 
 
-def _stream_sample(raw: bytearray, ttft: float | None, total: float) -> Sample:
-    if not raw.rstrip().endswith(b"data: [DONE]"):
-        raise RequestFailed(f"stream ended without [DONE]: ...{bytes(raw[-200:])!r}")
-    usage = stream_usage(bytes(raw))
-    if ttft is None or usage is None:
-        raise RequestFailed("stream without content or without usage")
-    return Sample(ttft, total, int(usage.get("completion_tokens", 0)))
+class _StreamScan:
+    """A streamed answer as it arrives: its bytes, and when the first content event came."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.raw = bytearray()
+        self.ttft: float | None = None
+
+    def feed(self, chunk: bytes) -> None:
+        now = time.perf_counter()
+        scan_from = max(0, len(self.raw) - 16)
+        self.raw += chunk
+        if self.ttft is None and FIRST_CONTENT.search(self.raw, scan_from):
+            self.ttft = now - self.started
+
+    def sample(self) -> Sample:
+        raw = self.raw
+        if not raw.rstrip().endswith(b"data: [DONE]"):
+            raise RequestFailed(f"stream ended without [DONE]: ...{bytes(raw[-200:])!r}")
+        usage = stream_usage(bytes(raw))
+        if self.ttft is None or usage is None:
+            raise RequestFailed("stream without content or without usage")
+        total = time.perf_counter() - self.started
+        return Sample(self.ttft, total, int(usage.get("completion_tokens", 0)))
+
+
+def _json_sample(content: bytes, started: float) -> Sample:
+    """A whole JSON answer: its time to the last byte counts as TTFT too."""
+    total = time.perf_counter() - started
+    usage = orjson.loads(content).get("usage") or {}
+    return Sample(total, total, int(usage.get("completion_tokens", 0)))
 
 
 async def _one_request_aiohttp(
@@ -186,24 +210,15 @@ async def _one_request_aiohttp(
 ) -> Sample:
     started = time.perf_counter()
     async with client.post(f"{base}/v1/chat/completions", data=body, headers=JSON_HEADERS) as r:
-        if not stream:
-            content = await r.read()
-            total = time.perf_counter() - started
-            if r.status != 200:
-                raise RequestFailed(f"HTTP {r.status}: {content[:200]!r}")
-            usage = orjson.loads(content).get("usage") or {}
-            return Sample(total, total, int(usage.get("completion_tokens", 0)))
+        content = await r.read() if not stream or r.status != 200 else b""
         if r.status != 200:
-            raise RequestFailed(f"HTTP {r.status}: {(await r.read())[:200]!r}")
-        ttft: float | None = None
-        raw = bytearray()
+            raise RequestFailed(f"HTTP {r.status}: {content[:200]!r}")
+        if not stream:
+            return _json_sample(content, started)
+        scan = _StreamScan(started)
         async for chunk in r.content.iter_any():
-            now = time.perf_counter()
-            scan_from = max(0, len(raw) - 16)
-            raw += chunk
-            if ttft is None and FIRST_CONTENT.search(raw, scan_from):
-                ttft = now - started
-    return _stream_sample(raw, ttft, time.perf_counter() - started)
+            scan.feed(chunk)
+    return scan.sample()
 
 
 async def _one_request_httpx(
@@ -213,24 +228,17 @@ async def _one_request_httpx(
     started = time.perf_counter()
     if not stream:
         response = await client.post(url, content=body, headers=JSON_HEADERS)
-        total = time.perf_counter() - started
         if response.status_code != 200:
             raise RequestFailed(f"HTTP {response.status_code}: {response.text[:200]}")
-        usage = orjson.loads(response.content).get("usage") or {}
-        return Sample(total, total, int(usage.get("completion_tokens", 0)))
-    ttft: float | None = None
-    raw = bytearray()
+        return _json_sample(response.content, started)
+    scan = _StreamScan(started)
     async with client.stream("POST", url, content=body, headers=JSON_HEADERS) as response:
         if response.status_code != 200:
             await response.aread()
             raise RequestFailed(f"HTTP {response.status_code}: {response.text[:200]}")
         async for chunk in response.aiter_raw():
-            now = time.perf_counter()
-            scan_from = max(0, len(raw) - 16)
-            raw += chunk
-            if ttft is None and FIRST_CONTENT.search(raw, scan_from):
-                ttft = now - started
-    return _stream_sample(raw, ttft, time.perf_counter() - started)
+            scan.feed(chunk)
+    return scan.sample()
 
 
 def cpu_seconds(process: psutil.Process | None) -> float:

@@ -20,7 +20,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,72 +31,37 @@ from aiohttp import web
 sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.gateway_cpu import _ANSWER, _EVENT, _FINAL, _LAST, SERVED, TOKENS
-from bench.overhead import GATEWAY_MODEL_ID, GatewayProcess, chat_body, gateway_toml
+from bench.gateway_cpu import SERVED, TOKENS, fake_app, gateway_before
+from bench.overhead import GATEWAY_MODEL_ID, chat_body
 from tests.support.vllm import free_port
 
 UID = re.compile(rb'"content":"(\d{7})\.')
 
 
 def serve_fake(port: int) -> None:
-    """The fake vLLM on ``port``; ``GET /arrivals`` hands over (and forgets) what it noted."""
+    """The fake vLLM on ``port``, answering at once; ``GET /arrivals`` hands over (and forgets)
+    when each request arrived."""
     arrivals: dict[str, float] = {}
 
-    async def chat(request: web.Request) -> web.StreamResponse:
+    def note(raw: bytes) -> None:
         at = time.monotonic()  # CLOCK_MONOTONIC: comparable across processes
-        raw = await request.read()
         found = UID.search(raw)
         if found:
             arrivals[found.group(1).decode()] = at
-        if not orjson.loads(raw).get("stream"):
-            return web.Response(body=_ANSWER, content_type="application/json")
-        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
-        await response.prepare(request)
-        for i in range(TOKENS):
-            await response.write(b"data: " + (_FINAL if i == TOKENS - 1 else _EVENT) + b"\n\n")
-        await response.write(b"data: " + _LAST + b"\n\ndata: [DONE]\n\n")
-        await response.write_eof()
-        return response
 
     async def taken(request: web.Request) -> web.Response:
         out = dict(arrivals)
         arrivals.clear()
         return web.Response(body=orjson.dumps(out), content_type="application/json")
 
-    async def empty(request: web.Request) -> web.Response:
-        return web.Response(text="")
-
-    async def models(request: web.Request) -> web.Response:
-        card = {"id": SERVED, "object": "model", "max_model_len": 2048}
-        return web.json_response({"object": "list", "data": [card]})
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
+    app = fake_app(pace_s=0, on_chat=note)
     app.router.add_get("/arrivals", taken)
-    app.router.add_get("/health", empty)
-    app.router.add_get("/metrics", empty)
-    app.router.add_get("/v1/models", models)
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
 async def measure(args: argparse.Namespace, fake_url: str) -> None:
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="semcache-arrivals-") as tmp_name:
-        tmp = Path(tmp_name)
-        config = tmp / "gateway.toml"
-        config.write_text(
-            gateway_toml(
-                data_dir=tmp, port=port, vllm_url=fake_url, served=SERVED, model=None, cache=True
-            )
-        )
-        gateway = GatewayProcess(config, port, tmp / "gateway.log")
-        gateway.start()
-        try:
-            await gateway.wait_ready()
-            async with aiohttp.ClientSession() as client:
-                await run_waves(client, fake_url, gateway.url, args.waves, args.concurrency)
-        finally:
-            await gateway.stop()
+    async with gateway_before(fake_url) as gateway, aiohttp.ClientSession() as client:
+        await run_waves(client, fake_url, gateway.url, args.waves, args.concurrency)
 
 
 async def run_waves(
