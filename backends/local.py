@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from backends.models import model_version
-from backends.onnx_model import OnnxUnsupported, load_onnx_model, requested_runtime
+from backends.onnx_model import onnx_or_torch, requested_runtime
 from backends.protocol import Embeddings
 
 log = logging.getLogger(__name__)
@@ -67,21 +67,18 @@ class LocalEmbeddingBackend:
         model = SentenceTransformer(str(self.model_dir), device="cpu")
         self.dimensions = int(model.get_embedding_dimension() or 0)
         loaded: Any = model
-        note = ""
+        why: str | None = None
         wanted = self.requested_runtime
         if wanted == "onnx" or (wanted == "auto" and self.graph_dir is not None):
-            try:
-                loaded = load_onnx_model(
-                    model,
-                    self._graph_root() / model_version(self.model_dir),
-                    threads=self.threads or torch.get_num_threads(),
-                    batch_size=self.batch_size,
-                )
-            except OnnxUnsupported as exc:
-                if wanted == "onnx":
-                    raise
-                note = f" (ONNX Runtime unusable: {exc})"
+            loaded, why = onnx_or_torch(
+                model,
+                self._graph_root() / model_version(self.model_dir),
+                required=wanted == "onnx",
+                threads=self.threads or torch.get_num_threads(),
+                batch_size=self.batch_size,
+            )
         self.runtime = "torch" if loaded is model else "onnx"
+        note = f" (ONNX Runtime unusable: {why})" if why else ""
         log.info("embeddings backend %s runs on %s%s", self.name, self.runtime, note)
         return loaded
 
@@ -105,8 +102,7 @@ class LocalEmbeddingBackend:
             convert_to_numpy=True,
             show_progress_bar=False,
         )
-        tokens = self._model.tokenizer(texts, add_special_tokens=True, truncation=True)
-        counts = [len(ids) for ids in tokens["input_ids"]]
+        counts = self.count_tokens(texts)
         return Embeddings(vectors=np.asarray(vectors, dtype=np.float32), token_counts=counts)
 
     async def embed(self, texts: list[str]) -> Embeddings:

@@ -141,6 +141,20 @@ def requested_runtime(runtime: str | None) -> str:
     return chosen
 
 
+def onnx_or_torch(
+    model: Any, graph_dir: Path, *, required: bool, threads: int, batch_size: int = 64
+) -> tuple[Any, str | None]:
+    """(the model to run, why ONNX was not used): the ONNX twin of ``model`` when it loads and
+    passes the check, else ``model`` itself with the reason; with ``required`` the failure
+    raises :class:`OnnxUnsupported` instead."""
+    try:
+        return load_onnx_model(model, graph_dir, threads=threads, batch_size=batch_size), None
+    except OnnxUnsupported as exc:
+        if required:
+            raise
+        return model, str(exc)
+
+
 def load_onnx_model(
     model: Any, graph_dir: Path, *, threads: int, batch_size: int = 64
 ) -> OnnxSentenceModel:

