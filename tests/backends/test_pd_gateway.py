@@ -154,6 +154,12 @@ def pd_gateway(
         "max_tokens": 1,
     }
     httpx.post(f"{gw.url}/v1/chat/completions", json=warm, timeout=REQUEST_TIMEOUT_S)
+    # A warm-up hand-off that failed ejects the decode server until a health check passes;
+    # /ready checks every server now (re-admitting one that answers), so wait for it.
+    deadline = time.monotonic() + 60
+    while httpx.get(f"{gw.url}/ready", timeout=30).status_code != 200:
+        assert time.monotonic() < deadline, "the P/D gateway never became ready"
+        time.sleep(0.5)
     try:
         yield gw
     finally:
