@@ -7,6 +7,9 @@ Typical use by the server (which maps headers to :class:`CacheControl`)::
     result = await cache.get_or_fill(req, fill)     # fill: async () -> CachedAnswer | None
     # result.status: HIT / STALE / MISS / EXPIRED / BYPASS, result.entry, result.age
 
+A caller that must fetch the answer in its own task (a stream relayed as it arrives) uses
+``claim`` instead: it returns the result, or a :class:`Flight` to lead and then ``finish``.
+
 Lookup walks L1 (memory) → L2 (disk) → L3 (Redis) and copies a lower-tier hit into the tiers
 above it. L1 holds verified, decoded entries; entries read from a byte tier are checked
 against their checksum, and a failing one is deleted, counted and treated as absent.
@@ -120,6 +123,82 @@ class _Found(msgspec.Struct):
     status: CacheStatus
     age_s: float
     blob: bytes | None
+
+
+class Flight:
+    """A miss one request leads: it fetches the answer, then ends the flight exactly once.
+
+    Concurrent requests for the same key wait for the answer :meth:`finish` hands them, or
+    get the exception :meth:`fail` hands them (a cancelled or incomplete leader makes them
+    start over). A flight without a future (a policy-bypassed request) is joined by nobody
+    and stores nothing.
+    """
+
+    __slots__ = ("_cache", "_fut", "_over", "req", "result")
+
+    def __init__(
+        self,
+        cache: ExactCache,
+        req: CacheRequest,
+        result: CacheResult,
+        fut: asyncio.Future[CachedAnswer] | None,
+    ) -> None:
+        self._cache = cache
+        self.req = req
+        self.result = result
+        """The lookup's result (MISS / EXPIRED / BYPASS); :meth:`finish` completes it."""
+        self._fut = fut
+        self._over = False
+
+    def _end(self) -> asyncio.Future[CachedAnswer] | None:
+        if self._over:
+            raise RuntimeError("this flight has already ended")
+        self._over = True
+        return self._fut
+
+    async def finish(self, answer: CachedAnswer | None) -> CacheResult:
+        """Hand ``answer`` to the waiters and store it (when policy allows: status 200 only).
+
+        ``None`` (an incomplete answer) stores nothing and makes the waiters start over.
+        """
+        fut = self._end()
+        res = self.result
+        res.entry = answer
+        if fut is None:
+            return res
+        try:
+            if answer is None:
+                fut.set_exception(_LeaderGone())
+                fut.exception()  # mark retrieved: waiters may be none
+                return res
+            fut.set_result(answer)
+            # still in flight while storing: a request arriving now joins, not misses
+            res.stored = await self._cache.store(
+                self.req, answer, write_through=self.req.write_through
+            )
+            return res
+        finally:
+            self._cache._land(self.req, fut)
+
+    def fail(self, exc: BaseException) -> None:
+        """The fetch raised ``exc``: the waiters get it too, or start over when it is a
+        cancellation (the leader's client went away)."""
+        fut = self._end()
+        if fut is None:
+            return
+        gone = isinstance(exc, asyncio.CancelledError)
+        fut.set_exception(_LeaderGone() if gone else exc)
+        fut.exception()
+        self._cache._land(self.req, fut)
+
+    async def run(self, fill: Fill) -> CacheResult:
+        """Lead with ``fill``: call it, then finish with its answer (or fail with its error)."""
+        try:
+            answer = await fill()
+        except BaseException as exc:
+            self.fail(exc)
+            raise
+        return await self.finish(answer)
 
 
 class ExactCache:
@@ -436,22 +515,23 @@ class ExactCache:
         status, _ = self._judge(entry, req.control, self.clock())
         return entry if status is CacheStatus.HIT else None
 
-    async def _fill_coalesced(
-        self, req: CacheRequest, fill: Fill, *, reuse_recent: bool = True
-    ) -> tuple[CachedAnswer | None, bool, bool]:
-        """(answer, coalesced, stored) for a miss, with one fill per key at a time.
+    async def _join_or_lead(
+        self, req: CacheRequest, res: CacheResult, *, reuse_recent: bool = True
+    ) -> CacheResult | Flight:
+        """After a miss: another request's answer (``res``, coalesced), or a flight this
+        request leads, one per key at a time.
 
         ``reuse_recent``: a request whose lookup missed may take an answer a leader stored
         since (its flight ended between our lookup and now); not for ``bypass_read``.
         """
         digest = req.key.digest
-        answer: CachedAnswer | None
         while True:
             fut = self._flights.get(digest)
             if fut is None:
                 recent = await self._memory_fresh(req) if reuse_recent else None
                 if recent is not None:
-                    return recent, True, False
+                    res.entry, res.coalesced = recent, True
+                    return res
                 if digest not in self._flights:
                     break
                 continue
@@ -461,28 +541,33 @@ class ExactCache:
                 continue
             if self.metrics:
                 self.metrics.coalesced.labels(req.key.model_id).inc()
-            return answer, True, False
-
+            res.entry, res.coalesced = answer, True
+            return res
         fut = asyncio.get_running_loop().create_future()
         self._flights[digest] = fut
-        try:
-            try:
-                answer = await fill()
-            except BaseException as exc:
-                gone = isinstance(exc, asyncio.CancelledError)
-                fut.set_exception(_LeaderGone() if gone else exc)
-                fut.exception()  # mark retrieved: waiters may be none
-                raise
-            if answer is None:
-                fut.set_exception(_LeaderGone())
-                fut.exception()
-                return None, False, False
-            fut.set_result(answer)
-            stored = await self.store(req, answer, write_through=req.write_through)
-            return answer, False, stored
-        finally:
-            if self._flights.get(digest) is fut:
-                del self._flights[digest]
+        return Flight(self, req, res, fut)
+
+    def _land(self, req: CacheRequest, fut: asyncio.Future[CachedAnswer]) -> None:
+        if self._flights.get(req.key.digest) is fut:
+            del self._flights[req.key.digest]
+
+    async def claim(self, req: CacheRequest, refresh: Fill) -> CacheResult | Flight:
+        """Serve from the cache, or hand the caller the :class:`Flight` of a miss to lead.
+
+        Like :meth:`get_or_fill`, except that the leader of a miss fetches the answer itself,
+        in its own task (a stream's response relays what it fetches), and ends the flight
+        with :meth:`Flight.finish` or :meth:`Flight.fail`. ``refresh`` serves a STALE answer's
+        background refresh. Policy-bypassed requests lead a flight nobody else joins.
+        """
+        res = await self.lookup(req)
+        if res.status is CacheStatus.HIT:
+            return res
+        if res.status is CacheStatus.STALE:
+            self._schedule_refresh(req, refresh)
+            return res
+        if not req.cacheable:
+            return Flight(self, req, res, None)
+        return await self._join_or_lead(req, res, reuse_recent=res.status is not CacheStatus.BYPASS)
 
     async def get_or_fill(self, req: CacheRequest, fill: Fill) -> CacheResult:
         """Serve from the cache or call ``fill`` once for all concurrent identical misses.
@@ -492,20 +577,8 @@ class ExactCache:
         ``fill`` returned None. Policy-bypassed requests (not cacheable) call ``fill``
         directly, without coalescing: each gets its own sample.
         """
-        res = await self.lookup(req)
-        if res.status is CacheStatus.HIT:
-            return res
-        if res.status is CacheStatus.STALE:
-            self._schedule_refresh(req, fill)
-            return res
-        if not req.cacheable:
-            res.entry = await fill()
-            return res
-        answer, coalesced, stored = await self._fill_coalesced(
-            req, fill, reuse_recent=res.status is not CacheStatus.BYPASS
-        )
-        res.entry, res.coalesced, res.stored = answer, coalesced, stored
-        return res
+        got = await self.claim(req, fill)
+        return got if isinstance(got, CacheResult) else await got.run(fill)
 
     # ------------------------------------------------------------------ stale-while-revalidate
 
@@ -523,12 +596,13 @@ class ExactCache:
         )
         outcome = "stored"
         try:
-            answer, coalesced, stored = await self._fill_coalesced(
-                fresh_req, fill, reuse_recent=False
+            got = await self._join_or_lead(
+                fresh_req, CacheResult(status=CacheStatus.MISS, key=req.key), reuse_recent=False
             )
-            if answer is None:
+            res = got if isinstance(got, CacheResult) else await got.run(fill)
+            if res.entry is None:
                 outcome = "incomplete"
-            elif not stored and not coalesced:
+            elif not res.stored and not res.coalesced:
                 outcome = "not_stored"
         except asyncio.CancelledError:
             outcome = "cancelled"

@@ -30,7 +30,7 @@ from backends.protocol import (
 from backends.registry import ModelInfo, ModelRegistry, Task
 from semcache import replay
 from semcache.entry import CachedAnswer, StreamRecorder
-from semcache.exact import CacheRequest, CacheResult, CacheStatus, ExactCache
+from semcache.exact import CacheRequest, CacheResult, CacheStatus, ExactCache, Flight
 from semcache.policy import PolicyHolder
 from semcache.semantic.chat import chat_partition, chat_query, with_query
 from semcache.semantic.items import ItemCache, label_margin
@@ -101,11 +101,6 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object.", code="invalid_json")
     return body
-
-
-def _retrieve_exception(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
 
 
 async def _replayed(payloads: list[bytes]) -> AsyncIterator[bytes]:
@@ -420,66 +415,82 @@ class OpenAIServing:
         """A stream through the cache: replay a stored answer, or relay and record a live one.
 
         The backend is always asked for the usage chunk (so the stored answer knows its
-        tokens); a client that did not ask for it does not get it. The leader's response
-        relays the backend's stream itself, recording it as it goes, and hands the recorded
-        answer to the cache's fill when it ends (no hop through another task per chunk).
+        tokens); a client that did not ask for it does not get it. A miss is led from the
+        request's own task: it opens the backend's stream at once (no hop through another
+        task, so concurrent requests reach vLLM as each is handled), its response relays the
+        stream, recording it, and the recorded answer ends the cache's flight.
         """
         assert self.cache is not None
         include_usage = replay.wants_usage(call.upstream)
         options = dict(call.upstream.get("stream_options") or {})
         live_body = {**call.upstream, "stream_options": {**options, "include_usage": True}}
-        loop = asyncio.get_running_loop()
-        # The live answer this request relays, or None once the cache answered without one
-        # (a hit, another request's answer, an error).
-        handoff: asyncio.Future[_LiveAnswer | None] = loop.create_future()
 
-        async def fill() -> CachedAnswer | None:
-            try:
-                up = await call.backend.open_stream(call.path, live_body, call.ctx)
-            except BackendError as exc:
-                self._backend_failed(call, exc.kind)
-                raise
+        async def refresh() -> CachedAnswer | None:
+            # stale-while-revalidate, in the background: no response relays it
+            up = await self._open_stream(call, live_body)
             if up.status != 200:
                 return CachedAnswer.from_json(await up.read_all(), status=up.status)
-            if asyncio.current_task() is not task:
-                # A background refresh (stale-while-revalidate): no response relays it.
-                return await self._record(call, up)
-            live = _LiveAnswer(up, loop.create_future())
-            handoff.set_result(live)
-            try:
-                return await live.recorded  # set by the relay when the stream ends
-            except asyncio.CancelledError:
-                await up.aclose()  # the request was cancelled before its relay started
-                raise
+            return await self._record(call, up)
 
-        def settle(done: asyncio.Task[CacheResult]) -> None:
-            _retrieve_exception(done)
-            if not handoff.done():
-                handoff.set_result(None)
-
-        task = asyncio.create_task(self.cache.get_or_fill(creq, fill))
-        task.add_done_callback(settle)
-        if remember is not None:
-            self._after_store(task, remember)
+        got = await self.cache.claim(creq, refresh)
+        if isinstance(got, CacheResult):
+            return self._replayed_reply(call, creq, got, include_usage)
+        flight = got
         try:
-            live = await handoff
-        except asyncio.CancelledError:
-            task.cancel()
+            up = await self._open_stream(call, live_body)
+            error = None
+            if up.status != 200:  # handed to coalesced waiters, never stored
+                error = CachedAnswer.from_json(await up.read_all(), status=up.status)
+        except BaseException as exc:
+            flight.fail(exc)
             raise
-        if live is None:
-            res = task.result()  # a hit, a coalesced answer, or an error (raised here)
-            entry = res.entry
-            if entry is None:
-                raise BackendError("broken", "the backend gave no complete answer")
-            if entry.status != 200:
-                return Reply(entry.status, entry.body or b"")
-            payloads = replay.as_stream(entry, call.route, include_usage=include_usage)
-            headers = {**SSE_HEADERS, **result_headers(res, creq.rule.prices)}
-            return Reply(200, stream=_replayed(payloads), media_type=SSE, headers=headers)
+        if error is not None:
+            await flight.finish(error)
+            return Reply(error.status, error.body or b"")
+        live = _LiveAnswer(up, asyncio.get_running_loop().create_future())
+        self._land_when_recorded(flight, live, remember)
         status = CacheStatus.BYPASS if creq.control.bypass_read else CacheStatus.MISS
         headers = {**SSE_HEADERS, **status_headers(status, creq.key.short_id)}
         relay = ClosingStream(self._live(call, live, include_usage), live.abandon)
         return Reply(200, stream=relay, media_type=SSE, headers=headers)
+
+    async def _open_stream(self, call: GenerationCall, body: dict[str, Any]) -> UpstreamStream:
+        try:
+            return await call.backend.open_stream(call.path, body, call.ctx)
+        except BackendError as exc:
+            self._backend_failed(call, exc.kind)
+            raise
+
+    def _replayed_reply(
+        self, call: GenerationCall, creq: CacheRequest, res: CacheResult, include_usage: bool
+    ) -> Reply:
+        """A stream answered by the cache: a hit, or another request's (coalesced) answer."""
+        entry = res.entry
+        if entry is None:
+            raise BackendError("broken", "the backend gave no complete answer")
+        if entry.status != 200:
+            return Reply(entry.status, entry.body or b"")
+        payloads = replay.as_stream(entry, call.route, include_usage=include_usage)
+        headers = {**SSE_HEADERS, **result_headers(res, creq.rule.prices)}
+        return Reply(200, stream=_replayed(payloads), media_type=SSE, headers=headers)
+
+    def _land_when_recorded(
+        self, flight: Flight, live: _LiveAnswer, remember: Remember | None
+    ) -> None:
+        """End the flight with what the relay recorded (``None``: nothing is stored), in the
+        background; then index a stored answer in the semantic cache."""
+
+        async def land() -> None:
+            try:
+                answer = await live.recorded
+            except asyncio.CancelledError as exc:  # the gateway is shutting down
+                flight.fail(exc)
+                raise
+            res = await flight.finish(answer)
+            if res.stored and remember is not None:
+                await remember()
+
+        self._keep(asyncio.create_task(land()))
 
     async def _record(self, call: GenerationCall, up: UpstreamStream) -> CachedAnswer | None:
         """Read and record a whole stream that no response relays (a background refresh)."""
@@ -549,20 +560,10 @@ class OpenAIServing:
             # The client has gone unless settled: store nothing; abort an unfinished backend.
             await live.abandon()
 
-    def _after_store(self, task: asyncio.Task[CacheResult], remember: Remember) -> None:
-        """Index a streamed answer in the semantic cache once the cache has stored it."""
-
-        async def wait() -> None:
-            try:
-                res = await task
-            except (Exception, asyncio.CancelledError):
-                return
-            if res.stored:
-                await remember()
-
-        pending = asyncio.create_task(wait())
-        self._background.add(pending)
-        pending.add_done_callback(self._background.discard)
+    def _keep(self, task: asyncio.Task[None]) -> None:
+        """Hold a background task until it is done (the loop keeps only weak references)."""
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _count_usage(self, info: ModelInfo, body: bytes) -> None:
         try:

@@ -17,8 +17,10 @@ from semcache.entry import CachedAnswer
 from semcache.exact import (
     CacheControl,
     CacheRequest,
+    CacheResult,
     CacheStatus,
     ExactCache,
+    Flight,
     open_exact_cache,
 )
 from semcache.metrics import CacheMetrics
@@ -332,6 +334,98 @@ async def test_error_answers_are_shared_but_not_stored(mem_cache: ExactCache) ->
     assert calls == 1 and all(r.entry and r.entry.status == 400 for r in results)
     assert not any(r.stored for r in results)
     assert (await mem_cache.lookup(req)).status is CacheStatus.MISS
+
+
+# ------------------------------------------------------------------ claim: leading in one's own task
+
+
+def answer(text: str) -> CachedAnswer:
+    return CachedAnswer.from_json(payloads.chat_json(text), model_id=MODEL)
+
+
+async def test_claim_hands_a_miss_to_its_caller_and_joins_the_others(
+    mem_cache: ExactCache,
+) -> None:
+    req = await prep(mem_cache)
+    never: Any = None  # no refresh can be asked for: nothing is stale
+    flight = await mem_cache.claim(req, never)
+    assert isinstance(flight, Flight) and flight.result.status is CacheStatus.MISS
+    waiters = [asyncio.create_task(mem_cache.claim(req, never)) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert not any(w.done() for w in waiters)  # they wait for the leader's answer
+    res = await flight.finish(answer("led"))
+    assert res.stored and content(res.entry) == "led" and not res.coalesced
+    joined = await asyncio.gather(*waiters)
+    assert all(isinstance(r, CacheResult) and r.coalesced for r in joined)
+    assert {content(r.entry) for r in joined if isinstance(r, CacheResult)} == {"led"}
+    hit = await mem_cache.claim(req, never)
+    assert isinstance(hit, CacheResult) and hit.status is CacheStatus.HIT
+    with pytest.raises(RuntimeError):
+        await flight.finish(answer("twice"))  # a flight ends once
+
+
+async def test_a_failed_flight_hands_its_error_to_the_waiters(mem_cache: ExactCache) -> None:
+    req = await prep(mem_cache)
+    flight = await mem_cache.claim(req, Backend().fill_for("q"))
+    assert isinstance(flight, Flight)
+    waiter = asyncio.create_task(mem_cache.claim(req, Backend().fill_for("q")))
+    await asyncio.sleep(0)
+    flight.fail(ConnectionError("backend down"))
+    with pytest.raises(ConnectionError, match="backend down"):
+        await waiter
+    again = await mem_cache.claim(req, Backend().fill_for("q"))
+    assert isinstance(again, Flight)  # nothing was stored, the key is free to lead again
+    again.fail(ConnectionError("still down"))
+
+
+@pytest.mark.parametrize("how", ["cancelled", "incomplete"])
+async def test_a_cancelled_or_incomplete_flight_makes_a_waiter_the_leader(
+    mem_cache: ExactCache, how: str
+) -> None:
+    req = await prep(mem_cache)
+    fill = Backend().fill_for("q")
+    flight = await mem_cache.claim(req, fill)
+    assert isinstance(flight, Flight)
+    waiter = asyncio.create_task(mem_cache.claim(req, fill))
+    await asyncio.sleep(0)
+    if how == "cancelled":
+        flight.fail(asyncio.CancelledError())
+    else:
+        res = await flight.finish(None)
+        assert res.entry is None and not res.stored
+    successor = await waiter
+    assert isinstance(successor, Flight)
+    assert (await successor.finish(answer("second"))).stored
+    assert (await mem_cache.lookup(req)).status is CacheStatus.HIT
+
+
+async def test_an_uncacheable_claim_leads_alone_and_stores_nothing(
+    mem_cache: ExactCache,
+) -> None:
+    off = msgspec.structs.replace(RULE, cacheable=False)
+    req = await prep(mem_cache, rule=off)
+    fill = Backend().fill_for("q")
+    first, second = await asyncio.gather(mem_cache.claim(req, fill), mem_cache.claim(req, fill))
+    assert isinstance(first, Flight) and isinstance(second, Flight)  # each its own sample
+    res = await first.finish(answer("own"))
+    assert res.status is CacheStatus.BYPASS and not res.stored
+    second.fail(ConnectionError("ignored: nobody waits"))
+    assert (await mem_cache.lookup(req)).status is CacheStatus.BYPASS
+
+
+async def test_a_stale_claim_serves_and_refreshes_with_the_given_fill(
+    mem_cache: ExactCache, clock: FakeClock
+) -> None:
+    backend = Backend()
+    req = await prep(mem_cache)
+    await mem_cache.get_or_fill(req, backend.fill_for("q"))
+    clock.now += RULE.ttl_s + 1
+    stale = await mem_cache.claim(req, backend.fill_for("q"))
+    assert isinstance(stale, CacheResult) and stale.status is CacheStatus.STALE
+    await mem_cache.wait_refreshes()
+    assert backend.calls == 2
+    fresh = await mem_cache.lookup(req)
+    assert fresh.status is CacheStatus.HIT and content(fresh.entry).endswith("#2")
 
 
 # --------------------------------------------------------------------------- request control

@@ -259,3 +259,23 @@ async def test_a_stale_stream_is_served_and_refreshed_once_in_the_background(
     fresh = await ask(serving)
     assert fresh.headers["cf-aig-cache-status"] == "HIT"
     assert fresh.headers["age"] == "0"
+
+
+async def test_the_leader_opens_the_backend_stream_from_its_own_task(
+    serving: OpenAIServing, backend: Backend
+) -> None:
+    # No hop through another task: with many requests arriving together, each one's stream
+    # is opened as it is handled rather than after every handler has run.
+    opened_by: list[asyncio.Task[Any] | None] = []
+    open_stream = backend.open_stream
+
+    async def spy(path: str, body: dict[str, Any], ctx: RequestContext) -> Stream:
+        opened_by.append(asyncio.current_task())
+        return await open_stream(path, body, ctx)
+
+    backend.open_stream = spy  # type: ignore[method-assign]
+    reply = await ask(serving)
+    assert opened_by == [asyncio.current_task()]
+    assert b"hel" in await read(reply)
+    await settled(serving)
+    assert (await ask(serving)).headers["cf-aig-cache-status"] == "HIT"  # stored as before
