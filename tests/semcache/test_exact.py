@@ -336,7 +336,7 @@ async def test_error_answers_are_shared_but_not_stored(mem_cache: ExactCache) ->
     assert (await mem_cache.lookup(req)).status is CacheStatus.MISS
 
 
-# ------------------------------------------------------------------ claim: leading in one's own task
+# ------------------------------------------------------------------ claim: leading in own task
 
 
 def answer(text: str) -> CachedAnswer:
