@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import time
 
 import numpy as np
@@ -84,6 +85,30 @@ async def chat_section(
         f"shipped chat setting (chosen on the validation split): threshold {shipped.threshold},"
         f" verifier_min_prob {shipped.min_prob}"
     )
+    label_ceiling(parts)
+
+
+SPELLING_ONLY = re.compile(r"[\s?.!,;:'\"]+")
+
+
+def label_ceiling(parts: dict[Split, list[Pair]]) -> None:
+    """How often the labels call two spellings of one question different.
+
+    A pair whose texts differ only in case, spacing and ``?.!,;:'"`` is the same question,
+    so every such pair labelled 0 is label noise that caps any matcher's measured precision.
+    """
+    print("\nlabel noise: pairs identical but for case, spacing and punctuation")
+    print(f"{'pairs':<10}{'identical':>10}{'labelled 0':>12}{'precision of serving them':>27}")
+    everything = [p for part in parts.values() for p in part]
+    for name, pairs in (("all", everything), ("test", parts["test"])):
+        same = [
+            p
+            for p in pairs
+            if SPELLING_ONLY.sub("", p.text_a.lower()) == SPELLING_ONLY.sub("", p.text_b.lower())
+        ]
+        noise = sum(p.label == 0 for p in same)
+        share = 1 - noise / len(same) if same else float("nan")
+        print(f"{name:<10}{len(same):>10}{noise:>12}{share:>27.3f}")
 
 
 async def classification_section(
