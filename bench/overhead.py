@@ -96,6 +96,14 @@ class Cell:
 
 
 CELLS = (Cell(False, 1), Cell(True, 1), Cell(False, 8), Cell(True, 8))
+VLLM_MAX_NUM_SEQS = 32
+"""vLLM's batch limit here (``--max-num-seqs``, when vLLM is started by this script)."""
+SUSTAINED_IN_FLIGHT = 64
+"""Requests kept in flight by the sustained cells: twice vLLM's batch, so vLLM always has a
+full batch and a queue, and tok/s is its capacity as each target delivers it (below that,
+tok/s at a fixed number in flight is still tokens over latency). 64 is also the gateway's
+default per-server limit (``max_inflight_per_server``), so the gateway queues nothing."""
+SUSTAINED = (Cell(False, SUSTAINED_IN_FLIGHT), Cell(True, SUSTAINED_IN_FLIGHT))
 
 
 @dataclass(frozen=True)
@@ -286,6 +294,42 @@ async def run_batch(target: Target, cell: Cell, uids: Iterator[int], max_tokens:
     return batch
 
 
+async def run_sustained(
+    target: Target, cell: Cell, uids: Iterator[int], max_tokens: int, seconds: float
+) -> Batch:
+    """``cell.concurrency`` requests kept in flight for ``seconds`` (each worker sends its next
+    request as soon as its last one ends); the wall time runs until the last one ends."""
+    server = psutil.Process(target.server_pid) if target.server_pid else None
+    server_cpu = cpu_seconds(server)
+    client_cpu = time.process_time()
+    started = time.perf_counter()
+    deadline = started + seconds
+    samples: list[Sample] = []
+    errors: list[str] = []
+
+    async def worker() -> None:
+        while time.perf_counter() < deadline:
+            body = chat_body(target.model, next(uids), max_tokens, cell.stream)
+            try:
+                sample = await one_request(target, body, cell.stream)
+            except Exception as exc:  # counted; the worker stops (no error storm)
+                errors.append(f"{type(exc).__name__}: {exc}")
+                return
+            samples.append(sample)
+            if sample.completion_tokens != max_tokens:
+                errors.append(f"{sample.completion_tokens} tokens, not {max_tokens}")
+
+    await asyncio.gather(*(worker() for _ in range(cell.concurrency)))
+    wall_s = time.perf_counter() - started
+    return Batch(
+        wall_s=wall_s,
+        client_cpu_s=time.process_time() - client_cpu,
+        server_cpu_s=cpu_seconds(server) - server_cpu - target.server_idle_cpu * wall_s,
+        samples=samples,
+        errors=errors,
+    )
+
+
 Results = dict[tuple[Cell, str], list[Batch]]
 
 
@@ -310,6 +354,22 @@ async def run_workload(
                     raise RequestFailed(f"warm-up to {target.name} failed: {batch.errors[0]}")
         if rnd >= 0 and (rnd + 1) % max(1, rounds // 4) == 0:
             say(f"round {rnd + 1}/{rounds}")
+    return results
+
+
+async def run_sustained_workload(
+    targets: tuple[Target, Target], rounds: int, seconds: float, max_tokens: int
+) -> Results:
+    """The sustained cells: ``rounds`` windows of ``seconds`` per target, alternating."""
+    uids = iter(range(10**7, 2 * 10**7))
+    results: Results = {(cell, t.name): [] for cell in SUSTAINED for t in targets}
+    for rnd in range(rounds):
+        order = targets if rnd % 2 == 0 else targets[::-1]
+        for cell in SUSTAINED:
+            for target in order:
+                batch = await run_sustained(target, cell, uids, max_tokens, seconds)
+                results[cell, target.name].append(batch)
+        say(f"sustained round {rnd + 1}/{rounds}")
     return results
 
 
@@ -379,13 +439,16 @@ def report(results: Results, tolerance: float) -> bool:
     )
     verdicts: list[str] = []
     all_met = True
-    for cell in CELLS:
+    cells = [cell for cell in (*CELLS, *SUSTAINED) if (cell, "direct") in results]
+    for cell in cells:
+        sustained = cell in SUSTAINED
         direct = Summary.of(results[cell, "direct"])
         gateway = Summary.of(results[cell, "gateway"])
         for name, s in (("direct", direct), ("gateway", gateway)):
             row = (pct(s.ttft_ms, 50), pct(s.ttft_ms, 99), pct(s.total_ms, 50), pct(s.total_ms, 99))
+            label = f"{cell.label}{' sus' if sustained else ''}"
             print(
-                f"{cell.label if name == 'direct' else '':<16}{name:<18}"
+                f"{label if name == 'direct' else '':<16}{name:<18}"
                 + "".join(f"{v:11.2f}" for v in row)
                 + f"{s.tokens_per_s:10.1f}{s.client_cpu_ms:9.2f}{s.server_cpu_ms:9.2f}"
                 + f"{s.ttft_ms.size:6d}{s.errors:8d}"
@@ -400,21 +463,34 @@ def report(results: Results, tolerance: float) -> bool:
             + f"{ratio:9.3f}x"
         )
         ttft_ci, ratio_ci = bootstrap(direct, gateway)
-        ttft_ok = diffs[0] <= TTFT_TARGET_MS
-        tput_ok = ratio >= 1.0 - tolerance
         clean = direct.errors == 0 and gateway.errors == 0
-        all_met &= ttft_ok and tput_ok and clean
+        errors = "" if clean else "; ERRORS (see table)"
+        all_met &= clean
+        tput = f"tok/s ratio {ratio:.3f} [{ratio_ci[0]:.3f}, {ratio_ci[1]:.3f}]"
+        if sustained:  # throughput is judged here, where it is vLLM's capacity
+            tput_ok = ratio >= 1.0 - tolerance
+            all_met &= tput_ok
+            verdicts.append(
+                f"  {cell.label + ' sustained':<24} {tput} {'met' if tput_ok else 'NOT MET'}"
+                + errors
+            )
+            continue
+        ttft_ok = diffs[0] <= TTFT_TARGET_MS
+        all_met &= ttft_ok
         verdicts.append(
             f"  {cell.label:<15} TTFT p50 {diffs[0]:+6.2f} ms "
             f"[95% CI {ttft_ci[0]:+.2f}, {ttft_ci[1]:+.2f}] {'met' if ttft_ok else 'NOT MET'}; "
-            f"tok/s ratio {ratio:.3f} [{ratio_ci[0]:.3f}, {ratio_ci[1]:.3f}] "
-            f"{'met' if tput_ok else 'NOT MET'}" + ("" if clean else "; ERRORS (see table)")
+            f"{tput} (latency-bound: = direct/gateway total latency)" + errors
         )
     print()
     print(
         f"Targets (issue 2): the gateway adds <= {TTFT_TARGET_MS:g} ms to TTFT p50; it loses "
-        f"no throughput (gateway/direct tok/s >= {1 - tolerance:.2f}, i.e. "
-        f"{tolerance:.0%} measurement tolerance)"
+        f"no throughput: with {SUSTAINED_IN_FLIGHT} requests kept in flight (vLLM's batch of "
+        f"{VLLM_MAX_NUM_SEQS} full, the rest queued), gateway/direct tok/s >= "
+        f"{1 - tolerance:.2f} ({tolerance:.0%} measurement tolerance). With 1 or 8 requests "
+        "sent together and awaited, tok/s is tokens over latency, so those ratios restate "
+        "the latency the gateway adds (e.g. 1.5 ms over a 107 ms answer: 0.986) and are "
+        "shown, not judged."
     )
     print("\n".join(verdicts))
     print(f"Overall: {'all targets met' if all_met else 'NOT all targets met'}")
@@ -561,6 +637,7 @@ async def run(args: argparse.Namespace, vllm_cores: set[int] | None) -> bool:
                 cpu_cores=args.vllm_cores if vllm_cores else None,
                 kv_cache_gib=1.0,
                 max_model_len=args.max_model_len,
+                extra_args=["--max-num-seqs", str(VLLM_MAX_NUM_SEQS)],
             )
             process = VllmProcess(
                 model=model_path,
@@ -615,6 +692,14 @@ async def run(args: argparse.Namespace, vllm_cores: set[int] | None) -> bool:
         say(f"measuring: {args.requests} requests per cell and target, {args.warmup} warm-up")
         started = time.monotonic()
         results = await run_workload(targets, args.requests, args.warmup, args.max_tokens)
+        if args.sustained_rounds > 0:
+            say(
+                f"sustained load: {SUSTAINED_IN_FLIGHT} in flight, {args.sustained_rounds} "
+                f"rounds of {args.sustained_seconds:g} s per cell and target"
+            )
+            results |= await run_sustained_workload(
+                targets, args.sustained_rounds, args.sustained_seconds, args.max_tokens
+            )
         elapsed = time.monotonic() - started
 
     client_cores = sorted(os.sched_getaffinity(0))
@@ -699,6 +784,19 @@ def build_parser() -> argparse.ArgumentParser:
         "gateway's place: the floor of any Python proxy in this layout",
     )
     ap.add_argument("--throughput-tolerance", type=float, default=0.01)
+    ap.add_argument(
+        "--sustained-rounds",
+        type=int,
+        default=None,
+        help=f"rounds of the sustained cells ({SUSTAINED_IN_FLIGHT} requests kept in flight), "
+        "where throughput is judged; 0 skips them (default 6, 1 with --quick)",
+    )
+    ap.add_argument(
+        "--sustained-seconds",
+        type=float,
+        default=None,
+        help="length of one sustained window per target (default 10 s, 3 s with --quick)",
+    )
     return ap
 
 
@@ -723,6 +821,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.data_dir = Path(args.data_dir).resolve()
     if args.quick:
         args.requests, args.max_tokens, args.warmup = 16, 16, 1
+    if args.sustained_rounds is None:
+        args.sustained_rounds = 1 if args.quick else 6
+    if args.sustained_seconds is None:
+        args.sustained_seconds = 3.0 if args.quick else 10.0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     vllm_cores = pinning(args)
