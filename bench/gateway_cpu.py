@@ -17,11 +17,12 @@ import argparse
 import asyncio
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -145,8 +146,31 @@ async def gateway_before(fake_url: str, *, cache: bool = True) -> AsyncIterator[
             await gateway.stop()
 
 
-async def measure(args: argparse.Namespace, fake_port: int) -> None:
-    async with gateway_before(f"http://127.0.0.1:{fake_port}", cache=not args.no_cache) as gw:
+@contextlib.contextmanager
+def fake_process(script: str, cores: set[int] | None = None) -> Iterator[str]:
+    """``script --serve-fake PORT`` in a child process (on ``cores``) while the block runs;
+    yields its URL once it accepts connections."""
+    port = free_port()
+    pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
+    fake = subprocess.Popen([sys.executable, script, "--serve-fake", str(port)], preexec_fn=pin)
+    try:
+        deadline = time.monotonic() + 30.0
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                if fake.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the fake vLLM of {script} did not start") from None
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        fake.terminate()
+        fake.wait()
+
+
+async def measure(args: argparse.Namespace, fake_url: str) -> None:
+    async with gateway_before(fake_url, cache=not args.no_cache) as gw:
         assert gw.pid is not None
         await run_cells(gw.url, psutil.Process(gw.pid), args.requests)
 
@@ -194,13 +218,8 @@ def main() -> int:
     if args.serve_fake:
         serve_fake(args.serve_fake)
         return 0
-    fake_port = free_port()
-    fake = subprocess.Popen([sys.executable, __file__, "--serve-fake", str(fake_port)])
-    try:
-        asyncio.run(measure(args, fake_port))
-    finally:
-        fake.terminate()
-        fake.wait()
+    with fake_process(__file__) as fake_url:
+        asyncio.run(measure(args, fake_url))
     return 0
 
 

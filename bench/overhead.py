@@ -134,17 +134,23 @@ class Sample:
 
 @dataclass
 class Batch:
-    """``concurrency`` requests sent at once; throughput is measured over their wall time."""
+    """Requests measured together (sent at once, or kept in flight for a while); throughput
+    is measured over their wall time."""
 
-    wall_s: float
-    client_cpu_s: float
-    server_cpu_s: float
+    wall_s: float = 0.0
+    client_cpu_s: float = 0.0
+    server_cpu_s: float = 0.0
     samples: list[Sample] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
     @property
     def tokens(self) -> int:
         return sum(s.completion_tokens for s in self.samples)
+
+    def add(self, sample: Sample, max_tokens: int) -> None:
+        self.samples.append(sample)
+        if sample.completion_tokens != max_tokens:
+            self.errors.append(f"{sample.completion_tokens} tokens, not {max_tokens}")
 
 
 class RequestFailed(Exception):
@@ -269,29 +275,37 @@ async def idle_cpu(pid: int, seconds: float) -> float:
     return (cpu_seconds(process) - cpu) / (time.perf_counter() - started)
 
 
+class Meter:
+    """Wall time, this client's CPU and the gateway's (net of what it burns idle) from now."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.server = psutil.Process(target.server_pid) if target.server_pid else None
+        self.server_cpu = cpu_seconds(self.server)
+        self.client_cpu = time.process_time()
+        self.started = time.perf_counter()
+
+    def stop(self, batch: Batch) -> Batch:
+        batch.wall_s = time.perf_counter() - self.started
+        batch.client_cpu_s = time.process_time() - self.client_cpu
+        idle = self.target.server_idle_cpu * batch.wall_s
+        batch.server_cpu_s = cpu_seconds(self.server) - self.server_cpu - idle
+        return batch
+
+
 async def run_batch(target: Target, cell: Cell, uids: Iterator[int], max_tokens: int) -> Batch:
     bodies = [
         chat_body(target.model, next(uids), max_tokens, cell.stream)
         for _ in range(cell.concurrency)
     ]
-    server = psutil.Process(target.server_pid) if target.server_pid else None
-    server_cpu = cpu_seconds(server)
-    client_cpu = time.process_time()
-    started = time.perf_counter()
+    meter = Meter(target)
     results = await asyncio.gather(
         *(one_request(target, body, cell.stream) for body in bodies), return_exceptions=True
     )
-    wall_s = time.perf_counter() - started
-    batch = Batch(
-        wall_s=wall_s,
-        client_cpu_s=time.process_time() - client_cpu,
-        server_cpu_s=cpu_seconds(server) - server_cpu - target.server_idle_cpu * wall_s,
-    )
+    batch = meter.stop(Batch())
     for result in results:
         if isinstance(result, Sample):
-            batch.samples.append(result)
-            if result.completion_tokens != max_tokens:
-                batch.errors.append(f"{result.completion_tokens} tokens, not {max_tokens}")
+            batch.add(result, max_tokens)
         elif isinstance(result, Exception):
             batch.errors.append(f"{type(result).__name__}: {result}")
         else:
@@ -304,35 +318,21 @@ async def run_sustained(
 ) -> Batch:
     """``cell.concurrency`` requests kept in flight for ``seconds`` (each worker sends its next
     request as soon as its last one ends); the wall time runs until the last one ends."""
-    server = psutil.Process(target.server_pid) if target.server_pid else None
-    server_cpu = cpu_seconds(server)
-    client_cpu = time.process_time()
-    started = time.perf_counter()
-    deadline = started + seconds
-    samples: list[Sample] = []
-    errors: list[str] = []
+    batch = Batch()
+    meter = Meter(target)
+    deadline = meter.started + seconds
 
     async def worker() -> None:
         while time.perf_counter() < deadline:
             body = chat_body(target.model, next(uids), max_tokens, cell.stream)
             try:
-                sample = await one_request(target, body, cell.stream)
+                batch.add(await one_request(target, body, cell.stream), max_tokens)
             except Exception as exc:  # counted; the worker stops (no error storm)
-                errors.append(f"{type(exc).__name__}: {exc}")
+                batch.errors.append(f"{type(exc).__name__}: {exc}")
                 return
-            samples.append(sample)
-            if sample.completion_tokens != max_tokens:
-                errors.append(f"{sample.completion_tokens} tokens, not {max_tokens}")
 
     await asyncio.gather(*(worker() for _ in range(cell.concurrency)))
-    wall_s = time.perf_counter() - started
-    return Batch(
-        wall_s=wall_s,
-        client_cpu_s=time.process_time() - client_cpu,
-        server_cpu_s=cpu_seconds(server) - server_cpu - target.server_idle_cpu * wall_s,
-        samples=samples,
-        errors=errors,
-    )
+    return meter.stop(batch)
 
 
 Results = dict[tuple[Cell, str], list[Batch]]

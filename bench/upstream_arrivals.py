@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,9 +30,8 @@ from aiohttp import web
 sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.gateway_cpu import SERVED, TOKENS, fake_app, gateway_before
+from bench.gateway_cpu import SERVED, TOKENS, fake_app, fake_process, gateway_before
 from bench.overhead import GATEWAY_MODEL_ID, chat_body
-from tests.support.vllm import free_port
 
 UID = re.compile(rb'"content":"(\d{7})\.')
 
@@ -122,17 +120,8 @@ def main() -> int:
         return 0
     if len(cores) > 1:
         os.sched_setaffinity(0, set(cores[:-1]))  # the gateway (started below) inherits it
-    fake_port = free_port()
-    fake = subprocess.Popen(
-        [sys.executable, __file__, "--serve-fake", str(fake_port)],
-        preexec_fn=lambda: os.sched_setaffinity(0, set(cores)),
-    )
-    try:
-        time.sleep(1.5)
-        asyncio.run(measure(args, f"http://127.0.0.1:{fake_port}"))
-    finally:
-        fake.terminate()
-        fake.wait()
+    with fake_process(__file__, set(cores)) as fake_url:
+        asyncio.run(measure(args, fake_url))
     return 0
 
 

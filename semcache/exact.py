@@ -166,29 +166,29 @@ class Flight:
         res.entry = answer
         if fut is None:
             return res
+        if answer is None:
+            self._abort(fut, _LeaderGone())
+            return res
+        fut.set_result(answer)
         try:
-            if answer is None:
-                fut.set_exception(_LeaderGone())
-                fut.exception()  # mark retrieved: waiters may be none
-                return res
-            fut.set_result(answer)
             # still in flight while storing: a request arriving now joins, not misses
             res.stored = await self._cache.store(
                 self.req, answer, write_through=self.req.write_through
             )
-            return res
         finally:
             self._cache._land(self.req, fut)
+        return res
 
     def fail(self, exc: BaseException) -> None:
         """The fetch raised ``exc``: the waiters get it too, or start over when it is a
         cancellation (the leader's client went away)."""
         fut = self._end()
-        if fut is None:
-            return
-        gone = isinstance(exc, asyncio.CancelledError)
-        fut.set_exception(_LeaderGone() if gone else exc)
-        fut.exception()
+        if fut is not None:
+            self._abort(fut, _LeaderGone() if isinstance(exc, asyncio.CancelledError) else exc)
+
+    def _abort(self, fut: asyncio.Future[CachedAnswer], exc: BaseException) -> None:
+        fut.set_exception(exc)
+        fut.exception()  # mark retrieved: waiters may be none
         self._cache._land(self.req, fut)
 
     async def run(self, fill: Fill) -> CacheResult:

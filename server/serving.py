@@ -103,6 +103,13 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     return body
 
 
+async def _refusal(up: UpstreamStream) -> CachedAnswer | None:
+    """vLLM's answer when it refused to stream (any status but 200), else ``None``."""
+    if up.status == 200:
+        return None
+    return CachedAnswer.from_json(await up.read_all(), status=up.status)
+
+
 async def _replayed(payloads: list[bytes]) -> AsyncIterator[bytes]:
     for payload in payloads:
         yield event(payload)
@@ -428,9 +435,8 @@ class OpenAIServing:
         async def refresh() -> CachedAnswer | None:
             # stale-while-revalidate, in the background: no response relays it
             up = await self._open_stream(call, live_body)
-            if up.status != 200:
-                return CachedAnswer.from_json(await up.read_all(), status=up.status)
-            return await self._record(call, up)
+            refused = await _refusal(up)
+            return refused if refused is not None else await self._record(call, up)
 
         got = await self.cache.claim(creq, refresh)
         if isinstance(got, CacheResult):
@@ -438,15 +444,13 @@ class OpenAIServing:
         flight = got
         try:
             up = await self._open_stream(call, live_body)
-            error = None
-            if up.status != 200:  # handed to coalesced waiters, never stored
-                error = CachedAnswer.from_json(await up.read_all(), status=up.status)
+            refused = await _refusal(up)
         except BaseException as exc:
             flight.fail(exc)
             raise
-        if error is not None:
-            await flight.finish(error)
-            return Reply(error.status, error.body or b"")
+        if refused is not None:  # handed to coalesced waiters, never stored
+            await flight.finish(refused)
+            return Reply(refused.status, refused.body or b"")
         live = _LiveAnswer(up, asyncio.get_running_loop().create_future())
         self._land_when_recorded(flight, live, remember)
         status = CacheStatus.BYPASS if creq.control.bypass_read else CacheStatus.MISS
