@@ -10,6 +10,10 @@ order flips every round, so drift on this shared machine hits both alike. Two su
 cells follow (non-stream and stream, 64 requests kept in flight for 10 s windows, vLLM's
 batch capped at 32 so it always has a full batch and a queue): there tok/s is vLLM's
 capacity as each target delivers it, and that is where "loses no throughput" is judged.
+They sample vLLM's running and waiting requests during every window (the gateway must never
+leave vLLM's queue empty), and with ``--control`` add a third target: direct traffic while
+``cpu_burn.py`` burns, on the client's core, the CPU share the gateway used (does the
+gateway's CPU alone, on the core next to vLLM's, cost vLLM throughput?).
 With 1 or 8 requests sent together and awaited, tok/s is tokens over latency: those ratios
 restate the added latency and are shown, not judged. Every prompt is
 unique (no prefix-cache help for whichever target comes second) and has the same length;
@@ -142,6 +146,8 @@ class Batch:
     server_cpu_s: float = 0.0
     samples: list[Sample] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    vllm_queue: list[tuple[float, float]] = field(default_factory=list)
+    """(running, waiting) requests in vLLM, sampled during a sustained window."""
 
     @property
     def tokens(self) -> int:
@@ -314,25 +320,72 @@ async def run_batch(target: Target, cell: Cell, uids: Iterator[int], max_tokens:
 
 
 async def run_sustained(
-    target: Target, cell: Cell, uids: Iterator[int], max_tokens: int, seconds: float
+    target: Target,
+    cell: Cell,
+    uids: Iterator[int],
+    max_tokens: int,
+    seconds: float,
+    *,
+    vllm_url: str | None = None,
+    burn_fraction: float | None = None,
 ) -> Batch:
     """``cell.concurrency`` requests kept in flight for ``seconds`` (each worker sends its next
-    request as soon as its last one ends); the wall time runs until the last one ends."""
+    request as soon as its last one ends); the wall time runs until the last one ends.
+
+    ``vllm_url``: sample vLLM's running and waiting requests while the window is full.
+    ``burn_fraction``: burn that share of this process's core(s) meanwhile (``cpu_burn.py``).
+    """
     batch = Batch()
-    meter = Meter(target)
-    deadline = meter.started + seconds
+    burner = (
+        await asyncio.create_subprocess_exec(
+            sys.executable, str(REPO / "bench" / "cpu_burn.py"), str(burn_fraction)
+        )
+        if burn_fraction is not None
+        else None
+    )
+    try:
+        meter = Meter(target)
+        deadline = meter.started + seconds
 
-    async def worker() -> None:
-        while time.perf_counter() < deadline:
-            body = chat_body(target.model, next(uids), max_tokens, cell.stream)
-            try:
-                batch.add(await one_request(target, body, cell.stream), max_tokens)
-            except Exception as exc:  # counted; the worker stops (no error storm)
-                batch.errors.append(f"{type(exc).__name__}: {exc}")
-                return
+        async def worker() -> None:
+            while time.perf_counter() < deadline:
+                body = chat_body(target.model, next(uids), max_tokens, cell.stream)
+                try:
+                    batch.add(await one_request(target, body, cell.stream), max_tokens)
+                except Exception as exc:  # counted; the worker stops (no error storm)
+                    batch.errors.append(f"{type(exc).__name__}: {exc}")
+                    return
 
-    await asyncio.gather(*(worker() for _ in range(cell.concurrency)))
-    return meter.stop(batch)
+        sampler = (
+            asyncio.create_task(sample_vllm_queue(vllm_url, meter.started + 1.0, deadline, batch))
+            if vllm_url
+            else None
+        )
+        await asyncio.gather(*(worker() for _ in range(cell.concurrency)))
+        if sampler is not None:
+            await sampler
+        return meter.stop(batch)
+    finally:
+        if burner is not None:
+            burner.kill()
+            await burner.wait()
+
+
+VLLM_GAUGE = re.compile(rb"^vllm:num_requests_(running|waiting)\{[^}]*\} ([0-9.e+]+)$", re.M)
+
+
+async def sample_vllm_queue(url: str, start: float, end: float, batch: Batch) -> None:
+    """vLLM's running and waiting requests every 0.25 s from ``start`` to ``end``."""
+    async with aiohttp.ClientSession() as session:
+        await asyncio.sleep(max(0.0, start - time.perf_counter()))
+        while time.perf_counter() < end:
+            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
+                async with session.get(f"{url}/metrics") as response:
+                    gauges = {"running": 0.0, "waiting": 0.0}
+                    for name, value in VLLM_GAUGE.findall(await response.read()):
+                        gauges[name.decode()] += float(value)
+                    batch.vllm_queue.append((gauges["running"], gauges["waiting"]))
+            await asyncio.sleep(0.25)
 
 
 Results = dict[tuple[Cell, str], list[Batch]]
@@ -362,18 +415,39 @@ async def run_workload(
     return results
 
 
+CONTROL = "direct+gw CPU"
+"""The sustained cells' control: direct traffic while ``cpu_burn.py`` burns, on the client's
+core, the share of it the gateway used in its last window of the cell."""
+
+
 async def run_sustained_workload(
-    targets: tuple[Target, Target], rounds: int, seconds: float, max_tokens: int
+    targets: tuple[Target, Target],
+    rounds: int,
+    seconds: float,
+    max_tokens: int,
+    vllm_url: str,
+    control: bool,
 ) -> Results:
-    """The sustained cells: ``rounds`` windows of ``seconds`` per target, alternating."""
+    """The sustained cells: ``rounds`` windows of ``seconds`` per target, alternating (with
+    the control, the gateway always in the middle: the control burns what the gateway used
+    in its window just before, or in the round before)."""
+    direct, gateway = targets
     uids = iter(range(10**7, 2 * 10**7))
-    results: Results = {(cell, t.name): [] for cell in SUSTAINED for t in targets}
+    names = [direct.name, gateway.name] + ([CONTROL] if control else [])
+    results: Results = {(cell, name): [] for cell in SUSTAINED for name in names}
+    gateway_share = dict.fromkeys(SUSTAINED, 0.0)
     for rnd in range(rounds):
-        order = targets if rnd % 2 == 0 else targets[::-1]
+        order = names if rnd % 2 == 0 else names[::-1]
         for cell in SUSTAINED:
-            for target in order:
-                batch = await run_sustained(target, cell, uids, max_tokens, seconds)
-                results[cell, target.name].append(batch)
+            for name in order:
+                target = gateway if name == gateway.name else direct
+                burn = gateway_share[cell] if name == CONTROL else None
+                batch = await run_sustained(
+                    target, cell, uids, max_tokens, seconds, vllm_url=vllm_url, burn_fraction=burn
+                )
+                if name == gateway.name:
+                    gateway_share[cell] = max(0.0, batch.server_cpu_s / batch.wall_s)
+                results[cell, name].append(batch)
         say(f"sustained round {rnd + 1}/{rounds}")
     return results
 
@@ -449,7 +523,10 @@ def report(results: Results, tolerance: float) -> bool:
         sustained = cell in SUSTAINED
         direct = Summary.of(results[cell, "direct"])
         gateway = Summary.of(results[cell, "gateway"])
-        for name, s in (("direct", direct), ("gateway", gateway)):
+        control = Summary.of(results[cell, CONTROL]) if (cell, CONTROL) in results else None
+        rows = [("direct", direct), ("gateway", gateway)]
+        rows += [(CONTROL, control)] if control is not None else []
+        for name, s in rows:
             row = (pct(s.ttft_ms, 50), pct(s.ttft_ms, 99), pct(s.total_ms, 50), pct(s.total_ms, 99))
             label = f"{cell.label}{' sus' if sustained else ''}"
             print(
@@ -468,7 +545,7 @@ def report(results: Results, tolerance: float) -> bool:
             + f"{ratio:9.3f}x"
         )
         ttft_ci, ratio_ci = bootstrap(direct, gateway)
-        clean = direct.errors == 0 and gateway.errors == 0
+        clean = all(s.errors == 0 for _, s in rows)
         errors = "" if clean else "; ERRORS (see table)"
         all_met &= clean
         tput = f"tok/s ratio {ratio:.3f} [{ratio_ci[0]:.3f}, {ratio_ci[1]:.3f}]"
@@ -476,9 +553,20 @@ def report(results: Results, tolerance: float) -> bool:
             tput_ok = ratio >= 1.0 - tolerance
             all_met &= tput_ok
             verdicts.append(
-                f"  {cell.label + ' sustained':<24} {tput} {'met' if tput_ok else 'NOT MET'}"
-                + errors
+                f"  {cell.label + ' sustained':<24} gateway/direct {tput} "
+                f"{'met' if tput_ok else 'NOT MET'}" + errors
             )
+            if control is not None:
+                own = control.tokens_per_s / direct.tokens_per_s
+                _, own_ci = bootstrap(direct, control)
+                rest = gateway.tokens_per_s / control.tokens_per_s
+                _, rest_ci = bootstrap(control, gateway)
+                verdicts.append(
+                    f"  {'':<24} control: {CONTROL}/direct {own:.3f} [{own_ci[0]:.3f}, "
+                    f"{own_ci[1]:.3f}] (the gateway's CPU share burnt, no gateway); "
+                    f"gateway/({CONTROL}) {rest:.3f} [{rest_ci[0]:.3f}, {rest_ci[1]:.3f}]"
+                )
+            verdicts.append(f"  {'':<24} {queue_note(results, cell)}")
             continue
         ttft_ok = diffs[0] <= TTFT_TARGET_MS
         all_met &= ttft_ok
@@ -492,14 +580,30 @@ def report(results: Results, tolerance: float) -> bool:
         f"Targets (issue 2): the gateway adds <= {TTFT_TARGET_MS:g} ms to TTFT p50; it loses "
         f"no throughput: with {SUSTAINED_IN_FLIGHT} requests kept in flight (vLLM's batch of "
         f"{VLLM_MAX_NUM_SEQS} full, the rest queued), gateway/direct tok/s >= "
-        f"{1 - tolerance:.2f} ({tolerance:.0%} measurement tolerance). With 1 or 8 requests "
-        "sent together and awaited, tok/s is tokens over latency, so those ratios restate "
-        "the latency the gateway adds (e.g. 1.5 ms over a 107 ms answer: 0.986) and are "
-        "shown, not judged."
+        f"{1 - tolerance:.2f} ({tolerance:.0%} measurement tolerance). With 1 or 8 "
+        "requests "
+        "sent together and awaited, tok/s is tokens over latency, so those ratios restate the "
+        "latency the gateway adds (e.g. 1.5 ms over a 107 ms answer: 0.986) and are shown, "
+        "not judged."
     )
     print("\n".join(verdicts))
     print(f"Overall: {'all targets met' if all_met else 'NOT all targets met'}")
     return all_met
+
+
+def queue_note(results: Results, cell: Cell) -> str:
+    """vLLM's running and waiting requests during each target's full windows."""
+    parts = []
+    for name in ("direct", "gateway", CONTROL):
+        samples = [q for b in results.get((cell, name), []) for q in b.vllm_queue]
+        if samples:
+            running, waiting = np.array(samples).T
+            parts.append(
+                f"{name} running min {running.min():.0f}, waiting min {waiting.min():.0f} "
+                f"(median {np.median(waiting):.0f})"
+            )
+    samples_note = "; ".join(parts) if parts else "not sampled"
+    return f"vLLM's queue while the window was full (every 0.25 s): {samples_note}"
 
 
 def first_errors(results: Results, limit: int = 5) -> list[str]:
@@ -719,7 +823,12 @@ async def run(args: argparse.Namespace, vllm_cores: set[int] | None) -> bool:
                 f"rounds of {args.sustained_seconds:g} s per cell and target"
             )
             results |= await run_sustained_workload(
-                targets, args.sustained_rounds, args.sustained_seconds, args.max_tokens
+                targets,
+                args.sustained_rounds,
+                args.sustained_seconds,
+                args.max_tokens,
+                vllm_url,
+                control=args.control,
             )
         elapsed = time.monotonic() - started
 
@@ -817,6 +926,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=None,
         help="length of one sustained window per target (default 10 s, 3 s with --quick)",
+    )
+    ap.add_argument(
+        "--control",
+        action="store_true",
+        help=f"add a control target to the sustained cells ({CONTROL!r}: direct traffic while "
+        "bench/cpu_burn.py burns, on the client's core, the CPU share the gateway used)",
     )
     return ap
 

@@ -66,7 +66,10 @@ def row(name: str, threshold: float, min_prob: float | None, scores: PairScores)
 
 
 async def chat_section(
-    encoder: Encoder, verifier: PairVerifier, parts: dict[Split, list[Pair]]
+    encoder: Encoder,
+    verifier: PairVerifier,
+    parts: dict[Split, list[Pair]],
+    list_disagreements: bool = False,
 ) -> None:
     scores = await score_pairs(
         parts["test"], "chat", encoder=encoder, verifier=verifier, cache_dir=EMBEDDING_CACHE_DIR
@@ -86,6 +89,8 @@ async def chat_section(
         f" verifier_min_prob {shipped.min_prob}"
     )
     label_ceiling(parts)
+    if list_disagreements:
+        disagreements(parts["test"], scores, shipped.threshold)
 
 
 SPELLING_ONLY = re.compile(r"[\s?.!,;:'\"]+")
@@ -109,6 +114,27 @@ def label_ceiling(parts: dict[Split, list[Pair]]) -> None:
         noise = sum(p.label == 0 for p in same)
         share = 1 - noise / len(same) if same else float("nan")
         print(f"{name:<10}{len(same):>10}{noise:>12}{share:>27.3f}")
+
+
+def disagreements(pairs: list[Pair], scores: PairScores, threshold: float) -> None:
+    """The pairs labelled "different" among the verifier's best-scored 10 % of true matches.
+
+    This is where the chat target (precision >= 0.95 at recall >= 0.10) is decided: every
+    line printed counts as a wrong answer served. Printed for a reader to judge the labels.
+    """
+    assert scores.verifier is not None
+    cos, prob = np.asarray(scores.cosine), np.asarray(scores.verifier)
+    correct = np.asarray(scores.correct, dtype=bool)
+    order = np.argsort(-np.where(cos >= threshold, prob, -1.0), kind="stable")
+    needed = int(np.ceil(0.10 * correct.sum()))
+    top = order[: int(np.searchsorted(np.cumsum(correct[order]), needed)) + 1]
+    wrong = [i for i in top if not correct[i]]
+    print(
+        f"\nthe verifier's {len(top)} best-scored test pairs (recall 0.10, cosine >= "
+        f"{threshold}): precision {correct[top].mean():.3f}; the {len(wrong)} labelled different:"
+    )
+    for i in wrong:
+        print(f"  p={prob[i]:.3f} cos={cos[i]:.3f} | {pairs[i].text_a} || {pairs[i].text_b}")
 
 
 async def classification_section(
@@ -242,6 +268,12 @@ async def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (1 on a busy shared machine)"
     )
+    parser.add_argument(
+        "--list-disagreements",
+        action="store_true",
+        help="print the test pairs labelled different among the verifier's best-scored "
+        "10 %% of matches (the wrong answers that decide the chat target)",
+    )
     args = parser.parse_args()
     started = time.time()
     encoder = load_encoder(threads=args.threads)
@@ -253,7 +285,7 @@ async def main() -> None:
         f"load average {os.getloadavg()[0]:.1f}"
     )
     try:
-        await chat_section(encoder, verifier, parts)
+        await chat_section(encoder, verifier, parts, args.list_disagreements)
         await classification_section(encoder, parts, paraphrases)
         await embeddings_section(encoder, parts, paraphrases)
         verifier_cost(verifier)

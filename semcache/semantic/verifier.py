@@ -187,7 +187,7 @@ class PairVerifier:
         x = (features - self._mean) / self._scale
         hidden = np.maximum(x @ self._w1 + self._b1, 0.0)
         logits = (hidden @ self._w2 + self._b2).reshape(-1)
-        return (1.0 / (1.0 + np.exp(-logits))).astype(np.float32)
+        return np.exp(-np.logaddexp(0.0, -logits)).astype(np.float32)  # sigmoid, no overflow
 
     def save(self, folder: Path, meta: VerifierMeta) -> None:
         folder.mkdir(parents=True, exist_ok=True)
