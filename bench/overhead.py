@@ -567,6 +567,7 @@ def report(results: Results, tolerance: float) -> bool:
                     f"gateway/({CONTROL}) {rest:.3f} [{rest_ci[0]:.3f}, {rest_ci[1]:.3f}]"
                 )
             verdicts.append(f"  {'':<24} {queue_note(results, cell)}")
+            verdicts.append(f"  {'':<24} {window_note(rows)}")
             continue
         ttft_ok = diffs[0] <= TTFT_TARGET_MS
         all_met &= ttft_ok
@@ -604,6 +605,18 @@ def queue_note(results: Results, cell: Cell) -> str:
             )
     samples_note = "; ".join(parts) if parts else "not sampled"
     return f"vLLM's queue while the window was full (every 0.25 s): {samples_note}"
+
+
+def window_note(rows: list[tuple[str, Summary]]) -> str:
+    """How much one target's tok/s moves from window to window: the noise any ratio
+    between targets has to beat."""
+    parts = []
+    for name, summary in rows:
+        tps = summary.batch_tokens / summary.batch_wall_s
+        if tps.size > 1:
+            spread = tps.std(ddof=1) / tps.mean()
+            parts.append(f"{name} {tps.min():.0f}-{tps.max():.0f} (sd {spread:.1%})")
+    return "tok/s of single windows: " + "; ".join(parts) if parts else "one window per target"
 
 
 def first_errors(results: Results, limit: int = 5) -> list[str]:
