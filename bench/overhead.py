@@ -71,6 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backends.config import VllmLaunch, VllmServer
 from backends.launch import VllmProcess, die_with_parent_hook
 from backends.models import prepare_model
+from backends.pool import parse_upstream_metrics
 from bench.support import affinity, parse_cores, served_model_of
 from server.config import load_config
 from tests.support.vllm import TINY_MODEL_NAME, free_port, test_data_dir, tiny_llama
@@ -371,20 +372,19 @@ async def run_sustained(
             await burner.wait()
 
 
-VLLM_GAUGE = re.compile(rb"^vllm:num_requests_(running|waiting)\{[^}]*\} ([0-9.e+]+)$", re.M)
-
-
 async def sample_vllm_queue(url: str, start: float, end: float, batch: Batch) -> None:
     """vLLM's running and waiting requests every 0.25 s from ``start`` to ``end``."""
+    wanted = {"vllm:num_requests_running": 0, "vllm:num_requests_waiting": 1}
     async with aiohttp.ClientSession() as session:
         await asyncio.sleep(max(0.0, start - time.perf_counter()))
         while time.perf_counter() < end:
             with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError):
                 async with session.get(f"{url}/metrics") as response:
-                    gauges = {"running": 0.0, "waiting": 0.0}
-                    for name, value in VLLM_GAUGE.findall(await response.read()):
-                        gauges[name.decode()] += float(value)
-                    batch.vllm_queue.append((gauges["running"], gauges["waiting"]))
+                    gauges = [0.0, 0.0]
+                    for sample in parse_upstream_metrics(await response.text()):
+                        if sample.name in wanted:
+                            gauges[wanted[sample.name]] += sample.value
+                    batch.vllm_queue.append((gauges[0], gauges[1]))
             await asyncio.sleep(0.25)
 
 
@@ -581,11 +581,10 @@ def report(results: Results, tolerance: float) -> bool:
         f"Targets (issue 2): the gateway adds <= {TTFT_TARGET_MS:g} ms to TTFT p50; it loses "
         f"no throughput: with {SUSTAINED_IN_FLIGHT} requests kept in flight (vLLM's batch of "
         f"{VLLM_MAX_NUM_SEQS} full, the rest queued), gateway/direct tok/s >= "
-        f"{1 - tolerance:.2f} ({tolerance:.0%} measurement tolerance). With 1 or 8 "
-        "requests "
-        "sent together and awaited, tok/s is tokens over latency, so those ratios restate the "
-        "latency the gateway adds (e.g. 1.5 ms over a 107 ms answer: 0.986) and are shown, "
-        "not judged."
+        f"{1 - tolerance:.2f} ({tolerance:.0%} measurement tolerance). With 1 or 8 requests "
+        "sent together and awaited, tok/s is tokens over latency, so those ratios restate "
+        "the latency the gateway adds (e.g. 1.5 ms over a 107 ms answer: 0.986) and are "
+        "shown, not judged."
     )
     print("\n".join(verdicts))
     print(f"Overall: {'all targets met' if all_met else 'NOT all targets met'}")

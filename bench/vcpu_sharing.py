@@ -23,6 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
+# Run as a script, bench/ is sys.path[0]; import bench.support from the repository root.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.support import affinity
+
 BURN = Path(__file__).resolve().parent / "cpu_burn.py"
 
 
@@ -54,9 +59,8 @@ def main() -> int:
         for share in shares:
             burner = None
             if share > 0:
-                burner = subprocess.Popen(
-                    ["taskset", "-c", "0", sys.executable, str(BURN), str(share)]
-                )
+                with affinity({0}):  # the burner inherits core 0
+                    burner = subprocess.Popen([sys.executable, str(BURN), str(share)])
                 time.sleep(0.5)
             times[share].append(work())
             if burner is not None:
