@@ -782,22 +782,33 @@ async def test_batch_waits_while_a_live_request_runs(gw: GatewayThread) -> None:
     """Pull-based: while a live stream is open on the backend, its gate admits no batch item."""
     wai = gw.app.state.workers_ai
     gate = wai.workers.gates.for_backend("tiny")
-    async with httpx.AsyncClient(timeout=300.0) as client:
-        # 1500 tokens: the tiny model writes 400 in ~0.5 s, which a quiet machine can finish
-        # before the client has read its first event. Greedy: sampled at Workers AI's default
-        # temperature, the random-weight model can end with EOS after a few hundred tokens.
-        body = {
-            "prompt": "a long answer please",
-            "max_tokens": 1500,
-            "temperature": 0,
-            "stream": True,
-        }
-        async with client.stream("POST", url(gw.url, CHAT), headers=bearer(), json=body) as r:
-            async for line in r.aiter_lines():
-                if line.startswith("data: "):
-                    break
-            assert gate.sync_inflight() >= 1
+    assert gate.free()
+    # 1500 greedy tokens keep the backend busy for ~1.5 s. The gate is watched while the stream
+    # runs rather than after its first event: on two cores vLLM often writes the whole stream in
+    # one burst at the end, so by the time a client reads the first event the request is gone.
+    # Greedy: sampled at Workers AI's default temperature, the random-weight model can end with
+    # EOS after a few hundred tokens.
+    # A new prompt each run, so the exact cache (kept in the data dir) cannot answer it.
+    prompt = f"a long answer please {uuid.uuid4()}"
+    body = {"prompt": prompt, "max_tokens": 1500, "temperature": 0, "stream": True}
+
+    async def stream() -> int:
+        events = 0
+        async with httpx.AsyncClient(timeout=300.0) as client:
+            async with client.stream("POST", url(gw.url, CHAT), headers=bearer(), json=body) as r:
+                async for line in r.aiter_lines():
+                    events += line.startswith("data: ")
+        return events
+
+    live = asyncio.create_task(stream())
+    seen_busy = False
+    while not live.done():
+        if gate.sync_inflight() >= 1:
+            seen_busy = True
             assert not gate.free()
+        await asyncio.sleep(0.002)
+    assert await live > 100  # the answer really streamed
+    assert seen_busy
     for _ in range(100):
         if gate.free():
             break
