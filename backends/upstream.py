@@ -166,11 +166,15 @@ class HttpSession:
 
 
 async def raw_chunks(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    """The body as it arrives, never merging two HTTP chunks (vLLM writes an SSE event per
-    chunk, so each reaches the client as vLLM sent it)."""
-    async for data, _ in response.content.iter_chunks():
-        if data:
-            yield data
+    """The body as it arrives: each read takes everything that has arrived so far.
+
+    vLLM writes one SSE event per HTTP chunk, but when its engine outpaces its API server
+    (small models, few cores) a whole answer can land in one burst. Taking what is already
+    here in one piece makes such a burst one write to the client instead of one per event;
+    nothing ever waits for more, and the events themselves are relayed byte for byte.
+    """
+    async for data in response.content.iter_any():
+        yield data
 
 
 HTTP_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)

@@ -5,10 +5,12 @@ once: a JSON answer, or 16 content events (the last with its finish reason), a u
 ``[DONE]``, one HTTP chunk each (1 ms apart): complete answers, which the cache stores. With
 no model competing for the cores, the gateway's CPU time per request (user + system, read
 with psutil) is a steadier figure than latency on a shared machine; it is what the gateway
-adds to every request. Cells: non-stream and stream, 1 and 8 concurrent; the answer cache is
-on (every request a miss) unless ``--no-cache``.
+adds to every request. Write system calls per request (``/proc/PID/io``) are steadier still.
+Cells: non-stream and stream, 1 and 8 concurrent; the answer cache is on (every request a
+miss) unless ``--no-cache``. ``--burst``: the fake writes each stream's chunks back to back,
+as vLLM does when its engine outpaces its API server (the tiny model on two unpinned cores).
 
-    .venv/bin/python bench/gateway_cpu.py [--requests 200] [--no-cache]
+    .venv/bin/python bench/gateway_cpu.py [--requests 200] [--no-cache] [--burst]
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -120,9 +122,9 @@ def fake_app(
     return app
 
 
-def serve_fake(port: int) -> None:
+def serve_fake(port: int, pace_s: float = 0.001) -> None:
     """Run the fake vLLM on ``port`` until killed."""
-    web.run_app(fake_app(), host="127.0.0.1", port=port, access_log=None, print=None)
+    web.run_app(fake_app(pace_s), host="127.0.0.1", port=port, access_log=None, print=None)
 
 
 @contextlib.asynccontextmanager
@@ -147,12 +149,15 @@ async def gateway_before(fake_url: str, *, cache: bool = True) -> AsyncIterator[
 
 
 @contextlib.contextmanager
-def fake_process(script: str, cores: set[int] | None = None) -> Iterator[str]:
-    """``script --serve-fake PORT`` in a child process (on ``cores``) while the block runs;
-    yields its URL once it accepts connections."""
+def fake_process(
+    script: str, cores: set[int] | None = None, extra: Sequence[str] = ()
+) -> Iterator[str]:
+    """``script --serve-fake PORT [extra]`` in a child process (on ``cores``) while the block
+    runs; yields its URL once it accepts connections."""
     port = free_port()
     pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
-    fake = subprocess.Popen([sys.executable, script, "--serve-fake", str(port)], preexec_fn=pin)
+    command = [sys.executable, script, "--serve-fake", str(port), *extra]
+    fake = subprocess.Popen(command, preexec_fn=pin)
     try:
         deadline = time.monotonic() + 30.0
         while True:
@@ -195,16 +200,18 @@ async def run_cells(base: str, server: psutil.Process, requests: int) -> None:
                 for _ in range(10):  # warm-up
                     await one(stream)
                 cpu = sum(server.cpu_times()[:2])
+                writes = server.io_counters().write_count
                 started = time.perf_counter()
                 for _ in range(requests // concurrency):
                     await asyncio.gather(*(one(stream) for _ in range(concurrency)))
                 n = requests // concurrency * concurrency
                 per_request = 1e3 * (sum(server.cpu_times()[:2]) - cpu) / n
+                writes_per_request = (server.io_counters().write_count - writes) / n
                 wall = 1e3 * (time.perf_counter() - started) / n
                 label = f"{'stream' if stream else 'non-stream'} c={concurrency}"
                 print(
-                    f"  {label:16s} {per_request:6.2f} ms CPU/req  ({wall:.1f} ms wall/req, "
-                    f"load {os.getloadavg()[0]:.1f})",
+                    f"  {label:16s} {per_request:6.2f} ms CPU/req  {writes_per_request:5.1f} "
+                    f"writes/req  ({wall:.1f} ms wall/req, load {os.getloadavg()[0]:.1f})",
                     flush=True,
                 )
 
@@ -213,12 +220,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--requests", type=int, default=200, help="requests per cell")
     ap.add_argument("--no-cache", action="store_true", help="gateway answer cache off")
+    ap.add_argument(
+        "--burst", action="store_true", help="the fake writes each stream's chunks back to back"
+    )
     ap.add_argument("--serve-fake", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_fake:
-        serve_fake(args.serve_fake)
+        serve_fake(args.serve_fake, 0.0 if args.burst else 0.001)
         return 0
-    with fake_process(__file__) as fake_url:
+    with fake_process(__file__, extra=["--burst"] if args.burst else []) as fake_url:
         asyncio.run(measure(args, fake_url))
     return 0
 

@@ -40,9 +40,8 @@ async def serve(port: int, upstream: str, served: str) -> None:
             status=up.status, headers={"content-type": "text/event-stream"}
         )
         await response.prepare(request)
-        async for data, _ in up.content.iter_chunks():
-            if data:
-                await response.write(data)
+        async for data in up.content.iter_any():  # what has arrived, in one write
+            await response.write(data)
         up.release()
         await response.write_eof()
         return response

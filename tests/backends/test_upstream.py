@@ -1,4 +1,5 @@
-"""The upstream HTTP client's eager body writes (Python 3.11's stand-in for eager_start)."""
+"""The upstream HTTP client: eager body writes (Python 3.11's stand-in for eager_start) and
+how a streamed body is read."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ import sys
 import threading
 import time
 
+import aiohttp
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
-from backends.upstream import HttpSession, start_eagerly, write_bodies_eagerly
+from backends.upstream import HttpSession, raw_chunks, start_eagerly, write_bodies_eagerly
 
 pytestmark = pytest.mark.asyncio
 
@@ -156,3 +160,82 @@ async def test_a_request_leaves_before_the_work_queued_behind_it(eager: bool) ->
         await http.aclose()
         loop.set_task_factory(before)
         server.close()
+
+
+def event(i: int) -> bytes:
+    return b'data: {"n": %d}\n\n' % i
+
+
+async def sse_server(release: asyncio.Event, sent: asyncio.Event) -> TestServer:
+    """Writes events 0-4 as five HTTP chunks, then 5 once ``release`` is set, then ends."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        for i in range(5):
+            await response.write(event(i))
+        sent.set()
+        await release.wait()
+        await response.write(event(5))
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/stream", handler)
+    server = TestServer(app)
+    await server.start_server()
+    return server
+
+
+async def test_a_burst_already_here_is_one_piece_and_later_events_come_as_they_arrive() -> None:
+    release, sent = asyncio.Event(), asyncio.Event()
+    server = await sse_server(release, sent)
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(server.make_url("/stream")) as response,
+        ):
+            await sent.wait()
+            await asyncio.sleep(0.1)  # the five chunks reach the client's buffer
+            pieces = raw_chunks(response)
+            burst = await anext(pieces)
+            assert burst == b"".join(event(i) for i in range(5))
+            # nothing more is here: the next read waits for the server, not for a fuller piece
+            later = asyncio.ensure_future(anext(pieces))
+            await asyncio.sleep(0.05)
+            assert not later.done()
+            release.set()
+            assert await later == event(5)
+            assert [p async for p in pieces] == []
+    finally:
+        await server.close()
+
+
+async def test_a_body_cut_short_is_relayed_up_to_the_cut_then_raises() -> None:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        response.enable_chunked_encoding()
+        await response.prepare(request)
+        await response.write(event(0))
+        await asyncio.sleep(0.05)
+        assert request.transport is not None
+        request.transport.close()  # mid-body: the chunked encoding never ends
+        return response
+
+    app = web.Application()
+    app.router.add_post("/stream", handler)
+    server = TestServer(app)
+    await server.start_server()
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(server.make_url("/stream")) as response,
+        ):
+            got: list[bytes] = []
+            with pytest.raises(aiohttp.ClientPayloadError):
+                async for piece in raw_chunks(response):
+                    got.append(piece)
+            assert got == [event(0)]
+    finally:
+        await server.close()
