@@ -111,7 +111,9 @@ def pd_config(
     settings: dict[str, Any] = {
         "prefill_threshold_tokens": 32,
         "health_interval_s": 1.0,
-        "read_timeout_s": 60.0,
+        # vLLM's NIXL pull on this CPU sometimes stalls until the prefill's 30 s KV lease
+        # expires ("Releasing expired KV blocks" in its log); two in a row passed 60 s.
+        "read_timeout_s": 150.0,
         "cache_salt_secret": "test-secret",
         **backend,
     }
@@ -365,7 +367,8 @@ async def test_a_full_pool_answers_429_with_retry_after(
     body = {
         "model": "tiny-chat",
         "messages": [{"role": "user", "content": "Write a long story."}],
-        "max_tokens": 256,
+        # ~1.5 s: long enough that the first answer is still running when all six arrive
+        "max_tokens": 1500,
         "ignore_eos": True,
     }
     try:
