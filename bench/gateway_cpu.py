@@ -40,6 +40,8 @@ from tests.support.vllm import free_port
 
 SERVED = "fake-llama"
 TOKENS = 16
+PACE_S = 0.001
+"""The fake's gap between two tokens (``--burst``: none)."""
 _EVENT = orjson.dumps(
     {
         "id": "chatcmpl-x",
@@ -82,7 +84,7 @@ _ANSWER = orjson.dumps(
 
 
 def fake_app(
-    pace_s: float = 0.001, on_chat: Callable[[bytes], None] | None = None
+    pace_s: float = PACE_S, on_chat: Callable[[bytes], None] | None = None
 ) -> web.Application:
     """The fake vLLM: answers ``pace_s`` apart per token; ``on_chat`` sees each request body
     as soon as it is read."""
@@ -122,7 +124,7 @@ def fake_app(
     return app
 
 
-def serve_fake(port: int, pace_s: float = 0.001) -> None:
+def serve_fake(port: int, pace_s: float = PACE_S) -> None:
     """Run the fake vLLM on ``port`` until killed."""
     web.run_app(fake_app(pace_s), host="127.0.0.1", port=port, access_log=None, print=None)
 
@@ -226,7 +228,7 @@ def main() -> int:
     ap.add_argument("--serve-fake", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_fake:
-        serve_fake(args.serve_fake, 0.0 if args.burst else 0.001)
+        serve_fake(args.serve_fake, 0.0 if args.burst else PACE_S)
         return 0
     with fake_process(__file__, extra=["--burst"] if args.burst else []) as fake_url:
         asyncio.run(measure(args, fake_url))

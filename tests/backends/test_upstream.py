@@ -4,10 +4,12 @@ how a streamed body is read."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import pytest
@@ -166,13 +168,39 @@ def event(i: int) -> bytes:
     return b'data: {"n": %d}\n\n' % i
 
 
-async def sse_server(release: asyncio.Event, sent: asyncio.Event) -> TestServer:
-    """Writes events 0-4 as five HTTP chunks, then 5 once ``release`` is set, then ends."""
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@contextlib.asynccontextmanager
+async def sse_response(handler: Handler) -> AsyncIterator[aiohttp.ClientResponse]:
+    """The client's response to a POST answered by ``handler`` on a local aiohttp server."""
+    app = web.Application()
+    app.router.add_post("/stream", handler)
+    server = TestServer(app)
+    await server.start_server()
+    try:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(server.make_url("/stream")) as response,
+        ):
+            yield response
+    finally:
+        await server.close()
+
+
+async def chunked(request: web.Request) -> web.StreamResponse:
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    return response
+
+
+async def test_a_burst_already_here_is_one_piece_and_later_events_come_as_they_arrive() -> None:
+    release, sent = asyncio.Event(), asyncio.Event()
 
     async def handler(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        response.enable_chunked_encoding()
-        await response.prepare(request)
+        """Events 0-4 as five HTTP chunks, then 5 once ``release`` is set, then the end."""
+        response = await chunked(request)
         for i in range(5):
             await response.write(event(i))
         sent.set()
@@ -181,61 +209,33 @@ async def sse_server(release: asyncio.Event, sent: asyncio.Event) -> TestServer:
         await response.write_eof()
         return response
 
-    app = web.Application()
-    app.router.add_post("/stream", handler)
-    server = TestServer(app)
-    await server.start_server()
-    return server
-
-
-async def test_a_burst_already_here_is_one_piece_and_later_events_come_as_they_arrive() -> None:
-    release, sent = asyncio.Event(), asyncio.Event()
-    server = await sse_server(release, sent)
-    try:
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(server.make_url("/stream")) as response,
-        ):
-            await sent.wait()
-            await asyncio.sleep(0.1)  # the five chunks reach the client's buffer
-            pieces = raw_chunks(response)
-            burst = await anext(pieces)
-            assert burst == b"".join(event(i) for i in range(5))
-            # nothing more is here: the next read waits for the server, not for a fuller piece
-            later = asyncio.ensure_future(anext(pieces))
-            await asyncio.sleep(0.05)
-            assert not later.done()
-            release.set()
-            assert await later == event(5)
-            assert [p async for p in pieces] == []
-    finally:
-        await server.close()
+    async with sse_response(handler) as response:
+        await sent.wait()
+        await asyncio.sleep(0.1)  # the five chunks reach the client's buffer
+        pieces = raw_chunks(response)
+        burst = await anext(pieces)
+        assert burst == b"".join(event(i) for i in range(5))
+        # nothing more is here: the next read waits for the server, not for a fuller piece
+        later = asyncio.ensure_future(anext(pieces))
+        await asyncio.sleep(0.05)
+        assert not later.done()
+        release.set()
+        assert await later == event(5)
+        assert [p async for p in pieces] == []
 
 
 async def test_a_body_cut_short_is_relayed_up_to_the_cut_then_raises() -> None:
     async def handler(request: web.Request) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        response.enable_chunked_encoding()
-        await response.prepare(request)
+        response = await chunked(request)
         await response.write(event(0))
         await asyncio.sleep(0.05)
         assert request.transport is not None
         request.transport.close()  # mid-body: the chunked encoding never ends
         return response
 
-    app = web.Application()
-    app.router.add_post("/stream", handler)
-    server = TestServer(app)
-    await server.start_server()
-    try:
-        async with (
-            aiohttp.ClientSession() as session,
-            session.post(server.make_url("/stream")) as response,
-        ):
-            got: list[bytes] = []
-            with pytest.raises(aiohttp.ClientPayloadError):
-                async for piece in raw_chunks(response):
-                    got.append(piece)
-            assert got == [event(0)]
-    finally:
-        await server.close()
+    async with sse_response(handler) as response:
+        got: list[bytes] = []
+        with pytest.raises(aiohttp.ClientPayloadError):
+            async for piece in raw_chunks(response):
+                got.append(piece)
+        assert got == [event(0)]
