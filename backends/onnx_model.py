@@ -2,10 +2,11 @@
 
 Used by the semantic cache's encoder and by the local embeddings backend. On a CPU the
 same all-MiniLM-L6-v2 graph runs faster in ONNX Runtime than in torch (fewer, fused kernels
-and no Python per layer; figures in ``bench/RESULTS.md``). The graph is exported once from the model folder with torch's exporter, cached as
-``<graph dir>/<model version>/model.onnx`` (``backends.models.model_version``), and checked
-against the torch model on probe sentences each time it is loaded; a graph that disagrees
-is exported again, and a model it cannot reproduce stays on torch. The vectors are the
+and no Python per layer; figures in ``bench/RESULTS.md``). The graph is exported once from
+the model folder with torch's exporter, cached as ``<graph dir>/<model version>/model.onnx``
+(``backends.models.model_version``), and checked against the torch model on probe
+sentences each time it is loaded; a graph that disagrees is exported again, and a model it
+cannot reproduce stays on torch. The vectors are the
 torch model's to float rounding (``MAX_ABS_DIFF`` is checked at every load), so the encoder version,
 thresholds and the verifier are unchanged, and so are the embeddings the gateway serves.
 
