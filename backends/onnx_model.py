@@ -6,9 +6,9 @@ and no Python per layer; figures in ``bench/RESULTS.md``). The graph is exported
 the model folder with torch's exporter, cached as ``<graph dir>/<model version>/model.onnx``
 (``backends.models.model_version``), and checked against the torch model on probe
 sentences each time it is loaded; a graph that disagrees is exported again, and a model it
-cannot reproduce stays on torch. The vectors are the
-torch model's to float rounding (``MAX_ABS_DIFF`` is checked at every load), so the encoder version,
-thresholds and the verifier are unchanged, and so are the embeddings the gateway serves.
+cannot reproduce stays on torch. The vectors are the torch model's to float rounding
+(``MAX_ABS_DIFF`` is checked at every load), so the encoder version, thresholds and the
+verifier are unchanged, and so are the embeddings the gateway serves.
 
 Only models made of a Transformer, mean pooling and (optionally) Normalize are exported;
 anything else stays on torch.
