@@ -11,7 +11,7 @@ import msgspec
 
 from backends.config import BackendConfig, VllmBackend
 from server.auth import AuthSettings
-from server.batch import BatchSettings
+from server.batch.settings import BatchSettings
 
 Task = Literal["chat", "embeddings", "classification"]
 
