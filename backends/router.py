@@ -51,10 +51,14 @@ from typing import Any
 import aiohttp
 import orjson
 
+from backends.admission import Lease
 from backends.config import VllmBackend
-from backends.pool import BackendStats, HealthMonitor, Lease, Pool, ServerState
+from backends.health import HealthMonitor
+from backends.pool import Pool
+from backends.pool_metrics import BackendStats
 from backends.protocol import BackendError, RequestContext, UpstreamResponse
 from backends.salt import ANONYMOUS_SCOPE, CacheSalter
+from backends.servers import ServerState
 from backends.upstream import HTTP_ERRORS, HttpSession, http_failure, raw_chunks, stream_timeout
 
 PER_MESSAGE_TOKENS = 4
@@ -389,7 +393,7 @@ class PDRouter:
                 self._skip("prefill_down")
                 return False, None
             try:
-                lease = await pool.acquire(
+                lease = await pool.admission.acquire(
                     lambda: self.placement.rank(pool.servers, plan.key, excluded)
                 )
             except BackendError as exc:
@@ -449,7 +453,7 @@ class PDRouter:
         self.monitor.ensure_running()
         plan = self.plan(path, body, ctx)
         pool = self.decode_pool
-        first = await pool.acquire(lambda: self.placement.rank(pool.servers, plan.key))
+        first = await pool.admission.acquire(lambda: self.placement.rank(pool.servers, plan.key))
         try:
             prefilled, params = await self._prefill(plan, ctx)
         except BaseException:
@@ -463,7 +467,9 @@ class PDRouter:
         if not self.placement.rank(pool.servers, plan.key, excluded):
             return None
         try:
-            return await pool.acquire(lambda: self.placement.rank(pool.servers, plan.key, excluded))
+            return await pool.admission.acquire(
+                lambda: self.placement.rank(pool.servers, plan.key, excluded)
+            )
         except BackendError:
             return None
 
