@@ -17,10 +17,11 @@ from backends.health import HealthMonitor
 from backends.pool import build_pools
 from backends.pool_metrics import BackendStats
 from backends.protocol import RequestContext, UpstreamResponse
-from backends.router import PDRouter, VllmStream
+from backends.router import PDRouter
 from backends.salt import CacheSalter
 from backends.servers import ServerLoad
 from backends.upstream import HTTP_ERRORS, HttpSession, http_failure
+from backends.vllm_stream import VllmStream
 
 __all__ = ["VllmClient", "VllmStream", "http_failure"]
 

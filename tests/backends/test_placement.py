@@ -6,7 +6,7 @@ import uuid
 from collections import Counter
 
 from backends.config import VllmServer
-from backends.router import Placement, RouteKey, prefix_key, prompt_shape, rendezvous_order
+from backends.placement import Placement, RouteKey, prefix_key, prompt_shape, rendezvous_order
 from backends.servers import ServerState
 
 
