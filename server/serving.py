@@ -47,7 +47,7 @@ from server.schemas.openai import (
     classification_inputs,
     embedding_inputs,
 )
-from server.sse import DONE, SSEReader, error_event, event
+from semcache.sse import DONE, SSEReader, error_event, event
 
 SSE = "text/event-stream"
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}

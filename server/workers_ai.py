@@ -43,7 +43,7 @@ from server.caching import CacheDirectives
 from server.config import GatewayConfig
 from server.errors import ApiError, from_backend, from_validation
 from server.serving import SSE_HEADERS, ClosingStream, OpenAIServing, Reply, aclose_stream
-from server.sse import DONE, SSEReader, event
+from semcache.sse import DONE, SSEReader, event
 
 log = logging.getLogger("semcache.workers_ai")
 

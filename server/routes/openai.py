@@ -15,7 +15,8 @@ from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Receive, Send
 
 from backends.protocol import RequestContext
-from server.caching import directives_from, tenant_from
+from server.auth import tenant_from
+from server.caching import directives_from
 from server.serving import OpenAIServing, Reply, aclose_stream, parse_body
 
 

@@ -41,7 +41,7 @@ from backends.protocol import RequestContext, UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
 from semcache.queue import DiskQueue, QueueSettings
 from server.app import create_app
-from server.auth import AuthSettings, TokenAuth, TokenEntry, token_digest
+from server.auth import AuthSettings, TokenAuth, TokenEntry, tenant_from, token_digest
 from server.batch import (
     BackendGate,
     BatchMetrics,
@@ -51,7 +51,6 @@ from server.batch import (
     CapacityGates,
     ItemOutcome,
 )
-from server.caching import tenant_from
 from server.config import ConfigError, GatewayConfig, ModelEntry, load_config, parse_config
 from server.errors import ApiError
 from server.workers_ai import text_result, workers_stream
