@@ -225,5 +225,8 @@ class StreamRecorder:
         if not self.complete:
             return None
         return CachedAnswer(
-            content_type=sse.MEDIA_TYPE, chunks=list(self.chunks), usage=self.usage, model_id=self.model_id
+            content_type=sse.MEDIA_TYPE,
+            chunks=list(self.chunks),
+            usage=self.usage,
+            model_id=self.model_id,
         )

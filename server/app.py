@@ -25,6 +25,7 @@ from server.metrics import GatewayMetrics
 from server.routes import admin, health, openai
 from server.routes import workers_ai as workers_ai_routes
 from server.serving import OpenAIServing
+from server.speedups import write_bodies_eagerly
 from server.workers_ai import open_workers_ai
 
 log = logging.getLogger("semcache.server")
@@ -79,6 +80,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        write_bodies_eagerly(asyncio.get_running_loop())  # before any backend session opens
         for backend in registry.embedding.values():
             await backend.start()
         for classifier in registry.classifiers.values():

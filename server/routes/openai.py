@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from typing import Any
 
 from litestar import Request, Response, get, post
 from litestar.background_tasks import BackgroundTask
 from litestar.params import FromPath
-from litestar.response import Stream
-from litestar.response.base import ASGIResponse
-from litestar.response.streaming import ASGIStreamingResponse
-from litestar.types import Receive, Send
 
 from backends.protocol import RequestContext
 from server.auth import tenant_from
 from server.caching import directives_from
 from server.serving import OpenAIServing, Reply, aclose_stream, parse_body
+from server.speedups import RelayStream
 
 
 def serving(request: Request[Any, Any, Any]) -> OpenAIServing:
@@ -32,57 +28,6 @@ def context(request: Request[Any, Any, Any]) -> RequestContext:
         session_affinity=headers.get("x-session-affinity"),
         tenant=tenant_from(headers),
     )
-
-
-class _RelayResponse(ASGIStreamingResponse):
-    """Litestar's streaming response, without its anyio task group and cancel scope.
-
-    Litestar streams from a child task and cancels a cancel scope once the stream ends
-    (about 20-40 µs per stream: a task group, a spawned task, the scope's cancellation). Here
-    the request's task sends the chunks itself and one watcher task waits for the client's
-    disconnect, which cancels the sending as Litestar's scope did. The first chunk is sent in
-    the same turn of the loop as the head (uvicorn's protocol then writes them together).
-    """
-
-    __slots__ = ()
-
-    async def send_body(self, send: Send, receive: Receive) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        sending = True
-        gone = False
-
-        async def watch() -> None:
-            nonlocal gone
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            if sending:
-                gone = True
-                task.cancel()
-
-        watcher = asyncio.create_task(watch())
-        try:
-            async for chunk in self.iterator:
-                body = chunk if isinstance(chunk, bytes) else chunk.encode(self.encoding)
-                await send({"type": "http.response.body", "body": body, "more_body": True})
-            sending = False
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except asyncio.CancelledError:
-            if not gone:
-                raise
-            task.uncancel()  # the client has gone: the response ends quietly, as Litestar's did
-        finally:
-            sending = False
-            watcher.cancel()
-
-
-class RelayStream(Stream):
-    """A ``Stream`` sent by ``_RelayResponse``."""
-
-    def to_asgi_response(self, *args: Any, **kwargs: Any) -> ASGIResponse:
-        response = super().to_asgi_response(*args, **kwargs)
-        response.__class__ = _RelayResponse  # same slots: only send_body differs
-        return response
 
 
 def respond(reply: Reply, ctx: RequestContext | None = None) -> Response[Any]:
