@@ -39,7 +39,7 @@ from semcache.policy import PolicyHolder
 from server.auth import tenant_from
 from server.caching import directives_from
 from server.metrics import GatewayMetrics
-from server.serving import OpenAIServing
+from server.openai.serving import OpenAIServing
 
 CHUNKS = [b"data: " + _EVENT + b"\n\n"] * (TOKENS - 1) + [
     b"data: " + _FINAL + b"\n\n",

@@ -22,9 +22,13 @@ from semcache.semantic.service import SemanticService
 from server.config import GatewayConfig
 from server.errors import handle_exception
 from server.metrics import GatewayMetrics
-from server.routes import admin, health, openai
+from server.openai.chat_completion import api_router as chat_completion
+from server.openai.completion import api_router as completion
+from server.openai.models import api_router as models
+from server.openai.pooling import api_router as pooling
+from server.openai.serving import OpenAIServing
+from server.routes import admin, health
 from server.routes import workers_ai as workers_ai_routes
-from server.serving import OpenAIServing
 from server.speedups import write_bodies_eagerly
 from server.workers_ai import open_workers_ai
 
@@ -107,7 +111,15 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
             await registry.aclose()
 
     return Litestar(
-        route_handlers=[*openai.ROUTES, *health.ROUTES, *admin.ROUTES, *workers_ai_routes.ROUTES],
+        route_handlers=[
+            *models.ROUTES,
+            *chat_completion.ROUTES,
+            *completion.ROUTES,
+            *pooling.ROUTES,
+            *health.ROUTES,
+            *admin.ROUTES,
+            *workers_ai_routes.ROUTES,
+        ],
         state=State(
             {
                 "registry": registry,

@@ -29,6 +29,7 @@ from backends.classifier import label_names
 from backends.protocol import BackendError, RequestContext
 from backends.registry import ModelInfo, ModelRegistry
 from semcache.queue import open_queue
+from semcache.sse import DONE, SSEReader, event
 from server.auth import TokenAuth
 from server.batch import (
     USAGE_KEYS,
@@ -42,8 +43,8 @@ from server.batch import (
 from server.caching import CacheDirectives
 from server.config import GatewayConfig
 from server.errors import ApiError, from_backend, from_validation
-from server.serving import SSE_HEADERS, ClosingStream, OpenAIServing, Reply, aclose_stream
-from semcache.sse import DONE, SSEReader, event
+from server.openai.reply import SSE_HEADERS, ClosingStream, Reply, aclose_stream
+from server.openai.serving import OpenAIServing
 
 log = logging.getLogger("semcache.workers_ai")
 

@@ -15,7 +15,8 @@ from semcache.policy import PolicyHolder
 from semcache.semantic.records import PartitionKey
 from server.auth import bearer_token
 from server.errors import ApiError
-from server.serving import OpenAIServing, parse_body
+from server.openai.routing import parse_body
+from server.openai.serving import OpenAIServing
 
 PurgeKind = Literal["key", "model", "tenant", "scope", "tag", "all"]
 

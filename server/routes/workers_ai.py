@@ -8,8 +8,7 @@ from litestar import Request, Response, post
 from litestar.params import FromPath
 
 from server.caching import directives_from
-from server.routes.openai import context, respond
-from server.serving import parse_body
+from server.openai.routing import context, parse_body, respond
 from server.workers_ai import WorkersAIServing, truthy
 
 

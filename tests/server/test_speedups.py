@@ -182,8 +182,8 @@ async def test_relay_response_ends_quietly_when_the_client_leaves() -> None:
 
     from litestar.background_tasks import BackgroundTask
 
-    from server.routes.openai import respond
-    from server.serving import Reply
+    from server.openai.reply import Reply
+    from server.openai.routing import respond
 
     closed = asyncio.Event()
 
@@ -221,8 +221,8 @@ async def test_relay_response_ends_quietly_when_the_client_leaves() -> None:
 async def test_relay_response_sends_the_whole_stream() -> None:
     from collections.abc import AsyncIterator
 
-    from server.routes.openai import respond
-    from server.serving import Reply
+    from server.openai.reply import Reply
+    from server.openai.routing import respond
 
     async def three() -> AsyncIterator[bytes]:
         for i in range(3):
