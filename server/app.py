@@ -28,9 +28,9 @@ from server.openai.models import api_router as models
 from server.openai.pooling import api_router as pooling
 from server.openai.serving import OpenAIServing
 from server.routes import admin, health
-from server.routes import workers_ai as workers_ai_routes
 from server.speedups import write_bodies_eagerly
-from server.workers_ai import open_workers_ai
+from server.workers_ai import api_router as workers_ai_routes
+from server.workers_ai.serving import open_workers_ai
 
 log = logging.getLogger("semcache.server")
 
