@@ -27,6 +27,8 @@ def unknown_model(name: str) -> ApiError:
 
 @dataclass
 class ServingState:
+    """One per gateway, shared by the families' serving objects (the caches are set later)."""
+
     registry: ModelRegistry
     metrics: GatewayMetrics
     policy: PolicyHolder

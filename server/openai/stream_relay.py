@@ -11,10 +11,11 @@ from server.openai.call import GenerationCall
 
 
 def broken_stream_event(message: str | None) -> bytes:
+    """The event that ends a stream the backend broke (``message``) or cut short."""
     text = (
         f"The backend failed mid-answer: {message}"
         if message
-        else ("The backend ended the answer early.")
+        else "The backend ended the answer early."
     )
     return error_event(text, code="backend_stream_broken")
 
