@@ -10,9 +10,7 @@ long stream is never cut while it makes progress.
 from __future__ import annotations
 
 import asyncio
-import sys
-from collections.abc import AsyncIterator, Coroutine
-from typing import Any
+from collections.abc import AsyncIterator
 
 import aiohttp
 
@@ -34,87 +32,6 @@ def stream_timeout(read_s: float, connect_s: float) -> aiohttp.ClientTimeout:
     )
 
 
-_BODY_WRITER = "ClientRequest.write_bytes"
-
-
-def write_bodies_eagerly(loop: asyncio.AbstractEventLoop) -> None:
-    """Let aiohttp send a request's body at once on Python 3.11, as it does on 3.12+.
-
-    aiohttp writes a request's head and body from a task it starts eagerly on Python 3.12+
-    ("to avoid having to schedule the task"); on 3.11 it is a plain task, which runs only
-    after everything already queued on the loop. When several requests reach the gateway
-    together, each one's upstream request then leaves only once all of them have been
-    handled, so the first waits for the last (about 1.5 ms for 8 requests here). This loop
-    task factory runs that one coroutine's first step inline, as ``eager_start`` would; every
-    other task is created as before. Idempotent; nothing to do on 3.12+.
-    """
-    if sys.version_info >= (3, 12):
-        return
-    previous = loop.get_task_factory()
-    if getattr(previous, "eager_bodies", False):
-        return
-
-    def factory(
-        loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kwargs: Any
-    ) -> asyncio.Future[Any]:
-        if getattr(coro, "__qualname__", "") == _BODY_WRITER:
-            return start_eagerly(loop, coro)
-        if previous is not None:
-            return previous(loop, coro, **kwargs)
-        return asyncio.Task(coro, loop=loop, **kwargs)
-
-    factory.eager_bodies = True  # type: ignore[attr-defined]
-    loop.set_task_factory(factory)  # type: ignore[arg-type]
-
-
-def start_eagerly(
-    loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any]
-) -> asyncio.Future[Any]:
-    """Run ``coro`` up to its first suspension now; a task carries on from there.
-
-    Returns a finished future when it did not suspend.
-    """
-    try:
-        waiting = _claimed(coro.send(None))
-    except StopIteration as stop:
-        done = loop.create_future()
-        done.set_result(stop.value)
-        return done
-    except BaseException as exc:
-        failed = loop.create_future()
-        failed.set_exception(exc)
-        return failed
-    return asyncio.Task(_resume(coro, waiting), loop=loop)
-
-
-def _claimed(waiting: Any) -> Any:
-    """Take over a yielded future as a task does: clear its "awaited" mark (a future refuses
-    a second ``await`` while it is set), so that the driver can await it in turn."""
-    if getattr(waiting, "_asyncio_future_blocking", False):
-        waiting._asyncio_future_blocking = False
-    return waiting
-
-
-async def _resume(coro: Coroutine[Any, Any, Any], waiting: Any) -> Any:
-    """Drive a started coroutine as its task would: wait for what it yielded, resume it."""
-    while True:
-        try:
-            if waiting is None:  # a bare yield (asyncio.sleep(0))
-                await asyncio.sleep(0)
-            else:
-                await waiting  # a future: the coroutine reads its result when resumed
-        except BaseException as exc:  # cancellation included: the coroutine sees it
-            try:
-                waiting = _claimed(coro.throw(exc))
-            except StopIteration as stop:
-                return stop.value
-        else:
-            try:
-                waiting = _claimed(coro.send(None))
-            except StopIteration as stop:
-                return stop.value
-
-
 class HttpSession:
     """One pooled ``aiohttp.ClientSession`` for a backend's servers.
 
@@ -130,7 +47,6 @@ class HttpSession:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            write_bodies_eagerly(asyncio.get_running_loop())
             connector = aiohttp.TCPConnector(
                 limit=self.max_connections, limit_per_host=0, keepalive_timeout=KEEPALIVE_S
             )

@@ -36,9 +36,10 @@ from bench.gateway_cpu import _ANSWER, _EVENT, _FINAL, _LAST, TOKENS
 from bench.overhead import chat_body
 from semcache.exact import open_exact_cache
 from semcache.policy import PolicyHolder
-from server.caching import directives_from, tenant_from
+from server.auth import tenant_from
+from server.caching import directives_from
 from server.metrics import GatewayMetrics
-from server.serving import OpenAIServing
+from server.openai.serving import OpenAIServing
 
 CHUNKS = [b"data: " + _EVENT + b"\n\n"] * (TOKENS - 1) + [
     b"data: " + _FINAL + b"\n\n",

@@ -18,9 +18,10 @@ from typing import Any, Final
 import msgspec
 import orjson
 
+from semcache import sse
+
 CHECKSUM_BYTES: Final = 16
 JSON: Final = "application/json"
-SSE: Final = "text/event-stream"
 
 
 class IntegrityError(Exception):
@@ -168,7 +169,7 @@ class StreamRecorder:
     def feed(self, payload: bytes) -> None:
         """Record one SSE ``data:`` payload (without the ``data: `` prefix)."""
         data = payload.strip()
-        if data == b"[DONE]":
+        if data == sse.DONE:
             self.done = True
             return
         if self.done or self.failed:
@@ -224,5 +225,8 @@ class StreamRecorder:
         if not self.complete:
             return None
         return CachedAnswer(
-            content_type=SSE, chunks=list(self.chunks), usage=self.usage, model_id=self.model_id
+            content_type=sse.MEDIA_TYPE,
+            chunks=list(self.chunks),
+            usage=self.usage,
+            model_id=self.model_id,
         )

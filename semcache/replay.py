@@ -6,7 +6,7 @@
   chunk per choice, and the usage chunk when ``stream_options.include_usage`` is set.
 * A stored stream → the same chunks, with the usage chunk kept or dropped per the request.
 
-Payloads are the bytes after ``data: ``; SSE framing and ``[DONE]`` belong to the server.
+Payloads are the bytes after ``data: ``; framing and ``[DONE]`` belong to ``semcache.sse``.
 """
 
 from __future__ import annotations

@@ -22,10 +22,15 @@ from semcache.semantic.service import SemanticService
 from server.config import GatewayConfig
 from server.errors import handle_exception
 from server.metrics import GatewayMetrics
-from server.routes import admin, health, openai
-from server.routes import workers_ai as workers_ai_routes
-from server.serving import OpenAIServing
-from server.workers_ai import open_workers_ai
+from server.openai.chat_completion import api_router as chat_completion
+from server.openai.completion import api_router as completion
+from server.openai.models import api_router as models
+from server.openai.pooling import api_router as pooling
+from server.openai.serving import OpenAIServing
+from server.routes import admin, health
+from server.speedups import write_bodies_eagerly
+from server.workers_ai import api_router as workers_ai_routes
+from server.workers_ai.serving import open_workers_ai
 
 log = logging.getLogger("semcache.server")
 
@@ -79,6 +84,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        write_bodies_eagerly(asyncio.get_running_loop())  # before any backend session opens
         for backend in registry.embedding.values():
             await backend.start()
         for classifier in registry.classifiers.values():
@@ -105,7 +111,15 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
             await registry.aclose()
 
     return Litestar(
-        route_handlers=[*openai.ROUTES, *health.ROUTES, *admin.ROUTES, *workers_ai_routes.ROUTES],
+        route_handlers=[
+            *models.ROUTES,
+            *chat_completion.ROUTES,
+            *completion.ROUTES,
+            *pooling.ROUTES,
+            *health.ROUTES,
+            *admin.ROUTES,
+            *workers_ai_routes.ROUTES,
+        ],
         state=State(
             {
                 "registry": registry,

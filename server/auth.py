@@ -29,7 +29,6 @@ from collections.abc import Mapping
 
 import msgspec
 
-from server.caching import tenant_from
 from server.errors import ApiError
 
 
@@ -83,11 +82,26 @@ def token_digest(token: str) -> str:
 
 
 def bearer_token(headers: Mapping[str, str]) -> str | None:
+    """The token of ``Authorization: Bearer <token>``; ``None`` without one (no header,
+    another scheme, or an empty token). The gateway's one reading of that header."""
     value = (headers.get("authorization") or "").strip()
     scheme, _, token = value.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return None
     return token.strip()
+
+
+def tenant_from(headers: Mapping[str, str]) -> str:
+    """The tenant scope of a request: a hash of its API key (never the key itself).
+
+    The key is the bearer token, or the whole ``Authorization`` value when it names no
+    ``Bearer`` scheme; without a key the tenant is ``anonymous``.
+    """
+    raw = headers.get("authorization") or ""
+    token = (bearer_token(headers) or "") if raw[:7].lower() == "bearer " else raw.strip()
+    if not token:
+        return "anonymous"
+    return "key:" + hashlib.blake2b(token.encode(), digest_size=8).hexdigest()
 
 
 class TokenAuth:

@@ -11,7 +11,6 @@ Response headers: ``Cache-Status`` (RFC 9211), ``cf-aig-cache-status``, ``Age``,
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Mapping
 
@@ -81,15 +80,6 @@ def _unit(value: str | None) -> float | None:
     except ValueError:
         return None
     return x if 0.0 <= x <= 1.0 else None
-
-
-def tenant_from(headers: Mapping[str, str]) -> str:
-    """The tenant scope of a request: a hash of its API key (never the key itself)."""
-    auth = headers.get("authorization") or ""
-    token = auth[7:].strip() if auth[:7].lower() == "bearer " else auth.strip()
-    if not token:
-        return "anonymous"
-    return "key:" + hashlib.blake2b(token.encode(), digest_size=8).hexdigest()
 
 
 _RFC9211 = {

@@ -19,7 +19,7 @@ from backends.launch import Launcher, VllmStartError
 from semcache.policy import PolicyError, load_policy
 from server.app import create_app, registry_from_config
 from server.config import ConfigError, GatewayConfig, load_config
-from server.http_protocol import uvicorn_config
+from server.uvicorn_config import uvicorn_config
 
 
 def say(message: str) -> None:

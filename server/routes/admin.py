@@ -13,8 +13,10 @@ from litestar import Request, Response, post
 from semcache.keys import scope_for
 from semcache.policy import PolicyHolder
 from semcache.semantic.records import PartitionKey
+from server.auth import bearer_token
 from server.errors import ApiError
-from server.serving import OpenAIServing, parse_body
+from server.openai.routing import parse_body
+from server.openai.serving import OpenAIServing
 
 PurgeKind = Literal["key", "model", "tenant", "scope", "tag", "all"]
 
@@ -43,8 +45,7 @@ def semantic_purge_predicate(kind: str, target: str) -> Callable[[PartitionKey],
 def _authorize(request: Request[Any, Any, Any]) -> None:
     policy: PolicyHolder = request.app.state.policy
     token = policy.current.admin.resolve_token()
-    auth = request.headers.get("authorization") or ""
-    given = auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+    given = bearer_token(request.headers)
     if not given:
         raise ApiError(401, "The admin API needs `Authorization: Bearer <admin token>`.")
     if token is None:

@@ -6,7 +6,6 @@ import pytest
 
 from semcache.entry import (
     CHECKSUM_BYTES,
-    SSE,
     CachedAnswer,
     IntegrityError,
     StreamRecorder,
@@ -14,6 +13,7 @@ from semcache.entry import (
     decode_entry,
     encode_entry,
 )
+from semcache.sse import MEDIA_TYPE
 from tests.semcache import payloads
 
 DIGEST = "ab" * 32
@@ -64,7 +64,7 @@ def test_complete_stream_is_recorded_with_usage() -> None:
     rec = StreamRecorder("qwen3-0.6b")
     rec.feed_many([*payloads.chat_stream(), b"[DONE]"])
     answer = rec.answer()
-    assert answer is not None and answer.content_type == SSE
+    assert answer is not None and answer.content_type == MEDIA_TYPE
     assert answer.chunks == payloads.chat_stream()
     assert answer.usage == Usage(14, 8)
 

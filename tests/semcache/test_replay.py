@@ -7,8 +7,9 @@ from typing import Any
 import orjson
 import pytest
 
-from semcache.entry import SSE, CachedAnswer, StreamRecorder, Usage
+from semcache.entry import CachedAnswer, StreamRecorder, Usage
 from semcache.replay import ReplayError, as_json, as_stream, wants_usage
+from semcache.sse import MEDIA_TYPE
 from tests.semcache import payloads
 
 
@@ -148,7 +149,7 @@ def test_embeddings_replay_as_json_only() -> None:
     with pytest.raises(ReplayError):
         as_stream(answer, "embeddings", include_usage=False)
     with pytest.raises(ReplayError):
-        as_json(CachedAnswer(content_type=SSE), "chat")
+        as_json(CachedAnswer(content_type=MEDIA_TYPE), "chat")
 
 
 def test_wants_usage() -> None:

@@ -16,7 +16,7 @@ import uvicorn
 from backends.registry import ModelRegistry
 from server.app import create_app
 from server.config import GatewayConfig
-from server.http_protocol import uvicorn_config
+from server.uvicorn_config import uvicorn_config
 from tests.support.vllm import REPO_ROOT, free_port
 
 

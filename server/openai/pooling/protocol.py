@@ -1,9 +1,5 @@
-"""OpenAI request schemas, used to validate bodies before they are forwarded.
-
-The structs describe the fields the gateway checks; unknown fields are allowed and the
-original body (not these structs) is what reaches the backend, so fields the gateway does
-not interpret pass through unchanged.
-"""
+"""``POST /v1/embeddings`` and ``POST /v1/classify``: the request fields the gateway checks,
+and their ``input`` normalised to a list of items."""
 
 from __future__ import annotations
 
@@ -11,58 +7,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
-TopP = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
-Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
-PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
-NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
-Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
-
-
-class StreamOptions(msgspec.Struct):
-    include_usage: bool | None = None
-    continuous_usage_stats: bool | None = None
-
-
-class ChatMessage(msgspec.Struct):
-    role: Role
-    content: str | list[dict[str, Any]] | None = None
-    name: str | None = None
-
-
-class SamplingFields(msgspec.Struct, kw_only=True):
-    model: NonEmptyStr
-    max_tokens: PositiveInt | None = None
-    temperature: Temperature | None = None
-    top_p: TopP | None = None
-    n: Annotated[int, msgspec.Meta(ge=1, le=128)] | None = None
-    stream: bool | None = None
-    stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
-    presence_penalty: Penalty | None = None
-    frequency_penalty: Penalty | None = None
-    seed: int | None = None
-    logit_bias: dict[str, float] | None = None
-    user: str | None = None
-
-
-class ChatCompletionRequest(SamplingFields, kw_only=True):
-    messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
-    max_completion_tokens: PositiveInt | None = None
-    logprobs: bool | None = None
-    top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
-
-
-class CompletionRequest(SamplingFields, kw_only=True):
-    prompt: NonEmptyStr | Annotated[list[Any], msgspec.Meta(min_length=1)]
-    logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
-    echo: bool | None = None
-    best_of: PositiveInt | None = None
-    suffix: str | None = None
-
+from server.openai.protocol import NonEmptyStr, PositiveInt
 
 MAX_EMBEDDING_INPUTS = 2048
 

@@ -17,7 +17,7 @@ import sqlite3
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +39,10 @@ from backends.launch import VllmProcess
 from backends.protocol import RequestContext, UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
 from server.app import create_app
-from server.auth import AuthSettings, TokenAuth, TokenEntry, token_digest
+from server.auth import AuthSettings, TokenAuth, TokenEntry, tenant_from, token_digest
 from server.batch.settings import BatchSettings, QueueSettings
-from server.caching import tenant_from
 from server.config import ConfigError, GatewayConfig, ModelEntry, load_config, parse_config
 from server.errors import ApiError
-from server.workers_ai import text_result, workers_stream
 from tests.semcache.conftest import RedisServer
 from tests.support.fake_backend import FakeGeneration
 from tests.support.gateway import GatewayProcess, GatewayThread
@@ -173,55 +171,6 @@ def test_token_entries_are_validated() -> None:
     ]:
         with pytest.raises(msgspec.ValidationError):
             msgspec.convert({"tokens": [bad]}, AuthSettings)
-
-
-async def _chunks(*payloads: bytes) -> AsyncIterator[bytes]:
-    for p in payloads:
-        yield p
-
-
-async def test_openai_stream_becomes_workers_ai_events() -> None:
-    def chunk(delta: dict[str, Any], **extra: Any) -> bytes:
-        return b"data: " + orjson.dumps({"choices": [{"index": 0, "delta": delta}], **extra})
-
-    usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
-    source = _chunks(
-        chunk({"role": "assistant", "content": ""}) + b"\n\n" + chunk({"content": "Hel"}),
-        b"\n\n" + chunk({"content": "lo"}) + b"\n\n",
-        b"data: " + orjson.dumps({"choices": [], "usage": {**usage, "prompt_tokens_details": {}}}),
-        b"\n\ndata: [DONE]\n\n",
-    )
-    out = b"".join([c async for c in workers_stream(source)]).decode()
-    assert out == (
-        'data: {"response":"Hel"}\n\n'
-        'data: {"response":"lo"}\n\n'
-        f'data: {{"response":"","usage":{json.dumps(usage, separators=(",", ":"))}}}\n\n'
-        "data: [DONE]\n\n"
-    )
-    cut = _chunks(chunk({"content": "Hel"}) + b"\n\n")
-    events = sse_events(b"".join([c async for c in workers_stream(cut)]).decode())
-    assert events[0] == '{"response":"Hel"}' and "errors" in events[-1] and "[DONE]" not in events
-
-
-def test_completion_becomes_workers_ai_result_with_tool_calls() -> None:
-    answer = {
-        "choices": [
-            {
-                "message": {
-                    "content": None,
-                    "tool_calls": [
-                        {"function": {"name": "weather", "arguments": '{"city": "Paris"}'}}
-                    ],
-                }
-            }
-        ],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
-    }
-    assert text_result("chat", orjson.dumps(answer)) == {
-        "response": "",
-        "tool_calls": [{"name": "weather", "arguments": {"city": "Paris"}}],
-        "usage": {"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7},
-    }
 
 
 class RecordingGeneration(FakeGeneration):

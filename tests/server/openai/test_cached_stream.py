@@ -23,7 +23,8 @@ from semcache.policy import PolicyHolder
 from semcache.tiers import MemoryStore
 from server.caching import CacheDirectives
 from server.metrics import GatewayMetrics
-from server.serving import OpenAIServing, Reply, aclose_stream
+from server.openai.reply import Reply, aclose_stream
+from server.openai.serving import OpenAIServing
 
 
 def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:

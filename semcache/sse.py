@@ -1,10 +1,33 @@
-"""Server-sent events: splitting a relayed byte stream into events, and error events."""
+"""Server-sent events as OpenAI streams use them: framing, ``[DONE]``, and reading a stream.
+
+Imports nothing from the project, so every layer (the server's relays, the cache's recorder)
+frames and parses events the same way.
+"""
 
 from __future__ import annotations
 
+from typing import Final
+
 import orjson
 
-DONE = b"[DONE]"
+MEDIA_TYPE: Final = "text/event-stream"
+DONE: Final = b"[DONE]"
+"""The payload of OpenAI's last event (``data: [DONE]``)."""
+
+
+def event(payload: bytes) -> bytes:
+    """One event carrying ``payload`` as its data."""
+    return b"data: " + payload + b"\n\n"
+
+
+DONE_EVENT: Final = event(DONE)
+
+
+def error_event(message: str, *, type: str = "server_error", code: str | None = None) -> bytes:
+    """An error in the stream, which the openai SDK raises as ``APIError``."""
+    return event(
+        orjson.dumps({"error": {"message": message, "type": type, "param": None, "code": code}})
+    )
 
 
 class SSEReader:
@@ -21,8 +44,8 @@ class SSEReader:
             buf = buf.replace(b"\r\n", b"\n")
         *events, self._buf = buf.split(b"\n\n")
         new: list[bytes] = []
-        for event in events:
-            data = [line[5:].lstrip(b" ") for line in event.split(b"\n") if line[:5] == b"data:"]
+        for block in events:
+            data = [line[5:].lstrip(b" ") for line in block.split(b"\n") if line[:5] == b"data:"]
             if data:
                 new.append(b"\n".join(data))
         self.payloads.extend(new)
@@ -44,14 +67,3 @@ class SSEReader:
                 if isinstance(usage, dict):
                     return usage
         return None
-
-
-def event(payload: bytes) -> bytes:
-    return b"data: " + payload + b"\n\n"
-
-
-def error_event(message: str, *, type: str = "server_error", code: str | None = None) -> bytes:
-    """An error in the stream, which the openai SDK raises as ``APIError``."""
-    return event(
-        orjson.dumps({"error": {"message": message, "type": type, "param": None, "code": code}})
-    )

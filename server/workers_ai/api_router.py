@@ -1,4 +1,4 @@
-"""Workers-AI route: authenticate, read the body, hand it to the Workers-AI serving object."""
+"""The Workers-AI route: authenticate, read the body, hand it to the Workers-AI serving object."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from litestar import Request, Response, post
 from litestar.params import FromPath
 
 from server.caching import directives_from
-from server.routes.openai import context, respond
-from server.serving import parse_body
-from server.workers_ai import WorkersAIServing, truthy
+from server.openai.routing import context, parse_body, respond
+from server.workers_ai.protocol import truthy
+from server.workers_ai.serving import WorkersAIServing
 
 
 def workers_ai(request: Request[Any, Any, Any]) -> WorkersAIServing:

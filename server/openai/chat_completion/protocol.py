@@ -1,0 +1,27 @@
+"""``POST /v1/chat/completions``: the request fields the gateway checks."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from server.openai.protocol import PositiveInt, SamplingFields
+
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+
+
+class ChatMessage(msgspec.Struct):
+    role: Role
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields, kw_only=True):
+    messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
+    max_completion_tokens: PositiveInt | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None

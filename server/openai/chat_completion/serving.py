@@ -1,0 +1,29 @@
+"""``POST /v1/chat/completions``: validate, resolve the model, generate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from backends.protocol import RequestContext
+from server.caching import CacheDirectives
+from server.openai.chat_completion.protocol import ChatCompletionRequest
+from server.openai.generation import Generation
+from server.openai.reply import Reply
+from server.openai.state import ServingState
+
+
+class ChatCompletionServing:
+    def __init__(self, state: ServingState, generation: Generation) -> None:
+        self.state = state
+        self.generation = generation
+
+    async def create(
+        self, body: dict[str, Any], ctx: RequestContext, cache: CacheDirectives | None = None
+    ) -> Reply:
+        req = msgspec.convert(body, ChatCompletionRequest)
+        info = self.state.resolve(req.model, "chat")
+        return await self.generation.generate(
+            "/v1/chat/completions", "chat", info, body, bool(req.stream), ctx, cache
+        )

@@ -1,0 +1,29 @@
+"""``POST /v1/completions``: validate, resolve the model, generate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from backends.protocol import RequestContext
+from server.caching import CacheDirectives
+from server.openai.completion.protocol import CompletionRequest
+from server.openai.generation import Generation
+from server.openai.reply import Reply
+from server.openai.state import ServingState
+
+
+class CompletionServing:
+    def __init__(self, state: ServingState, generation: Generation) -> None:
+        self.state = state
+        self.generation = generation
+
+    async def create(
+        self, body: dict[str, Any], ctx: RequestContext, cache: CacheDirectives | None = None
+    ) -> Reply:
+        req = msgspec.convert(body, CompletionRequest)
+        info = self.state.resolve(req.model, "chat")
+        return await self.generation.generate(
+            "/v1/completions", "completions", info, body, bool(req.stream), ctx, cache
+        )

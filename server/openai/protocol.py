@@ -1,0 +1,41 @@
+"""Request fields shared by the OpenAI families' schemas (``*/protocol.py``).
+
+The structs describe the fields the gateway checks; unknown fields are allowed and the
+original body (not these structs) is what reaches the backend, so fields the gateway does
+not interpret pass through unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
+TopP = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool | None = None
+    continuous_usage_stats: bool | None = None
+
+
+class SamplingFields(msgspec.Struct, kw_only=True):
+    """The sampling fields chat completions and completions share."""
+
+    model: NonEmptyStr
+    max_tokens: PositiveInt | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    n: Annotated[int, msgspec.Meta(ge=1, le=128)] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    seed: int | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None

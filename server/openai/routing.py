@@ -1,0 +1,68 @@
+"""What every thin route shares: the JSON body, the request's context, the injected serving
+object, and a ``Reply`` sent as a Litestar response."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import orjson
+from litestar import Request, Response
+from litestar.background_tasks import BackgroundTask
+
+from backends.protocol import RequestContext
+from server.auth import tenant_from
+from server.errors import ApiError
+from server.openai.reply import Reply, aclose_stream
+from server.openai.serving import OpenAIServing
+from server.speedups import RelayStream
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """Decode a JSON request body; anything but a JSON object is a 400."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise ApiError(
+            400,
+            "We could not parse the JSON body of your request. "
+            "(HINT: This likely means you aren't using your HTTP library correctly.)",
+            code="invalid_json",
+        ) from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "The request body must be a JSON object.", code="invalid_json")
+    return body
+
+
+def serving(request: Request[Any, Any, Any]) -> OpenAIServing:
+    svc: OpenAIServing = request.app.state.serving
+    return svc
+
+
+def context(request: Request[Any, Any, Any]) -> RequestContext:
+    headers = request.headers
+    return RequestContext(
+        request_id=headers.get("x-request-id") or uuid.uuid4().hex,
+        session_affinity=headers.get("x-session-affinity"),
+        tenant=tenant_from(headers),
+    )
+
+
+def respond(reply: Reply, ctx: RequestContext | None = None) -> Response[Any]:
+    headers = dict(reply.headers)
+    if ctx is not None:
+        headers["x-request-id"] = ctx.request_id
+    if reply.stream is not None:
+        return RelayStream(
+            reply.stream,
+            status_code=reply.status,
+            media_type=reply.media_type,
+            headers=headers,
+            # When the client leaves, Litestar stops sending and leaves the generator suspended
+            # at its `yield`: its `finally` (which aborts the backend and keeps a partial
+            # answer out of the cache) would otherwise run only at garbage collection.
+            background=BackgroundTask(aclose_stream, reply.stream),
+        )
+    return Response(
+        reply.body, status_code=reply.status, media_type=reply.media_type, headers=headers
+    )

@@ -1,0 +1,71 @@
+"""Workers AI's inputs per task, its success envelope and its error entries."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+import orjson
+
+from server.errors import ApiError
+from server.openai.protocol import NonEmptyStr, PositiveInt
+
+DEFAULT_MAX_TOKENS: Final = 256
+DEFAULT_TEMPERATURE: Final = 0.6
+"""Workers AI's defaults for text generation (they differ from OpenAI's)."""
+
+
+class TextGenerationInput(msgspec.Struct, kw_only=True):
+    """Workers AI text-generation input (``prompt`` or ``messages``)."""
+
+    prompt: NonEmptyStr | None = None
+    messages: list[dict[str, Any]] | None = None
+    raw: bool = False
+    stream: bool = False
+    max_tokens: PositiveInt = DEFAULT_MAX_TOKENS
+    temperature: Annotated[float, msgspec.Meta(ge=0.0, le=5.0)] = DEFAULT_TEMPERATURE
+    top_p: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=1, le=50)] | None = None
+    seed: Annotated[int, msgspec.Meta(ge=1, le=9_999_999_999)] | None = None
+    repetition_penalty: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] | None = None
+    frequency_penalty: Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)] | None = None
+    presence_penalty: Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)] | None = None
+    response_format: dict[str, Any] | None = None
+    stop: str | list[str] | None = None
+    tools: list[dict[str, Any]] | None = None
+    lora: str | None = None
+
+
+class EmbeddingInput(msgspec.Struct, kw_only=True):
+    text: NonEmptyStr | Annotated[list[NonEmptyStr], msgspec.Meta(min_length=1)]
+    pooling: Literal["mean", "cls"] = "mean"
+
+
+class ClassificationInput(msgspec.Struct, kw_only=True):
+    text: NonEmptyStr
+
+
+def input_schema(task: str) -> type[Any]:
+    """The input struct of a model's task."""
+    if task == "chat":
+        return TextGenerationInput
+    if task == "embeddings":
+        return EmbeddingInput
+    return ClassificationInput
+
+
+def envelope(result: Any) -> bytes:
+    """Cloudflare's success envelope."""
+    return orjson.dumps({"result": result, "success": True, "errors": [], "messages": []})
+
+
+def error_object(err: ApiError) -> dict[str, Any]:
+    """An entry of the envelope's ``errors`` (the codes ``server.errors`` uses)."""
+    return {"code": err.status * 10, "message": err.message}
+
+
+def truthy(value: Any) -> bool:
+    """A ``queueRequest`` flag, from the query string (text) or the body (JSON)."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes")
+    return value is True

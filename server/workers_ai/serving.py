@@ -1,0 +1,310 @@
+"""``POST /client/v4/accounts/{account_id}/ai/run/{model}``: a model run, a batch submission
+or a poll; model runs (live or a batch's items) go through one dispatch to the OpenAI
+serving object."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from prometheus_client import CollectorRegistry
+
+from backends.protocol import BackendError, RequestContext
+from backends.registry import ModelInfo, ModelRegistry
+from semcache.sse import MEDIA_TYPE
+from server.auth import TokenAuth
+from server.batch.gates import CapacityGates
+from server.batch.metrics import BatchMetrics
+from server.batch.queue import open_queue
+from server.batch.results import ItemOutcome
+from server.batch.service import BatchService
+from server.batch.settings import BatchSettings
+from server.batch.workers import BatchWorkers
+from server.caching import CacheDirectives
+from server.config import GatewayConfig
+from server.errors import ApiError, from_backend, from_validation
+from server.openai.reply import SSE_HEADERS, ClosingStream, Reply, aclose_stream
+from server.openai.serving import OpenAIServing
+from server.workers_ai.protocol import (
+    ClassificationInput,
+    EmbeddingInput,
+    TextGenerationInput,
+    envelope,
+    error_object,
+    input_schema,
+    truthy,
+)
+from server.workers_ai.translate import (
+    classification_result,
+    context_overflow,
+    embedding_request,
+    embedding_result,
+    text_request,
+    text_result,
+    upstream_error,
+    workers_stream,
+)
+
+
+@dataclass
+class Answer:
+    """One model run's answer: the envelope's ``result`` and the cache's headers, or a
+    streamed text answer."""
+
+    result: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+    stream: Reply | None = None
+
+
+class WorkersAIServing:
+    """Implements ``POST /client/v4/accounts/{account_id}/ai/run/{model}``."""
+
+    def __init__(
+        self,
+        openai: OpenAIServing,
+        registry: ModelRegistry,
+        auth: TokenAuth,
+        *,
+        batch: BatchService | None = None,
+    ) -> None:
+        self.openai = openai
+        self.registry = registry
+        self.auth = auth
+        self.batch = batch
+        self.workers: BatchWorkers | None = None
+        """This gateway's batch workers; live requests are announced to their gates."""
+
+    async def aclose(self) -> None:
+        if self.workers is not None:
+            await self.workers.aclose()
+            self.workers = None
+        if self.batch is not None:
+            await self.batch.queue.aclose()
+            self.batch = None
+
+    # -- entry points ---------------------------------------------------------------------
+
+    async def run(
+        self,
+        model: str,
+        body: dict[str, Any],
+        ctx: RequestContext,
+        *,
+        queue_request: bool = False,
+        directives: CacheDirectives | None = None,
+    ) -> Reply:
+        """One ``/ai/run/{model}`` request: a model run, a batch submission or a poll."""
+        info = self.resolve(model)
+        given = body.get("options")
+        options: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
+        queued = (
+            queue_request or truthy(body.get("queueRequest")) or truthy(options.get("queueRequest"))
+        )
+        tenant = ctx.tenant or "anonymous"
+        if "request_id" in body and "requests" not in body:
+            return Reply(200, envelope(await self._batches().poll(tenant, body["request_id"])))
+        if "requests" in body or queued:
+            if not queued:
+                raise ApiError(
+                    400,
+                    "`requests` is a batch: send it with `?queueRequest=true` "
+                    '(or `"options": {"queueRequest": true}`).',
+                    param="queueRequest",
+                    code="invalid_value",
+                )
+            requests = body.get("requests")
+            if isinstance(requests, list):
+                for i, item in enumerate(requests):
+                    if isinstance(item, dict):
+                        self._validate_item(info, item, i)
+            queued_result = await self._batches().submit(tenant, model, requests)
+            return Reply(200, envelope(queued_result))
+        inputs = {k: v for k, v in body.items() if k not in ("options", "queueRequest")}
+        self.live_request(info)
+        answer = await self._answer(
+            info, inputs, ctx, directives or CacheDirectives(), may_stream=True
+        )
+        if answer.stream is not None:
+            return answer.stream
+        return Reply(200, envelope(answer.result), headers=answer.headers)
+
+    async def run_item(self, model: str, body: dict[str, Any], ctx: RequestContext) -> ItemOutcome:
+        """One item of a batch, through the same path (and caches) as a live request."""
+        try:
+            info = self.resolve(model)
+            answer = await self._answer(info, body, ctx, CacheDirectives(), may_stream=False)
+        except msgspec.ValidationError as exc:
+            return ItemOutcome(success=False, errors=[error_object(from_validation(exc))])
+        except BackendError as exc:
+            err = from_backend(exc)
+            return ItemOutcome(success=False, errors=[error_object(err)], retryable=True)
+        except ApiError as exc:
+            retryable = exc.status in (408, 429, 502, 503, 504)
+            return ItemOutcome(success=False, errors=[error_object(exc)], retryable=retryable)
+        result = answer.result
+        usage = result.get("usage") if isinstance(result, dict) else None
+        return ItemOutcome(success=True, result=result, usage=usage)
+
+    # -- helpers -----------------------------------------------------------------------------
+
+    def live_request(self, info: ModelInfo) -> None:
+        """Sync first: batch items running on the model's backend stop before this request
+        is sent (they go back to the queue). The OpenAI routes may call it too."""
+        if self.workers is not None:
+            self.workers.gates.live_request(info.backend_name)
+
+    def resolve(self, model: str) -> ModelInfo:
+        info = self.registry.resolve(model)
+        if info is None:
+            raise ApiError(400, f"No such model {model} or task", code="model_not_found")
+        return info
+
+    def _batches(self) -> BatchService:
+        if self.batch is None:
+            raise ApiError(
+                400, "Queued requests are disabled on this gateway.", code="batch_disabled"
+            )
+        return self.batch
+
+    def _validate_item(self, info: ModelInfo, item: dict[str, Any], index: int) -> None:
+        fields = {k: v for k, v in item.items() if k != "external_reference"}
+        try:
+            msgspec.convert(fields, input_schema(info.task))
+        except msgspec.ValidationError as exc:
+            err = from_validation(exc)
+            where = f"requests[{index}]" + (f".{err.param}" if err.param else "")
+            raise ApiError(
+                400,
+                err.message.replace(f"'{err.param}'", f"'{where}'"),
+                param=where,
+                code="invalid_value",
+            ) from None
+
+    async def _answer(
+        self,
+        info: ModelInfo,
+        inputs: dict[str, Any],
+        ctx: RequestContext,
+        directives: CacheDirectives,
+        *,
+        may_stream: bool,
+    ) -> Answer:
+        """Run the model on ``inputs`` (checked against its task's schema); a text input
+        with ``stream: true`` streams only when ``may_stream`` (a live request)."""
+        inp = msgspec.convert(inputs, input_schema(info.task))
+        if isinstance(inp, TextGenerationInput):
+            if inp.stream and may_stream:
+                return Answer(stream=await self._stream_text(info, inp, ctx, directives))
+            return await self._text(info, inp, ctx, directives)
+        if isinstance(inp, EmbeddingInput):
+            return await self._embed(info, inp, ctx, directives)
+        assert isinstance(inp, ClassificationInput)
+        return await self._classify(info, inp, ctx, directives)
+
+    async def _call_text(
+        self,
+        route: str,
+        body: dict[str, Any],
+        ctx: RequestContext,
+        directives: CacheDirectives,
+    ) -> Reply:
+        call = self.openai.chat if route == "chat" else self.openai.completions
+        reply = await call(body, ctx, directives)
+        if reply.status == 400 and context_overflow(reply):
+            # Workers AI's `max_tokens` is a ceiling, vLLM's a demand it refuses past the
+            # context left; without one, vLLM generates up to what is left, the same ceiling.
+            body = {k: v for k, v in body.items() if k != "max_tokens"}
+            reply = await call(body, ctx, directives)
+        return reply
+
+    async def _text(
+        self,
+        info: ModelInfo,
+        inp: TextGenerationInput,
+        ctx: RequestContext,
+        directives: CacheDirectives,
+    ) -> Answer:
+        route, body = text_request(info, inp)
+        reply = await self._call_text(route, body, ctx, directives)
+        if reply.status != 200:
+            raise upstream_error(reply)
+        return Answer(text_result(route, reply.body), reply.headers)
+
+    async def _stream_text(
+        self,
+        info: ModelInfo,
+        inp: TextGenerationInput,
+        ctx: RequestContext,
+        directives: CacheDirectives,
+    ) -> Reply:
+        route, body = text_request(info, inp)
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+        reply = await self._call_text(route, body, ctx, directives)
+        if reply.stream is None:
+            if reply.status != 200:
+                raise upstream_error(reply)
+            raise ApiError(502, "The model did not stream its answer.", code="backend_error")
+        headers = {**reply.headers, **SSE_HEADERS}
+        return Reply(
+            200,
+            stream=ClosingStream(
+                workers_stream(reply.stream), functools.partial(aclose_stream, reply.stream)
+            ),
+            media_type=MEDIA_TYPE,
+            headers=headers,
+        )
+
+    async def _embed(
+        self,
+        info: ModelInfo,
+        inp: EmbeddingInput,
+        ctx: RequestContext,
+        directives: CacheDirectives,
+    ) -> Answer:
+        reply = await self.openai.embeddings(embedding_request(info, inp), ctx, directives)
+        if reply.status != 200:
+            raise upstream_error(reply)
+        return Answer(embedding_result(reply.body), reply.headers)
+
+    async def _classify(
+        self,
+        info: ModelInfo,
+        inp: ClassificationInput,
+        ctx: RequestContext,
+        directives: CacheDirectives,
+    ) -> Answer:
+        """Through ``/v1/classify``'s serving path (exact and semantic caches included)."""
+        reply = await self.openai.classify({"model": info.id, "input": inp.text}, ctx, directives)
+        if reply.status != 200:
+            raise upstream_error(reply)
+        labels = self.registry.classifier_backend(info).labels
+        return Answer(classification_result(reply.body, labels), reply.headers)
+
+
+# -- assembly -------------------------------------------------------------------------
+
+
+async def open_workers_ai(
+    config: GatewayConfig,
+    openai: OpenAIServing,
+    registry: ModelRegistry,
+    metrics_registry: CollectorRegistry,
+    *,
+    settings: BatchSettings | None = None,
+) -> WorkersAIServing:
+    """Build the Workers-AI surface for ``config`` and start this gateway's batch workers."""
+    auth = TokenAuth(config.auth)
+    settings = settings or config.batch
+    wai = WorkersAIServing(openai, registry, auth)
+    if settings.enabled:
+        queue = await open_queue(settings.queue, config.data_path())
+        wai.batch = BatchService(queue, settings)
+        wai.workers = BatchWorkers(
+            queue, wai, CapacityGates(registry, settings), settings, BatchMetrics(metrics_registry)
+        )
+        wai.workers.start()
+    return wai

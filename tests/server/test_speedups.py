@@ -1,0 +1,397 @@
+"""The speed tricks that reach into uvicorn, Litestar and aiohttp (``server.speedups``): each
+still applies to the installed library, and does what it is for."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import re
+import socket
+import sys
+import threading
+import time
+import tomllib
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import aiohttp.client_reqrep
+import pytest
+import uvicorn
+from litestar.response import Stream
+from litestar.response.base import ASGIResponse
+from litestar.response.streaming import ASGIStreamingResponse
+from packaging.requirements import Requirement
+from packaging.version import Version
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+from backends.upstream import HttpSession
+from server import speedups
+from server.speedups import HeadWithBody, start_eagerly, write_bodies_eagerly
+from server.uvicorn_config import uvicorn_config
+from tests.support.vllm import free_port
+
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+
+# -- each trick still applies ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(speedups.CHECKED))
+def test_the_installed_version_is_one_the_tricks_were_checked_against(name: str) -> None:
+    lower, upper = speedups.SUPPORTED[name]
+    installed = Version(version(name))
+    assert Version(lower) <= installed < Version(upper), (
+        f"{name} {installed} is outside [{lower}, {upper}): re-check server/speedups.py's "
+        f"tricks against it, then widen SUPPORTED and pyproject.toml together"
+    )
+    assert Version(lower) <= Version(speedups.CHECKED[name]) < Version(upper)
+
+
+@pytest.mark.parametrize("name", sorted(speedups.CHECKED))
+def test_pyproject_bounds_each_library_as_speedups_declares(name: str) -> None:
+    deps = tomllib.loads(PYPROJECT.read_text())["project"]["dependencies"]
+    (req,) = [Requirement(d) for d in deps if Requirement(d).name == name]
+    lower, upper = speedups.SUPPORTED[name]
+    assert {str(s) for s in req.specifier} == {f">={lower}", f"<{upper}"}
+
+
+def test_uvicorn_cycles_still_write_through_a_swappable_transport() -> None:
+    # GatewayHttpProtocol replaces the cycle's transport once uvicorn has made the cycle.
+    assert inspect.signature(HttpToolsProtocol.on_headers_complete).parameters.keys() == {"self"}
+    made = inspect.getsource(HttpToolsProtocol.on_headers_complete)
+    assert "self.cycle = RequestResponseCycle(" in made
+    assert "transport" in inspect.signature(RequestResponseCycle.__init__).parameters
+    # HeadWithBody stands in for the transport: it must offer all the cycle uses of it.
+    used = set(re.findall(r"self\.transport\.(\w+)", inspect.getsource(RequestResponseCycle)))
+    assert used <= {"write", "close", "is_closing"}, used
+
+
+def test_litestar_streams_still_send_their_body_through_a_swappable_class() -> None:
+    # _RelayResponse swaps the class of the response Stream builds: same slots, send_body.
+    params = list(inspect.signature(ASGIStreamingResponse.send_body).parameters)
+    assert params == ["self", "send", "receive"]
+    assert ASGIStreamingResponse.__slots__ == ("iterator",)
+    assert speedups._RelayResponse.__slots__ == ()
+    assert speedups._RelayResponse.__bases__ == (ASGIStreamingResponse,)
+    assert "to_asgi_response" in vars(Stream)
+    assert "self.send_body(send=send, receive=receive)" in inspect.getsource(ASGIResponse.__call__)
+
+
+def test_aiohttp_still_writes_bodies_from_the_coroutine_the_factory_watches() -> None:
+    request = aiohttp.client_reqrep.ClientRequest
+    owner, _, method = speedups.BODY_WRITER.partition(".")
+    assert request.__name__ == owner
+    writer = getattr(request, method)
+    assert inspect.iscoroutinefunction(writer)
+    assert writer.__qualname__ == speedups.BODY_WRITER
+    send = inspect.getsource(request.send)
+    assert f"self.{method}(" in send
+    assert "asyncio.create_task(coro)" in send  # on 3.11: a plain task, from the factory
+
+
+# -- uvicorn: the head goes out with the first body bytes -------------------------------
+
+
+class Transport:
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+async def test_head_and_body_of_one_turn_go_out_in_one_write() -> None:
+    raw = Transport()
+    t = HeadWithBody(raw, asyncio.get_running_loop())  # type: ignore[arg-type]
+    t.write(b"HTTP/1.1 200 OK\r\n\r\n")
+    assert raw.writes == []
+    t.write(b"body")
+    assert raw.writes == [b"HTTP/1.1 200 OK\r\n\r\nbody"]
+    t.write(b"more")  # later writes pass through
+    assert raw.writes[-1] == b"more"
+    await asyncio.sleep(0)
+    assert len(raw.writes) == 2
+
+
+async def test_a_lone_head_goes_out_at_the_end_of_the_turn() -> None:
+    raw = Transport()
+    t = HeadWithBody(raw, asyncio.get_running_loop())  # type: ignore[arg-type]
+    t.write(b"head")
+    await asyncio.sleep(0)
+    assert raw.writes == [b"head"]
+    t.write(b"chunk")  # a stream's chunks are never held
+    assert raw.writes == [b"head", b"chunk"]
+
+
+async def test_close_sends_what_is_held_first() -> None:
+    raw = Transport()
+    t = HeadWithBody(raw, asyncio.get_running_loop())  # type: ignore[arg-type]
+    t.write(b"head")
+    t.close()
+    assert raw.writes == [b"head"] and raw.closed
+    await asyncio.sleep(0)
+    assert raw.writes == [b"head"]
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+async def test_real_server_answers_whole(method: str) -> None:
+    unused_port = free_port()
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"x-a", b"1")]})
+        await send({"type": "http.response.body", "body": b"hello", "more_body": True})
+        await asyncio.sleep(0.01)
+        await send({"type": "http.response.body", "body": b" world", "more_body": False})
+
+    server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", unused_port))
+    task = asyncio.create_task(server.serve())
+    while not server.started:  # noqa: ASYNC110 (uvicorn has no event)
+        await asyncio.sleep(0.01)
+    try:
+        for _ in range(2):  # keep-alive: two requests on one connection
+            reader, writer = await asyncio.open_connection("127.0.0.1", unused_port)
+            writer.write(f"{method} / HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+            head = await reader.readuntil(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 200 OK") and b"x-a: 1" in head
+            if method == "GET":
+                body = await reader.readuntil(b"0\r\n\r\n")
+                assert body == b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+            writer.close()
+    finally:
+        server.should_exit = True
+        await task
+
+
+# -- Litestar: a stream sent from the request's task ------------------------------------
+
+
+async def test_relay_response_ends_quietly_when_the_client_leaves() -> None:
+    from collections.abc import AsyncIterator
+
+    from litestar.background_tasks import BackgroundTask
+
+    from server.openai.reply import Reply
+    from server.openai.routing import respond
+
+    closed = asyncio.Event()
+
+    async def endless() -> AsyncIterator[bytes]:
+        try:
+            while True:
+                yield b"data: {}\n\n"
+                await asyncio.sleep(0.01)
+        finally:
+            closed.set()
+
+    stream = endless()
+    response = respond(Reply(200, stream=stream, media_type="text/event-stream"))
+    assert isinstance(response.background, BackgroundTask)
+    asgi = response.to_asgi_response(app=None, request=None)  # type: ignore[arg-type]
+    sent: list[dict[str, Any]] = []
+    gone = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if len(sent) == 4:
+            gone.set()
+
+    await asyncio.wait_for(asgi({"type": "http"}, receive, send), 5)  # type: ignore[arg-type]
+    assert closed.is_set()  # the background task closed the stream: the backend is aborted
+    assert sent[0]["type"] == "http.response.start"
+    assert all(m.get("more_body") for m in sent[1:])  # cut, not ended
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+
+async def test_relay_response_sends_the_whole_stream() -> None:
+    from collections.abc import AsyncIterator
+
+    from server.openai.reply import Reply
+    from server.openai.routing import respond
+
+    async def three() -> AsyncIterator[bytes]:
+        for i in range(3):
+            yield b"%d" % i
+
+    response = respond(Reply(200, stream=three(), media_type="text/event-stream"))
+    asgi = response.to_asgi_response(app=None, request=None)  # type: ignore[arg-type]
+    sent: list[dict[str, Any]] = []
+    done = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if message["type"] == "http.response.body" and not message["more_body"]:
+            done.set()
+
+    await asyncio.wait_for(asgi({"type": "http"}, receive, send), 5)  # type: ignore[arg-type]
+    assert sent[0]["status"] == 200
+    assert (b"content-type", b"text/event-stream; charset=utf-8") in sent[0]["headers"]
+    assert [m["body"] for m in sent[1:]] == [b"0", b"1", b"2", b""]
+    assert sent[-1]["more_body"] is False
+
+
+# -- aiohttp: a request's body leaves at once on Python 3.11 -----------------------------
+
+
+async def test_a_coroutine_that_does_not_suspend_finishes_inside_start() -> None:
+    ran: list[str] = []
+
+    async def quick() -> int:
+        ran.append("body")
+        return 7
+
+    future = start_eagerly(asyncio.get_running_loop(), quick())
+    assert ran == ["body"]  # before any loop turn
+    assert future.done() and future.result() == 7
+
+
+async def test_a_suspended_coroutine_carries_on_as_a_task() -> None:
+    loop = asyncio.get_running_loop()
+    gate: asyncio.Future[int] = loop.create_future()
+    steps: list[str] = []
+
+    async def slow() -> int:
+        steps.append("first")
+        await asyncio.sleep(0)
+        steps.append("after yield")
+        value = await gate
+        steps.append("after future")
+        return value + 1
+
+    task = start_eagerly(loop, slow())
+    assert steps == ["first"]
+    loop.call_soon(gate.set_result, 41)
+    assert await task == 42
+    assert steps == ["first", "after yield", "after future"]
+
+
+async def test_errors_and_cancellation_reach_the_coroutine() -> None:
+    loop = asyncio.get_running_loop()
+    failing: asyncio.Future[None] = loop.create_future()
+    seen: list[str] = []
+
+    async def waits(fut: asyncio.Future[None]) -> None:
+        try:
+            await fut
+        except ValueError:
+            seen.append("error")
+            raise
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    task = start_eagerly(loop, waits(failing))
+    failing.set_exception(ValueError("boom"))
+    with pytest.raises(ValueError, match="boom"):
+        await task
+    blocked: asyncio.Future[None] = loop.create_future()
+    task = start_eagerly(loop, waits(blocked))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert seen == ["error", "cancelled"]
+    assert blocked.cancelled()  # as a task cancels the future it waits for
+
+
+async def test_only_aiohttp_body_writers_start_eagerly() -> None:
+    loop = asyncio.get_running_loop()
+    before = loop.get_task_factory()
+    try:
+        write_bodies_eagerly(loop)
+        write_bodies_eagerly(loop)  # idempotent
+        ran: list[str] = []
+
+        async def other() -> None:
+            ran.append("other")
+
+        task = asyncio.create_task(other())
+        assert ran == []  # ordinary tasks are scheduled as usual
+        await task
+        assert ran == ["other"]
+    finally:
+        loop.set_task_factory(before)
+
+
+class _RecordingServer:
+    """A bare TCP server in a thread: notes when each request's bytes arrive, answers 200."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.arrivals: list[float] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self.sock.accept()
+        with conn:
+            while data := conn.recv(65536):
+                self.arrivals.append(time.monotonic())
+                if data.endswith(b"{}"):  # head and body are in: answer
+                    conn.sendall(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                        b"content-length: 2\r\n\r\n{}"
+                    )
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.parametrize("eager", [True, False])
+async def test_a_request_leaves_before_the_work_queued_behind_it(eager: bool) -> None:
+    """A handler posts upstream while another handler's work is already queued on the loop:
+    with eager bodies the request is on the wire before that work runs, not after it."""
+    if not eager and sys.version_info >= (3, 12):
+        pytest.skip("aiohttp starts its body writer eagerly itself on 3.12+")
+    loop = asyncio.get_running_loop()
+    before = loop.get_task_factory()
+    server = _RecordingServer()
+    if eager:
+        write_bodies_eagerly(loop)  # as the app's lifespan does
+    http = HttpSession(max_connections=1, read_timeout_s=10, connect_timeout_s=5)
+    try:
+        url = f"http://127.0.0.1:{server.port}/v1/x"
+        headers = {"content-type": "application/json"}
+        await (await http.post(url, b"{}", headers)).read()  # connect (pooled from now on)
+        if not eager:  # the control: aiohttp's own behaviour on this Python
+            loop.set_task_factory(None)
+        server.arrivals.clear()
+        blocked_until = 0.0
+
+        def busy() -> None:  # another request's CPU-bound handling, queued before ours
+            nonlocal blocked_until
+            time.sleep(0.1)
+            blocked_until = time.monotonic()
+
+        loop.call_soon(busy)
+        response = await http.post(url, b"{}", headers)
+        await response.read()
+        assert len(server.arrivals) == 1
+        if eager:
+            assert server.arrivals[0] < blocked_until - 0.05
+        else:
+            assert server.arrivals[0] >= blocked_until
+    finally:
+        await http.aclose()
+        loop.set_task_factory(before)
+        server.close()
