@@ -2,9 +2,10 @@
 
 It stands in for Workers AI's default ``@cf/huggingface/distilbert-sst2-int8`` and backs
 ``POST /v1/classify``: a logistic-regression head over the sentence encoder's vectors,
-trained on ``data/sentiment/sentiment.jsonl`` (390 labelled sentences written for this
-project, see ``data/NOTICE.md``). The head ships as ``data/classifier/sentiment-head.json``;
-retrain it with ``python -m backends.classifier``. A head trained for another encoder
+trained on ``backends/data/sentiment/sentiment.jsonl`` (390 labelled sentences written for
+this project, see ``data/NOTICE.md``). The head ships as package data
+(``backends/data/classifier/sentiment-head.json``); retrain it with
+``semcache train-classifier``. A head trained for another encoder
 version is retrained in memory at load (a second or two).
 """
 
@@ -21,12 +22,14 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 import numpy as np
 
+from semcache.package_files import package_file
+
 if TYPE_CHECKING:
     from backends.protocol import RequestContext
 
 log = logging.getLogger(__name__)
 
-DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+DATA_DIR = package_file("backends", "data")
 DEFAULT_EXAMPLES = DATA_DIR / "sentiment" / "sentiment.jsonl"
 DEFAULT_HEAD = DATA_DIR / "classifier" / "sentiment-head.json"
 LABELS = ("NEGATIVE", "POSITIVE")
