@@ -11,7 +11,6 @@ version is retrained in memory at load (a second or two).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import logging
@@ -280,21 +279,7 @@ class ClassifierBackend:
         self.classifier = None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Retrain the shipped head: ``python -m backends.classifier [--out PATH]``."""
-    parser = argparse.ArgumentParser(prog="python -m backends.classifier")
-    parser.add_argument("--examples", type=Path, default=DEFAULT_EXAMPLES)
-    parser.add_argument("--out", type=Path, default=DEFAULT_HEAD)
-    args = parser.parse_args(argv)
-    from semcache.semantic.encoder import load_encoder
-
-    encoder = load_encoder()
-    head = build_head(encoder, args.examples)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_bytes(msgspec.json.encode(head))
-    print(f"classifier head {head.version} ({head.examples} examples) -> {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def save_head(head: LinearHead, path: Path) -> None:
+    """Write a head where :func:`load_classifier` reads it (``semcache train-classifier``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(msgspec.json.encode(head))

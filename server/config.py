@@ -10,8 +10,8 @@ from typing import Literal
 import msgspec
 
 from backends.config import BackendConfig, VllmBackend
-from server.auth import AuthSettings
 from semcache.package_files import package_file
+from server.auth import AuthSettings
 from server.batch import BatchSettings
 
 Task = Literal["chat", "embeddings", "classification"]
