@@ -188,6 +188,9 @@ def cmd_config_check(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    if not args.pairs.is_file():
+        print(f"semcache: cannot calibrate: no pairs file {args.pairs}", file=sys.stderr)
+        return 2
     try:
         report = calibrate_file(
             args.pairs,
