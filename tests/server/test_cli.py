@@ -11,9 +11,12 @@ import time
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 
+from semcache.calibrate import CalibrationReport
 from semcache.policy import DEFAULT_POLICY
+from semcache.semantic.pairs import QQP_PAIRS, load_pairs, split_pairs
 from server.cli import ENVIRONMENT, build_parser, main
 from server.config import DEFAULT_CONFIG
 from tests.support.vllm import free_port
@@ -89,6 +92,18 @@ def test_train_verifier_names_a_missing_pairs_file(
     missing = tmp_path / "none.jsonl"
     assert main(["train-verifier", "--pairs", str(missing), "--out", str(tmp_path)]) == 2
     assert str(missing) in capsys.readouterr().err
+
+
+def test_calibrate_prints_a_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    test = split_pairs(load_pairs(QQP_PAIRS))["test"]
+    pairs = [p for p in test if p.label == 1][:20] + [p for p in test if p.label == 0][:20]
+    path = tmp_path / "pairs.jsonl"
+    path.write_bytes(b"".join(msgspec.json.encode(p) + b"\n" for p in pairs))
+    assert main(["calibrate", "--pairs", str(path), "--task", "chat", "--json"]) == 0
+    report = msgspec.json.decode(capsys.readouterr().out, type=CalibrationReport)
+    assert report.task == "chat" and report.pairs == 40 and report.verified is not None
+    assert main(["calibrate", "--pairs", str(path), "--task", "classification"]) == 0
+    assert capsys.readouterr().out.startswith("task classification: 40 pairs")
 
 
 def test_calibrate_names_a_missing_pairs_file(
