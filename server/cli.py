@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import httpx
+import msgspec
 import uvicorn
 
 from backends.classifier import DEFAULT_EXAMPLES, DEFAULT_HEAD, build_head, save_head
@@ -203,8 +204,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"semcache: cannot calibrate: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        import msgspec
-
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(report)).decode() + "\n")
     else:
         print(format_report(report))
