@@ -214,7 +214,7 @@ class LocalEmbeddingBackend(
     max_batch_size: int = 64
     normalize: bool = True
     runtime: Literal["auto", "torch", "onnx"] | None = None
-    """What runs the model: ``onnx`` (ONNX Runtime, same vectors, ~2x faster on a CPU),
+    """What runs the model: ``onnx`` (ONNX Runtime, same vectors, faster on a CPU),
     ``torch``, or ``auto`` (ONNX when its graph reproduces torch's vectors). Unset:
     ``SEMCACHE_ENCODER_RUNTIME``, else ``auto``."""
 

@@ -23,7 +23,7 @@ class LocalEmbeddingBackend:
     """Encodes texts with a local sentence-transformers model (one encode at a time).
 
     ``runtime`` runs the forward pass in ``torch``, in ``onnx`` (ONNX Runtime: the same
-    vectors to ~1e-7, about twice as fast on a CPU; see ``backends.onnx_model``), or
+    vectors to float rounding, faster on a CPU; see ``backends.onnx_model``), or
     ``auto`` (the default, or ``SEMCACHE_ENCODER_RUNTIME``): ONNX when a ``graph_dir`` is
     given and the graph reproduces torch's vectors, else torch. ``graph_dir`` holds the
     exported graphs, one folder per model version (the gateway passes

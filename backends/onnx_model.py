@@ -1,14 +1,14 @@
 """A sentence-transformers model's forward pass through ONNX Runtime.
 
-Used by the semantic cache's encoder and by the local embeddings backend. On this CPU the
-same all-MiniLM-L6-v2 graph runs about twice as fast in ONNX Runtime as in torch for one
-short text (3.7 ms against 7.8 ms, one thread): fewer, fused kernels and no Python per
-layer. The graph is exported once from the model folder with torch's exporter, cached as
-``<graph dir>/<model version>/model.onnx`` (``backends.models.model_version``), and checked
-against the torch model on probe sentences each time it is loaded; a graph that disagrees
-is exported again, and a model it cannot reproduce stays on torch. The vectors are the
-torch model's to float rounding (max abs difference ~2e-7), so the encoder version,
-thresholds and the verifier are unchanged, and so are the embeddings the gateway serves.
+Used by the semantic cache's encoder and by the local embeddings backend. On a CPU the
+same all-MiniLM-L6-v2 graph runs faster in ONNX Runtime than in torch (fewer, fused kernels
+and no Python per layer; figures in ``bench/RESULTS.md``). The graph is exported once from
+the model folder with torch's exporter, cached as ``<graph dir>/<model version>/model.onnx``
+(``backends.models.model_version``), and checked against the torch model on probe
+sentences each time it is loaded; a graph that disagrees is exported again, and a model it
+cannot reproduce stays on torch. The vectors are the torch model's to float rounding
+(``MAX_ABS_DIFF`` is checked at every load), so the encoder version, thresholds and the
+verifier are unchanged, and so are the embeddings the gateway serves.
 
 Only models made of a Transformer, mean pooling and (optionally) Normalize are exported;
 anything else stays on torch.
@@ -39,9 +39,9 @@ PROBES = (
     "Ünïcödé, emoji 🙂 and numbers 3.14159",
 )
 CHUNK_TEXTS = 8
-"""Texts per forward pass. One pass over many short texts pads them all to the longest:
-64 QQP questions (16 tokens on average, 60 at most) cost 7.9 ms per text in one pass, 2.8
-in length-sorted passes of 4-8, against 4.1 one at a time (one thread)."""
+"""Texts per forward pass. One pass over many short texts pads them all to the longest, which
+costs more per text than encoding them one at a time; length-sorted passes of a few texts
+cost less than either."""
 _INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 RUNTIMES = ("auto", "onnx", "torch")
 RUNTIME_ENV = "SEMCACHE_ENCODER_RUNTIME"

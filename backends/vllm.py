@@ -13,11 +13,15 @@ import aiohttp
 import orjson
 
 from backends.config import VllmBackend
-from backends.pool import BackendStats, HealthMonitor, ServerLoad, build_pools
+from backends.health import HealthMonitor
+from backends.pool import build_pools
+from backends.pool_metrics import BackendStats
 from backends.protocol import RequestContext, UpstreamResponse
-from backends.router import PDRouter, VllmStream
+from backends.router import PDRouter
 from backends.salt import CacheSalter
+from backends.servers import ServerLoad
 from backends.upstream import HTTP_ERRORS, HttpSession, http_failure
+from backends.vllm_stream import VllmStream
 
 __all__ = ["VllmClient", "VllmStream", "http_failure"]
 
@@ -25,7 +29,7 @@ __all__ = ["VllmClient", "VllmStream", "http_failure"]
 class VllmClient:
     """Sends OpenAI-protocol requests to the servers of one vLLM backend.
 
-    ``stats`` feeds ``backends.pool.BackendCollector`` (per-server in-flight, errors,
+    ``stats`` feeds ``backends.pool_metrics.BackendCollector`` (per-server in-flight, errors,
     ejections, P/D hops, KV hand-off latency, the servers' own prefix-cache counters).
     """
 

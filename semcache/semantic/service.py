@@ -21,7 +21,8 @@ from pathlib import Path
 from semcache.semantic.cache import SemanticCache
 from semcache.semantic.encoder import Encoder, load_encoder
 from semcache.semantic.feed import RedisEntryFeed
-from semcache.semantic.index import IndexSettings, SemanticIndex
+from semcache.semantic.index import SemanticIndex
+from semcache.semantic.partition import IndexSettings
 from semcache.semantic.records import PartitionKey
 from semcache.semantic.store import RecordStore
 from semcache.semantic.verifier import PairVerifier, load_verifier

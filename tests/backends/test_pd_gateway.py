@@ -26,8 +26,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from backends.config import VllmBackend, VllmServer
 from backends.launch import VllmProcess
-from backends.pool import BackendCollector, ServerState
-from backends.router import rendezvous_order
+from backends.placement import rendezvous_order
+from backends.pool_metrics import BackendCollector
+from backends.servers import ServerState
 from server.config import GatewayConfig, ModelEntry
 from tests.support.gateway import GatewayThread
 from tests.support.vllm import (

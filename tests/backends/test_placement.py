@@ -6,8 +6,8 @@ import uuid
 from collections import Counter
 
 from backends.config import VllmServer
-from backends.pool import ServerState
-from backends.router import Placement, RouteKey, prefix_key, prompt_shape, rendezvous_order
+from backends.placement import Placement, RouteKey, prefix_key, prompt_shape, rendezvous_order
+from backends.servers import ServerState
 
 
 def servers(n: int, role: str = "decode") -> list[ServerState]:

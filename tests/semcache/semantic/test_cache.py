@@ -9,7 +9,8 @@ import pytest
 
 from semcache.semantic.cache import SemanticCache, effective_threshold
 from semcache.semantic.encoder import Encoder
-from semcache.semantic.index import IndexSettings, SemanticIndex
+from semcache.semantic.index import SemanticIndex
+from semcache.semantic.partition import IndexSettings
 from semcache.semantic.records import PartitionKey
 from semcache.semantic.settings import SemanticRule
 from semcache.semantic.verifier import PairVerifier

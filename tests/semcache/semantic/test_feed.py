@@ -11,7 +11,8 @@ import redis.asyncio as redis_asyncio
 from semcache.semantic.cache import Match, SemanticCache
 from semcache.semantic.encoder import Encoder
 from semcache.semantic.feed import RedisEntryFeed
-from semcache.semantic.index import IndexSettings, SemanticIndex
+from semcache.semantic.index import SemanticIndex
+from semcache.semantic.partition import IndexSettings
 from semcache.semantic.records import PartitionKey
 from semcache.semantic.settings import SemanticRule
 from tests.semcache.conftest import RedisServer

@@ -11,8 +11,9 @@ import pytest
 
 from semcache.semantic.cache import SemanticCache
 from semcache.semantic.encoder import Encoder
-from semcache.semantic.index import IndexSettings, SemanticIndex
+from semcache.semantic.index import SemanticIndex
 from semcache.semantic.items import label_margin
+from semcache.semantic.partition import IndexSettings
 from semcache.semantic.records import PartitionKey
 from semcache.semantic.settings import SemanticRule
 from semcache.semantic.store import RecordStore

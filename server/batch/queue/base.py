@@ -14,30 +14,11 @@ The queue knows nothing of HTTP, models or backends; the server gives meaning to
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Literal, Protocol
+from typing import Literal, Protocol
 
 import msgspec
 
 JobStatus = Literal["queued", "running", "done"]
-PosFloat = Annotated[float, msgspec.Meta(gt=0)]
-
-
-class QueueSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """Where the batch queue lives and how long its leases and results last."""
-
-    kind: Literal["disk", "redis"] = "disk"
-    """``disk``: SQLite on local disk (one machine); ``redis``: Redis Streams (several gateways)."""
-    path: str | None = None
-    """SQLite file of the disk queue; default ``<data_dir>/queue/batch.sqlite3``."""
-    redis_url: str = "redis://127.0.0.1:6379/0"
-    prefix: Annotated[str, msgspec.Meta(min_length=1)] = "semcache:batch"
-    """Key prefix of the Redis queue: gateways sharing one prefix share one queue."""
-    lease_s: PosFloat = 30.0
-    """A claimed item returns to the queue when its worker has not renewed it for this long."""
-    results_ttl_s: PosFloat = 86400.0
-    """A finished batch (and its results) is removed this long after its last item completed."""
-    max_age_s: PosFloat = 7 * 86400.0
-    """An unfinished batch is dropped after this long (a safety net against leaks)."""
 
 
 class WorkItem(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,24 +1,14 @@
-"""Durable queues of batch work: SQLite on one machine, Redis Streams across gateways."""
+"""Durable queues of batch work: SQLite on one machine (``disk``), Redis Streams across
+gateways (``redis``); ``base`` is the contract both keep."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from semcache.queue.base import BatchQueue, ItemResult, JobState, JobStatus, QueueSettings, WorkItem
-from semcache.queue.disk import DiskQueue
-from semcache.queue.redis import RedisQueue
-
-__all__ = [
-    "BatchQueue",
-    "DiskQueue",
-    "ItemResult",
-    "JobState",
-    "JobStatus",
-    "QueueSettings",
-    "RedisQueue",
-    "WorkItem",
-    "open_queue",
-]
+from server.batch.queue.base import BatchQueue
+from server.batch.queue.disk import DiskQueue
+from server.batch.queue.redis import RedisQueue
+from server.batch.settings import QueueSettings
 
 
 async def open_queue(settings: QueueSettings, data_dir: Path) -> BatchQueue:

@@ -25,7 +25,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from semcache.queue.base import ItemResult, JobState, WorkItem
+from server.batch.queue.base import ItemResult, JobState, WorkItem
 
 _COMPLETE = """
 redis.call('XACK', KEYS[2], ARGV[3], ARGV[4])

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from semcache.queue.base import ItemResult, JobState, WorkItem
+from server.batch.queue.base import ItemResult, JobState, WorkItem
 
 T = TypeVar("T")
 

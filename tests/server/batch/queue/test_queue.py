@@ -10,7 +10,9 @@ from typing import Any
 
 import pytest
 
-from semcache.queue import BatchQueue, DiskQueue, RedisQueue, WorkItem
+from server.batch.queue.base import BatchQueue, WorkItem
+from server.batch.queue.disk import DiskQueue
+from server.batch.queue.redis import RedisQueue
 from tests.semcache.conftest import RedisServer
 
 QueueFactory = Callable[..., Awaitable[BatchQueue]]

@@ -1,0 +1,91 @@
+"""Health checks: every server's ``/health`` periodically, ejecting and re-admitting servers.
+
+With ``scrape_metrics`` each passed check also copies the server's own ``/metrics``
+(``backends.scraped_metrics``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+
+import aiohttp
+
+from backends.pool import Pool
+from backends.scraped_metrics import parse_upstream_metrics
+from backends.servers import ServerState
+from backends.upstream import HTTP_ERRORS, HttpSession
+
+HEALTH_FAILURES_TO_EJECT = 3
+"""Failed health checks in a row that eject a server. A refused connection ejects at once; an
+answer relayed from the server in between wipes the count (a busy server answers slowly)."""
+
+
+class HealthMonitor:
+    """Checks every server's ``/health`` periodically; ejects and re-admits; scrapes metrics."""
+
+    def __init__(
+        self,
+        http: HttpSession,
+        pools: Sequence[Pool],
+        *,
+        interval_s: float,
+        timeout_s: float,
+        scrape_metrics: bool,
+    ) -> None:
+        self.http = http
+        self.pools = list(pools)
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.scrape_metrics = scrape_metrics
+        self.last_check = 0.0
+        self._task: asyncio.Task[None] | None = None
+
+    def ensure_running(self) -> None:
+        """Start the periodic checks in the running loop (first use; again if they died)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await self.check_all()
+            await asyncio.sleep(self.interval_s)
+
+    async def check_all(self) -> None:
+        """One round of checks over every server, concurrently."""
+        await asyncio.gather(*(self._check(p, s) for p in self.pools for s in p.servers))
+        self.last_check = time.monotonic()
+
+    async def _check(self, pool: Pool, server: ServerState) -> None:
+        session = self.http.session
+        try:
+            async with session.get(f"{server.url}/health", timeout=self._timeout) as response:
+                ok = response.status == 200
+                await response.read()  # to the end: the connection goes back to the pool
+        except aiohttp.ClientConnectorError:
+            pool.eject(server)  # nothing listens: no point in a second try
+            return
+        except HTTP_ERRORS:
+            ok = False
+        if not ok:
+            server.health_failures += 1
+            if server.health_failures >= HEALTH_FAILURES_TO_EJECT:
+                pool.eject(server)
+            return
+        pool.readmit(server)
+        if self.scrape_metrics:
+            with contextlib.suppress(*HTTP_ERRORS, ValueError):
+                async with session.get(f"{server.url}/metrics", timeout=self._timeout) as page:
+                    text = await page.text() if page.status == 200 else None
+                if text is not None:
+                    server.upstream = await asyncio.to_thread(parse_upstream_metrics, text)
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

@@ -1,0 +1,237 @@
+"""The disaggregated prefill → decode flow: the prefill hop and the decode hop's retries.
+
+With ``connector = "nixl"``, one request id (``x-request-id``) on both hops:
+
+1. a decode slot is reserved first (so a prefill is never wasted on a request refused later);
+2. the prefill server gets the request with ``kv_transfer_params: {"do_remote_decode": true}``,
+   ``max_tokens: 1``, ``stream: false`` (no ``stream_options``/``min_tokens``);
+3. the decode server gets the original request plus the ``kv_transfer_params`` of the prefill
+   answer, pulls the KV blocks and answers; its answer (stream or not) is relayed untouched, so
+   usage counts the prompt once and the stream has a monolithic server's shape.
+
+With ``connector = "example"`` (ExampleConnector) step 2 sends the plain request (the prefill
+server writes the KV to shared storage) and step 3 the original one (decode reads it back).
+
+Short prompts (under ``prefill_threshold_tokens``), requests with ``n``/``best_of`` > 1 or
+batched prompts, an empty, overloaded or failing prefill pool: the decode server computes the
+prompt alone. A decode server that fails before the first byte is replaced by another (with
+the same KV parameters if it was unreachable, without them if it answered an error — e.g. the
+KV pull failed); after bytes were relayed a failure ends the stream with ``BackendError``,
+which the server turns into an error event.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import orjson
+
+from backends.admission import Lease
+from backends.config import VllmBackend
+from backends.placement import Placement, PromptShape, RouteKey
+from backends.pool import Pool
+from backends.pool_metrics import BackendStats
+from backends.protocol import BackendError, RequestContext
+from backends.servers import ServerState
+from backends.upstream import HTTP_ERRORS, HttpSession, http_failure, stream_timeout
+
+_PREFILL_DROPPED = ("stream_options", "min_tokens", "min_completion_tokens")
+
+T = TypeVar("T")
+
+
+@dataclass
+class Plan:
+    """One request's route: its upstream body, its placement key and whether to prefill."""
+
+    path: str
+    body: dict[str, Any]
+    key: RouteKey
+    prefill: bool
+    skip_reason: str | None
+
+
+def hop_headers(ctx: RequestContext, stream: bool) -> dict[str, str]:
+    headers = {"content-type": "application/json", "x-request-id": ctx.request_id}
+    if stream:
+        headers["accept"] = "text/event-stream"
+    return headers
+
+
+def with_params(body: dict[str, Any], params: dict[str, Any] | None) -> dict[str, Any]:
+    return body if params is None else {**body, "kv_transfer_params": params}
+
+
+class PrefillHop:
+    """Step 2: computes the prompt's KV on a prefill server (or says why decode goes alone)."""
+
+    def __init__(
+        self,
+        config: VllmBackend,
+        http: HttpSession,
+        pool: Pool | None,
+        stats: BackendStats,
+        placement: Placement,
+    ) -> None:
+        self.config = config
+        self.http = http
+        self.pool = pool
+        self.stats = stats
+        self.placement = placement
+
+    def skip_reason(self, body: dict[str, Any], shape: PromptShape) -> str | None:
+        """Why this request goes to decode alone, or None to prefill it."""
+        if self.pool is None:
+            return "no_prefill_pool"
+        if not shape.single or (body.get("n") or 1) > 1 or (body.get("best_of") or 1) > 1:
+            return "unsupported"
+        if shape.approx_tokens < self.config.prefill_threshold_tokens:
+            return "short_prompt"
+        return None
+
+    def body(self, body: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in body.items() if k not in _PREFILL_DROPPED}
+        out["stream"] = False
+        out["max_tokens"] = 1
+        if "max_completion_tokens" in out:
+            out["max_completion_tokens"] = 1
+        if self.config.connector == "nixl":
+            out["kv_transfer_params"] = {"do_remote_decode": True}
+        return out
+
+    def _skip(self, reason: str) -> None:
+        self.stats.prefill_skipped[reason] += 1
+
+    async def run(self, plan: Plan, ctx: RequestContext) -> tuple[bool, dict[str, Any] | None]:
+        """Run the prefill hop: ``(done, kv_transfer_params)``; not done → decode alone."""
+        pool = self.pool
+        if pool is None:
+            return False, None  # monolithic pool, or decode servers only
+        if not plan.prefill:
+            self._skip(plan.skip_reason or "unknown")
+            return False, None
+        excluded: set[ServerState] = set()
+        for _ in range(2):  # a second prefill server if the first is unreachable
+            if not self.placement.rank(pool.servers, plan.key, excluded):
+                self._skip("prefill_down")
+                return False, None
+            try:
+                lease = await pool.admission.acquire(
+                    lambda: self.placement.rank(pool.servers, plan.key, excluded)
+                )
+            except BackendError as exc:
+                self._skip("prefill_down" if exc.kind == "unavailable" else "prefill_overloaded")
+                return False, None
+            server = lease.server
+            self.stats.hops["prefill"] += 1
+            started = time.perf_counter()
+            try:
+                response = await self.http.post(
+                    server.url + plan.path,
+                    orjson.dumps(self.body(plan.body)),
+                    hop_headers(ctx, stream=False),
+                    stream_timeout(self.config.prefill_timeout_s, self.config.connect_timeout_s),
+                )
+                try:
+                    status, content = response.status, await response.read()
+                finally:
+                    response.release()
+            except HTTP_ERRORS as exc:
+                failure = http_failure(exc, server.url)
+                pool.failed(server, failure)
+                if failure.kind != "unreachable":
+                    self._skip("prefill_failed")
+                    return False, None
+                excluded.add(server)
+                continue
+            finally:
+                lease.release()
+            self.stats.prefill_seconds.observe(time.perf_counter() - started)
+            pool.answered(server)
+            if status != 200:
+                # decode alone gives the authoritative answer (or the same error)
+                server.errors[f"status_{status}"] += 1
+                self._skip("prefill_rejected")
+                return False, None
+            if self.config.connector != "nixl":
+                return True, None
+            try:
+                params = orjson.loads(content).get("kv_transfer_params")
+            except (orjson.JSONDecodeError, AttributeError):
+                params = None
+            if not isinstance(params, dict):
+                self._skip("no_kv_params")
+                return False, None
+            return True, params
+        self._skip("prefill_down")
+        return False, None
+
+
+class DecodeHop:
+    """Step 3: the decode hop, tried on up to ``decode_attempts`` servers before a first byte."""
+
+    def __init__(
+        self, config: VllmBackend, pool: Pool, stats: BackendStats, placement: Placement
+    ) -> None:
+        self.attempts = config.decode_attempts
+        self.pool = pool
+        self.stats = stats
+        self.placement = placement
+
+    async def _next_lease(self, plan: Plan, excluded: set[ServerState]) -> Lease | None:
+        """Another decode slot for a retry, or None when no other server is left."""
+        pool = self.pool
+        if not self.placement.rank(pool.servers, plan.key, excluded):
+            return None
+        try:
+            return await pool.admission.acquire(
+                lambda: self.placement.rank(pool.servers, plan.key, excluded)
+            )
+        except BackendError:
+            return None
+
+    async def run(
+        self,
+        plan: Plan,
+        first: Lease,
+        params: dict[str, Any] | None,
+        attempt: Callable[[Lease, dict[str, Any]], Awaitable[T | BackendError]],
+    ) -> T:
+        """``attempt`` on ``first``'s server, then on others until one answers.
+
+        ``attempt(lease, body)`` tries the lease's server with this body and returns the answer,
+        or the ``BackendError`` of a server that answered but failed (retried elsewhere without
+        KV parameters); it raises ``HTTP_ERRORS`` for an unreachable one (retried elsewhere with
+        the same KV parameters). An answer owns the lease; a failure leaves it to this loop.
+        """
+        lease: Lease | None = first
+        excluded: set[ServerState] = set()
+        failure: BackendError | None = None
+        for n in range(self.attempts):
+            if lease is None:
+                break
+            server = lease.server
+            self.stats.hops["decode" if n == 0 else "decode_retry"] += 1
+            try:
+                outcome = await attempt(lease, with_params(plan.body, params))
+            except HTTP_ERRORS as exc:
+                failure = http_failure(exc, server.url)
+                excluded.add(server)
+            except BaseException:
+                lease.release()
+                raise
+            else:
+                if not isinstance(outcome, BackendError):
+                    return outcome
+                failure = outcome
+                params = None  # e.g. the KV pull failed: the next try computes the prompt
+            lease.release()
+            self.pool.failed(server, failure)
+            lease = None
+            if n + 1 < self.attempts:
+                lease = await self._next_lease(plan, excluded)
+        assert failure is not None
+        raise failure

@@ -1,0 +1,156 @@
+"""Which server of a pool takes a request (the same rules pick the prefill and the decode one).
+
+- ``x-session-affinity: <id>`` → rendezvous (highest-random-weight) hashing of the id over the
+  pool's healthy servers: a conversation stays on the same prefill and decode servers, and when
+  a server joins or leaves only the sessions whose top choice it is move. A full server spills
+  the session to its next choice.
+- otherwise, with a prompt at least ``prefix_tokens`` long → prefix-aware placement: the
+  rendezvous choice for a hash of the prompt's first ``prefix_tokens`` (estimated, see below),
+  so requests sharing a system prompt land where its KV blocks are cached, unless that server
+  runs more than ``prefix_load_slack`` requests above the least busy one (bounded load).
+- otherwise → least outstanding requests (round-robin among ties).
+
+Approximation: the gateway has no tokenizer. It renders the prompt cheaply (chat: tools, then
+each message as ``<|role|>`` + text; completions: the prompt string) and counts
+``len(text) / chars_per_token`` tokens (4 for English BPE vocabularies; token-id prompts are
+counted exactly). The estimate decides the prefill threshold and the prefix window only, so an
+error moves a request across the threshold or shifts the window, never changes an answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from backends.servers import ServerState
+
+PER_MESSAGE_TOKENS = 4
+"""Chat-template tokens around each message (role header, separators), roughly."""
+
+
+def _hash64(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+def rendezvous_order(key: str, servers: Iterable[ServerState]) -> list[ServerState]:
+    """``servers`` by decreasing rendezvous score for ``key`` (the first is the owner)."""
+    return sorted(servers, key=lambda s: _hash64(f"{key}\x00{s.url}"), reverse=True)
+
+
+@dataclass(frozen=True)
+class RouteKey:
+    """What placement may use: a session id, else a prompt-prefix hash, else nothing."""
+
+    session: str | None = None
+    prefix: str | None = None
+
+
+class Placement:
+    """Ranks a pool's servers for one request (see the module docstring)."""
+
+    def __init__(self, prefix_load_slack: int) -> None:
+        self.slack = prefix_load_slack
+        self._rr = itertools.count()
+
+    def least_outstanding(self, servers: Sequence[ServerState]) -> list[ServerState]:
+        if not servers:
+            return []
+        start = next(self._rr) % len(servers)
+        rotated = [*servers[start:], *servers[:start]]
+        return sorted(rotated, key=lambda s: s.inflight)  # stable: ties keep the rotation
+
+    def rank(
+        self,
+        servers: Sequence[ServerState],
+        key: RouteKey,
+        exclude: Iterable[ServerState] = (),
+    ) -> list[ServerState]:
+        skip = set(exclude)
+        healthy = [s for s in servers if s.healthy and s not in skip]
+        if key.session is not None:
+            return rendezvous_order(key.session, healthy)
+        by_load = self.least_outstanding(healthy)
+        if key.prefix is None or not by_load:
+            return by_load
+        ceiling = by_load[0].inflight + self.slack
+        preferred = [s for s in rendezvous_order(key.prefix, healthy) if s.inflight <= ceiling]
+        return preferred + [s for s in by_load if s not in preferred]
+
+
+# -- the prompt, cheaply ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PromptShape:
+    """A prompt as placement sees it: rendered text (or token ids) and a token estimate."""
+
+    text: str
+    token_ids: tuple[int, ...] | None
+    approx_tokens: int
+    single: bool
+    """One prompt (not a batch of completions prompts)."""
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict):
+                text = part.get("text")
+                if isinstance(text, str):
+                    parts.append(text)
+                else:  # images, audio: their reference stands in for them
+                    parts.append(orjson.dumps(part, option=orjson.OPT_SORT_KEYS).decode())
+        return "".join(parts)
+    return ""
+
+
+def prompt_shape(path: str, body: dict[str, Any], chars_per_token: float) -> PromptShape:
+    """Render the prompt of a chat or completions body without a tokenizer (approximate)."""
+    if path.endswith("/chat/completions"):
+        messages = body.get("messages")
+        messages = messages if isinstance(messages, list) else []
+        parts = []
+        if body.get("tools"):
+            parts.append(orjson.dumps(body["tools"], option=orjson.OPT_SORT_KEYS).decode())
+        for m in messages:
+            if isinstance(m, dict):
+                parts.append(f"<|{m.get('role', '')}|>{_content_text(m.get('content'))}\n")
+        text = "".join(parts)
+        approx = math.ceil(len(text) / chars_per_token) + PER_MESSAGE_TOKENS * len(messages)
+        return PromptShape(text, None, approx, True)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return PromptShape(prompt, None, math.ceil(len(prompt) / chars_per_token), True)
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return PromptShape("", tuple(prompt), len(prompt), True)
+    if isinstance(prompt, list) and len(prompt) == 1:
+        return prompt_shape(path, {**body, "prompt": prompt[0]}, chars_per_token)
+    return PromptShape("", None, 0, False)
+
+
+def prefix_key(
+    shape: PromptShape, scope: str, prefix_tokens: int, chars_per_token: float
+) -> str | None:
+    """A hash of the prompt's first ``prefix_tokens`` (None for shorter prompts).
+
+    The salt scope is part of it: tenants with different salts share no KV blocks anyway.
+    """
+    if shape.token_ids is not None:
+        if len(shape.token_ids) < prefix_tokens:
+            return None
+        head = ",".join(map(str, shape.token_ids[:prefix_tokens]))
+    else:
+        window = int(prefix_tokens * chars_per_token)
+        if len(shape.text) < window:
+            return None
+        head = shape.text[:window]
+    return hashlib.blake2b(f"{scope}\x00{head}".encode(), digest_size=16).hexdigest()

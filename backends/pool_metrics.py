@@ -1,0 +1,179 @@
+"""What the gateway exposes about its vLLM backends to Prometheus.
+
+``BackendStats`` holds one backend's P/D counters and hop latencies; ``BackendCollector``
+reads them, its pools (load, health, refusals) and a copy of each server's own ``vllm:``
+prefix-cache and KV counters (``backends.scraped_metrics``) at every scrape.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client import Histogram
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from backends.pool import Pool
+from backends.scraped_metrics import UpstreamSample
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+_PREFILL_SECONDS = ("semcache_pd_prefill_seconds", "Duration of prefill hops.")
+_HANDOFF_SECONDS = (
+    "semcache_pd_kv_handoff_seconds",
+    "From the prefill answer to the decode server's first byte (KV pull + first step).",
+)
+
+
+def _latency(name: str, documentation: str) -> Histogram:
+    # Registered nowhere: BackendCollector exposes it with the backend's label.
+    return Histogram(name, documentation, buckets=LATENCY_BUCKETS, registry=None)
+
+
+def histogram_buckets(histogram: Histogram) -> tuple[list[tuple[str, float]], float]:
+    """``(cumulative buckets as (le, count), sum)`` of an unlabelled histogram."""
+    buckets: list[tuple[str, float]] = []
+    total = 0.0
+    (family,) = histogram.collect()
+    for sample in family.samples:
+        if sample.name.endswith("_bucket"):
+            buckets.append((sample.labels["le"], sample.value))
+        elif sample.name.endswith("_sum"):
+            total = sample.value
+    return buckets, total
+
+
+def histogram_totals(histogram: Histogram) -> tuple[int, float]:
+    """``(observations, their sum)`` of an unlabelled histogram."""
+    buckets, total = histogram_buckets(histogram)
+    return int(buckets[-1][1]), total
+
+
+@dataclass(eq=False)
+class BackendStats:
+    """Everything ``BackendCollector`` exposes about one backend."""
+
+    name: str
+    pools: list[Pool]
+    hops: Counter[str] = field(default_factory=Counter)
+    """P/D hops: ``prefill``, ``decode``, ``decode_retry``."""
+    prefill_skipped: Counter[str] = field(default_factory=Counter)
+    """Why a request went to decode alone: ``short_prompt``, ``prefill_down``, ..."""
+    prefill_seconds: Histogram = field(default_factory=lambda: _latency(*_PREFILL_SECONDS))
+    handoff_seconds: Histogram = field(default_factory=lambda: _latency(*_HANDOFF_SECONDS))
+    """From the prefill answer to the decode server's first byte: KV pull + first step."""
+
+
+class BackendCollector:
+    """A Prometheus collector over the gateway's vLLM backends (anything with ``.stats``).
+
+    Register it once: ``app.state.metrics.registry.register(BackendCollector(
+    registry.generation.values()))``; the dict view is read at every scrape.
+    """
+
+    def __init__(self, backends: Iterable[object]) -> None:
+        self.backends = backends
+
+    def _stats(self) -> Iterator[BackendStats]:
+        for backend in self.backends:
+            stats = getattr(backend, "stats", None)
+            if isinstance(stats, BackendStats):
+                yield stats
+
+    def describe(self) -> list[Metric]:
+        return []  # computed at scrape time; nothing to check at registration
+
+    def collect(self) -> Iterator[Metric]:
+        server_labels = ["backend", "server", "role"]
+        inflight = GaugeMetricFamily(
+            "semcache_backend_server_inflight",
+            "Requests open on a vLLM server.",
+            labels=server_labels,
+        )
+        limit = GaugeMetricFamily(
+            "semcache_backend_server_limit",
+            "Concurrency limit of a vLLM server.",
+            labels=server_labels,
+        )
+        healthy = GaugeMetricFamily(
+            "semcache_backend_server_healthy", "1 while a server is admitted.", labels=server_labels
+        )
+        requests = CounterMetricFamily(
+            "semcache_backend_server_requests", "Requests sent to a server.", labels=server_labels
+        )
+        errors = CounterMetricFamily(
+            "semcache_backend_server_errors",
+            "Failed requests by server and kind.",
+            labels=[*server_labels, "kind"],
+        )
+        ejections = CounterMetricFamily(
+            "semcache_backend_server_ejections", "Times a server was ejected.", labels=server_labels
+        )
+        waiting = GaugeMetricFamily(
+            "semcache_backend_queue_waiting",
+            "Requests waiting for a free server.",
+            labels=["backend", "role"],
+        )
+        refused = CounterMetricFamily(
+            "semcache_backend_refused",
+            "Requests refused by a pool (overloaded → 429, unavailable → 503).",
+            labels=["backend", "role", "kind"],
+        )
+        hops = CounterMetricFamily(
+            "semcache_pd_hops", "Prefill/decode hops sent.", labels=["backend", "hop"]
+        )
+        skipped = CounterMetricFamily(
+            "semcache_pd_prefill_skipped",
+            "Requests decoded without a prefill hop, by reason.",
+            labels=["backend", "reason"],
+        )
+        prefill_s = HistogramMetricFamily(*_PREFILL_SECONDS, labels=["backend"])
+        handoff_s = HistogramMetricFamily(*_HANDOFF_SECONDS, labels=["backend"])
+        upstream: dict[str, Metric] = {}
+        for stats in self._stats():
+            for pool in stats.pools:
+                waiting.add_metric([stats.name, pool.role], pool.admission.waiting)
+                for kind, n in pool.admission.refused.items():
+                    refused.add_metric([stats.name, pool.role, kind], n)
+                for s in pool.servers:
+                    key = [stats.name, s.url, s.role]
+                    inflight.add_metric(key, s.inflight)
+                    limit.add_metric(key, s.limit)
+                    healthy.add_metric(key, 1.0 if s.healthy else 0.0)
+                    requests.add_metric(key, s.requests)
+                    ejections.add_metric(key, s.ejections)
+                    for kind, n in s.errors.items():
+                        errors.add_metric([*key, kind], n)
+                    for sample in s.upstream:
+                        _add_upstream(upstream, sample, key)
+            for hop, n in stats.hops.items():
+                hops.add_metric([stats.name, hop], n)
+            for reason, n in stats.prefill_skipped.items():
+                skipped.add_metric([stats.name, reason], n)
+            prefill_s.add_metric([stats.name], *histogram_buckets(stats.prefill_seconds))
+            handoff_s.add_metric([stats.name], *histogram_buckets(stats.handoff_seconds))
+        yield from (inflight, limit, healthy, requests, errors, ejections, waiting, refused)
+        yield from (hops, skipped, prefill_s, handoff_s)
+        yield from upstream.values()
+
+
+def _add_upstream(families: dict[str, Metric], sample: UpstreamSample, key: list[str]) -> None:
+    """Re-expose a scraped ``vllm:x`` sample as ``semcache_upstream_vllm_x`` with our labels."""
+    name = "semcache_upstream_" + sample.name.replace(":", "_")
+    extra = [k for k, _ in sample.labels]
+    family = families.get(name)
+    if family is None:
+        labels = ["backend", "server", "role", *extra]
+        doc = f"{sample.name} as last scraped from each vLLM server."
+        if sample.counter and name.endswith("_total"):
+            family = CounterMetricFamily(name.removesuffix("_total"), doc, labels=labels)
+        else:
+            family = GaugeMetricFamily(name, doc, labels=labels)
+        families[name] = family
+    family.add_metric([*key, *(v for _, v in sample.labels)], sample.value)  # type: ignore[attr-defined]

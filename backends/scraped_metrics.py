@@ -1,0 +1,59 @@
+"""The parts of a vLLM server's own ``/metrics`` page that the gateway copies.
+
+The health checks scrape each server's page; ``parse_upstream_metrics`` keeps its prefix-cache
+and KV families (histograms as their ``_sum`` and ``_count`` only), without vLLM's per-engine
+labels, for ``backends.pool_metrics.BackendCollector`` to re-expose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+_SCRAPED_FAMILIES = (
+    "vllm:prefix_cache_queries",
+    "vllm:prefix_cache_hits",
+    "vllm:external_prefix_cache_queries",
+    "vllm:external_prefix_cache_hits",
+    "vllm:prompt_tokens_by_source",
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+)
+_SCRAPED_PREFIXES = ("vllm:nixl_",)
+"""Histograms of these families are copied as their ``_sum`` and ``_count`` only."""
+_DROPPED_LABELS = frozenset({"engine", "model_name"})
+
+
+@dataclass(frozen=True)
+class UpstreamSample:
+    """One sample of a server's own ``/metrics`` page, as last scraped."""
+
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    value: float
+    counter: bool
+
+
+def _scraped(family: str) -> bool:
+    return family in _SCRAPED_FAMILIES or family.startswith(_SCRAPED_PREFIXES)
+
+
+def parse_upstream_metrics(text: str) -> list[UpstreamSample]:
+    """The samples of a vLLM ``/metrics`` page that the gateway re-exposes."""
+    out: list[UpstreamSample] = []
+    for family in text_string_to_metric_families(text):
+        if not _scraped(family.name):
+            continue
+        histogram = family.type == "histogram"
+        for sample in family.samples:
+            if histogram and not sample.name.endswith(("_sum", "_count")):
+                continue
+            if sample.name.endswith("_created"):
+                continue
+            labels = tuple(
+                sorted((k, v) for k, v in sample.labels.items() if k not in _DROPPED_LABELS)
+            )
+            out.append(UpstreamSample(sample.name, labels, sample.value, family.type == "counter"))
+    return out

@@ -1,0 +1,47 @@
+"""One vLLM server as the gateway sees it: its limit, load, health and counters."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from backends.config import ServerRole, VllmServer
+from backends.scraped_metrics import UpstreamSample
+
+
+@dataclass(eq=False)
+class ServerState:
+    """One vLLM server as the gateway sees it."""
+
+    config: VllmServer
+    limit: int
+    inflight: int = 0
+    healthy: bool = True
+    health_failures: int = 0
+    requests: int = 0
+    ejections: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    upstream: list[UpstreamSample] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return self.config.url.rstrip("/")
+
+    @property
+    def role(self) -> ServerRole:
+        return self.config.role
+
+    @property
+    def free(self) -> bool:
+        return self.healthy and self.inflight < self.limit
+
+
+@dataclass(frozen=True)
+class ServerLoad:
+    """A server's load as the batch queue and dashboards read it."""
+
+    url: str
+    role: ServerRole
+    inflight: int
+    limit: int
+    healthy: bool

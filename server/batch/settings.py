@@ -1,0 +1,70 @@
+"""The ``[batch]`` section of the gateway config: the queue, its limits and the capacity rules."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+PosInt = Annotated[int, msgspec.Meta(ge=1)]
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+PosFloat = Annotated[float, msgspec.Meta(gt=0)]
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class QueueSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Where the batch queue lives and how long its leases and results last."""
+
+    kind: Literal["disk", "redis"] = "disk"
+    """``disk``: SQLite on local disk (one machine); ``redis``: Redis Streams (several gateways)."""
+    path: str | None = None
+    """SQLite file of the disk queue; default ``<data_dir>/queue/batch.sqlite3``."""
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    prefix: Annotated[str, msgspec.Meta(min_length=1)] = "semcache:batch"
+    """Key prefix of the Redis queue: gateways sharing one prefix share one queue."""
+    lease_s: PosFloat = 30.0
+    """A claimed item returns to the queue when its worker has not renewed it for this long."""
+    results_ttl_s: PosFloat = 86400.0
+    """A finished batch (and its results) is removed this long after its last item completed."""
+    max_age_s: PosFloat = 7 * 86400.0
+    """An unfinished batch is dropped after this long (a safety net against leaks)."""
+
+
+class BatchSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The ``[batch]`` section of the gateway config."""
+
+    enabled: bool = True
+    queue: QueueSettings = msgspec.field(default_factory=QueueSettings)
+    max_items: PosInt = 1000
+    """Most items one batch may hold (a larger one is refused with a 400 naming this limit)."""
+    per_server_limit: PosInt | None = 8
+    """Batch work starts only while some server of the backend runs fewer requests than this
+    (and than the backend's own per-server limit, where it has one)."""
+    max_inflight: PosInt = 16
+    """Most batch items one gateway runs at once (on idle capacity only)."""
+    yield_to_sync: bool = True
+    """Start batch items only while no synchronous request is in flight on their backend."""
+    sync_idle_s: NonNegFloat = 0.5
+    """...and none has been seen for this long (live traffic often comes in bursts). Batch
+    items resumed between live requests share the backend's steps with the next one and
+    delay its first token (on a CPU backend, by 2-3x with 0.1 s; ``bench/batch_queue.py``);
+    a shorter wait gives batches more throughput under steady live traffic."""
+    preempt: bool = True
+    """A synchronous request arriving on a backend stops the batch items running there; they
+    go back to the queue and run again on the next idle capacity."""
+    max_preemptions: NonNegInt = 3
+    """An item stopped this many times runs to its end (batch work must not starve)."""
+    max_attempts: PosInt = 5
+    """Tries of an item whose backend failed (unreachable, timeout, overloaded) before it is
+    answered with the error."""
+    retry_delay_s: NonNegFloat = 2.0
+    unserved_delay_s: NonNegFloat = 5.0
+    """An item for a model this gateway does not serve is given back for this long, so that
+    a gateway that serves it takes it."""
+    capacity_poll_s: PosFloat = 0.01
+    """How often the gates look at the backends' load while batch work waits for capacity or
+    runs (the backends' counters have no event). Idle workers never poll: they block on the
+    queue until an item is submitted."""
+    idle_wait_s: PosFloat = 5.0
+    """Longest single wait of an idle worker on the queue (a blocking read, woken at once by a
+    submission); leases of dead workers are looked for at least this often."""
