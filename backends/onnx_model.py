@@ -108,7 +108,7 @@ class OnnxSentenceModel:
         if show_progress_bar:
             from tqdm.auto import tqdm
 
-            starts = tqdm(starts, desc="encode", unit="chunk")
+            starts = tqdm(starts, desc="encode", unit="chunk", disable=None)
         parts = [self._batch([sentences[i] for i in order[s : s + size]]) for s in starts]
         out = np.empty((len(sentences), parts[0].shape[1]), dtype=np.float32)
         out[np.asarray(order)] = np.concatenate(parts)

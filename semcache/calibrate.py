@@ -1,7 +1,7 @@
 """Calibrate the semantic matcher on labelled pairs of your own domain.
 
     semcache calibrate --pairs FILE.jsonl [--task chat|classification|embeddings]
-                       [--target-precision 0.95] [--json]
+                       [--target-precision 0.95] [--no-verifier] [--json]
 
 Each line of FILE is ``{"text_a", "text_b", "label"}`` (label 1 = same meaning; optional
 for classification and embeddings). Treat text_a as the cached text and text_b as the new
@@ -21,15 +21,14 @@ precision must reach it).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
 import msgspec
 import numpy as np
+from tqdm import tqdm
 
 from semcache.semantic.encoder import Encoder
 from semcache.semantic.pairs import EmbeddedTexts, Pair, embed_texts, load_pairs, unique_texts
@@ -258,7 +257,8 @@ async def _correctness(
             for text, scores in zip(texts, classify_vectors(embedded.vectors), strict=True):
                 labels[text] = scores[0][0]
             return np.asarray([labels[p.text_a] == labels[p.text_b] for p in pairs], dtype=bool)
-        for start in range(0, len(texts), 1024):
+        chunks = range(0, len(texts), 1024)
+        for start in tqdm(chunks, desc="classify", unit="chunk", disable=None, leave=False):
             chunk = texts[start : start + 1024]
             for text, scores in zip(chunk, await classifier.classify(chunk), strict=True):
                 labels[text] = scores[0][0]
@@ -351,46 +351,41 @@ def _row(name: str, p: CurvePoint) -> str:
 ClassifierFactory = Callable[[Encoder], Classifier]
 
 
-def main(
-    argv: Sequence[str] | None = None, *, classifier_factory: ClassifierFactory | None = None
-) -> int:
-    """CLI entry (``semcache calibrate``); the caller injects the classifier factory."""
-    parser = argparse.ArgumentParser(prog="semcache calibrate", description=__doc__.split("\n")[0])
-    parser.add_argument("--pairs", type=Path, required=True, help="JSONL (or .jsonl.gz) pairs")
-    parser.add_argument("--task", choices=TASKS, default="chat")
-    parser.add_argument("--target-precision", type=float, default=0.95)
-    parser.add_argument("--no-verifier", action="store_true", help="cosine alone")
-    parser.add_argument("--json", action="store_true", help="print the full report as JSON")
-    args = parser.parse_args(argv)
+def calibrate_file(
+    pairs: Path,
+    task: Task,
+    *,
+    target_precision: float = 0.95,
+    use_verifier: bool = True,
+    classifier_factory: ClassifierFactory | None = None,
+) -> CalibrationReport:
+    """Calibrate the cache's own encoder (and verifier) on a pairs file (blocking).
 
+    ``classifier_factory`` builds the classifier a ``classification`` calibration compares
+    labels with, on the loaded encoder (``semcache calibrate`` passes the embedded one).
+    """
+    if task == "classification" and classifier_factory is None:
+        raise ValueError("classification calibration needs a classifier")
     from semcache.semantic.encoder import load_encoder
     from semcache.semantic.verifier import load_verifier
 
     encoder = load_encoder()
-    verifier = None if args.no_verifier else load_verifier()
-    if args.task == "classification" and classifier_factory is None:
-        print("classification calibration needs a classifier", file=sys.stderr)
-        return 2
+    verifier = load_verifier() if use_verifier else None
 
     async def run() -> CalibrationReport:
         classifier = None
-        if args.task == "classification" and classifier_factory is not None:
+        if task == "classification" and classifier_factory is not None:
             classifier = classifier_factory(encoder)
         try:
             return await calibrate(
-                args.pairs,
-                args.task,
+                pairs,
+                task,
                 encoder=encoder,
                 verifier=verifier,
                 classifier=classifier,
-                target_precision=args.target_precision,
+                target_precision=target_precision,
             )
         finally:
             await encoder.aclose()
 
-    report = asyncio.run(run())
-    if args.json:
-        sys.stdout.write(msgspec.json.format(msgspec.json.encode(report)).decode() + "\n")
-    else:
-        print(format_report(report))
-    return 0
+    return asyncio.run(run())

@@ -21,12 +21,15 @@ from typing import Annotated, Any, Final, Literal, TypeVar, get_args
 
 import msgspec
 
+from semcache.package_files import package_file
 from semcache.semantic.settings import SemanticRule
 
 Route = Literal["chat", "completions", "embeddings", "classification"]
 ROUTES: Final[tuple[str, ...]] = get_args(Route)
 
-DEFAULT_POLICY: Final[Path] = Path(__file__).resolve().parent.parent / "policies" / "default.toml"
+DEFAULT_POLICY: Final[Path] = package_file("semcache", "policies", "default.toml")
+"""The embedded default: the top-level ``policies/default.toml``, which ``semcache/policies``
+(a link to ``policies/``) ships as package data."""
 
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 PosInt = Annotated[int, msgspec.Meta(gt=0)]

@@ -1,4 +1,9 @@
-"""The `semcache` command line: serve the gateway, start backends, check config files."""
+"""The `semcache` command line: every user command, in one parser.
+
+Serve the gateway, start its backends, check config and policy files, purge a running
+gateway's cache, calibrate the semantic matcher, retrain the shipped verifier and
+classifier head.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +13,26 @@ import contextlib
 import gc
 import os
 import sys
+import time
 from collections.abc import Coroutine, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import httpx
+import msgspec
 import uvicorn
 
+from backends.classifier import DEFAULT_EXAMPLES, DEFAULT_HEAD, build_head, save_head
+from backends.classifier import load_classifier as embedded_classifier
 from backends.config import VllmBackend
 from backends.launch import Launcher, VllmStartError
-from semcache.policy import PolicyError, load_policy
+from semcache.calibrate import TASKS, calibrate_file, format_report
+from semcache.policy import DEFAULT_POLICY, PolicyError, load_policy
+from semcache.semantic.pairs import QQP_PAIRS
+from semcache.semantic.train_verifier import COSINE_ONLY_THRESHOLDS, train_verifier
+from semcache.semantic.verifier import DEFAULT_VERIFIER_DIR
 from server.app import create_app, registry_from_config
-from server.config import ConfigError, GatewayConfig, load_config
+from server.config import DEFAULT_CONFIG, ConfigError, GatewayConfig, load_config
 from server.uvicorn_config import uvicorn_config
 
 
@@ -142,14 +156,14 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
         return 2
     models = sorted(policy.model_ids)
     print(
-        f"{args.file}: OK (rules for {len(models)} model(s){': ' if models else ''}"
-        f"{', '.join(models)})"
+        f"{args.file or DEFAULT_POLICY}: OK (rules for {len(models)} model(s)"
+        f"{': ' if models else ''}{', '.join(models)})"
     )
     return 0
 
 
 def cmd_cache_purge(args: argparse.Namespace) -> int:
-    token = args.token or os.environ.get("SEMCACHE_ADMIN_TOKEN", "")
+    token = args.token or ""
     body = {"kind": args.kind, "target": args.target or ""}
     try:
         r = httpx.post(
@@ -167,52 +181,237 @@ def cmd_cache_purge(args: argparse.Namespace) -> int:
 
 def cmd_config_check(args: argparse.Namespace) -> int:
     config = _load(args.file)
-    print(f"{args.file}: OK ({len(config.models)} models, {len(config.backends)} backends)")
+    print(
+        f"{args.file or DEFAULT_CONFIG}: OK ({len(config.models)} models, "
+        f"{len(config.backends)} backends)"
+    )
     return 0
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    if not args.pairs.is_file():
+        print(f"semcache: cannot calibrate: no pairs file {args.pairs}", file=sys.stderr)
+        return 2
+    try:
+        report = calibrate_file(
+            args.pairs,
+            args.task,
+            target_precision=args.target_precision,
+            use_verifier=not args.no_verifier,
+            classifier_factory=embedded_classifier,
+        )
+    except (OSError, ValueError) as exc:
+        print(f"semcache: cannot calibrate: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(report)).decode() + "\n")
+    else:
+        print(format_report(report))
+    return 0
+
+
+def cmd_train_verifier(args: argparse.Namespace) -> int:
+    if not args.pairs.is_file():
+        print(
+            f"semcache: no pairs file {args.pairs} (the QQP pairs stay in the source "
+            "checkout, they are not shipped; pass --pairs)",
+            file=sys.stderr,
+        )
+        return 2
+    started = time.monotonic()
+    meta = train_verifier(
+        args.pairs,
+        args.out,
+        target_precision=args.target_precision,
+        hidden=args.hidden,
+        epochs=args.epochs,
+        seed=args.seed,
+        min_threshold=args.min_threshold,
+    )
+    setting, val, test = meta.recommended, meta.validation, meta.test
+    print(f"verifier {meta.version} -> {args.out} ({time.monotonic() - started:.0f} s)")
+    print(f"recommended: threshold {setting.threshold}, min_prob {setting.min_prob}")
+    print(
+        f"validation: precision {val.precision:.3f} recall {val.recall:.3f}; "
+        f"test (held out): precision {test.precision:.3f} "
+        f"recall {test.recall:.3f} hit rate {test.hit_rate:.3f}"
+    )
+    for threshold, m in zip(COSINE_ONLY_THRESHOLDS, meta.test_cosine_only, strict=True):
+        print(f"  cosine only >= {threshold}: precision {m.precision:.3f} recall {m.recall:.3f}")
+    return 0
+
+
+def cmd_train_classifier(args: argparse.Namespace) -> int:
+    from semcache.semantic.encoder import load_encoder
+
+    head = build_head(load_encoder(), args.examples)
+    save_head(head, args.out)
+    print(f"classifier head {head.version} ({head.examples} examples) -> {args.out}")
+    return 0
+
+
+class EnvDefault(NamedTuple):
+    variable: str
+    option: str
+    what: str
+
+
+ENVIRONMENT: tuple[EnvDefault, ...] = (
+    EnvDefault("SEMCACHE_CONFIG", "--config", "gateway config TOML (default: the shipped one)"),
+    EnvDefault("SEMCACHE_HOST", "--host", "address the gateway listens on"),
+    EnvDefault("SEMCACHE_PORT", "--port", "port the gateway listens on"),
+    EnvDefault("SEMCACHE_POLICY", "--policy", "cache policy TOML (default: the shipped one)"),
+    EnvDefault("SEMCACHE_URL", "--url", "a running gateway (default: http://127.0.0.1:8080)"),
+    EnvDefault("SEMCACHE_ADMIN_TOKEN", "--token", "bearer token of the admin API"),
+)
+"""Every option whose default an environment variable sets: declared here only."""
+
+OTHER_ENVIRONMENT: tuple[tuple[str, str], ...] = (
+    ("SEMCACHE_CACHE_SALT_SECRET", "vLLM cache_salt key (a backend's cache_salt_secret_env)"),
+    ("SEMCACHE_ENCODER_RUNTIME", "the cache encoder's runtime: auto, onnx or torch"),
+    ("SEMCACHE_VLLM_DEVICE", "device of launched vLLM servers: cpu or cuda"),
+)
+"""Variables read below the command line (config, encoder, launcher), listed in --help."""
+
+
+def _environment_help() -> str:
+    rows = [f"  {e.variable:<28}{e.option:<10}{e.what}" for e in ENVIRONMENT]
+    rows += [f"  {name:<38}{what}" for name, what in OTHER_ENVIRONMENT]
+    return "environment (variable, option it sets the default of):\n" + "\n".join(rows)
+
+
+def _env(option: str) -> EnvDefault:
+    (env,) = [e for e in ENVIRONMENT if e.option == option]
+    return env
+
+
+def _env_option(parser: argparse.ArgumentParser, option: str, **kwargs: Any) -> None:
+    """Add ``option`` with its default from its variable in :data:`ENVIRONMENT`."""
+    env = _env(option)
+    default = os.environ.get(env.variable, kwargs.pop("default", None))
+    help_text = kwargs.pop("help", env.what)
+    parser.add_argument(option, default=default, help=f"{help_text} (${env.variable})", **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="semcache", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="semcache",
+        description=__doc__,
+        epilog=_environment_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="start the backends the config launches, then the gateway")
-    serve.add_argument("--config", default=os.environ.get("SEMCACHE_CONFIG"), help="config TOML")
-    serve.add_argument("--host", default=os.environ.get("SEMCACHE_HOST"))
-    serve.add_argument("--port", type=int, default=int(os.environ.get("SEMCACHE_PORT", "0")))
-    serve.add_argument("--policy", default=os.environ.get("SEMCACHE_POLICY"), help="policy TOML")
+    _env_option(serve, "--config")
+    _env_option(serve, "--host")
+    _env_option(serve, "--port", type=int)
+    _env_option(serve, "--policy")
     serve.add_argument("--no-launch", action="store_true", help="use running backends only")
     serve.set_defaults(func=cmd_serve)
 
     backends = sub.add_parser("backends", help="manage vLLM backends").add_subparsers(
-        dest="action", required=True
+        dest="action", required=True, metavar="ACTION"
     )
     up = backends.add_parser("up", help="start the vLLM servers the config names and wait")
-    up.add_argument("--config", default=os.environ.get("SEMCACHE_CONFIG"))
+    _env_option(up, "--config")
     up.set_defaults(func=cmd_backends_up)
 
-    config = sub.add_parser("config", help="configuration files").add_subparsers(
-        dest="action", required=True
+    config = sub.add_parser("config", help="gateway config files").add_subparsers(
+        dest="action", required=True, metavar="ACTION"
     )
     check = config.add_parser("check", help="validate a gateway config file")
-    check.add_argument("file")
+    check.add_argument(
+        "file",
+        nargs="?",
+        default=os.environ.get(_env("--config").variable),
+        help=f"config TOML (default: ${_env('--config').variable}, else the shipped one)",
+    )
     check.set_defaults(func=cmd_config_check)
 
     policy = sub.add_parser("policy", help="cache policy files").add_subparsers(
-        dest="action", required=True
+        dest="action", required=True, metavar="ACTION"
     )
     pcheck = policy.add_parser("check", help="validate a policy file (as the server does)")
-    pcheck.add_argument("file")
+    pcheck.add_argument(
+        "file",
+        nargs="?",
+        default=os.environ.get(_env("--policy").variable),
+        help=f"policy TOML (default: ${_env('--policy').variable}, else the shipped one)",
+    )
     pcheck.set_defaults(func=cmd_policy_check)
 
     cache = sub.add_parser("cache", help="the cache of a running gateway").add_subparsers(
-        dest="action", required=True
+        dest="action", required=True, metavar="ACTION"
     )
     purge = cache.add_parser("purge", help="purge entries through the admin API")
     purge.add_argument("kind", choices=["key", "model", "tenant", "scope", "tag", "all"])
     purge.add_argument("target", nargs="?", default="")
-    purge.add_argument("--url", default=os.environ.get("SEMCACHE_URL", "http://127.0.0.1:8080"))
-    purge.add_argument("--token", help="admin token (default: $SEMCACHE_ADMIN_TOKEN)")
+    _env_option(purge, "--url", default="http://127.0.0.1:8080")
+    _env_option(purge, "--token")
     purge.set_defaults(func=cmd_cache_purge)
+
+    calibrate = sub.add_parser(
+        "calibrate",
+        help="precision and hit rate of the semantic matcher on your labelled pairs",
+        description="Precision and hit rate per cosine threshold (alone and with the "
+        "verifier) on a JSONL file of {text_a, text_b, label} pairs, and the policy "
+        "setting with the highest hit rate that reaches the target precision.",
+    )
+    calibrate.add_argument("--pairs", type=Path, required=True, help="JSONL (or .jsonl.gz) pairs")
+    calibrate.add_argument(
+        "--task",
+        choices=TASKS,
+        default="chat",
+        help="what a hit serves: a chat answer, a classification (the embedded classifier's "
+        "labels) or an embedding (default: chat)",
+    )
+    calibrate.add_argument("--target-precision", type=float, default=0.95)
+    calibrate.add_argument("--no-verifier", action="store_true", help="cosine alone")
+    calibrate.add_argument("--json", action="store_true", help="print the full report as JSON")
+    calibrate.set_defaults(func=cmd_calibrate)
+
+    verifier = sub.add_parser(
+        "train-verifier",
+        help="retrain the semantic cache's pair verifier (reproducibly)",
+        description="Split the pairs by connected component (60/20/20), train the MLP with "
+        "early stopping on validation, choose the operating point on validation and report "
+        "the held-out test part. Changing the verifier invalidates semantic entries.",
+    )
+    verifier.add_argument(
+        "--pairs",
+        type=Path,
+        default=QQP_PAIRS,
+        help="labelled pairs (default: the checkout's data/qqp/qqp_pairs_dev.jsonl.gz)",
+    )
+    verifier.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_VERIFIER_DIR,
+        help="folder to write (default: the shipped verifier, replaced)",
+    )
+    verifier.add_argument("--target-precision", type=float, default=0.95)
+    verifier.add_argument("--hidden", type=int, default=256, help="hidden units of the MLP")
+    verifier.add_argument("--epochs", type=int, default=40, help="most epochs")
+    verifier.add_argument("--seed", type=int, default=0)
+    verifier.add_argument(
+        "--min-threshold", type=float, default=0.5, help="lowest cosine threshold to consider"
+    )
+    verifier.set_defaults(func=cmd_train_verifier)
+
+    classifier = sub.add_parser(
+        "train-classifier",
+        help="retrain the embedded classifier's head (sentiment over the cache encoder)",
+        description="Train the embedded classifier's linear head on labelled sentences "
+        "(JSONL of {text, label}, labels POSITIVE / NEGATIVE) over the cache's encoder.",
+    )
+    classifier.add_argument(
+        "--examples", type=Path, default=DEFAULT_EXAMPLES, help="default: the shipped examples"
+    )
+    classifier.add_argument(
+        "--out", type=Path, default=DEFAULT_HEAD, help="default: the shipped head, replaced"
+    )
+    classifier.set_defaults(func=cmd_train_classifier)
     return parser
 
 

@@ -10,6 +10,7 @@ from typing import Literal
 import msgspec
 
 from backends.config import BackendConfig, VllmBackend
+from semcache.package_files import package_file
 from server.auth import AuthSettings
 from server.batch.settings import BatchSettings
 
@@ -63,7 +64,8 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
         raise KeyError(name)
 
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "config" / "default.toml"
+DEFAULT_CONFIG = package_file("server", "configs", "default.toml")
+"""The embedded default (package data: ``server/configs/``, beside two examples)."""
 
 
 def _check(cfg: GatewayConfig, source: str) -> None:
@@ -106,7 +108,7 @@ def parse_config(data: dict[str, object], source: str = "<config>") -> GatewayCo
 
 
 def load_config(path: str | Path | None = None) -> GatewayConfig:
-    """Load the gateway config from ``path`` (default: the embedded ``config/default.toml``)."""
+    """Load the gateway config from ``path`` (default: the embedded :data:`DEFAULT_CONFIG`)."""
     p = Path(path) if path else DEFAULT_CONFIG
     try:
         data = tomllib.loads(p.read_text())

@@ -227,9 +227,9 @@ def _set_exception(future: asyncio.Future[np.ndarray], exc: BaseException) -> No
         future.set_exception(exc)
 
 
-DEFAULT_GRAPH_DIR = Path(__file__).resolve().parents[2] / ".data" / "encoders"
-"""Where exported ONNX graphs go when the caller names no directory (the gateway passes
-its own data directory)."""
+DEFAULT_GRAPH_DIR = Path(".data") / "encoders"
+"""Where exported ONNX graphs go when the caller names no directory, relative to the working
+directory (the gateway passes its own data directory)."""
 
 
 def load_encoder(

@@ -19,11 +19,14 @@ from semcache.semantic.encoder import Encoder
 
 Split = Literal["train", "val", "test"]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-DATA_DIR = REPO_ROOT / "data"
-QQP_PAIRS = DATA_DIR / "qqp" / "qqp_pairs_dev.jsonl.gz"
-PARAPHRASE_PAIRS = DATA_DIR / "paraphrase" / "paraphrase_pairs.jsonl"
-EMBEDDING_CACHE_DIR = REPO_ROOT / ".data" / "embeddings"
+CHECKOUT_DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+"""Training and evaluation pairs kept in the source checkout, not shipped in the package
+(Quora's terms cover the QQP texts, see ``data/NOTICE.md``): bench, tests and the default
+of ``semcache train-verifier`` read them."""
+QQP_PAIRS = CHECKOUT_DATA_DIR / "qqp" / "qqp_pairs_dev.jsonl.gz"
+PARAPHRASE_PAIRS = CHECKOUT_DATA_DIR / "paraphrase" / "paraphrase_pairs.jsonl"
+EMBEDDING_CACHE_DIR = Path(".data") / "embeddings"
+"""Relative to the working directory, as the gateway's ``data_dir``."""
 
 SPLIT_FRACTIONS: dict[Split, float] = {"train": 0.6, "val": 0.2, "test": 0.2}
 

@@ -1,6 +1,6 @@
-"""Train the pair verifier on the shipped QQP pairs, reproducibly.
+"""Train the pair verifier on the checkout's QQP pairs, reproducibly.
 
-    python -m semcache.semantic.train_verifier [--out data/verifier] [--target-precision 0.95]
+    semcache train-verifier [--pairs FILE] [--out FOLDER] [--target-precision 0.95]
 
 Steps: split the pairs by connected component (60 % train, 20 % validation, 20 % test,
 see ``semcache.semantic.pairs``); encode every text with the cache's encoder (cached under
@@ -13,12 +13,11 @@ version.
 
 from __future__ import annotations
 
-import argparse
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from semcache.calibrate import THRESHOLDS, CurvePoint, best_verified_point, point
 from semcache.semantic.encoder import load_encoder
@@ -40,6 +39,9 @@ from semcache.semantic.verifier import (
     VerifierMeta,
     pair_features,
 )
+
+COSINE_ONLY_THRESHOLDS = (0.8, 0.9, 0.95, 0.99)
+"""Thresholds whose cosine-alone test metrics the verifier's metadata records."""
 
 
 def features_of(pairs: Sequence[Pair], embedded: EmbeddedTexts) -> tuple[np.ndarray, np.ndarray]:
@@ -126,7 +128,8 @@ def train_mlp(
     loss_fn = torch.nn.BCEWithLogitsLoss()
     generator = torch.Generator().manual_seed(seed)
     best_loss, best_state, stale = float("inf"), None, 0
-    for epoch in range(epochs):
+    bar = tqdm(range(epochs), desc="train verifier", unit="epoch", disable=None if log else True)
+    for _ in bar:
         model.train()
         order = torch.randperm(len(xt), generator=generator)
         for start in range(0, len(xt), 256):
@@ -138,8 +141,7 @@ def train_mlp(
         model.eval()
         with torch.no_grad():
             val_loss = float(loss_fn(model(xv).squeeze(1), yv))
-        if log:
-            print(f"epoch {epoch + 1:2d}  validation loss {val_loss:.4f}", flush=True)
+        bar.set_postfix(validation_loss=f"{val_loss:.4f}")
         if val_loss < best_loss - 1e-4:
             best_loss, stale = val_loss, 0
             best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -147,6 +149,7 @@ def train_mlp(
             stale += 1
             if stale >= patience:
                 break
+    bar.close()
     assert best_state is not None
     return {
         "mean": mean.astype(np.float32),
@@ -158,33 +161,28 @@ def train_mlp(
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m semcache.semantic.train_verifier", description=__doc__.split("\n")[0]
-    )
-    parser.add_argument("--pairs", type=Path, default=QQP_PAIRS)
-    parser.add_argument("--out", type=Path, default=DEFAULT_VERIFIER_DIR)
-    parser.add_argument("--target-precision", type=float, default=0.95)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--epochs", type=int, default=40)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--min-threshold", type=float, default=0.5, help="lowest cosine threshold to consider"
-    )
-    args = parser.parse_args(argv)
+def train_verifier(
+    pairs_path: Path = QQP_PAIRS,
+    out: Path = DEFAULT_VERIFIER_DIR,
+    *,
+    target_precision: float = 0.95,
+    hidden: int = 256,
+    epochs: int = 40,
+    seed: int = 0,
+    min_threshold: float = 0.5,
+) -> VerifierMeta:
+    """Train, choose the operating point, save to ``out``; returns what was saved.
 
-    started = time.time()
+    The default ``out`` is the shipped verifier (package data): retraining replaces it.
+    """
     encoder = load_encoder()
-    pairs = load_pairs(args.pairs)
+    pairs = load_pairs(pairs_path)
     parts = split_pairs(pairs)
-    print({name: len(part) for name, part in parts.items()}, flush=True)
     embedded = embed_texts(encoder, unique_texts(pairs))
     x_train, y_train = features_of(parts["train"], embedded)
     x_val, y_val = features_of(parts["val"], embedded)
     x_test, y_test = features_of(parts["test"], embedded)
-    weights = train_mlp(
-        x_train, y_train, x_val, y_val, hidden=args.hidden, seed=args.seed, epochs=args.epochs
-    )
+    weights = train_mlp(x_train, y_train, x_val, y_val, hidden=hidden, seed=seed, epochs=epochs)
     verifier = PairVerifier(weights)
     cos_index = 2 * encoder.dimensions  # the cosine column of pair_features
     val_probs = verifier.probabilities_of_features(x_val)
@@ -192,8 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         x_val[:, cos_index],
         val_probs,
         y_val.astype(int),
-        args.target_precision,
-        min_threshold=args.min_threshold,
+        target_precision,
+        min_threshold=min_threshold,
     )
     test_probs = verifier.probabilities_of_features(x_test)
     test_cos = x_test[:, cos_index]
@@ -209,39 +207,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     test_metrics = split_metrics(test_point, n_test, n_pos)
     cosine_only = [
         split_metrics(point(test_cos >= t, positive, t), n_test, n_pos)
-        for t in (0.8, 0.9, 0.95, 0.99)
+        for t in COSINE_ONLY_THRESHOLDS
     ]
     meta = VerifierMeta(
         version=verifier.version,
         feature_spec=FEATURE_SPEC,
         encoder_version=encoder.version,
-        hidden=args.hidden,
+        hidden=hidden,
         recommended=setting,
-        target_precision=args.target_precision,
+        target_precision=target_precision,
         validation=val_metrics,
         test=test_metrics,
         test_cosine_only=cosine_only,
         training={
-            "pairs": str(args.pairs.name),
+            "pairs": pairs_path.name,
             "split": "connected components of texts, sha256 buckets 60/20/20",
             "train_pairs": len(parts["train"]),
-            "seed": args.seed,
-            "epochs_max": args.epochs,
-            "min_threshold": args.min_threshold,
+            "seed": seed,
+            "epochs_max": epochs,
+            "min_threshold": min_threshold,
         },
     )
-    verifier.save(args.out, meta)
-    print(f"verifier {verifier.version} -> {args.out} ({time.time() - started:.0f} s)")
-    print(f"recommended: threshold {setting.threshold}, min_prob {setting.min_prob}")
-    print(
-        f"validation: precision {val_metrics.precision:.3f} recall {val_metrics.recall:.3f}; "
-        f"test (held out): precision {test_metrics.precision:.3f} "
-        f"recall {test_metrics.recall:.3f} hit rate {test_metrics.hit_rate:.3f}"
-    )
-    for threshold, m in zip((0.8, 0.9, 0.95, 0.99), cosine_only, strict=True):
-        print(f"  cosine only >= {threshold}: precision {m.precision:.3f} recall {m.recall:.3f}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    verifier.save(out, meta)
+    return meta

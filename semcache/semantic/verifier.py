@@ -4,7 +4,7 @@ The ANN search proposes candidates by cosine; cosine alone cannot tell "How do I
 10 kg?" from "How do I lose 30 kg?". The verifier is a small MLP over the encoder's pair
 features (``u*v``, ``|u-v|``, cosine) plus a few cheap lexical features of the two texts
 (number and word overlap), trained on labelled question pairs by
-``python -m semcache.semantic.train_verifier``. Inference is plain numpy (microseconds per
+``semcache train-verifier``. Inference is plain numpy (microseconds per
 pair). Its version is a hash of its weights and goes into every partition key, so
 retraining invalidates old semantic entries.
 """
@@ -21,9 +21,9 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from semcache.semantic.pairs import DATA_DIR
+from semcache.package_files import package_file
 
-DEFAULT_VERIFIER_DIR = DATA_DIR / "verifier"
+DEFAULT_VERIFIER_DIR = package_file("semcache.semantic", "data", "verifier")
 WEIGHTS_FILE = "verifier.npz"
 META_FILE = "verifier.json"
 FEATURE_SPEC = "uv+absdiff+cos+lex14/v2"
@@ -201,7 +201,8 @@ class VerifierMismatch(Exception):
 
 
 def load_verifier(folder: Path | str = DEFAULT_VERIFIER_DIR) -> PairVerifier:
-    """Load the shipped verifier (``data/verifier``); checks its version hash."""
+    """Load the shipped verifier (package data, ``semcache/semantic/data/verifier``); checks
+    its version hash."""
     folder = Path(folder)
     with np.load(folder / WEIGHTS_FILE) as archive:
         weights = {name: archive[name] for name in archive.files}

@@ -20,7 +20,7 @@ from backends.classifier import (
 )
 from semcache.semantic.encoder import Encoder, load_encoder
 
-# Not in the training sentences (data/sentiment/sentiment.jsonl).
+# Not in the training sentences (backends/data/sentiment/sentiment.jsonl).
 CLEAR = [
     ("I absolutely adore this little cafe, the pastries are divine.", "POSITIVE"),
     ("The hotel staff went out of their way to help us, superb stay.", "POSITIVE"),

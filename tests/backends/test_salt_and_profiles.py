@@ -13,7 +13,7 @@ from backends.config import VllmBackend, VllmLaunch, VllmServer
 from backends.launch import build_command
 from backends.profiles import LaunchProfile, ProfileError, check_profile_for_model
 from backends.salt import CacheSalter
-from server.config import load_config
+from server.config import DEFAULT_CONFIG, load_config
 
 
 def test_salts_are_keyed_stable_and_distinct() -> None:
@@ -159,7 +159,7 @@ def test_invalid_profiles_are_refused() -> None:
     "name", ["default.toml", "gpu-example.toml", "vllm-classifier-example.toml"]
 )
 def test_the_shipped_configs_are_valid(name: str) -> None:
-    config = load_config(Path(__file__).resolve().parents[2] / "config" / name)
+    config = load_config(DEFAULT_CONFIG.parent / name)
     backends = [b for b in config.backends if isinstance(b, VllmBackend)]
     assert backends and all(b.servers for b in backends)
     for backend in backends:

@@ -1,4 +1,5 @@
-"""The `semcache` CLI: policy checks, refusing an invalid policy, SIGHUP reload."""
+"""The `semcache` CLI: every command's help, environment defaults, policy and config checks,
+refusing an invalid policy, SIGHUP reload."""
 
 from __future__ import annotations
 
@@ -10,7 +11,14 @@ import time
 from pathlib import Path
 
 import httpx
+import msgspec
+import pytest
 
+from semcache.calibrate import CalibrationReport
+from semcache.policy import DEFAULT_POLICY
+from semcache.semantic.pairs import QQP_PAIRS, load_pairs, split_pairs
+from server.cli import ENVIRONMENT, build_parser, main
+from server.config import DEFAULT_CONFIG
 from tests.support.vllm import free_port
 
 CLI = [sys.executable, "-m", "server.cli"]
@@ -18,6 +26,92 @@ CLI = [sys.executable, "-m", "server.cli"]
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120)
+
+
+COMMANDS = [
+    ["serve"],
+    ["backends", "up"],
+    ["config", "check"],
+    ["policy", "check"],
+    ["cache", "purge"],
+    ["calibrate"],
+    ["train-verifier"],
+    ["train-classifier"],
+]
+
+
+def test_help_lists_every_command_and_the_environment(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for command in {c[0] for c in COMMANDS}:
+        assert f"    {command}" in out, command
+    for env in ENVIRONMENT:
+        assert env.variable in out and env.option in out
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_every_command_has_help(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, "--help"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith(f"usage: semcache {' '.join(command)}")
+
+
+def test_environment_sets_option_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEMCACHE_CONFIG", "/etc/gw.toml")
+    monkeypatch.setenv("SEMCACHE_PORT", "9001")
+    monkeypatch.setenv("SEMCACHE_URL", "http://gw:1")
+    monkeypatch.setenv("SEMCACHE_ADMIN_TOKEN", "secret")
+    serve = build_parser().parse_args(["serve"])
+    assert serve.config == "/etc/gw.toml" and serve.port == 9001 and serve.host is None
+    purge = build_parser().parse_args(["cache", "purge", "all"])
+    assert purge.url == "http://gw:1" and purge.token == "secret"
+    assert build_parser().parse_args(["config", "check"]).file == "/etc/gw.toml"
+    assert build_parser().parse_args(["serve", "--port", "1"]).port == 1  # options win
+    monkeypatch.delenv("SEMCACHE_URL")
+    assert build_parser().parse_args(["cache", "purge", "all"]).url == "http://127.0.0.1:8080"
+
+
+def test_checks_default_to_the_shipped_files(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("SEMCACHE_CONFIG", raising=False)
+    monkeypatch.delenv("SEMCACHE_POLICY", raising=False)
+    assert main(["config", "check"]) == 0
+    assert main(["policy", "check"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"{DEFAULT_CONFIG}: OK")
+    assert out[1].startswith(f"{DEFAULT_POLICY}: OK")
+
+
+def test_train_verifier_names_a_missing_pairs_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "none.jsonl"
+    assert main(["train-verifier", "--pairs", str(missing), "--out", str(tmp_path)]) == 2
+    assert str(missing) in capsys.readouterr().err
+
+
+def test_calibrate_prints_a_json_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    test = split_pairs(load_pairs(QQP_PAIRS))["test"]
+    pairs = [p for p in test if p.label == 1][:20] + [p for p in test if p.label == 0][:20]
+    path = tmp_path / "pairs.jsonl"
+    path.write_bytes(b"".join(msgspec.json.encode(p) + b"\n" for p in pairs))
+    assert main(["calibrate", "--pairs", str(path), "--task", "chat", "--json"]) == 0
+    report = msgspec.json.decode(capsys.readouterr().out, type=CalibrationReport)
+    assert report.task == "chat" and report.pairs == 40 and report.verified is not None
+    assert main(["calibrate", "--pairs", str(path), "--task", "classification"]) == 0
+    assert capsys.readouterr().out.startswith("task classification: 40 pairs")
+
+
+def test_calibrate_names_a_missing_pairs_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "none.jsonl"
+    assert main(["calibrate", "--pairs", str(missing)]) == 2
+    assert "cannot calibrate" in capsys.readouterr().err
 
 
 def test_policy_check_accepts_the_default_and_names_bad_fields(tmp_path: Path) -> None:

@@ -5,17 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import msgspec
 import numpy as np
 import pytest
 
 from backends.classifier import load_classifier
 from semcache.calibrate import (
     THRESHOLDS,
-    CalibrationReport,
     calibrate,
     format_report,
-    main,
 )
 from semcache.semantic.encoder import Encoder
 from semcache.semantic.pairs import QQP_PAIRS, load_pairs, split_pairs
@@ -83,10 +80,3 @@ async def test_embeddings_fidelity(pairs_file: Path, encoder: Encoder, tmp_path:
     # Backend = the cache encoder: a hit at 0.99 is faithful by construction.
     assert top.hits >= 10 and top.precision == 1.0
     assert "fidelity equals the similarity" in report.note
-
-
-def test_cli_prints_a_json_report(pairs_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--pairs", str(pairs_file), "--task", "chat", "--json"]) == 0
-    report = msgspec.json.decode(capsys.readouterr().out, type=CalibrationReport)
-    assert report.task == "chat" and report.pairs == 80
-    assert main(["--pairs", str(pairs_file), "--task", "classification"]) == 2
