@@ -35,16 +35,12 @@ from typing import Any
 
 import httpx
 
-# Run as a script, bench/ is on sys.path but the repository root (for tests.support) is not.
+# Run as a script, bench/ is on sys.path but the repository root is not.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support.gateway import GatewayProcess
-from tests.support.vllm import (
-    TINY_MODEL_NAME,
-    free_port,
-    start_tiny_vllm,
-    test_data_dir,
-)
+from backends.harness.ports import free_port
+from backends.harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm, test_data_dir
+from server.harness import GatewayProcess
 
 MODEL = "@cf/meta/llama-3.1-8b-instruct"
 TOKEN = "bench-token"

@@ -61,16 +61,12 @@ from litestar import Litestar, Request, Response, get, post
 from litestar.response import Stream
 
 from backends.config import VllmLaunch, VllmServer
+from backends.harness.metrics import metric_value
+from backends.harness.ports import free_port
+from backends.harness.vllm_process import TINY_MODEL_NAME, test_data_dir, tiny_llama
 from backends.launch import VllmProcess, die_with_parent_hook
 from bench.support import affinity, parse_cores, served_model_of
 from server.config import load_config
-from tests.support.vllm import (
-    TINY_MODEL_NAME,
-    free_port,
-    metric_value,
-    test_data_dir,
-    tiny_llama,
-)
 
 REPO = Path(__file__).resolve().parent.parent
 THIS_FILE = str(Path(__file__).resolve())

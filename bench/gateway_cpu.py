@@ -35,8 +35,8 @@ from aiohttp import web
 sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from backends.harness.ports import free_port
 from bench.overhead import GATEWAY_MODEL_ID, GatewayProcess, chat_body, gateway_toml
-from tests.support.vllm import free_port
 
 SERVED = "fake-llama"
 TOKENS = 16

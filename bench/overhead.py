@@ -69,12 +69,13 @@ sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).r
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.config import VllmLaunch, VllmServer
+from backends.harness.ports import free_port
+from backends.harness.vllm_process import TINY_MODEL_NAME, test_data_dir, tiny_llama
 from backends.launch import VllmProcess, die_with_parent_hook
 from backends.models import prepare_model
 from backends.pool import parse_upstream_metrics
 from bench.support import affinity, parse_cores, served_model_of
 from server.config import load_config
-from tests.support.vllm import TINY_MODEL_NAME, free_port, test_data_dir, tiny_llama
 
 REPO = Path(__file__).resolve().parent.parent
 TTFT_TARGET_MS = 2.0

@@ -51,11 +51,12 @@ _BENCH = Path(__file__).resolve().parent
 sys.path[:] = [str(_BENCH.parent), *(p for p in sys.path if Path(p or ".").resolve() != _BENCH)]
 
 from backends.config import VllmBackend, VllmLaunch, VllmServer
+from backends.harness.ports import free_port
+from backends.harness.vllm_process import TINY_MODEL_NAME, test_data_dir, tiny_llama
 from backends.launch import Device, Launcher
 from backends.profiles import LaunchProfile
 from backends.protocol import BackendError, RequestContext
 from backends.vllm import VllmClient
-from tests.support.vllm import TINY_MODEL_NAME, free_port, test_data_dir, tiny_llama
 
 FIRST_CONTENT = re.compile(rb'"(?:content|text)":"[^"]')
 SENTENCES = (

@@ -25,18 +25,14 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from backends.config import VllmBackend, VllmServer
+from backends.harness.metrics import metric_value, parse_metric
+from backends.harness.ports import free_port
+from backends.harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm
 from backends.launch import VllmProcess
 from backends.pool import BackendCollector, ServerState
 from backends.router import rendezvous_order
 from server.config import GatewayConfig, ModelEntry
-from tests.support.gateway import GatewayThread
-from tests.support.vllm import (
-    TINY_MODEL_NAME,
-    free_port,
-    metric_value,
-    parse_metric,
-    start_tiny_vllm,
-)
+from server.harness import GatewayThread
 
 # Starting three vLLM servers counts towards the first test's time limit.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from backends.harness.ports import free_port
 from semcache.entry import CachedAnswer
 from semcache.exact import CacheRequest, CacheStatus, ExactCache
 from semcache.metrics import CacheMetrics
@@ -18,7 +19,7 @@ from semcache.policy import CacheRule
 from semcache.purge import LocalEpochs, RedisEpochs
 from semcache.tiers import DiskStore, MemoryStore, RedisLink, RedisStore
 from tests.semcache import payloads
-from tests.semcache.conftest import RedisServer, free_port
+from tests.semcache.conftest import RedisServer
 
 pytestmark = pytest.mark.slow
 

@@ -14,11 +14,12 @@ import openai
 import orjson
 import pytest
 
+from backends.harness.metrics import parse_metric
+from backends.harness.vllm_process import TINY_MODEL_NAME
 from backends.launch import VllmProcess
+from server.harness import GatewayThread
 from tests.conftest import gateway_config
 from tests.semcache.conftest import RedisServer
-from tests.support.gateway import GatewayThread
-from tests.support.vllm import TINY_MODEL_NAME, parse_metric
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.support.vllm import free_port
+from backends.harness.ports import free_port
 
 CLI = [sys.executable, "-m", "server.cli"]
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import uvicorn
 
+from backends.harness.ports import free_port
 from server.http_protocol import HeadWithBody, uvicorn_config
-from tests.support.vllm import free_port
 
 
 class Transport:
