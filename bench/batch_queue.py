@@ -35,11 +35,14 @@ from typing import Any
 
 import httpx
 
-# Run as a script, bench/ is on sys.path but the repository root is not.
+# Run as a script, bench/ is sys.path[0], where a module could shadow the standard library:
+# move bench/ behind everything else (a stable sort), then import from the repository root.
+sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.harness.ports import free_port
 from backends.harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm, test_data_dir
+from bench.support import pct
 from server.harness import GatewayProcess
 
 MODEL = "@cf/meta/llama-3.1-8b-instruct"
@@ -151,11 +154,6 @@ async def wait_status(client: httpx.AsyncClient, base: str, rid: str, want: str)
         if status == want or status == "done":
             return
         await asyncio.sleep(0.05)
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class Mode:
@@ -287,7 +285,7 @@ async def main() -> int:
         alone = m.drain_items / m.drain_s if m.drain_s else 0.0
         print(
             f"{m.name:<20} {idle50 * ms:>12.1f}ms {loaded50 * ms:>7.1f}ms {change:>+7.0%} "
-            f"{pct(m.idle, 0.9) * ms:>7.1f}ms {pct(m.loaded, 0.9) * ms:>7.1f}ms "
+            f"{pct(m.idle, 90) * ms:>7.1f}ms {pct(m.loaded, 90) * ms:>7.1f}ms "
             f"{during:>20.2f} {alone:>7.2f}"
         )
         if m.name == CLAIMED:

@@ -23,27 +23,17 @@ checked (200, complete, a hit: ``cf-aig-cache-status: HIT`` / LiteLLM's
     .venv/bin/python bench/exact_hit.py --profile-gateway /tmp/gw.txt   # + py-spy on the gateway
 """
 
-# ruff: noqa: E402  (the imports must come after the sys.path fix below)
-
 from __future__ import annotations
-
-import os
-import sys
-
-# `python bench/exact_hit.py` puts bench/ first on sys.path, where a sibling script's name
-# (bench/queue.py) would shadow the standard library's module: the repo root goes there instead.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-for _entry in [p for p in sys.path if os.path.abspath(p or ".") == _HERE]:
-    sys.path.remove(_entry)
-sys.path.insert(0, os.path.dirname(_HERE))
 
 import argparse
 import asyncio
 import contextlib
 import importlib.metadata
+import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -60,12 +50,17 @@ import uvicorn
 from litestar import Litestar, Request, Response, get, post
 from litestar.response import Stream
 
+# Run as a script, bench/ is sys.path[0], where a module could shadow the standard library:
+# move bench/ behind everything else (a stable sort), then import from the repository root.
+sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from backends.config import VllmLaunch, VllmServer
 from backends.harness.metrics import metric_value
 from backends.harness.ports import free_port
 from backends.harness.vllm_process import TINY_MODEL_NAME, test_data_dir, tiny_llama
 from backends.launch import VllmProcess, die_with_parent_hook
-from bench.support import affinity, parse_cores, served_model_of
+from bench.support import affinity, exit_status, parse_cores, served_model_of, stderr_printer
 from server.config import load_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,8 +84,7 @@ DROPPED_HEADERS = {"date", "server", "content-length", "content-type", "transfer
 """Headers uvicorn/Litestar write themselves; the bare app copies the gateway's other ones."""
 
 
-def say(message: str) -> None:
-    print(f"[exact_hit] {message}", file=sys.stderr, flush=True)
+say = stderr_printer("exact_hit")
 
 
 def request_body(stream: bool) -> bytes:
@@ -997,12 +991,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     litellm_missing = "--no-litellm" if args.no_litellm else setup_litellm(args.litellm_venv)
     if litellm_missing:
         say(f"(c) LiteLLM will not be measured: {litellm_missing}")
-    try:
-        met = asyncio.run(run(args, litellm_missing))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        say("interrupted; everything started here is stopped")
-        return 130
-    return 0 if met else 1
+    return exit_status(run(args, litellm_missing), say)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ batch capped at 32 so it always has a full batch and a queue): there tok/s is vL
 capacity as each target delivers it, and that is where "loses no throughput" is judged.
 They sample vLLM's running and waiting requests during every window (the gateway must never
 leave vLLM's queue empty), and with ``--control`` add a third target: direct traffic while
-``cpu_burn.py`` burns, on the client's core, the CPU share the gateway used (does the
+``diagnostics/cpu_burn.py`` burns, on the client's core, the CPU share the gateway used (does the
 gateway's CPU alone, on the core next to vLLM's, cost vLLM throughput?).
 With 1 or 8 requests sent together and awaited, tok/s is tokens over latency: those ratios
 restate the added latency and are shown, not judged. Every prompt is
@@ -74,10 +74,20 @@ from backends.harness.vllm_process import TINY_MODEL_NAME, test_data_dir, tiny_l
 from backends.launch import VllmProcess, die_with_parent_hook
 from backends.models import prepare_model
 from backends.pool import parse_upstream_metrics
-from bench.support import affinity, parse_cores, served_model_of
+from bench.support import (
+    affinity,
+    bootstrap_interval,
+    exit_status,
+    parse_cores,
+    pct,
+    served_model_of,
+    stderr_printer,
+)
 from server.config import load_config
 
 REPO = Path(__file__).resolve().parent.parent
+CPU_BURN = REPO / "bench" / "diagnostics" / "cpu_burn.py"
+MINIMAL_PROXY = REPO / "bench" / "diagnostics" / "minimal_proxy.py"
 TTFT_TARGET_MS = 2.0
 GATEWAY_MODEL_ID = "bench-chat"
 JSON_HEADERS = {"content-type": "application/json"}
@@ -89,8 +99,7 @@ FIRST_CONTENT = re.compile(rb'"content":"[^"]')
 """An SSE event whose delta carries text (vLLM's first, role-only event has ``""``)."""
 
 
-def say(message: str) -> None:
-    print(f"[overhead] {message}", file=sys.stderr, flush=True)
+say = stderr_printer("overhead")
 
 
 # -- the workload -------------------------------------------------------------------------
@@ -335,13 +344,12 @@ async def run_sustained(
     request as soon as its last one ends); the wall time runs until the last one ends.
 
     ``vllm_url``: sample vLLM's running and waiting requests while the window is full.
-    ``burn_fraction``: burn that share of this process's core(s) meanwhile (``cpu_burn.py``).
+    ``burn_fraction``: burn that share of this process's core(s) meanwhile
+    (``diagnostics/cpu_burn.py``).
     """
     batch = Batch()
     burner = (
-        await asyncio.create_subprocess_exec(
-            sys.executable, str(REPO / "bench" / "cpu_burn.py"), str(burn_fraction)
-        )
+        await asyncio.create_subprocess_exec(sys.executable, str(CPU_BURN), str(burn_fraction))
         if burn_fraction is not None
         else None
     )
@@ -417,8 +425,8 @@ async def run_workload(
 
 
 CONTROL = "direct+gw CPU"
-"""The sustained cells' control: direct traffic while ``cpu_burn.py`` burns, on the client's
-core, the share of it the gateway used in its last window of the cell."""
+"""The sustained cells' control: direct traffic while ``diagnostics/cpu_burn.py`` burns, on
+the client's core, the share of it the gateway used in its last window of the cell."""
 
 
 async def run_sustained_workload(
@@ -486,26 +494,25 @@ class Summary:
         return float(self.batch_tokens.sum() / self.batch_wall_s.sum())
 
 
-def pct(values: np.ndarray, p: float) -> float:
-    return float(np.percentile(values, p)) if values.size else float("nan")
+def bootstrap(a: Summary, b: Summary) -> tuple[tuple[float, float], tuple[float, float]]:
+    """95 % intervals of ``b``'s TTFT p50 minus ``a``'s and of ``b``'s throughput over ``a``'s.
 
-
-def bootstrap(direct: Summary, gateway: Summary, n: int = 2000) -> tuple[np.ndarray, np.ndarray]:
-    """95 % intervals of the TTFT p50 difference and of the throughput ratio.
-
-    TTFT samples are resampled per target; batches are resampled in pairs (round i of
-    direct with round i of gateway), since a round's two batches share the same drift.
+    TTFT samples are resampled per target; batches are resampled in pairs (round i of ``a``
+    with round i of ``b``), since a round's two batches share the same drift.
     """
-    rng = np.random.default_rng(0)
-    d, g = direct.ttft_ms, gateway.ttft_ms
-    dd = np.median(d[rng.integers(0, d.size, (n, d.size))], axis=1)
-    gg = np.median(g[rng.integers(0, g.size, (n, g.size))], axis=1)
-    ttft_ci = np.percentile(gg - dd, [2.5, 97.5])
-    k = min(direct.batch_wall_s.size, gateway.batch_wall_s.size)
-    idx = rng.integers(0, k, (n, k))
-    d_tps = direct.batch_tokens[idx].sum(1) / direct.batch_wall_s[idx].sum(1)
-    g_tps = gateway.batch_tokens[idx].sum(1) / gateway.batch_wall_s[idx].sum(1)
-    return ttft_ci, np.percentile(g_tps / d_tps, [2.5, 97.5])
+
+    def ttft_p50_difference(rng: np.random.Generator) -> float:
+        resampled = [rng.choice(s.ttft_ms, s.ttft_ms.size) for s in (a, b)]
+        return float(np.median(resampled[1]) - np.median(resampled[0]))
+
+    rounds = min(a.batch_wall_s.size, b.batch_wall_s.size)
+
+    def throughput_ratio(rng: np.random.Generator) -> float:
+        idx = rng.integers(0, rounds, rounds)
+        a_tps = a.batch_tokens[idx].sum() / a.batch_wall_s[idx].sum()
+        return float(b.batch_tokens[idx].sum() / b.batch_wall_s[idx].sum() / a_tps)
+
+    return bootstrap_interval(ttft_p50_difference), bootstrap_interval(throughput_ratio)
 
 
 def report(results: Results, tolerance: float) -> bool:
@@ -798,8 +805,7 @@ async def run(args: argparse.Namespace, vllm_cores: set[int] | None) -> bool:
         load_config(config_path)  # fail here, not in the child, on a bad config
         gateway = GatewayProcess(config_path, port, tmp / "gateway.log")
         if args.minimal_proxy:
-            proxy = REPO / "bench" / "minimal_proxy.py"
-            gateway.command = [sys.executable, str(proxy), str(port), vllm_url, served]
+            gateway.command = [sys.executable, str(MINIMAL_PROXY), str(port), vllm_url, served]
         gateway.start()
         stack.push_async_callback(gateway.stop)
         await gateway.wait_ready()
@@ -849,7 +855,9 @@ async def run(args: argparse.Namespace, vllm_cores: set[int] | None) -> bool:
     print()
     print(vllm_note)
     if args.minimal_proxy:
-        print(f"gateway: {gateway.url}, bench/minimal_proxy.py in its place (own process)")
+        print(
+            f"gateway: {gateway.url}, bench/diagnostics/minimal_proxy.py in its place (own process)"
+        )
     else:
         print(
             f"gateway: {gateway.url}, python -m server.cli serve --no-launch (uvicorn, own "
@@ -923,7 +931,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--minimal-proxy",
         action="store_true",
-        help="measure bench/minimal_proxy.py (aiohttp in and out, nothing else) in the "
+        help="measure bench/diagnostics/minimal_proxy.py (aiohttp in and out, nothing else) in the "
         "gateway's place: the floor of any Python proxy in this layout",
     )
     ap.add_argument("--throughput-tolerance", type=float, default=0.01)
@@ -944,7 +952,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--control",
         action="store_true",
         help=f"add a control target to the sustained cells ({CONTROL!r}: direct traffic while "
-        "bench/cpu_burn.py burns, on the client's core, the CPU share the gateway used)",
+        f"{CPU_BURN.relative_to(REPO)} burns, on the client's core, the CPU share the gateway "
+        "used)",
     )
     return ap
 
@@ -977,12 +986,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     vllm_cores = pinning(args)
-    try:
-        met = asyncio.run(run(args, vllm_cores))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        say("interrupted; everything started here is stopped")
-        return 130
-    return 0 if met else 1
+    return exit_status(run(args, vllm_cores), say)
 
 
 if __name__ == "__main__":
