@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.harness.ports import free_port
 from backends.harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm, test_data_dir
-from bench.support import pct
+from bench.support import pct, toml_value
 from server.harness import GatewayProcess
 
 MODEL = "@cf/meta/llama-3.1-8b-instruct"
@@ -57,37 +57,23 @@ MODES: dict[str, dict[str, Any]] = {
 }
 
 
-def toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(toml(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {toml(v)}" for k, v in value.items()) + "}"
-    raise TypeError(type(value))
-
-
 def write_config(work: Path, data_dir: Path, vllm_url: str, batch: dict[str, Any]) -> Path:
     lines = [
-        f"data_dir = {toml(str(work))}",
+        f"data_dir = {toml_value(str(work))}",
         "[[models]]",
         'id = "tiny-chat"',
         'backend = "tiny"',
-        f"aliases = {toml([MODEL])}",
+        f"aliases = {toml_value([MODEL])}",
         "[[backends]]",
         'kind = "vllm"',
         'name = "tiny"',
-        f"served_model = {toml(TINY_MODEL_NAME)}",
-        f"model_path = {toml(str(data_dir / 'models' / TINY_MODEL_NAME))}",
+        f"served_model = {toml_value(TINY_MODEL_NAME)}",
+        f"model_path = {toml_value(str(data_dir / 'models' / TINY_MODEL_NAME))}",
         "[[backends.servers]]",
-        f"url = {toml(vllm_url)}",
+        f"url = {toml_value(vllm_url)}",
     ]
-    lines += ["[auth]", f"tokens = {toml([{'token': TOKEN, 'tenant': 'bench'}])}", "[batch]"]
-    lines += [f"{k} = {toml(v)}" for k, v in batch.items()]
+    lines += ["[auth]", f"tokens = {toml_value([{'token': TOKEN, 'tenant': 'bench'}])}", "[batch]"]
+    lines += [f"{k} = {toml_value(v)}" for k, v in batch.items()]
     path = work / "gateway.toml"
     path.write_text("\n".join(lines) + "\n")
     return path

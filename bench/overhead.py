@@ -48,7 +48,6 @@ import contextlib
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -71,13 +70,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from backends.config import VllmLaunch, VllmServer
 from backends.harness.ports import free_port
 from backends.harness.vllm_process import TINY_MODEL_NAME, test_data_dir, tiny_llama
-from backends.launch import VllmProcess, die_with_parent_hook
+from backends.launch import VllmProcess
 from backends.models import prepare_model
 from backends.pool import parse_upstream_metrics
 from bench.support import (
+    GATEWAY_MODEL_ID,
     affinity,
     bootstrap_interval,
     exit_status,
+    gateway_process,
+    gateway_toml,
     parse_cores,
     pct,
     served_model_of,
@@ -89,7 +91,6 @@ REPO = Path(__file__).resolve().parent.parent
 CPU_BURN = REPO / "bench" / "diagnostics" / "cpu_burn.py"
 MINIMAL_PROXY = REPO / "bench" / "diagnostics" / "minimal_proxy.py"
 TTFT_TARGET_MS = 2.0
-GATEWAY_MODEL_ID = "bench-chat"
 JSON_HEADERS = {"content-type": "application/json"}
 PROMPT = (
     "Write a short story about a cat who finds a map near the old tree, follows the river "
@@ -634,97 +635,6 @@ def first_errors(results: Results, limit: int = 5) -> list[str]:
 # -- processes ------------------------------------------------------------------------
 
 
-def toml_str(value: str) -> str:
-    return orjson.dumps(value).decode()  # JSON string escapes are valid in TOML basic strings
-
-
-def gateway_toml(
-    *, data_dir: Path, port: int, vllm_url: str, served: str, model: Path | None, cache: bool
-) -> str:
-    """A gateway config with just the chat model behind ``vllm_url`` (no embedding model).
-
-    ``cache=False`` turns the gateway's answer cache off (pure pass-through); otherwise the
-    gateway's default applies (prompts here are unique: every request is a miss).
-    """
-    lines = [f"data_dir = {toml_str(str(data_dir))}"]
-    if not cache:
-        lines.append("cache = false")
-    lines += [
-        "[server]",
-        'host = "127.0.0.1"',
-        f"port = {port}",
-        "[[models]]",
-        f'id = "{GATEWAY_MODEL_ID}"',
-        'backend = "bench"',
-        'task = "chat"',
-        "[[backends]]",
-        'kind = "vllm"',
-        'name = "bench"',
-        f"served_model = {toml_str(served)}",
-    ]
-    if model is not None:
-        lines.append(f"model_path = {toml_str(str(model))}")
-    lines += ["[[backends.servers]]", f"url = {toml_str(vllm_url)}"]
-    return "\n".join(lines) + "\n"
-
-
-class GatewayProcess:
-    """``python -m server.cli serve --no-launch`` in its own process (and session)."""
-
-    def __init__(self, config_path: Path, port: int, log_path: Path) -> None:
-        self.url = f"http://127.0.0.1:{port}"
-        self.command = [
-            sys.executable, "-m", "server.cli", "serve",
-            "--no-launch", "--config", str(config_path), "--port", str(port),
-        ]  # fmt: skip
-        self.log_path = log_path
-        self._popen: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self._popen.pid if self._popen else None
-
-    def start(self) -> None:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-        with self.log_path.open("ab") as log:
-            self._popen = subprocess.Popen(
-                self.command,
-                cwd=REPO,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # Ctrl-C reaches us; we stop it in order
-                preexec_fn=die_with_parent_hook(),
-            )
-
-    async def wait_ready(self, timeout_s: float = 180.0) -> None:
-        assert self._popen is not None
-        deadline = time.monotonic() + timeout_s
-        async with httpx.AsyncClient(timeout=2.0) as client:
-            while time.monotonic() < deadline:
-                if self._popen.poll() is not None:
-                    break
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await client.get(f"{self.url}/ready")).status_code == 200:
-                        return
-                await asyncio.sleep(0.2)
-        tail = self.log_path.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"the gateway did not become ready (log {self.log_path}):\n{tail}")
-
-    async def stop(self, grace_s: float = 10.0) -> None:
-        if self._popen is None or self._popen.poll() is not None:
-            return
-        try:
-            self._popen.send_signal(signal.SIGINT)  # uvicorn's graceful shutdown
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                await asyncio.to_thread(self._popen.wait, grace_s)
-        finally:
-            if self._popen.poll() is None:
-                self._popen.kill()
-            self._popen.wait()
-
-
 # -- main -----------------------------------------------------------------------------
 
 
@@ -803,12 +713,12 @@ async def run(args: argparse.Namespace, vllm_cores: set[int] | None) -> bool:
             )
         )
         load_config(config_path)  # fail here, not in the child, on a bad config
-        gateway = GatewayProcess(config_path, port, tmp / "gateway.log")
+        gateway = gateway_process(config_path, port, tmp / "gateway.log")
         if args.minimal_proxy:
             gateway.command = [sys.executable, str(MINIMAL_PROXY), str(port), vllm_url, served]
         gateway.start()
         stack.push_async_callback(gateway.stop)
-        await gateway.wait_ready()
+        await gateway.wait_ready(180.0)
         say(f"gateway ready at {gateway.url} (pid {gateway.pid})")
 
         clients = [load_client(args.client) for _ in range(2)]
@@ -816,7 +726,6 @@ async def run(args: argparse.Namespace, vllm_cores: set[int] | None) -> bool:
             stack.push_async_callback(
                 client.close if isinstance(client, aiohttp.ClientSession) else client.aclose
             )
-        assert gateway.pid is not None
         gateway_idle = await idle_cpu(gateway.pid, 3.0 if args.quick else 10.0)
         targets = (
             Target("direct", vllm_url, served, clients[0]),
@@ -832,7 +741,7 @@ async def run(args: argparse.Namespace, vllm_cores: set[int] | None) -> bool:
                 # above run on vLLM's defaults); the gateway re-admits it once it answers.
                 await vllm.stop()
                 vllm = await start_vllm(["--max-num-seqs", str(VLLM_MAX_NUM_SEQS)])
-                await gateway.wait_ready()
+                await gateway.wait_ready(180.0)
                 for target in targets:  # pooled connections to the old vLLM fail once
                     for _ in range(2):
                         with contextlib.suppress(Exception):

@@ -33,7 +33,8 @@ import psutil
 from aiohttp import web
 
 from backends.harness.ports import free_port
-from bench.overhead import GATEWAY_MODEL_ID, GatewayProcess, chat_body, gateway_toml
+from bench.overhead import chat_body
+from bench.support import GATEWAY_MODEL_ID, ServerProcess, gateway_process, gateway_toml
 
 SERVED = "fake-llama"
 TOKENS = 16
@@ -127,7 +128,7 @@ def serve_fake(port: int, pace_s: float = PACE_S) -> None:
 
 
 @contextlib.asynccontextmanager
-async def gateway_before(fake_url: str, *, cache: bool = True) -> AsyncIterator[GatewayProcess]:
+async def gateway_before(fake_url: str, *, cache: bool = True) -> AsyncIterator[ServerProcess]:
     """The real gateway (its own process, a throw-away data dir) in front of ``fake_url``."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="semcache-gwbench-") as tmp_name:
@@ -138,10 +139,10 @@ async def gateway_before(fake_url: str, *, cache: bool = True) -> AsyncIterator[
                 data_dir=tmp, port=port, vllm_url=fake_url, served=SERVED, model=None, cache=cache
             )
         )
-        gateway = GatewayProcess(config, port, tmp / "gateway.log")
+        gateway = gateway_process(config, port, tmp / "gateway.log")
         gateway.start()
         try:
-            await gateway.wait_ready()
+            await gateway.wait_ready(180.0)
             yield gateway
         finally:
             await gateway.stop()
@@ -175,7 +176,6 @@ def fake_process(
 
 async def measure(args: argparse.Namespace, fake_url: str) -> None:
     async with gateway_before(fake_url, cache=not args.no_cache) as gw:
-        assert gw.pid is not None
         await run_cells(gw.url, psutil.Process(gw.pid), args.requests)
 
 
