@@ -35,16 +35,15 @@ from typing import Any
 
 import httpx
 
-# Run as a script, bench/ is on sys.path but the repository root (for tests.support) is not.
+# Run as a script, bench/ is sys.path[0], where a module could shadow the standard library:
+# move bench/ behind everything else (a stable sort), then import from the repository root.
+sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.support.gateway import GatewayProcess
-from tests.support.vllm import (
-    TINY_MODEL_NAME,
-    free_port,
-    start_tiny_vllm,
-    test_data_dir,
-)
+from backends.harness.ports import free_port
+from backends.harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm, test_data_dir
+from bench.support import pct, toml_value
+from server.harness import GatewayProcess
 
 MODEL = "@cf/meta/llama-3.1-8b-instruct"
 TOKEN = "bench-token"
@@ -58,37 +57,23 @@ MODES: dict[str, dict[str, Any]] = {
 }
 
 
-def toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, list):
-        return "[" + ", ".join(toml(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {toml(v)}" for k, v in value.items()) + "}"
-    raise TypeError(type(value))
-
-
 def write_config(work: Path, data_dir: Path, vllm_url: str, batch: dict[str, Any]) -> Path:
     lines = [
-        f"data_dir = {toml(str(work))}",
+        f"data_dir = {toml_value(str(work))}",
         "[[models]]",
         'id = "tiny-chat"',
         'backend = "tiny"',
-        f"aliases = {toml([MODEL])}",
+        f"aliases = {toml_value([MODEL])}",
         "[[backends]]",
         'kind = "vllm"',
         'name = "tiny"',
-        f"served_model = {toml(TINY_MODEL_NAME)}",
-        f"model_path = {toml(str(data_dir / 'models' / TINY_MODEL_NAME))}",
+        f"served_model = {toml_value(TINY_MODEL_NAME)}",
+        f"model_path = {toml_value(str(data_dir / 'models' / TINY_MODEL_NAME))}",
         "[[backends.servers]]",
-        f"url = {toml(vllm_url)}",
+        f"url = {toml_value(vllm_url)}",
     ]
-    lines += ["[auth]", f"tokens = {toml([{'token': TOKEN, 'tenant': 'bench'}])}", "[batch]"]
-    lines += [f"{k} = {toml(v)}" for k, v in batch.items()]
+    lines += ["[auth]", f"tokens = {toml_value([{'token': TOKEN, 'tenant': 'bench'}])}", "[batch]"]
+    lines += [f"{k} = {toml_value(v)}" for k, v in batch.items()]
     path = work / "gateway.toml"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -155,11 +140,6 @@ async def wait_status(client: httpx.AsyncClient, base: str, rid: str, want: str)
         if status == want or status == "done":
             return
         await asyncio.sleep(0.05)
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class Mode:
@@ -291,7 +271,7 @@ async def main() -> int:
         alone = m.drain_items / m.drain_s if m.drain_s else 0.0
         print(
             f"{m.name:<20} {idle50 * ms:>12.1f}ms {loaded50 * ms:>7.1f}ms {change:>+7.0%} "
-            f"{pct(m.idle, 0.9) * ms:>7.1f}ms {pct(m.loaded, 0.9) * ms:>7.1f}ms "
+            f"{pct(m.idle, 90) * ms:>7.1f}ms {pct(m.loaded, 90) * ms:>7.1f}ms "
             f"{during:>20.2f} {alone:>7.2f}"
         )
         if m.name == CLAIMED:

@@ -23,27 +23,17 @@ checked (200, complete, a hit: ``cf-aig-cache-status: HIT`` / LiteLLM's
     .venv/bin/python bench/exact_hit.py --profile-gateway /tmp/gw.txt   # + py-spy on the gateway
 """
 
-# ruff: noqa: E402  (the imports must come after the sys.path fix below)
-
 from __future__ import annotations
-
-import os
-import sys
-
-# `python bench/exact_hit.py` puts bench/ first on sys.path, where a sibling script's name
-# (bench/queue.py) would shadow the standard library's module: the repo root goes there instead.
-_HERE = os.path.dirname(os.path.abspath(__file__))
-for _entry in [p for p in sys.path if os.path.abspath(p or ".") == _HERE]:
-    sys.path.remove(_entry)
-sys.path.insert(0, os.path.dirname(_HERE))
 
 import argparse
 import asyncio
 import contextlib
 import importlib.metadata
+import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -60,23 +50,34 @@ import uvicorn
 from litestar import Litestar, Request, Response, get, post
 from litestar.response import Stream
 
+# Run as a script, bench/ is sys.path[0], where a module could shadow the standard library:
+# move bench/ behind everything else (a stable sort), then import from the repository root.
+sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 from backends.config import VllmLaunch, VllmServer
+from backends.harness.metrics import metric_value
+from backends.harness.ports import free_port
+from backends.harness.vllm_process import TINY_MODEL_NAME, test_data_dir, tiny_llama
 from backends.launch import VllmProcess, die_with_parent_hook
-from bench.support import affinity, parse_cores, served_model_of
-from server.config import load_config
-from tests.support.vllm import (
-    TINY_MODEL_NAME,
-    free_port,
-    metric_value,
-    test_data_dir,
-    tiny_llama,
+from bench.support import (
+    GATEWAY_MODEL_ID,
+    ServerProcess,
+    affinity,
+    child_env,
+    exit_status,
+    gateway_process,
+    gateway_toml,
+    parse_cores,
+    served_model_of,
+    stderr_printer,
 )
+from server.config import load_config
 
 REPO = Path(__file__).resolve().parent.parent
 THIS_FILE = str(Path(__file__).resolve())
 HIT_VS_BARE_TARGET = 0.7
 HIT_VS_LITELLM_TARGET = 5.0
-MODEL_ID = "bench-chat"
 LITELLM_SPEC = "litellm[proxy]==1.106.12"
 """Pinned. Later releases moved the proxy into a ``litellm-proxy`` package the index lacks."""
 LITELLM_VENV = REPO / ".data" / "bench-venv-litellm"
@@ -93,14 +94,13 @@ DROPPED_HEADERS = {"date", "server", "content-length", "content-type", "transfer
 """Headers uvicorn/Litestar write themselves; the bare app copies the gateway's other ones."""
 
 
-def say(message: str) -> None:
-    print(f"[exact_hit] {message}", file=sys.stderr, flush=True)
+say = stderr_printer("exact_hit")
 
 
 def request_body(stream: bool) -> bytes:
     """The one request every target gets (LiteLLM's model name is the gateway's)."""
     body: dict[str, Any] = {
-        "model": MODEL_ID,
+        "model": GATEWAY_MODEL_ID,
         "messages": MESSAGES,
         "temperature": 0,
         "max_tokens": 48,
@@ -216,7 +216,7 @@ def litellm_config(vllm_url: str, served: str) -> bytes:
         {
             "model_list": [
                 {
-                    "model_name": MODEL_ID,
+                    "model_name": GATEWAY_MODEL_ID,
                     "litellm_params": {
                         "model": f"openai/{served}",
                         "api_base": f"{vllm_url}/v1",
@@ -230,110 +230,6 @@ def litellm_config(vllm_url: str, served: str) -> bytes:
         },
         option=orjson.OPT_INDENT_2,
     )
-
-
-# -- child processes --------------------------------------------------------------------------
-
-
-class Child:
-    """A server in its own session (so a Ctrl-C reaches only us, and we stop it in order)."""
-
-    def __init__(
-        self, name: str, command: list[str], log_path: Path, env: Mapping[str, str], cwd: Path
-    ) -> None:
-        self.name, self.command, self.log_path = name, command, log_path
-        self.env, self.cwd = dict(env), cwd
-        self._popen: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self._popen is not None
-        return self._popen.pid
-
-    def start(self) -> None:
-        with self.log_path.open("ab") as log:
-            self._popen = subprocess.Popen(
-                self.command,
-                cwd=self.cwd,
-                env=self.env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=die_with_parent_hook(signal.SIGKILL),
-            )
-
-    def log_tail(self, chars: int = 2500) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
-
-    async def wait_ready(self, url: str, timeout_s: float) -> float:
-        assert self._popen is not None
-        started = time.monotonic()
-        async with httpx.AsyncClient(timeout=2.0) as client:
-            while time.monotonic() - started < timeout_s:
-                if self._popen.poll() is not None:
-                    raise RuntimeError(
-                        f"{self.name} exited with {self._popen.returncode} "
-                        f"(log {self.log_path}):\n{self.log_tail()}"
-                    )
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await client.get(url)).status_code == 200:
-                        return time.monotonic() - started
-                await asyncio.sleep(0.25)
-        raise RuntimeError(f"{self.name} not ready after {timeout_s:.0f} s:\n{self.log_tail()}")
-
-    def _group_alive(self) -> bool:
-        assert self._popen is not None
-        self._popen.poll()
-        try:
-            os.killpg(self._popen.pid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
-
-    async def stop(self, grace_s: float = 10.0) -> None:
-        """SIGINT the whole process group (uvicorn shuts down cleanly), then SIGKILL it."""
-        if self._popen is None:
-            return
-        try:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._popen.pid, signal.SIGINT)
-            deadline = time.monotonic() + grace_s
-            while self._group_alive() and time.monotonic() < deadline:  # noqa: ASYNC110
-                await asyncio.sleep(0.1)
-        finally:  # also when cancelled mid-wait
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._popen.pid, signal.SIGKILL)
-            self._popen.wait()
-
-
-def gateway_toml(data_dir: Path, port: int, vllm_url: str, served: str, model: Path | None) -> str:
-    """The gateway with one chat model behind ``vllm_url``; default policy (cache on)."""
-
-    def s(value: str) -> str:
-        return orjson.dumps(value).decode()  # JSON string escapes are valid TOML
-
-    lines = [
-        f"data_dir = {s(str(data_dir))}",
-        "[server]",
-        'host = "127.0.0.1"',
-        f"port = {port}",
-        "[[models]]",
-        f"id = {s(MODEL_ID)}",
-        'backend = "bench"',
-        'task = "chat"',
-        "[[backends]]",
-        'kind = "vllm"',
-        'name = "bench"',
-        f"served_model = {s(served)}",
-    ]
-    if model is not None:
-        lines.append(f"model_path = {s(str(model))}")
-    lines += ["[[backends.servers]]", f"url = {s(vllm_url)}"]
-    return "\n".join(lines) + "\n"
 
 
 # -- the load -----------------------------------------------------------------------------------
@@ -719,12 +615,6 @@ async def answer_sizes(target: Target) -> str:
     return f"{sizes[0]} B JSON, {sizes[1]} B stream"
 
 
-def child_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", **extra)
-    return env
-
-
 @dataclass
 class Backend:
     """The vLLM every cache is filled from (once per target)."""
@@ -751,12 +641,15 @@ class Bench:
             self.stack.push_async_callback(client.aclose)
         return clients
 
-    def child(self, name: str, argv: list[str], cwd: Path, **env: str) -> Child:
+    def child(self, name: str, argv: list[str], url: str, cwd: Path, **env: str) -> ServerProcess:
         log = self.tmp / f"{name.split()[0].lower()}.log"
-        child = Child(name, argv, log, child_env(**env), cwd)
+        child = ServerProcess(name, argv, url, log, child_env(**env), cwd)
+        self.start(child)
+        return child
+
+    def start(self, child: ServerProcess) -> None:
         child.start()
         self.stack.push_async_callback(child.stop)
-        return child
 
     async def start_vllm(self) -> Backend:
         """The running vLLM of ``--vllm-url``, or the tiny one started here (not yet ready)."""
@@ -787,17 +680,24 @@ class Bench:
     async def start_gateway(self, vllm: Backend) -> Target:
         port = free_port()
         config = self.tmp / "gateway.toml"
+        data_dir = self.tmp / "gateway-data"
         config.write_text(
-            gateway_toml(self.tmp / "gateway-data", port, vllm.url, vllm.served, vllm.model_path)
+            gateway_toml(
+                data_dir=data_dir,
+                port=port,
+                vllm_url=vllm.url,
+                served=vllm.served,
+                model=vllm.model_path,
+            )
         )
         load_config(config)  # fail here, not in the child, on a bad config
-        argv = [sys.executable, "-m", "server.cli", "serve", "--no-launch"]
-        argv += ["--config", str(config), "--port", str(port)]
-        child = self.child("gateway", argv, REPO, PYTHONPATH=str(REPO))
-        url = f"http://127.0.0.1:{port}"
-        await child.wait_ready(f"{url}/ready", 300.0)
-        say(f"gateway ready at {url}")
-        target = Target("gateway", url, self.clients(), child.pid, "cf-aig-cache-status", "HIT")
+        child = gateway_process(config, port, self.tmp / "gateway.log")
+        self.start(child)
+        await child.wait_ready(300.0)
+        say(f"gateway ready at {child.url}")
+        target = Target(
+            "gateway", child.url, self.clients(), child.pid, "cf-aig-cache-status", "HIT"
+        )
         await prime(target)
         return target
 
@@ -807,12 +707,12 @@ class Bench:
         replies.write_bytes(msgspec.json.encode(await canned_replies(gateway)))
         port = free_port()
         argv = [sys.executable, THIS_FILE, "--serve-bare", str(port), "--replies", str(replies)]
-        child = self.child("bare app", argv, REPO, PYTHONPATH=str(REPO))
         url = f"http://127.0.0.1:{port}"
-        await child.wait_ready(f"{url}/ready", 120.0)
+        child = self.child("bare app", argv, url, REPO, PYTHONPATH=str(REPO))
+        await child.wait_ready(120.0)
         return Target("bare", url, self.clients(), child.pid, None)
 
-    def start_litellm(self, vllm: Backend) -> tuple[Child, str]:
+    def start_litellm(self, vllm: Backend) -> tuple[ServerProcess, str]:
         """LiteLLM's proxy from its own venv, 1 uvicorn worker (its default); not yet ready."""
         config = self.tmp / "litellm.yaml"
         config.write_bytes(litellm_config(vllm.url, vllm.served))
@@ -821,10 +721,11 @@ class Bench:
         argv += ["--host", "127.0.0.1", "--port", str(port)]
         # no cost-map download (offline); log level error: no access log, as for the others
         env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
-        return self.child("LiteLLM proxy", argv, self.tmp, **env), f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{port}"
+        return self.child("LiteLLM proxy", argv, url, self.tmp, **env), url
 
-    async def litellm_target(self, child: Child, url: str) -> Target:
-        waited = await child.wait_ready(f"{url}/health/liveliness", 600.0)
+    async def litellm_target(self, child: ServerProcess, url: str) -> Target:
+        waited = await child.wait_ready(600.0, "/health/liveliness")
         say(f"LiteLLM proxy ready at {url} after {waited:.0f} s")
         target = Target("litellm", url, self.clients(), child.pid, "x-litellm-cache-key")
         await prime(target)
@@ -1001,12 +902,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     litellm_missing = "--no-litellm" if args.no_litellm else setup_litellm(args.litellm_venv)
     if litellm_missing:
         say(f"(c) LiteLLM will not be measured: {litellm_missing}")
-    try:
-        met = asyncio.run(run(args, litellm_missing))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        say("interrupted; everything started here is stopped")
-        return 130
-    return 0 if met else 1
+    return exit_status(run(args, litellm_missing), say)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,12 @@ from typing import Any
 import orjson
 from prometheus_client import CollectorRegistry
 
+# Run as a script, bench/ is sys.path[0], where a module could shadow the standard library:
+# move bench/ behind everything else (a stable sort), then import from the repository root.
+sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.support import pct
 from semcache.entry import CachedAnswer, checksum, decode_entry, encode_entry
 from semcache.exact import CacheStatus, ExactCache
 from semcache.metrics import CacheMetrics
@@ -69,10 +73,6 @@ BODY: dict[str, Any] = {
     "temperature": 0,
     "max_tokens": 256,
 }
-
-
-def pct(xs: list[float], p: float) -> float:
-    return statistics.quantiles(xs, n=100, method="inclusive")[int(p) - 1] if len(xs) > 1 else xs[0]
 
 
 async def main(iterations: int, answer_bytes: int) -> None:

@@ -12,7 +12,7 @@ batch capped at 32 so it always has a full batch and a queue): there tok/s is vL
 capacity as each target delivers it, and that is where "loses no throughput" is judged.
 They sample vLLM's running and waiting requests during every window (the gateway must never
 leave vLLM's queue empty), and with ``--control`` add a third target: direct traffic while
-``cpu_burn.py`` burns, on the client's core, the CPU share the gateway used (does the
+``diagnostics/cpu_burn.py`` burns, on the client's core, the CPU share the gateway used (does the
 gateway's CPU alone, on the core next to vLLM's, cost vLLM throughput?).
 With 1 or 8 requests sent together and awaited, tok/s is tokens over latency: those ratios
 restate the added latency and are shown, not judged. Every prompt is
@@ -48,7 +48,6 @@ import contextlib
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -69,16 +68,29 @@ sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).r
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.config import VllmLaunch, VllmServer
-from backends.launch import VllmProcess, die_with_parent_hook
+from backends.harness.ports import free_port
+from backends.harness.vllm_process import TINY_MODEL_NAME, test_data_dir, tiny_llama
+from backends.launch import VllmProcess
 from backends.models import prepare_model
 from backends.scraped_metrics import parse_upstream_metrics
-from bench.support import affinity, parse_cores, served_model_of
+from bench.support import (
+    GATEWAY_MODEL_ID,
+    affinity,
+    bootstrap_interval,
+    exit_status,
+    gateway_process,
+    gateway_toml,
+    parse_cores,
+    pct,
+    served_model_of,
+    stderr_printer,
+)
 from server.config import load_config
-from tests.support.vllm import TINY_MODEL_NAME, free_port, test_data_dir, tiny_llama
 
 REPO = Path(__file__).resolve().parent.parent
+CPU_BURN = REPO / "bench" / "diagnostics" / "cpu_burn.py"
+MINIMAL_PROXY = REPO / "bench" / "diagnostics" / "minimal_proxy.py"
 TTFT_TARGET_MS = 2.0
-GATEWAY_MODEL_ID = "bench-chat"
 JSON_HEADERS = {"content-type": "application/json"}
 PROMPT = (
     "Write a short story about a cat who finds a map near the old tree, follows the river "
@@ -88,8 +100,7 @@ FIRST_CONTENT = re.compile(rb'"content":"[^"]')
 """An SSE event whose delta carries text (vLLM's first, role-only event has ``""``)."""
 
 
-def say(message: str) -> None:
-    print(f"[overhead] {message}", file=sys.stderr, flush=True)
+say = stderr_printer("overhead")
 
 
 # -- the workload -------------------------------------------------------------------------
@@ -334,13 +345,12 @@ async def run_sustained(
     request as soon as its last one ends); the wall time runs until the last one ends.
 
     ``vllm_url``: sample vLLM's running and waiting requests while the window is full.
-    ``burn_fraction``: burn that share of this process's core(s) meanwhile (``cpu_burn.py``).
+    ``burn_fraction``: burn that share of this process's core(s) meanwhile
+    (``diagnostics/cpu_burn.py``).
     """
     batch = Batch()
     burner = (
-        await asyncio.create_subprocess_exec(
-            sys.executable, str(REPO / "bench" / "cpu_burn.py"), str(burn_fraction)
-        )
+        await asyncio.create_subprocess_exec(sys.executable, str(CPU_BURN), str(burn_fraction))
         if burn_fraction is not None
         else None
     )
@@ -416,8 +426,8 @@ async def run_workload(
 
 
 CONTROL = "direct+gw CPU"
-"""The sustained cells' control: direct traffic while ``cpu_burn.py`` burns, on the client's
-core, the share of it the gateway used in its last window of the cell."""
+"""The sustained cells' control: direct traffic while ``diagnostics/cpu_burn.py`` burns, on
+the client's core, the share of it the gateway used in its last window of the cell."""
 
 
 async def run_sustained_workload(
@@ -485,26 +495,25 @@ class Summary:
         return float(self.batch_tokens.sum() / self.batch_wall_s.sum())
 
 
-def pct(values: np.ndarray, p: float) -> float:
-    return float(np.percentile(values, p)) if values.size else float("nan")
+def bootstrap(a: Summary, b: Summary) -> tuple[tuple[float, float], tuple[float, float]]:
+    """95 % intervals of ``b``'s TTFT p50 minus ``a``'s and of ``b``'s throughput over ``a``'s.
 
-
-def bootstrap(direct: Summary, gateway: Summary, n: int = 2000) -> tuple[np.ndarray, np.ndarray]:
-    """95 % intervals of the TTFT p50 difference and of the throughput ratio.
-
-    TTFT samples are resampled per target; batches are resampled in pairs (round i of
-    direct with round i of gateway), since a round's two batches share the same drift.
+    TTFT samples are resampled per target; batches are resampled in pairs (round i of ``a``
+    with round i of ``b``), since a round's two batches share the same drift.
     """
-    rng = np.random.default_rng(0)
-    d, g = direct.ttft_ms, gateway.ttft_ms
-    dd = np.median(d[rng.integers(0, d.size, (n, d.size))], axis=1)
-    gg = np.median(g[rng.integers(0, g.size, (n, g.size))], axis=1)
-    ttft_ci = np.percentile(gg - dd, [2.5, 97.5])
-    k = min(direct.batch_wall_s.size, gateway.batch_wall_s.size)
-    idx = rng.integers(0, k, (n, k))
-    d_tps = direct.batch_tokens[idx].sum(1) / direct.batch_wall_s[idx].sum(1)
-    g_tps = gateway.batch_tokens[idx].sum(1) / gateway.batch_wall_s[idx].sum(1)
-    return ttft_ci, np.percentile(g_tps / d_tps, [2.5, 97.5])
+
+    def ttft_p50_difference(rng: np.random.Generator) -> float:
+        resampled = [rng.choice(s.ttft_ms, s.ttft_ms.size) for s in (a, b)]
+        return float(np.median(resampled[1]) - np.median(resampled[0]))
+
+    rounds = min(a.batch_wall_s.size, b.batch_wall_s.size)
+
+    def throughput_ratio(rng: np.random.Generator) -> float:
+        idx = rng.integers(0, rounds, rounds)
+        a_tps = a.batch_tokens[idx].sum() / a.batch_wall_s[idx].sum()
+        return float(b.batch_tokens[idx].sum() / b.batch_wall_s[idx].sum() / a_tps)
+
+    return bootstrap_interval(ttft_p50_difference), bootstrap_interval(throughput_ratio)
 
 
 def report(results: Results, tolerance: float) -> bool:
@@ -626,97 +635,6 @@ def first_errors(results: Results, limit: int = 5) -> list[str]:
 # -- processes ------------------------------------------------------------------------
 
 
-def toml_str(value: str) -> str:
-    return orjson.dumps(value).decode()  # JSON string escapes are valid in TOML basic strings
-
-
-def gateway_toml(
-    *, data_dir: Path, port: int, vllm_url: str, served: str, model: Path | None, cache: bool
-) -> str:
-    """A gateway config with just the chat model behind ``vllm_url`` (no embedding model).
-
-    ``cache=False`` turns the gateway's answer cache off (pure pass-through); otherwise the
-    gateway's default applies (prompts here are unique: every request is a miss).
-    """
-    lines = [f"data_dir = {toml_str(str(data_dir))}"]
-    if not cache:
-        lines.append("cache = false")
-    lines += [
-        "[server]",
-        'host = "127.0.0.1"',
-        f"port = {port}",
-        "[[models]]",
-        f'id = "{GATEWAY_MODEL_ID}"',
-        'backend = "bench"',
-        'task = "chat"',
-        "[[backends]]",
-        'kind = "vllm"',
-        'name = "bench"',
-        f"served_model = {toml_str(served)}",
-    ]
-    if model is not None:
-        lines.append(f"model_path = {toml_str(str(model))}")
-    lines += ["[[backends.servers]]", f"url = {toml_str(vllm_url)}"]
-    return "\n".join(lines) + "\n"
-
-
-class GatewayProcess:
-    """``python -m server.cli serve --no-launch`` in its own process (and session)."""
-
-    def __init__(self, config_path: Path, port: int, log_path: Path) -> None:
-        self.url = f"http://127.0.0.1:{port}"
-        self.command = [
-            sys.executable, "-m", "server.cli", "serve",
-            "--no-launch", "--config", str(config_path), "--port", str(port),
-        ]  # fmt: skip
-        self.log_path = log_path
-        self._popen: subprocess.Popen[bytes] | None = None
-
-    @property
-    def pid(self) -> int | None:
-        return self._popen.pid if self._popen else None
-
-    def start(self) -> None:
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
-        with self.log_path.open("ab") as log:
-            self._popen = subprocess.Popen(
-                self.command,
-                cwd=REPO,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # Ctrl-C reaches us; we stop it in order
-                preexec_fn=die_with_parent_hook(),
-            )
-
-    async def wait_ready(self, timeout_s: float = 180.0) -> None:
-        assert self._popen is not None
-        deadline = time.monotonic() + timeout_s
-        async with httpx.AsyncClient(timeout=2.0) as client:
-            while time.monotonic() < deadline:
-                if self._popen.poll() is not None:
-                    break
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await client.get(f"{self.url}/ready")).status_code == 200:
-                        return
-                await asyncio.sleep(0.2)
-        tail = self.log_path.read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"the gateway did not become ready (log {self.log_path}):\n{tail}")
-
-    async def stop(self, grace_s: float = 10.0) -> None:
-        if self._popen is None or self._popen.poll() is not None:
-            return
-        try:
-            self._popen.send_signal(signal.SIGINT)  # uvicorn's graceful shutdown
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                await asyncio.to_thread(self._popen.wait, grace_s)
-        finally:
-            if self._popen.poll() is None:
-                self._popen.kill()
-            self._popen.wait()
-
-
 # -- main -----------------------------------------------------------------------------
 
 
@@ -795,13 +713,12 @@ async def run(args: argparse.Namespace, vllm_cores: set[int] | None) -> bool:
             )
         )
         load_config(config_path)  # fail here, not in the child, on a bad config
-        gateway = GatewayProcess(config_path, port, tmp / "gateway.log")
+        gateway = gateway_process(config_path, port, tmp / "gateway.log")
         if args.minimal_proxy:
-            proxy = REPO / "bench" / "minimal_proxy.py"
-            gateway.command = [sys.executable, str(proxy), str(port), vllm_url, served]
+            gateway.command = [sys.executable, str(MINIMAL_PROXY), str(port), vllm_url, served]
         gateway.start()
         stack.push_async_callback(gateway.stop)
-        await gateway.wait_ready()
+        await gateway.wait_ready(180.0)
         say(f"gateway ready at {gateway.url} (pid {gateway.pid})")
 
         clients = [load_client(args.client) for _ in range(2)]
@@ -809,7 +726,6 @@ async def run(args: argparse.Namespace, vllm_cores: set[int] | None) -> bool:
             stack.push_async_callback(
                 client.close if isinstance(client, aiohttp.ClientSession) else client.aclose
             )
-        assert gateway.pid is not None
         gateway_idle = await idle_cpu(gateway.pid, 3.0 if args.quick else 10.0)
         targets = (
             Target("direct", vllm_url, served, clients[0]),
@@ -825,7 +741,7 @@ async def run(args: argparse.Namespace, vllm_cores: set[int] | None) -> bool:
                 # above run on vLLM's defaults); the gateway re-admits it once it answers.
                 await vllm.stop()
                 vllm = await start_vllm(["--max-num-seqs", str(VLLM_MAX_NUM_SEQS)])
-                await gateway.wait_ready()
+                await gateway.wait_ready(180.0)
                 for target in targets:  # pooled connections to the old vLLM fail once
                     for _ in range(2):
                         with contextlib.suppress(Exception):
@@ -848,7 +764,9 @@ async def run(args: argparse.Namespace, vllm_cores: set[int] | None) -> bool:
     print()
     print(vllm_note)
     if args.minimal_proxy:
-        print(f"gateway: {gateway.url}, bench/minimal_proxy.py in its place (own process)")
+        print(
+            f"gateway: {gateway.url}, bench/diagnostics/minimal_proxy.py in its place (own process)"
+        )
     else:
         print(
             f"gateway: {gateway.url}, python -m server.cli serve --no-launch (uvicorn, own "
@@ -922,7 +840,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--minimal-proxy",
         action="store_true",
-        help="measure bench/minimal_proxy.py (aiohttp in and out, nothing else) in the "
+        help="measure bench/diagnostics/minimal_proxy.py (aiohttp in and out, nothing else) in the "
         "gateway's place: the floor of any Python proxy in this layout",
     )
     ap.add_argument("--throughput-tolerance", type=float, default=0.01)
@@ -943,7 +861,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--control",
         action="store_true",
         help=f"add a control target to the sustained cells ({CONTROL!r}: direct traffic while "
-        "bench/cpu_burn.py burns, on the client's core, the CPU share the gateway used)",
+        f"{CPU_BURN.relative_to(REPO)} burns, on the client's core, the CPU share the gateway "
+        "used)",
     )
     return ap
 
@@ -976,12 +895,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     vllm_cores = pinning(args)
-    try:
-        met = asyncio.run(run(args, vllm_cores))
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        say("interrupted; everything started here is stopped")
-        return 130
-    return 0 if met else 1
+    return exit_status(run(args, vllm_cores), say)
 
 
 if __name__ == "__main__":

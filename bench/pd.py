@@ -29,7 +29,6 @@ On a GPU machine (2 GPUs, vLLM with CUDA and nixl installed, a local HF model fo
         --max-tokens 256 --max-model-len 8192 --prefill-threshold 512 [--kv-cache-dtype fp8]
 """
 
-# ruff: noqa: E402  (imports after the sys.path fix below)
 from __future__ import annotations
 
 import argparse
@@ -46,17 +45,21 @@ from typing import Any
 
 import numpy as np
 
-# The repo root instead of bench/ (whose sibling scripts, e.g. queue.py, shadow stdlib names).
-_BENCH = Path(__file__).resolve().parent
-sys.path[:] = [str(_BENCH.parent), *(p for p in sys.path if Path(p or ".").resolve() != _BENCH)]
+# Run as a script, bench/ is sys.path[0], where a module could shadow the standard library:
+# move bench/ behind everything else (a stable sort), then import from the repository root.
+sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.config import VllmBackend, VllmLaunch, VllmServer
+from backends.harness.ports import free_port
+from backends.harness.vllm_process import TINY_MODEL_NAME, test_data_dir, tiny_llama
 from backends.launch import Device, Launcher
 from backends.pool_metrics import histogram_totals
 from backends.profiles import LaunchProfile
 from backends.protocol import BackendError, RequestContext
 from backends.vllm import VllmClient
-from tests.support.vllm import TINY_MODEL_NAME, free_port, test_data_dir, tiny_llama
+from bench.support import pct_ms, stderr_printer
+from server.speedups import write_bodies_eagerly
 
 FIRST_CONTENT = re.compile(rb'"(?:content|text)":"[^"]')
 SENTENCES = (
@@ -70,8 +73,7 @@ SENTENCES = (
 CHARS_PER_TOKEN = 4.0
 
 
-def say(message: str) -> None:
-    print(f"[pd] {message}", file=sys.stderr, flush=True)
+say = stderr_printer("pd")
 
 
 @dataclass
@@ -170,10 +172,6 @@ async def measure(setup: str, client: VllmClient, args: argparse.Namespace) -> R
     return result
 
 
-def pct(values: Sequence[float], p: float) -> float:
-    return float(np.percentile(values, p)) * 1000 if len(values) else float("nan")
-
-
 def report(results: list[Result], args: argparse.Namespace) -> None:
     print(
         f"\nworkload: {args.requests} streamed chat requests, {args.concurrency} concurrent, "
@@ -195,8 +193,8 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
             ttfts = [s.ttft_s for s in chosen]
             print(
                 f"{r.setup:<12}{kind:<8}{len(chosen):>5}"
-                f"{pct(ttfts, 50):>9.0f}ms{pct(ttfts, 99):>9.0f}ms"
-                f"{pct(gaps, 50):>8.1f}ms{pct(gaps, 99):>8.1f}ms{rate}"
+                f"{pct_ms(ttfts, 50):>9.0f}ms{pct_ms(ttfts, 99):>9.0f}ms"
+                f"{pct_ms(gaps, 50):>8.1f}ms{pct_ms(gaps, 99):>8.1f}ms{rate}"
             )
         empty = sum(1 for s in r.samples if not s.tokens)
         if empty:
@@ -247,6 +245,7 @@ async def run_setup(
     launcher = Launcher([config], Path(args.data_dir), progress=say, device=device)
     if launch:
         await launcher.start()
+    write_bodies_eagerly(asyncio.get_running_loop())  # as the gateway's lifespan does
     client = VllmClient(config)
     try:
         return await measure(name, client, args)

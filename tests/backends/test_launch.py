@@ -16,6 +16,10 @@ import psutil
 import pytest
 
 from backends.config import ServerRole, VllmBackend, VllmLaunch, VllmServer
+from backends.harness.metrics import metric_value
+from backends.harness.ports import free_port
+from backends.harness.tiny_llama import build_tiny_llama
+from backends.harness.vllm_process import TINY_MODEL_NAME
 from backends.launch import (
     Launcher,
     VllmProcess,
@@ -23,8 +27,6 @@ from backends.launch import (
     build_command,
     process_group_members,
 )
-from tests.support.tiny_llama import build_tiny_llama
-from tests.support.vllm import TINY_MODEL_NAME, free_port, metric_value
 
 MODEL = Path("/models/m")
 

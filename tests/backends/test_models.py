@@ -12,6 +12,8 @@ import orjson
 import pytest
 
 from backends.config import VllmLaunch, VllmServer
+from backends.harness.ports import free_port
+from backends.harness.tiny_llama import build_tiny_llama
 from backends.launch import VllmProcess
 from backends.models import (
     READY_MARKER,
@@ -20,8 +22,6 @@ from backends.models import (
     package_model_dir,
     prepare_model,
 )
-from tests.support.tiny_llama import build_tiny_llama
-from tests.support.vllm import free_port
 
 
 @pytest.fixture(scope="module")

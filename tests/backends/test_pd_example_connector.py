@@ -13,11 +13,13 @@ import orjson
 import pytest
 
 from backends.config import VllmBackend, VllmLaunch, VllmServer
+from backends.harness.metrics import metric_value
+from backends.harness.ports import free_port
+from backends.harness.tiny_llama import build_tiny_llama
+from backends.harness.vllm_process import TINY_MODEL_NAME
 from backends.launch import Launcher
 from server.config import GatewayConfig, ModelEntry
-from tests.support.gateway import GatewayThread
-from tests.support.tiny_llama import build_tiny_llama
-from tests.support.vllm import TINY_MODEL_NAME, free_port, metric_value
+from server.harness import GatewayThread
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -70,8 +72,12 @@ async def test_decode_loads_the_prompt_that_prefill_stored(
             r = await client.post(f"{gw.url}/v1/completions", json=body)
             assert r.status_code == 200, r.text
             prompt_tokens = r.json()["usage"]["prompt_tokens"]
-            await asyncio.sleep(1)
-            after = await metric_value(decode, "vllm:external_prefix_cache_hits_total")
+            # vLLM publishes an engine step's stats after the answer: wait for them
+            for _ in range(100):
+                after = await metric_value(decode, "vllm:external_prefix_cache_hits_total")
+                if after > before:
+                    break
+                await asyncio.sleep(0.1)
             storage = Path(example_pair.storage_path())
             files = await asyncio.to_thread(lambda: list(storage.rglob("*.safetensors")))
             # the same request, computed by one server alone, answers the same

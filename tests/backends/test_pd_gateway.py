@@ -25,19 +25,15 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from backends.config import VllmBackend, VllmServer
+from backends.harness.metrics import metric_value, parse_metric
+from backends.harness.ports import free_port
+from backends.harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm
 from backends.launch import VllmProcess
 from backends.placement import rendezvous_order
 from backends.pool_metrics import BackendCollector
 from backends.servers import ServerState
 from server.config import GatewayConfig, ModelEntry
-from tests.support.gateway import GatewayThread
-from tests.support.vllm import (
-    TINY_MODEL_NAME,
-    free_port,
-    metric_value,
-    parse_metric,
-    start_tiny_vllm,
-)
+from server.harness import GatewayThread
 
 # Starting three vLLM servers counts towards the first test's time limit.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -312,15 +308,19 @@ async def test_gateway_metrics_count_hops_and_copy_the_servers_counters(
     client = pd_gateway.app.state.registry.generation["tiny"]
     registry = CollectorRegistry()
     registry.register(BackendCollector([client]))
-    await asyncio.sleep(2.5)  # a health round (every second here) scrapes the servers
-    page = generate_latest(registry).decode()
     decode = {"backend": "tiny", "server": pd_servers["decode1"].url, "role": "decode"}
+    copied_name = "semcache_upstream_vllm_external_prefix_cache_hits_total"
+    for _ in range(100):  # a health round (every second here) scrapes the servers' counters
+        page = generate_latest(registry).decode()
+        if parse_metric(page, copied_name, decode) > 0:
+            break
+        await asyncio.sleep(0.1)
     assert parse_metric(page, "semcache_pd_hops_total", {"hop": "prefill"}) >= 9
     assert parse_metric(page, "semcache_pd_prefill_skipped_total", {"reason": "short_prompt"}) >= 1
     assert parse_metric(page, "semcache_pd_kv_handoff_seconds_count") >= 8  # the streams
     assert parse_metric(page, "semcache_backend_server_healthy", decode) == 1
     assert parse_metric(page, "semcache_backend_server_inflight", decode) == 0
-    copied = parse_metric(page, "semcache_upstream_vllm_external_prefix_cache_hits_total", decode)
+    copied = parse_metric(page, copied_name, decode)
     assert copied > 0
     assert copied <= await metric_value(decode["server"], "vllm:external_prefix_cache_hits_total")
 
@@ -514,10 +514,17 @@ async def test_failover_prefill_then_decode_then_all(
         async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
             await asyncio.gather(*(worker(client, first + k * count, count) for k in range(3)))
 
+    async def under_way(phase: asyncio.Task[None]) -> None:
+        """Until each worker has finished a request of ``phase`` (more are in flight)."""
+        deadline = time.monotonic() + REQUEST_TIMEOUT_S
+        while len(done) < 3 and not phase.done():
+            assert time.monotonic() < deadline, "the load made no progress"
+            await asyncio.sleep(0.05)
+
     try:
         began = time.monotonic()
         phase = asyncio.create_task(load(0, 6))
-        await asyncio.sleep(3)
+        await under_way(phase)
         await asyncio.to_thread(pd_servers["prefill"].kill)
         await phase
         print(f"prefill killed: {Counter(o for _, o in done)}")
@@ -526,7 +533,7 @@ async def test_failover_prefill_then_decode_then_all(
 
         done.clear()
         phase = asyncio.create_task(load(100, 6))
-        await asyncio.sleep(3)
+        await under_way(phase)
         await asyncio.to_thread(pd_servers["decode1"].kill)
         await phase
         print(f"decode-1 killed: {Counter(o for _, o in done)}")

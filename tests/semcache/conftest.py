@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
@@ -12,13 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from backends.harness.ports import free_port
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "redis.sh"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -44,21 +45,32 @@ class FakeClock:
 
 
 class Backend:
-    """Counts calls; answers with a realistic chat completion naming the prompt."""
+    """Counts calls; answers with a realistic chat completion naming the prompt.
 
-    def __init__(self, delay_s: float = 0.0) -> None:
+    With a ``gate``, each call waits until the test opens it (a backend still answering).
+    """
+
+    def __init__(self, gate: asyncio.Event | None = None) -> None:
         self.calls = 0
-        self.delay_s = delay_s
+        self.gate = gate
 
     def fill_for(self, text: str, *, tenant: str = "") -> Callable[[], Awaitable[CachedAnswer]]:
         async def fill() -> CachedAnswer:
             self.calls += 1
-            if self.delay_s:
-                await asyncio.sleep(self.delay_s)
+            if self.gate is not None:
+                await self.gate.wait()
             content = f"answer to {text} for {tenant} #{self.calls}"
             return CachedAnswer.from_json(payloads.chat_json(content), model_id=MODEL)
 
         return fill
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Wait (bounded) for a condition that other tasks make true."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never became true"
+        await asyncio.sleep(0.001)
 
 
 def content(answer: CachedAnswer | None) -> str:
@@ -215,14 +227,17 @@ async def test_expired_after_the_swr_window(cache: ExactCache, clock: FakeClock)
 async def test_stale_is_served_at_once_and_refreshed_exactly_once(
     cache: ExactCache, clock: FakeClock, registry: CollectorRegistry
 ) -> None:
-    backend = Backend(delay_s=0.05)
+    backend = Backend()
     req = await prep(cache)
     first = await cache.get_or_fill(req, backend.fill_for("q"))
     clock.now += RULE.ttl_s + 5  # inside the SWR window
 
-    results = await asyncio.gather(
-        *(cache.get_or_fill(req, backend.fill_for("q")) for _ in range(20))
-    )
+    backend.gate = asyncio.Event()  # the refresh is still running while the 20 are served
+    async with asyncio.timeout(10):  # at once: none of them waits for the refresh
+        results = await asyncio.gather(
+            *(cache.get_or_fill(req, backend.fill_for("q")) for _ in range(20))
+        )
+    backend.gate.set()
     assert {r.status for r in results} == {CacheStatus.STALE}
     assert all(content(r.entry) == content(first.entry) for r in results)
     await cache.wait_refreshes()
@@ -255,11 +270,22 @@ async def test_failed_refresh_keeps_serving_stale(cache: ExactCache, clock: Fake
 async def test_fifty_concurrent_identical_misses_make_one_backend_call(
     cache: ExactCache, registry: CollectorRegistry
 ) -> None:
-    backend = Backend(delay_s=0.05)
+    backend = Backend(gate=asyncio.Event())
     req = await prep(cache)
-    results = await asyncio.gather(
-        *(cache.get_or_fill(req, backend.fill_for("q")) for _ in range(50))
-    )
+    missed = 0
+    lookup = cache.lookup
+
+    async def counted_lookup(r: CacheRequest) -> CacheResult:
+        nonlocal missed
+        result = await lookup(r)
+        missed += 1  # from here a caller leads or joins the flight without suspending
+        return result
+
+    cache.lookup = counted_lookup  # type: ignore[method-assign]
+    running = asyncio.gather(*(cache.get_or_fill(req, backend.fill_for("q")) for _ in range(50)))
+    await until(lambda: missed == 50)  # every caller is in the one flight: the backend answers
+    backend.gate.set()
+    results = await running
     assert backend.calls == 1
     assert len({content(r.entry) for r in results}) == 1
     assert sum(r.coalesced for r in results) == 49
@@ -272,7 +298,7 @@ async def test_a_failing_fill_fails_every_waiter_once(mem_cache: ExactCache) -> 
     async def broken() -> CachedAnswer:
         nonlocal calls
         calls += 1
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # the others join meanwhile (memory lookups never suspend)
         raise ConnectionError("backend refused")
 
     req = await prep(mem_cache)
@@ -290,7 +316,7 @@ async def test_an_incomplete_answer_makes_a_waiter_fill_again(mem_cache: ExactCa
     async def flaky() -> CachedAnswer | None:
         nonlocal calls
         calls += 1
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # the others join meanwhile (memory lookups never suspend)
         if calls == 1:
             return None  # the leader's stream was cut
         return CachedAnswer.from_json(payloads.chat_json("complete"), model_id=MODEL)
@@ -304,7 +330,7 @@ async def test_an_incomplete_answer_makes_a_waiter_fill_again(mem_cache: ExactCa
 
 
 async def test_a_cancelled_leader_hands_over_to_a_waiter(mem_cache: ExactCache) -> None:
-    backend = Backend(delay_s=0.05)
+    backend = Backend(gate=asyncio.Event())
     req = await prep(mem_cache)
     leader = asyncio.create_task(mem_cache.get_or_fill(req, backend.fill_for("q")))
     await asyncio.sleep(0)  # the leader is now inside its fill
@@ -313,6 +339,7 @@ async def test_a_cancelled_leader_hands_over_to_a_waiter(mem_cache: ExactCache) 
     ]
     await asyncio.sleep(0)
     leader.cancel()
+    backend.gate.set()  # the waiter that takes over gets its answer
     results = await asyncio.gather(*waiters)
     assert backend.calls == 2
     assert len({content(r.entry) for r in results}) == 1
@@ -326,7 +353,7 @@ async def test_error_answers_are_shared_but_not_stored(mem_cache: ExactCache) ->
     async def bad_request() -> CachedAnswer:
         nonlocal calls
         calls += 1
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # the others join meanwhile (memory lookups never suspend)
         return CachedAnswer(status=400, body=b'{"error": {"message": "bad"}}')
 
     req = await prep(mem_cache)
@@ -482,12 +509,15 @@ async def test_max_age_refuses_older_answers_and_stale(cache: ExactCache, clock:
 async def test_sampled_requests_bypass_unless_the_policy_widens(
     mem_cache: ExactCache, registry: CollectorRegistry
 ) -> None:
-    backend = Backend(delay_s=0.01)
+    backend = Backend(gate=asyncio.Event())
     sampled = await prep(mem_cache, temperature=0.8)
     assert not sampled.cacheable
-    results = await asyncio.gather(
+    running = asyncio.gather(
         *(mem_cache.get_or_fill(sampled, backend.fill_for("q")) for _ in range(5))
     )
+    await until(lambda: backend.calls == 5)  # all five at once: none waits for another
+    backend.gate.set()
+    results = await running
     assert {r.status for r in results} == {CacheStatus.BYPASS} and backend.calls == 5
     assert metric(registry, "semcache_exact_bypasses_total", model=MODEL) == 5
 

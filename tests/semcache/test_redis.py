@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from backends.harness.ports import free_port
 from semcache.entry import CachedAnswer
 from semcache.exact import CacheRequest, CacheStatus, ExactCache
 from semcache.metrics import CacheMetrics
@@ -18,11 +19,30 @@ from semcache.policy import CacheRule
 from semcache.purge import LocalEpochs, RedisEpochs
 from semcache.tiers import DiskStore, MemoryStore, RedisLink, RedisStore
 from tests.semcache import payloads
-from tests.semcache.conftest import RedisServer, free_port
+from tests.semcache.conftest import RedisServer
 
 pytestmark = pytest.mark.slow
 
 RULE = CacheRule(ttl_s=600, max_ttl_s=600)
+
+
+class FakeClock:
+    """The time a breaker sees; the test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def wait_until(cond: Callable[[], Any], what: str, tries: int = 200) -> None:
+    """Poll ``cond`` (bounded: ``tries`` x 50 ms) until it is true."""
+    for _ in range(tries):
+        if await cond():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Gateway:
@@ -99,8 +119,9 @@ async def test_redis_store_operations(redis_server: RedisServer, redis_prefix: s
         await store.set("a", b"1")
         await store.set("b", b"2", ttl_s=0.05)
         assert await store.get("a") == b"1" and await store.get("b") == b"2"
-        await asyncio.sleep(0.1)
-        assert await store.get("b") is None
+        # Redis expires the key on its own clock: check the expiry the store gave it.
+        assert 0 < await link.client.pttl(link.key("exact/b")) <= 50
+        assert await link.client.pttl(link.key("exact/a")) == -1  # no TTL: kept
         await store.set("c", b"3")
         await store.delete_many(["a", "c", "missing"])
         assert await store.get("a") is None and await store.get("c") is None
@@ -120,15 +141,18 @@ async def test_redis_store_operations(redis_server: RedisServer, redis_prefix: s
 
 
 async def test_unreachable_redis_is_a_quiet_miss(caplog: pytest.LogCaptureFixture) -> None:
-    link = RedisLink(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.1, retry_after_s=0.05)
+    clock = FakeClock()
+    link = RedisLink(
+        f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.1, retry_after_s=0.05, clock=clock
+    )
     store = RedisStore(link)
     caplog.set_level(logging.WARNING, logger="semcache.tiers.redis")
     try:
-        for _ in range(20):
+        for _ in range(20):  # 0.2 s of the link's time: it probes the server again, and again
             assert await store.get("k") is None
             await store.set("k", b"v")
             await store.delete("k")
-            await asyncio.sleep(0.01)
+            clock.now += 0.01
         assert not link.available
         outage_logs = [r for r in caplog.records if "unavailable" in r.getMessage()]
         assert len(outage_logs) == 1
@@ -189,7 +213,11 @@ async def test_pubsub_pushes_bumps_when_reads_do_not_recheck(
     try:
         await lazy.ask("q")  # the first read fetches the epochs once
         assert (await lazy.ask("q"))[0] is CacheStatus.HIT
-        await asyncio.sleep(0.2)  # let the subscription settle
+
+        async def both_listening() -> bool:  # one's listener and lazy's
+            return await subscribers(lazy) == 2
+
+        await wait_until(both_listening, "both pub/sub subscriptions")
         await one.cache.purge("model", "m1")
         for _ in range(100):
             if lazy.book.messages:
@@ -205,12 +233,10 @@ async def test_pubsub_pushes_bumps_when_reads_do_not_recheck(
 # --------------------------------------------------------------------------- outage
 
 
-async def wait_until(cond: Callable[[], Any], what: str, tries: int = 200) -> None:
-    for _ in range(tries):
-        if await cond():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+async def subscribers(gateway: Gateway) -> int:
+    """Clients subscribed to ``gateway``'s purge-epoch channel (its own listener among them)."""
+    ((_, count),) = await gateway.link.client.pubsub_numsub(gateway.book.channel)
+    return int(count)
 
 
 async def test_redis_killed_mid_test_then_back(

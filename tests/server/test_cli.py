@@ -14,12 +14,12 @@ import httpx
 import msgspec
 import pytest
 
+from backends.harness.ports import free_port
 from semcache.calibrate import CalibrationReport
 from semcache.policy import DEFAULT_POLICY
 from semcache.semantic.pairs import QQP_PAIRS, load_pairs, split_pairs
 from server.cli import ENVIRONMENT, build_parser, main
 from server.config import DEFAULT_CONFIG
-from tests.support.vllm import free_port
 
 CLI = [sys.executable, "-m", "server.cli"]
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from backends.harness.ports import free_port
 from server.config import GatewayConfig
+from server.harness import GatewayProcess, GatewayThread
 from tests.semcache.conftest import RedisServer
 from tests.server.test_semantic_http import EMBED, Calls, config, near_duplicate, questions
-from tests.support.gateway import GatewayProcess, GatewayThread
-from tests.support.vllm import free_port
 
 pytestmark = pytest.mark.slow
 

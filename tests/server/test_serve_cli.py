@@ -16,8 +16,8 @@ import openai
 import psutil
 import pytest
 
+from backends.harness.ports import free_port
 from server.config import DEFAULT_CONFIG, parse_config
-from tests.support.vllm import free_port
 
 pytestmark = pytest.mark.slow
 

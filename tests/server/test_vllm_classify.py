@@ -17,12 +17,13 @@ import httpx
 import pytest
 
 from backends.config import EmbeddedClassifierBackend, VllmBackend, VllmLaunch, VllmServer
+from backends.harness.metrics import metric_value
+from backends.harness.ports import free_port
+from backends.harness.tiny_classifier import LABELS, tiny_classifier
 from backends.launch import Launcher
 from server.config import GatewayConfig, ModelEntry, ServerSettings
+from server.harness import GatewayThread
 from tests.server.test_semantic_http import near_duplicate, questions
-from tests.support.gateway import GatewayThread
-from tests.support.tiny_classifier import LABELS, tiny_classifier
-from tests.support.vllm import free_port, metric_value
 
 pytestmark = pytest.mark.slow
 

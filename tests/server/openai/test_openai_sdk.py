@@ -12,9 +12,10 @@ import numpy as np
 import openai
 import pytest
 
+from backends.harness.metrics import parse_metric
+from backends.harness.vllm_process import TINY_MODEL_NAME
 from backends.launch import VllmProcess
-from tests.support.gateway import GatewayThread
-from tests.support.vllm import TINY_MODEL_NAME, parse_metric
+from server.harness import GatewayThread
 
 pytestmark = pytest.mark.slow
 

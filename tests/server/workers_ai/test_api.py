@@ -35,6 +35,9 @@ from backends.config import (
     VllmBackend,
     VllmServer,
 )
+from backends.harness.metrics import parse_metric
+from backends.harness.ports import free_port
+from backends.harness.vllm_process import REPO_ROOT, TINY_MODEL_NAME
 from backends.launch import VllmProcess
 from backends.protocol import RequestContext, UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
@@ -43,10 +46,9 @@ from server.auth import AuthSettings, TokenAuth, TokenEntry, tenant_from, token_
 from server.batch.settings import BatchSettings, QueueSettings
 from server.config import ConfigError, GatewayConfig, ModelEntry, load_config, parse_config
 from server.errors import ApiError
+from server.harness import GatewayProcess, GatewayThread
 from tests.semcache.conftest import RedisServer
 from tests.support.fake_backend import FakeGeneration
-from tests.support.gateway import GatewayProcess, GatewayThread
-from tests.support.vllm import REPO_ROOT, TINY_MODEL_NAME, free_port, parse_metric
 
 TOKEN = "TOKEN"
 OTHER_TOKEN = "other-tenant-token"

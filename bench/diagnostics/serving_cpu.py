@@ -9,30 +9,25 @@ included), best of ``--repeat`` runs, and what the cache adds. Without uvicorn, 
 aiohttp, this isolates the serving and cache code, steadier than ``gateway_cpu.py`` on a
 shared machine (its noise is about ±0.1 ms per request; the cache's share is less).
 
-    .venv/bin/python bench/serving_cpu.py [--requests 3000] [--repeat 3]
+    .venv/bin/python -m bench.diagnostics.serving_cpu [--requests 3000] [--repeat 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import orjson
 import uvloop
 from prometheus_client import CollectorRegistry
 
-sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from backends.protocol import RequestContext, UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
-from bench.gateway_cpu import _ANSWER, _EVENT, _FINAL, _LAST, TOKENS
+from bench.diagnostics.gateway_cpu import _ANSWER, _EVENT, _FINAL, _LAST, TOKENS
 from bench.overhead import chat_body
 from semcache.exact import open_exact_cache
 from semcache.policy import PolicyHolder

@@ -1,6 +1,6 @@
 """Experiments toward issue 4's chat target: other verifiers on the same QQP splits.
 
-    PYTHONPATH=. .venv/bin/python -m bench.verifier_experiments [--only NAME ...]
+    .venv/bin/python -m bench.diagnostics.verifier_experiments [--only NAME ...]
 
 Every method is trained on the train split only; its operating point (cosine threshold,
 min_prob) is chosen on validation with ``train_verifier.choose_setting`` (the shipped
@@ -21,6 +21,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
 
+from bench.support import bootstrap_interval
 from semcache.calibrate import point
 from semcache.semantic.pairs import QQP_PAIRS, Pair, load_pairs, split_pairs
 from semcache.semantic.train_verifier import choose_setting
@@ -53,17 +54,15 @@ def top_k_precision(scores: np.ndarray, labels: np.ndarray, k: int) -> float:
     return float((labels[order] == 1).mean())
 
 
-def bootstrap_ci(hits: np.ndarray, labels: np.ndarray, rounds: int = 2000) -> tuple[float, float]:
+def bootstrap_ci(hits: np.ndarray, labels: np.ndarray) -> tuple[float, float]:
     """90 % percentile interval of the precision over test pairs resampled with replacement."""
-    rng = np.random.default_rng(0)
-    n = len(labels)
-    values = []
-    for _ in range(rounds):
-        idx = rng.integers(0, n, n)
+
+    def precision(rng: np.random.Generator) -> float:
+        idx = rng.integers(0, len(labels), len(labels))
         h = hits[idx]
-        if h.sum():
-            values.append(float((labels[idx][h] == 1).mean()))
-    return float(np.percentile(values, 5)), float(np.percentile(values, 95))
+        return float((labels[idx][h] == 1).mean()) if h.sum() else float("nan")
+
+    return bootstrap_interval(precision, level=0.90)
 
 
 def evaluate(name: str, scores: dict[str, np.ndarray], cos: dict[str, np.ndarray], y) -> dict:

@@ -1,6 +1,6 @@
 """The local embeddings backend (``/v1/embeddings``) on torch vs ONNX Runtime, side by side.
 
-    .venv/bin/python -m bench.embeddings_runtime [--repeats 200] [--threads 1]
+    .venv/bin/python -m bench.diagnostics.embeddings_runtime [--repeats 200] [--threads 1]
 
 Two ``LocalEmbeddingBackend`` instances of all-MiniLM-L6-v2, one per runtime, time
 ``embed()`` (the served path: worker thread, lock, tokenizer counts) of 1 QQP question and
@@ -22,15 +22,10 @@ import numpy as np
 
 from backends.local import LocalEmbeddingBackend
 from backends.models import package_model_dir
+from bench.support import pct_ms
 from semcache.semantic.pairs import QQP_PAIRS, load_pairs, unique_texts
 
 RUNTIMES = ("torch", "onnx")
-
-
-def pct(values: list[float], q: float) -> float:
-    """The ``q`` quantile of ``values`` (seconds), in ms."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
 async def side_by_side(
@@ -80,10 +75,10 @@ async def main() -> None:
         await side_by_side(backends, warm)
         batches = [rng.sample(texts, size) for _ in range(args.repeats)]
         t = await side_by_side(backends, batches)
-        tp50, op50 = pct(t["torch"], 0.5), pct(t["onnx"], 0.5)
+        tp50, op50 = pct_ms(t["torch"], 50), pct_ms(t["onnx"], 50)
         print(
-            f"{size:>10}  {tp50:>9.2f} {pct(t['torch'], 0.99):>8.2f}  {op50:>9.2f}"
-            f" {pct(t['onnx'], 0.99):>8.2f}  {tp50 / op50:.2f}x   (ms per call)",
+            f"{size:>10}  {tp50:>9.2f} {pct_ms(t['torch'], 99):>8.2f}  {op50:>9.2f}"
+            f" {pct_ms(t['onnx'], 99):>8.2f}  {tp50 / op50:.2f}x   (ms per call)",
             flush=True,
         )
     sample = rng.sample(texts, 256)

@@ -1,11 +1,11 @@
 """Issue 4 experiment: a FULL fine-tune of all-MiniLM-L6-v2 as a bi-encoder on the train split.
 
-    PYTHONPATH=. .venv/bin/python -m bench.bi_encoder_full --minutes 15
+    .venv/bin/python -m bench.diagnostics.bi_encoder_full --minutes 15
 
 Mean-pooled, normalised vectors; loss = BCE on a learnt affine map of the pair's cosine
 (logit = scale * (cos - bias)), each batch of 32 train pairs. Time-boxed like
-``bench.cross_encoder_full``. Then every text of the three splits is encoded with the tuned
-model and the verifier features are rebuilt from those vectors: scores of an MLP
+``bench.diagnostics.cross_encoder_full``. Then every text of the three splits is encoded with
+the tuned model and the verifier features are rebuilt from those vectors: scores of an MLP
 (``train_verifier.train_mlp``, shipped recipe) and of HGB over the tuned cosine + the
 shipped lexical features + the extra ones + the shipped MiniLM cosine go to
 ``.data/verifier_experiments/scores-bi_{mlp,hgb}.npz`` and are evaluated as the others.
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from bench.verifier_experiments import (
+from bench.diagnostics.verifier_experiments import (
     COS,
     SPLITS,
     _hgb,

@@ -9,7 +9,7 @@ from the first arrival to the last. The gateway's extra delay is what it costs b
 request leaves; a spread near zero through the gateway means its requests leave together,
 only once all of them have been handled.
 
-    .venv/bin/python bench/upstream_arrivals.py [--waves 100] [--concurrency 8]
+    .venv/bin/python -m bench.diagnostics.upstream_arrivals [--waves 100] [--concurrency 8]
 """
 
 from __future__ import annotations
@@ -18,20 +18,16 @@ import argparse
 import asyncio
 import os
 import re
-import sys
 import time
-from pathlib import Path
 
 import aiohttp
 import numpy as np
 import orjson
 from aiohttp import web
 
-sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.gateway_cpu import SERVED, TOKENS, fake_app, fake_process, gateway_before
-from bench.overhead import GATEWAY_MODEL_ID, chat_body
+from bench.diagnostics.gateway_cpu import SERVED, TOKENS, fake_app, fake_process, gateway_before
+from bench.overhead import chat_body
+from bench.support import GATEWAY_MODEL_ID
 
 UID = re.compile(rb'"content":"(\d{7})\.')
 
@@ -120,7 +116,7 @@ def main() -> int:
         return 0
     if len(cores) > 1:
         os.sched_setaffinity(0, set(cores[:-1]))  # the gateway (started below) inherits it
-    with fake_process(__file__, set(cores)) as fake_url:
+    with fake_process(__spec__.name, set(cores)) as fake_url:
         asyncio.run(measure(args, fake_url))
     return 0
 

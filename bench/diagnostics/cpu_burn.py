@@ -5,7 +5,7 @@ core, the CPU share the gateway used, asks whether that CPU alone (on the core n
 vLLM's) costs vLLM throughput, rather than the gateway holding requests back. Also the load
 of ``vcpu_sharing.py``.
 
-    .venv/bin/python bench/cpu_burn.py FRACTION      # e.g. 0.07: 0.35 ms busy every 5 ms
+    .venv/bin/python -m bench.diagnostics.cpu_burn FRACTION   # 0.07: 0.35 ms busy every 5 ms
 """
 
 from __future__ import annotations

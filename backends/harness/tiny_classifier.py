@@ -13,8 +13,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tests.support import tiny_llama as tiny_llama_module
-from tests.support.tiny_llama import (
+from backends.harness import tiny_llama as tiny_llama_module
+from backends.harness.tiny_llama import (
     TINY_SHAPE,
     _sentences,
     build_once,
@@ -41,7 +41,7 @@ def _build(dest: Path, tokenizer_dir: Path) -> None:
         eos_token_id=base.eos_token_id,
         pad_token_id=base.pad_token_id,
         tie_word_embeddings=False,
-        num_labels=len(LABELS),
+        num_labels=len(LABELS),  # type: ignore[call-arg]  # a PretrainedConfig keyword
         id2label=dict(enumerate(LABELS)),
         label2id={label: i for i, label in enumerate(LABELS)},
         architectures=["LlamaForSequenceClassification"],

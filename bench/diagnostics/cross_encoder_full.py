@@ -1,12 +1,12 @@
 """Issue 4 experiment: a FULL fine-tune (every weight) of all-MiniLM-L6-v2 as a cross-encoder.
 
-    PYTHONPATH=. .venv/bin/python -m bench.cross_encoder_full --minutes 40
+    .venv/bin/python -m bench.diagnostics.cross_encoder_full --minutes 40
 
 Trained on the train split only (each pair in a random order, linear warm-up and decay,
 AdamW), time-boxed: the learning-rate schedule is laid out for ``--epochs`` and training
 stops early when ``--minutes`` run out. Scores (one text order, a then b) for all three
 splits go to ``.data/verifier_experiments/scores-ce_full.npz``; evaluate them with
-``python -m bench.verifier_experiments --only ce_full``.
+``python -m bench.diagnostics.verifier_experiments --only ce_full``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from bench.verifier_experiments import OUT, SPLITS
+from bench.diagnostics.verifier_experiments import OUT, SPLITS
 from semcache.semantic.encoder import package_model_dir
 from semcache.semantic.pairs import QQP_PAIRS, load_pairs, split_pairs
 

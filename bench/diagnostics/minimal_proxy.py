@@ -4,7 +4,7 @@ aiohttp's server and client, nothing else: no framework, no cache, no validation
 metrics. ``bench/overhead.py --minimal-proxy`` measures it in the gateway's place, so the
 gateway's figures can be read against what any Python proxy costs in the same layout.
 
-    .venv/bin/python bench/minimal_proxy.py PORT UPSTREAM_URL SERVED_MODEL
+    .venv/bin/python -m bench.diagnostics.minimal_proxy PORT UPSTREAM_URL SERVED_MODEL
 """
 
 from __future__ import annotations

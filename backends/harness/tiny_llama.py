@@ -15,9 +15,10 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 READY_MARKER = ".semcache-ready"
-TINY_SHAPE = {
+TINY_SHAPE: dict[str, Any] = {
     "hidden_size": 128,
     "intermediate_size": 256,
     "num_hidden_layers": 2,

@@ -1,22 +1,19 @@
-"""Helpers for tests that run real vLLM servers: the tiny model, free ports, /metrics values."""
+"""Real vLLM servers of the tiny Llama for tests and benchmarks, and where they keep their files."""
 
 from __future__ import annotations
 
 import asyncio
 import os
-import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
 from backends.config import ServerRole, VllmLaunch, VllmServer
+from backends.harness.tiny_llama import build_tiny_llama
 from backends.launch import Progress, VllmProcess
-from tests.support.tiny_llama import build_tiny_llama
 
 TINY_MODEL_NAME = "tiny-llama"
 REPO_ROOT = Path(__file__).resolve().parents[2]
+"""The checkout this package runs from (tests and benchmarks run from one)."""
 
 
 def test_data_dir() -> Path:
@@ -25,13 +22,6 @@ def test_data_dir() -> Path:
 
 
 test_data_dir.__test__ = False  # type: ignore[attr-defined]  # not a test, despite the name
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now (the OS picks it)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 async def tiny_llama(data_dir: Path) -> Path:
@@ -82,34 +72,3 @@ async def start_tiny_vllm(
         await process.stop()
         raise
     return process
-
-
-def parse_metric(text: str, name: str, labels: Mapping[str, str] | None = None) -> float:
-    """Sum of the samples called ``name`` (e.g. ``vllm:prefix_cache_hits_total``) in a
-    Prometheus text page, over all label sets, or only those carrying ``labels``."""
-    wanted = dict(labels or {})
-    total = 0.0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name != name:
-                continue
-            if all(sample.labels.get(key) == value for key, value in wanted.items()):
-                total += sample.value
-    return total
-
-
-async def metric_value(
-    base_url: str,
-    name: str,
-    labels: Mapping[str, str] | None = None,
-    client: httpx.AsyncClient | None = None,
-) -> float:
-    """``parse_metric`` on the live ``/metrics`` page of the server at ``base_url``."""
-    url = f"{base_url.rstrip('/')}/metrics"
-    if client is not None:
-        response = await client.get(url)
-    else:
-        async with httpx.AsyncClient(timeout=10.0) as own:
-            response = await own.get(url)
-    response.raise_for_status()
-    return parse_metric(response.text, name, labels)

@@ -1,6 +1,7 @@
 """Micro-batching gain: semantic lookups one at a time vs concurrently, in texts/s.
 
-    .venv/bin/python -m bench.semantic_batching [--entries 2000] [--rounds 3] [--threads N]
+    .venv/bin/python -m bench.diagnostics.semantic_batching [--entries 2000] [--rounds 3]
+                                                            [--threads N]
 
 A lookup is the gateway's real path: ``SemanticCache.lookup`` of one text (the
 micro-batching encoder, then a search of one flat partition holding ``--entries`` real QQP

@@ -6,7 +6,7 @@ core they are not, and CPU the gateway spends slows vLLM. This times the same wo
 loop and a numpy matmul chain) on core 1 while core 0 idles, runs ``cpu_burn.py`` flat out,
 or runs it at a share (``--shares``), alternating, and prints the slowdown of each.
 
-    .venv/bin/python bench/vcpu_sharing.py [--rounds 15] [--shares 0.1,1.0]
+    .venv/bin/python -m bench.diagnostics.vcpu_sharing [--rounds 15] [--shares 0.1,1.0]
 
 The machine's own noise is large (the same work on an idle pair varies by ~10 % from one
 second to the next), hence many alternating rounds, medians and the quartiles beside them.
@@ -22,9 +22,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-# Run as a script, bench/ is sys.path[0]; import bench.support from the repository root.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.support import affinity
 

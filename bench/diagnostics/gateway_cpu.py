@@ -10,7 +10,7 @@ Cells: non-stream and stream, 1 and 8 concurrent; the answer cache is on (every 
 miss) unless ``--no-cache``. ``--burst``: the fake writes each stream's chunks back to back,
 as vLLM does when its engine outpaces its API server (the tiny model on two unpinned cores).
 
-    .venv/bin/python bench/gateway_cpu.py [--requests 200] [--no-cache] [--burst]
+    .venv/bin/python -m bench.diagnostics.gateway_cpu [--requests 200] [--no-cache] [--burst]
 """
 
 from __future__ import annotations
@@ -32,11 +32,9 @@ import orjson
 import psutil
 from aiohttp import web
 
-sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.overhead import GATEWAY_MODEL_ID, GatewayProcess, chat_body, gateway_toml
-from tests.support.vllm import free_port
+from backends.harness.ports import free_port
+from bench.overhead import chat_body
+from bench.support import GATEWAY_MODEL_ID, ServerProcess, gateway_process, gateway_toml
 
 SERVED = "fake-llama"
 TOKENS = 16
@@ -130,7 +128,7 @@ def serve_fake(port: int, pace_s: float = PACE_S) -> None:
 
 
 @contextlib.asynccontextmanager
-async def gateway_before(fake_url: str, *, cache: bool = True) -> AsyncIterator[GatewayProcess]:
+async def gateway_before(fake_url: str, *, cache: bool = True) -> AsyncIterator[ServerProcess]:
     """The real gateway (its own process, a throw-away data dir) in front of ``fake_url``."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="semcache-gwbench-") as tmp_name:
@@ -141,10 +139,10 @@ async def gateway_before(fake_url: str, *, cache: bool = True) -> AsyncIterator[
                 data_dir=tmp, port=port, vllm_url=fake_url, served=SERVED, model=None, cache=cache
             )
         )
-        gateway = GatewayProcess(config, port, tmp / "gateway.log")
+        gateway = gateway_process(config, port, tmp / "gateway.log")
         gateway.start()
         try:
-            await gateway.wait_ready()
+            await gateway.wait_ready(180.0)
             yield gateway
         finally:
             await gateway.stop()
@@ -152,13 +150,13 @@ async def gateway_before(fake_url: str, *, cache: bool = True) -> AsyncIterator[
 
 @contextlib.contextmanager
 def fake_process(
-    script: str, cores: set[int] | None = None, extra: Sequence[str] = ()
+    module: str, cores: set[int] | None = None, extra: Sequence[str] = ()
 ) -> Iterator[str]:
-    """``script --serve-fake PORT [extra]`` in a child process (on ``cores``) while the block
-    runs; yields its URL once it accepts connections."""
+    """``python -m module --serve-fake PORT [extra]`` in a child process (on ``cores``) while
+    the block runs; yields its URL once it accepts connections."""
     port = free_port()
     pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
-    command = [sys.executable, script, "--serve-fake", str(port), *extra]
+    command = [sys.executable, "-m", module, "--serve-fake", str(port), *extra]
     fake = subprocess.Popen(command, preexec_fn=pin)
     try:
         deadline = time.monotonic() + 30.0
@@ -168,7 +166,7 @@ def fake_process(
                 break
             except OSError:
                 if fake.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the fake vLLM of {script} did not start") from None
+                    raise RuntimeError(f"the fake vLLM of {module} did not start") from None
                 time.sleep(0.05)
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -178,7 +176,6 @@ def fake_process(
 
 async def measure(args: argparse.Namespace, fake_url: str) -> None:
     async with gateway_before(fake_url, cache=not args.no_cache) as gw:
-        assert gw.pid is not None
         await run_cells(gw.url, psutil.Process(gw.pid), args.requests)
 
 
@@ -230,7 +227,7 @@ def main() -> int:
     if args.serve_fake:
         serve_fake(args.serve_fake, 0.0 if args.burst else PACE_S)
         return 0
-    with fake_process(__file__, extra=["--burst"] if args.burst else []) as fake_url:
+    with fake_process(__spec__.name, extra=["--burst"] if args.burst else []) as fake_url:
         asyncio.run(measure(args, fake_url))
     return 0
 

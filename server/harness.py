@@ -1,4 +1,4 @@
-"""Runs the real gateway (uvicorn + the app factory) on a free port in a background thread."""
+"""The real gateway on a free port for tests and benchmarks: in a thread, or as a child process."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ from pathlib import Path
 
 import uvicorn
 
+from backends.harness.ports import free_port
+from backends.harness.vllm_process import REPO_ROOT
 from backends.registry import ModelRegistry
 from server.app import create_app
 from server.config import GatewayConfig
 from server.uvicorn_config import uvicorn_config
-from tests.support.vllm import REPO_ROOT, free_port
 
 
 class GatewayThread:
@@ -28,7 +29,6 @@ class GatewayThread:
         self.url = f"http://127.0.0.1:{self.port}"
         self.app = create_app(config, registry)
         self._server = uvicorn.Server(uvicorn_config(self.app, "127.0.0.1", self.port))
-        self._server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
         self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve()))
 
     def start(self, timeout_s: float = 240.0) -> GatewayThread:
@@ -46,7 +46,7 @@ class GatewayThread:
 
 
 class GatewayProcess:
-    """``python -m server.cli serve --no-launch`` as a child process that the test can kill."""
+    """``python -m server.cli serve --no-launch`` as a child process that the caller can kill."""
 
     def __init__(self, config: Path, port: int | None = None) -> None:
         self.port = port or free_port()
