@@ -5,19 +5,17 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 import msgspec
 import orjson
 
 from backends.profiles import LaunchProfile, check_profile_for_model, merge_flags
+from semcache.config_types import NonNegInt, PosFloat, PosInt
 
 ServerRole = Literal["both", "prefill", "decode"]
 VllmTask = Literal["generate", "classify"]
 ConnectorMode = Literal["nixl", "example"]
-PosInt = Annotated[int, msgspec.Meta(ge=1)]
-NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
-PosFloat = Annotated[float, msgspec.Meta(gt=0.0)]
 
 
 class VllmLaunch(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

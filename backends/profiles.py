@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 import msgspec
 
+from semcache.config_types import Fraction, PosInt
+
 KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
 Int4Quantization = Literal["awq", "awq_marlin", "gptq", "gptq_marlin"]
-PosInt = Annotated[int, msgspec.Meta(ge=1)]
-Fraction = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 
 _CHECKPOINT_FAMILY = {"awq": "awq", "awq_marlin": "awq", "gptq": "gptq", "gptq_marlin": "gptq"}
 _MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")

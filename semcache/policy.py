@@ -17,10 +17,11 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal, TypeVar, get_args
+from typing import Any, Final, Literal, TypeVar, get_args
 
 import msgspec
 
+from semcache.config_types import NonNegFloat, NonNegInt, PosFloat, PosInt
 from semcache.package_files import package_file
 from semcache.semantic.settings import SemanticRule
 
@@ -31,10 +32,6 @@ DEFAULT_POLICY: Final[Path] = package_file("semcache", "policies", "default.toml
 """The embedded default: the top-level ``policies/default.toml``, which ``semcache/policies``
 (a link to ``policies/``) ships as package data."""
 
-NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
-PosInt = Annotated[int, msgspec.Meta(gt=0)]
-NonNegFloat = Annotated[float, msgspec.Meta(ge=0.0)]
-PosFloat = Annotated[float, msgspec.Meta(gt=0.0)]
 
 T = TypeVar("T")
 

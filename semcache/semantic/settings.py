@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
 import msgspec
 
-Unit = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+from semcache.config_types import NonNegFloat, Unit
 
 
 class SemanticRule(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -26,7 +24,7 @@ class SemanticRule(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """A partition switches from exact (flat) search to HNSW past this many entries."""
     max_entries: int = 1_000_000
     """Per partition; the oldest entries are evicted past it."""
-    min_label_margin: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0
+    min_label_margin: NonNegFloat = 0.0
     """Classification only: serve a cached answer only when its top label beats the next by
     at least this log-odds margin (a label near the boundary flips under a tiny change of
     the text); 0 serves every match."""

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
 import msgspec
 
-PosInt = Annotated[int, msgspec.Meta(ge=1)]
-NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
-PosFloat = Annotated[float, msgspec.Meta(gt=0)]
-NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
+from semcache.config_types import NonEmptyStr, NonNegFloat, NonNegInt, PosFloat, PosInt
 
 
 class QueueSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -20,7 +17,7 @@ class QueueSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     path: str | None = None
     """SQLite file of the disk queue; default ``<data_dir>/queue/batch.sqlite3``."""
     redis_url: str = "redis://127.0.0.1:6379/0"
-    prefix: Annotated[str, msgspec.Meta(min_length=1)] = "semcache:batch"
+    prefix: NonEmptyStr = "semcache:batch"
     """Key prefix of the Redis queue: gateways sharing one prefix share one queue."""
     lease_s: PosFloat = 30.0
     """A claimed item returns to the queue when its worker has not renewed it for this long."""

@@ -11,11 +11,11 @@ from typing import Annotated
 
 import msgspec
 
+from semcache.config_types import NonEmptyStr, PosInt
+
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
 TopP = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Penalty = Annotated[float, msgspec.Meta(ge=-2.0, le=2.0)]
-PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
-NonEmptyStr = Annotated[str, msgspec.Meta(min_length=1)]
 
 
 class StreamOptions(msgspec.Struct):
@@ -27,7 +27,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     """The sampling fields chat completions and completions share."""
 
     model: NonEmptyStr
-    max_tokens: PositiveInt | None = None
+    max_tokens: PosInt | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
     n: Annotated[int, msgspec.Meta(ge=1, le=128)] | None = None

@@ -7,8 +7,8 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 import orjson
 
+from semcache.config_types import NonEmptyStr, PosInt
 from server.errors import ApiError
-from server.openai.protocol import NonEmptyStr, PositiveInt
 
 DEFAULT_MAX_TOKENS: Final = 256
 DEFAULT_TEMPERATURE: Final = 0.6
@@ -22,7 +22,7 @@ class TextGenerationInput(msgspec.Struct, kw_only=True):
     messages: list[dict[str, Any]] | None = None
     raw: bool = False
     stream: bool = False
-    max_tokens: PositiveInt = DEFAULT_MAX_TOKENS
+    max_tokens: PosInt = DEFAULT_MAX_TOKENS
     temperature: Annotated[float, msgspec.Meta(ge=0.0, le=5.0)] = DEFAULT_TEMPERATURE
     top_p: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] | None = None
     top_k: Annotated[int, msgspec.Meta(ge=1, le=50)] | None = None

@@ -6,7 +6,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from server.openai.protocol import PositiveInt, SamplingFields
+from semcache.config_types import PosInt
+from server.openai.protocol import SamplingFields
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
 
@@ -19,7 +20,7 @@ class ChatMessage(msgspec.Struct):
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
     messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
-    max_completion_tokens: PositiveInt | None = None
+    max_completion_tokens: PosInt | None = None
     logprobs: bool | None = None
     top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
     tools: list[dict[str, Any]] | None = None

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from server.openai.protocol import NonEmptyStr, PositiveInt
+from semcache.config_types import NonEmptyStr, PosInt
 
 MAX_EMBEDDING_INPUTS = 2048
 
@@ -24,7 +24,7 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
     model: NonEmptyStr
     input: NonEmptyStr | Annotated[list[Any], msgspec.Meta(min_length=1, max_length=2048)]
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: PositiveInt | None = None
+    dimensions: PosInt | None = None
     user: str | None = None
 
 
