@@ -13,6 +13,7 @@ import orjson
 
 from backends.protocol import BackendError
 from backends.upstream import HTTP_ERRORS, http_failure, raw_chunks
+from semcache.sse import SSEReader
 
 
 class VllmStream:
@@ -77,23 +78,24 @@ class VllmStream:
 async def read_first_event(
     response: aiohttp.ClientResponse,
 ) -> tuple[bytes, AsyncIterator[bytes]]:
-    """Bytes up to the end of the first SSE event (or of the stream), and the rest."""
+    """Bytes up to the end of the first data event (or of the stream), and the rest."""
     rest = raw_chunks(response)
     head = b""
+    reader = SSEReader()
     async for chunk in rest:
         head += chunk
-        if b"\n\n" in head or b"\r\n\r\n" in head:
+        if reader.feed(chunk):
             break
     return head, rest
 
 
 def is_server_error_event(head: bytes) -> bool:
     """The first event is vLLM's ``{"error": {..., "code": 5xx}}`` (e.g. a failed KV pull)."""
-    line = head.lstrip().split(b"\n", 1)[0]
-    if not line.startswith(b"data:"):
+    payloads = SSEReader().feed(head + b"\n\n")  # a stream may end without the blank line
+    if not payloads:
         return False
     try:
-        payload = orjson.loads(line[5:].strip())
+        payload = orjson.loads(payloads[0])
     except orjson.JSONDecodeError:
         return False
     error = payload.get("error") if isinstance(payload, dict) else None

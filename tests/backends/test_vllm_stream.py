@@ -16,6 +16,7 @@ from backends.vllm_stream import is_server_error_event
         (b'data: {"error":{"message":"too long","code":400}}\n\n', False),  # relayed as is
         (b"data: not json\n\n", False),
         (b": keep-alive\n\n", False),
+        (b'data: {"error":{"message":"cut","code":503}}', True),  # the stream ended there
     ],
 )
 def test_only_a_server_error_event_fails_the_hop(head: bytes, failed: bool) -> None:
