@@ -84,9 +84,8 @@ def settle_gc() -> None:
 
     Everything allocated while starting (modules, models, the app) lives as long as the
     process: ``gc.freeze`` takes it out of the collector's sight, so a full collection,
-    which would otherwise walk all of it (~50 ms with just the chat model configured, more
-    with embedding models: a pause for every request in flight), walks only what came
-    after. Young collections run less often (``GC_THRESHOLD0``); cycles still go.
+    which would otherwise walk all of it (a pause for every request in flight), walks only
+    what came after. Young collections run less often (``GC_THRESHOLD0``); cycles still go.
     """
     gc.collect()
     gc.freeze()

@@ -36,18 +36,16 @@ class IndexSettings(msgspec.Struct, kw_only=True, frozen=True):
 
     dimensions: int = 384
     hnsw_m: int = 48
-    """Graph degree. 48 rather than faiss's usual 32: at 1M near-duplicate-heavy entries it
-    reached recall@1 0.997 at efSearch 1536 where M=32 needed 2048 for 0.993
-    (``bench/semantic_lookup.py``), for 128 MB more per million vectors."""
+    """Graph degree. 48 rather than faiss's usual 32: near-duplicate-heavy partitions reach
+    the recall target at a smaller efSearch, for more memory per vector
+    (``bench/semantic_lookup.py``; figures in bench/RESULTS.md)."""
     hnsw_ef_construction: int = 200
     hnsw_ef_search: int = 128
-    """efSearch of partitions up to ``hnsw_ef_base_entries`` entries (recall@1 >= 0.99
-    against flat at 100k, ``bench/semantic_lookup.py``)."""
+    """efSearch of partitions up to ``hnsw_ef_base_entries`` entries."""
     hnsw_ef_base_entries: int = 100_000
     hnsw_ef_growth: float = 1.08
-    """Past the base size, efSearch grows as ``(entries / base) ** growth`` (1538 at 1M): a
-    bigger graph needs a wider beam for the same recall. At 1M near-duplicate-heavy entries
-    (M=48) recall@1 was 0.967 at 256, 0.987 at 1024, 0.997 at 1536 (search p50 ~2 ms)."""
+    """Past the base size, efSearch grows as ``(entries / base) ** growth``: a bigger graph
+    needs a wider beam for the same recall (``bench/semantic_lookup.py``)."""
     hnsw_ef_max: int = 2048
     tombstone_fraction: float = 0.2
     """An HNSW partition is rebuilt once this share of its vectors are dead."""

@@ -44,8 +44,8 @@ class BatchSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     sync_idle_s: NonNegFloat = 0.5
     """...and none has been seen for this long (live traffic often comes in bursts). Batch
     items resumed between live requests share the backend's steps with the next one and
-    delay its first token (on a CPU backend, by 2-3x with 0.1 s; ``bench/batch_queue.py``);
-    a shorter wait gives batches more throughput under steady live traffic."""
+    delay its first token (``bench/batch_queue.py`` measures it); a shorter wait gives
+    batches more throughput under steady live traffic."""
     preempt: bool = True
     """A synchronous request arriving on a backend stops the batch items running there; they
     go back to the queue and run again on the next idle capacity."""
