@@ -20,7 +20,6 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
-from tqdm import tqdm
 
 from semcache.semantic.encoder import Encoder
 from semcache.semantic.feed import EntryFeed
@@ -343,15 +342,9 @@ class SemanticCache:
         rebuilt = {r.partition for r in records} - set(by_digest.values())
         for key in {r.partition for r in records}:
             self.index.partition(key, limits_for(key))
-        by_partition: dict[PartitionKey, list[SemanticRecord]] = {}
-        for record in records:
-            by_partition.setdefault(record.partition, []).append(record)
-        bar = tqdm(total=len(records), desc="semantic cache: restoring", unit="entry", disable=None)
-        report.records_added = 0
-        for group in by_partition.values():  # as add_records groups them: progress per partition
-            report.records_added += self.index.add_records(group, now=now)
-            bar.update(len(group))
-        bar.close()
+        report.records_added = self.index.add_records(
+            records, now=now, progress="semantic cache: restoring"
+        )
         report.rebuilt = len(rebuilt)
         for key, evicted in self.index.drain_evicted().items():
             self.store.delete(key, evicted)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import msgspec
 import numpy as np
+from tqdm import tqdm
 
 from semcache.semantic.partition import (
     Hit,
@@ -91,14 +92,29 @@ class SemanticIndex:
             return [[] for _ in range(len(as_matrix(vectors, self.settings.dimensions)))]
         return part.search(vectors, k, now=now)
 
-    def add_records(self, records: Iterable[SemanticRecord], *, now: float | None = None) -> int:
-        """Add records (from a feed or a store), grouped by partition; returns how many."""
+    def add_records(
+        self,
+        records: Iterable[SemanticRecord],
+        *,
+        now: float | None = None,
+        progress: str | None = None,
+    ) -> int:
+        """Add records (from a feed or a store), grouped by partition; returns how many.
+
+        ``progress`` names a progress bar (on a terminal only) for long restores.
+        """
         now = time.time() if now is None else now
         grouped: dict[PartitionKey, list[SemanticRecord]] = {}
         for record in records:
             if record.expires_at > now:
                 grouped.setdefault(record.partition, []).append(record)
         added = 0
+        bar = tqdm(
+            total=sum(map(len, grouped.values())),
+            desc=progress,
+            unit="entry",
+            disable=None if progress else True,
+        )
         for key, group in grouped.items():
             part = self.partition(key)
             ids = part.add(
@@ -110,6 +126,8 @@ class SemanticIndex:
                 now=now,
             )
             added += sum(1 for i in ids if i)
+            bar.update(len(group))
+        bar.close()
         return added
 
     def remove_partitions(self, predicate: Callable[[PartitionKey], bool]) -> int:
@@ -169,6 +187,8 @@ class SemanticIndex:
         if limits_for is not None:
             for key in rebuilt:
                 self.partition(key, limits_for(key))
-        report.records_added = self.add_records(pending, now=now)
+        report.records_added = self.add_records(
+            pending, now=now, progress="semantic cache: rebuilding"
+        )
         report.rebuilt = len(rebuilt)
         return report
