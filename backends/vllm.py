@@ -20,10 +20,8 @@ from backends.protocol import RequestContext, UpstreamResponse
 from backends.router import PDRouter
 from backends.salt import CacheSalter
 from backends.servers import ServerLoad
-from backends.upstream import HTTP_ERRORS, HttpSession, http_failure
+from backends.upstream import HTTP_ERRORS, HttpSession
 from backends.vllm_stream import VllmStream
-
-__all__ = ["VllmClient", "VllmStream", "http_failure"]
 
 
 class VllmClient:
