@@ -91,11 +91,12 @@ class CachedAnswer(msgspec.Struct, kw_only=True):
 
 
 def usage_of(u: Any) -> Usage:
-    """``Usage`` from an OpenAI usage object (embeddings have no completion tokens)."""
+    """``Usage`` from an OpenAI usage object (embeddings have no completion tokens; the
+    Responses API names them ``input_tokens`` and ``output_tokens``)."""
     if not isinstance(u, dict):
         return Usage()
-    p = u.get("prompt_tokens")
-    c = u.get("completion_tokens")
+    p = u.get("prompt_tokens", u.get("input_tokens"))
+    c = u.get("completion_tokens", u.get("output_tokens"))
     return Usage(
         prompt_tokens=p if isinstance(p, int) else 0,
         completion_tokens=c if isinstance(c, int) else 0,

@@ -11,6 +11,8 @@ schemas:
   dropped, and a parameter equal to its documented default is dropped too (the same as
   filling defaults in, but shorter). A model's own generation defaults (vLLM reads
   ``generation_config.json``) can be passed as ``sampling_defaults``.
+* A Responses API request keeps ``stream`` in its bytes: its streamed and JSON answers are
+  cached apart (an event stream is not rebuilt from a JSON answer).
 * Aliases are unified: ``max_completion_tokens``/``max_tokens``; ``stop`` as a string or a
   list (order and duplicates do not matter); a one-element prompt/input list and a string;
   message content as a single text part and a string.
@@ -94,6 +96,27 @@ ROUTE_DEFAULTS: Final[dict[str, dict[str, Any]]] = {
         "add_special_tokens": True,
         "response_format": {"type": "text"},
     },
+    "responses": {
+        "temperature": 1,
+        "top_p": 1,
+        "presence_penalty": 0,
+        "frequency_penalty": 0,
+        "top_k": -1,
+        "min_p": 0,
+        "repetition_penalty": 1,
+        "ignore_eos": False,
+        "include_stop_str_in_output": False,
+        "skip_special_tokens": True,
+        "stop_token_ids": [],
+        "logit_bias": {},
+        "background": False,
+        "parallel_tool_calls": True,
+        "tools": [],
+        "top_logprobs": 0,
+        "truncation": "disabled",
+        "include_reasoning": True,
+        "include": [],
+    },
     "embeddings": {"encoding_format": "float"},
     "classification": {},
 }
@@ -162,9 +185,9 @@ def canonical_request(
 ) -> bytes:
     """Canonical bytes of an OpenAI-style request body for ``route``.
 
-    ``route`` is one of chat, completions, embeddings, classification; it is part of the
-    bytes. ``sampling_defaults`` overrides the documented defaults for one model (for example
-    the temperature from its ``generation_config.json``).
+    ``route`` is one of chat, completions, responses, embeddings, classification; it is
+    part of the bytes. ``sampling_defaults`` overrides the documented defaults for one model
+    (for example the temperature from its ``generation_config.json``).
     """
     defaults = dict(ROUTE_DEFAULTS.get(route, {}))
     if sampling_defaults:
@@ -206,6 +229,10 @@ def canonical_request(
             del params["tools"]
         if not params.get("logprobs") and "top_logprobs" in params:
             del params["top_logprobs"]  # ignored without logprobs
+    if route == "responses":
+        # A stored Responses stream is replayed as a stream only, a JSON answer as JSON only:
+        # the two shapes are cached under different keys.
+        params["stream"] = bool(body.get("stream"))
     if (
         route == "completions"
         and "best_of" in params

@@ -34,6 +34,11 @@ def test_from_json_reads_usage() -> None:
     assert CachedAnswer.from_json(b"not json").usage == Usage()
 
 
+def test_from_json_reads_the_responses_api_usage_names() -> None:
+    body = b'{"object":"response","usage":{"input_tokens":5,"output_tokens":2,"total_tokens":7}}'
+    assert CachedAnswer.from_json(body).usage == Usage(5, 2)
+
+
 def test_round_trip() -> None:
     entry = sample()
     assert decode_entry(encode_entry(entry, DIGEST), DIGEST) == entry

@@ -250,6 +250,21 @@ def test_determinism() -> None:
     assert is_deterministic("classification", {"input": "x"})
 
 
+def test_responses_requests_keep_their_shape_and_drop_defaults() -> None:
+    base = {"model": "m", "input": "Capital of France?", "temperature": 0, "store": False}
+    key = canonical_request("responses", base)
+    # bookkeeping and documented defaults change nothing
+    for same in ({"store": True}, {"metadata": {"a": "b"}}, {"top_p": 1.0}, {"tools": []}):
+        assert canonical_request("responses", {**base, **same}) == key
+    # a streamed and a JSON answer are cached apart; anything the model reads matters
+    for other in ({"stream": True}, {"instructions": "Be terse."}, {"max_output_tokens": 4}):
+        assert canonical_request("responses", {**base, **other}) != key
+    assert canonical_request("chat", base) != key
+    assert is_deterministic("responses", base)
+    assert is_deterministic("responses", {**base, "temperature": 0.7, "seed": 1})
+    assert not is_deterministic("responses", {"input": "x"})
+
+
 def test_sampling_defaults_of_a_model_change_equivalence() -> None:
     gen = {"temperature": 0.6}
     assert canonical_request("chat", chat(temperature=0.6), sampling_defaults=gen) == (
