@@ -26,6 +26,7 @@ from server.openai.chat_completion import api_router as chat_completion
 from server.openai.completion import api_router as completion
 from server.openai.models import api_router as models
 from server.openai.pooling import api_router as pooling
+from server.openai.responses import api_router as responses
 from server.openai.serving import OpenAIServing
 from server.routes import admin, health
 from server.speedups import write_bodies_eagerly
@@ -115,6 +116,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
             *models.ROUTES,
             *chat_completion.ROUTES,
             *completion.ROUTES,
+            *responses.ROUTES,
             *pooling.ROUTES,
             *health.ROUTES,
             *admin.ROUTES,
