@@ -62,13 +62,12 @@ class CachedStreams:
     ) -> Reply:
         """A stream through the cache: replay a stored answer, or relay and record a live one.
 
-        The backend is always asked for the usage (chat, completions: the usage chunk, so the
-        stored answer knows its tokens); a client that did not ask for it does not get it.
-        The route's stream format says how events are read, recorded and framed. A miss is
-        led from the
-        request's own task: it opens the backend's stream at once (no hop through another
-        task, so concurrent requests reach vLLM as each is handled), its response relays the
-        stream, recording it, and the recorded answer ends the cache's flight.
+        The route's stream format says how events are read, recorded and framed. The backend
+        is always asked for the usage (so the stored answer knows its tokens); a client that
+        did not ask for it does not get it. A miss is led from the request's own task: it
+        opens the backend's stream at once (no hop through another task, so concurrent
+        requests reach vLLM as each is handled), its response relays the stream, recording
+        it, and the recorded answer ends the cache's flight.
         """
         assert self.state.cache is not None
         include_usage = replay.wants_usage(call.upstream)
@@ -175,7 +174,7 @@ class CachedStreams:
         reader, recorder = SSEReader(), form.recorder(call.info.id)
         first = True
         done = False
-        held = b""  # the events from the last one on, sent once the backend's stream has ended
+        held = b""  # the events from the last ([DONE]) on, sent once the backend's stream ends
         try:
             try:
                 async for chunk in up.chunks():
