@@ -375,7 +375,9 @@ def build_key(
     """Build the key of a request. With ``custom_key`` the body's params are replaced by it
     (same scope, model, revision and template)."""
     if custom_key is not None:
-        ph = custom_params_hash(route, custom_key)
+        # a Responses stream and JSON answer stay apart under one custom key too
+        shape = ":stream" if route == "responses" and body.get("stream") else ""
+        ph = custom_params_hash(route + shape, custom_key)
     else:
         ph = params_hash(canonical_request(route, body, sampling_defaults=sampling_defaults))
     return CacheKey(

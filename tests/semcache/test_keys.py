@@ -260,6 +260,10 @@ def test_responses_requests_keep_their_shape_and_drop_defaults() -> None:
     for other in ({"stream": True}, {"instructions": "Be terse."}, {"max_output_tokens": 4}):
         assert canonical_request("responses", {**base, **other}) != key
     assert canonical_request("chat", base) != key
+    custom = {"scope": "t", "model_id": "m", "revision": "r", "custom_key": "k"}
+    as_json = build_key(route="responses", body=base, **custom)
+    assert build_key(route="responses", body={**base, "stream": True}, **custom) != as_json
+    assert build_key(route="responses", body={**base, "input": "other"}, **custom) == as_json
     assert is_deterministic("responses", base)
     assert is_deterministic("responses", {**base, "temperature": 0.7, "seed": 1})
     assert not is_deterministic("responses", {"input": "x"})
