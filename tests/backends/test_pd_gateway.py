@@ -236,6 +236,42 @@ async def test_decode_pulls_the_whole_prompt_over_nixl(
     assert local_after == local
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_responses_request_pulls_its_prompt_over_nixl(
+    pd_servers: dict[str, VllmProcess], pd_gateway: GatewayThread, stream: bool
+) -> None:
+    decode = pd_servers["decode1"].url
+    tag = uuid.uuid4().hex
+    body = {
+        "model": "tiny-chat",
+        "instructions": f"Story {tag}. {SYSTEM}",  # no block of it cached on decode already
+        "input": story(tag, 50),
+        "max_output_tokens": 8,
+        "temperature": 0,
+        "stream": stream,
+    }
+    external = await settled(decode, "vllm:external_prefix_cache_hits_total")
+    local = await settled(decode, "vllm:prompt_tokens_by_source_total", {"source": "local_compute"})
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
+        r = await post(client, pd_gateway.url, "/v1/responses", body)
+    assert r.status_code == 200, r.text
+    if stream:
+        last = r.content.rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
+        assert last.startswith(b"event: response.completed\ndata: ")
+        answer = orjson.loads(last.split(b"data: ", 1)[1])["response"]
+    else:
+        answer = r.json()
+    assert answer["output"][0]["content"][0]["text"]
+    prompt_tokens = answer["usage"]["input_tokens"]
+    assert prompt_tokens > 400
+    external_after = await settled(decode, "vllm:external_prefix_cache_hits_total")
+    local_after = await settled(
+        decode, "vllm:prompt_tokens_by_source_total", {"source": "local_compute"}
+    )
+    assert external_after - external == prompt_tokens
+    assert local_after == local
+
+
 async def test_short_prompts_skip_prefill(
     pd_servers: dict[str, VllmProcess], pd_gateway: GatewayThread
 ) -> None:
