@@ -14,7 +14,7 @@ def wait_until(
     deadline = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() >= deadline:
-            raise AssertionError(f"not true after {timeout_s} s: {predicate!r}")
+            raise AssertionError(f"not true after {timeout_s} s: {_name(predicate)}")
         time.sleep(interval_s)
 
 
@@ -32,5 +32,9 @@ async def wait_until_async(
         if value:
             return
         if time.monotonic() >= deadline:
-            raise AssertionError(f"not true after {timeout_s} s: {predicate!r}")
+            raise AssertionError(f"not true after {timeout_s} s: {_name(predicate)}")
         await asyncio.sleep(interval_s)
+
+
+def _name(predicate: object) -> str:
+    return str(getattr(predicate, "__qualname__", None) or repr(predicate))
