@@ -162,7 +162,12 @@ def test_sighup_reloads_the_policy_and_keeps_it_when_invalid(tmp_path: Path) -> 
     url = f"http://127.0.0.1:{port}/v1/embeddings"
     assert proc.stdout is not None
     lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(proc.stdout or []), daemon=True)
+
+    def pump() -> None:
+        for line in proc.stdout or []:
+            lines.append(line)
+
+    reader = threading.Thread(target=pump, daemon=True)
     reader.start()
 
     def status(text: str) -> str:
