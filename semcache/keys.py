@@ -129,9 +129,16 @@ _UNORDERED_MAPS: Final[frozenset[str]] = frozenset(
 _SET_PARAMS: Final[frozenset[str]] = frozenset({"stop", "stop_token_ids"})
 
 
+_INT64: Final = 2.0**63
+
+
 def _norm_number(v: Any) -> Any:
-    """1.0 → 1, -0.0 → 0; bools and everything else unchanged."""
-    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+    """1.0 → 1, -0.0 → 0; bools and everything else unchanged.
+
+    Only floats within 64 bits become ints: ``1e308`` stays a float, since the canonical
+    bytes are written by orjson, which refuses wider integers.
+    """
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer() and abs(v) < _INT64:
         return int(v)
     return v
 

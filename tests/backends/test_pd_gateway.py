@@ -34,6 +34,7 @@ from backends.pool_metrics import BackendCollector
 from backends.servers import ServerState
 from server.config import GatewayConfig, ModelEntry
 from server.harness import GatewayThread
+from tests.support.waiting import wait_until
 
 # Starting three vLLM servers counts towards the first test's time limit.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -153,12 +154,13 @@ def pd_gateway(
         "max_tokens": 1,
     }
     httpx.post(f"{gw.url}/v1/chat/completions", json=warm, timeout=REQUEST_TIMEOUT_S)
+
     # A warm-up hand-off that failed ejects the decode server until a health check passes;
     # /ready checks every server now (re-admitting one that answers), so wait for it.
-    deadline = time.monotonic() + 60
-    while httpx.get(f"{gw.url}/ready", timeout=30).status_code != 200:
-        assert time.monotonic() < deadline, "the P/D gateway never became ready"
-        time.sleep(0.5)
+    def pd_gateway_ready() -> bool:
+        return httpx.get(f"{gw.url}/ready", timeout=30).status_code == 200
+
+    wait_until(pd_gateway_ready, timeout_s=60, interval_s=0.5)
     try:
         yield gw
     finally:
@@ -166,7 +168,9 @@ def pd_gateway(
 
 
 async def settled(url: str, name: str, labels: dict[str, str] | None = None) -> float:
-    """A counter's value once it stops moving (vLLM updates them just after answering)."""
+    """A counter's value once it stops moving (vLLM updates them just after answering).
+
+    vLLM signals no "counters updated" event: only a counter that stays put shows it."""
     last = await metric_value(url, name, labels)
     for _ in range(40):
         await asyncio.sleep(0.25)

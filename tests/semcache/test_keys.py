@@ -332,3 +332,14 @@ def test_custom_key_replaces_params_within_scope_and_model() -> None:
 
 def test_tenant_named_shared_is_not_the_shared_scope() -> None:
     assert scope_for("shared", shared=False) != scope_for("x", shared=True)
+
+
+@pytest.mark.parametrize("route", ["chat", "embeddings", "classification"])
+@pytest.mark.parametrize("value", [1e308, -1e308, 2.0**63, 1e19])
+def test_integral_floats_beyond_64_bits_stay_floats(route: str, value: float) -> None:
+    body = {"model": "m", "input": ["good"], "messages": [{"role": "user", "content": "x"}]}
+    small = canonical_request(route, {**body, "logit_bias": 1.0, "extra": 3.0})
+    assert b'"extra":3' in small  # integral floats within 64 bits still become ints
+    wide = canonical_request(route, {**body, "logit_bias": value, "extra": value})
+    assert canonical_request(route, {**body, "logit_bias": value, "extra": value}) == wide
+    assert wide != small
