@@ -136,6 +136,7 @@ def storing_gw(
         gw.stop()
 
 
+@pytest.mark.timeout(1200)  # starting its vLLM counts towards the test's time limit
 def test_stored_responses_are_fetched_and_continued(
     gw: openai.OpenAI, storing_gw: openai.OpenAI
 ) -> None:
