@@ -30,8 +30,10 @@ import httpx
 import orjson
 import psutil
 
+from backends import nixl_progress
 from backends.config import VllmBackend, VllmLaunch, VllmServer
 from backends.models import prepare_model
+from semcache.package_files import package_file
 
 Device = Literal["cpu", "cuda"]
 Progress = Callable[[str], None]
@@ -120,6 +122,10 @@ def build_command(
         cmd += ["--kv-transfer-config", orjson.dumps(kv_transfer).decode()]
     if launch.nixl_side_channel_port is not None:
         env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(launch.nixl_side_channel_port)
+    if server.role != "both" and launch.nixl_progress_delay_us > 0:
+        env[nixl_progress.DELAY_ENV] = str(launch.nixl_progress_delay_us)
+        shim = str(package_file("backends", "nixl_shim"))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [shim, os.environ.get("PYTHONPATH")]))
     cmd += launch.extra_args
     env.update(launch.env)
     return cmd, env

@@ -23,6 +23,7 @@ SHIPPED = [
     "semcache/semantic/data/verifier/verifier.json",
     "backends/data/classifier/sentiment-head.json",
     "backends/data/sentiment/sentiment.jsonl",
+    "backends/nixl_shim/sitecustomize.py",
     "server/cli.py",
 ]
 

@@ -1,0 +1,102 @@
+"""An idle NIXL progress thread that sleeps: a launch shim for the vLLM servers of a P/D pair.
+
+nixl's Python agent (``nixl_agent.__init__``) starts its progress thread with
+``pthrDelay = 0``: between two progress calls the thread only yields, so an idle prefill or
+decode server keeps a core busy. vLLM's NixlConnector passes ``num_threads`` and the backends
+to nixl, never this delay, and nixl's Python API offers no setting for it. So the servers the
+gateway launches import this module at start (``backends/nixl_shim/sitecustomize.py``, put on
+their ``PYTHONPATH`` by ``backends.launch``), and it makes the agent's config take
+``SEMCACHE_NIXL_PROGRESS_DELAY_US`` instead of 0. The thread then sleeps that long between
+progress calls; transfers themselves are unchanged (UCX moves the bytes; a transfer's
+completion is seen at most one delay later).
+
+Checked against nixl 1.5.1 (``nixl_cu12._api`` / ``nixl_cu13._api``): the agent builds a
+``nixlBind.nixlAgentConfig()``, then sets ``pthrDelay = 0`` on it. ``patch`` swaps the
+module's ``nixlBind`` for a view whose ``nixlAgentConfig`` is a subclass that turns that 0 into
+the configured delay. ``tests/backends/test_nixl_progress.py`` fails when this stops applying.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import types
+from collections.abc import Sequence
+from typing import Any
+
+DELAY_ENV = "SEMCACHE_NIXL_PROGRESS_DELAY_US"
+CHECKED_VERSIONS = ("1.5",)
+"""nixl releases (major.minor) whose ``nixl_agent.__init__`` this was checked against."""
+AGENT_MODULES = ("nixl_cu12._api", "nixl_cu13._api", "nixl_rocm._api")
+"""The backend modules that define ``nixl_agent`` (``nixl`` re-exports one of them)."""
+
+
+def patch(module: types.ModuleType, delay_us: int) -> None:
+    """Make ``module``'s agents start their progress thread with ``delay_us`` between calls."""
+    real = module.nixlBind
+    if isinstance(real, _BindView):
+        real = real.real
+
+    class AgentConfig(real.nixlAgentConfig):  # type: ignore[name-defined]
+        def __setattr__(self, name: str, value: Any) -> None:
+            if name == "pthrDelay" and value == 0:
+                value = delay_us
+            super().__setattr__(name, value)
+
+    module.nixlBind = _BindView(real, AgentConfig)  # type: ignore[attr-defined]
+
+
+class _BindView(types.ModuleType):
+    """nixl's binding module, but for its agent config class."""
+
+    def __init__(self, real: types.ModuleType, config: type) -> None:
+        super().__init__(real.__name__)
+        self.real = real
+        self.nixlAgentConfig = config
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Patches each agent module right after it is first imported."""
+
+    def __init__(self, delay_us: int) -> None:
+        self.delay_us = delay_us
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in AGENT_MODULES:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+        delay_us = self.delay_us
+
+        class Loader(importlib.abc.Loader):
+            def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+                return loader.create_module(spec)
+
+            def exec_module(self, module: types.ModuleType) -> None:
+                loader.exec_module(module)
+                patch(module, delay_us)
+
+        spec.loader = Loader()
+        return spec
+
+
+def install_from_env() -> None:
+    """Called at interpreter start in a launched vLLM server; a no-op unless the delay is set."""
+    raw = os.environ.get(DELAY_ENV, "")
+    if not raw.isdigit() or int(raw) == 0:
+        return
+    delay_us = int(raw)
+    for name in AGENT_MODULES:
+        loaded = sys.modules.get(name)
+        if loaded is not None:
+            patch(loaded, delay_us)
+    sys.meta_path.insert(0, _PatchOnImport(delay_us))
