@@ -192,8 +192,11 @@ class BatchWorkers:
                 self.metrics.retries.inc()
                 await self.queue.retry(item, self.settings.retry_delay_s)
                 return
+            response = outcome.response
+            if response is None:
+                response = response_object(item.index, outcome, external_reference)
             stored = StoredItem(
-                response=response_object(item.index, outcome, external_reference),
+                response=response,
                 usage=outcome.usage,
             )
             fresh = await self.queue.complete(item, msgspec.json.encode(stored))
