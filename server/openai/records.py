@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import time
 import uuid
 from pathlib import Path
 
@@ -17,7 +18,8 @@ _ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex}"
+    """A fresh id that sorts by creation time (then at random), as lists are ordered."""
+    return f"{prefix}{time.time_ns():016x}{uuid.uuid4().hex[:16]}"
 
 
 def valid_id(value: str) -> bool:

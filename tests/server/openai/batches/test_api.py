@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +16,7 @@ import orjson
 import pytest
 from litestar.testing import TestClient
 
+from backends.protocol import RequestContext, UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
 from server.app import create_app
 from server.auth import AuthSettings, TokenEntry
@@ -37,20 +40,38 @@ def jsonl(lines: list[Any]) -> bytes:
     return b"".join((ln if isinstance(ln, bytes) else orjson.dumps(ln)) + b"\n" for ln in lines)
 
 
-@pytest.fixture
-def http(fake: FakeGeneration, tmp_path: Path) -> Iterator[TestClient[Any]]:
+class GatedGeneration(FakeGeneration):
+    """Answers only once ``release`` is set (the app runs on the test client's own thread)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.started = 0
+
+    async def post(self, path: str, body: dict[str, Any], ctx: RequestContext) -> UpstreamResponse:
+        self.started += 1
+        await asyncio.to_thread(self.release.wait, 30.0)
+        return await super().post(path, body, ctx)
+
+
+def gateway(fake: FakeGeneration, data_dir: Path, **batch: Any) -> TestClient[Any]:
     reg = ModelRegistry()
     reg.generation["fake"] = fake
     reg.add(ModelInfo("chat-model", "chat", ("@cf/test/chat",), "t", "fake", "rev1", "tpl"))
     reg.add(ModelInfo("embed-model", "embeddings", (), "t", "minilm", "r", "n"))
     config = GatewayConfig(
-        data_dir=str(tmp_path),
-        batch=BatchSettings(max_items=5, files=FilesSettings(max_bytes=4096)),
+        data_dir=str(data_dir),
+        batch=BatchSettings(max_items=5, files=FilesSettings(max_bytes=4096), **batch),
         auth=AuthSettings(
             tokens=[TokenEntry(token="alice", tenant="a"), TokenEntry(token="bob", tenant="b")]
         ),
     )
-    with TestClient(create_app(config, registry=reg)) as c:
+    return TestClient(create_app(config, registry=reg))
+
+
+@pytest.fixture
+def http(fake: FakeGeneration, tmp_path: Path) -> Iterator[TestClient[Any]]:
+    with gateway(fake, tmp_path) as c:
         yield c
 
 
@@ -227,3 +248,30 @@ def test_batches_list_pages(http: TestClient[Any]) -> None:
     rest = client.batches.list(after=ids[1])
     assert [b.id for b in rest.data] == ids[:1] and not rest.has_more
     assert [b.id for b in client.batches.list()] == ids[::-1]  # the SDK's auto-pagination
+
+
+def test_cancel_a_running_batch(tmp_path: Path) -> None:
+    """The line running finishes (in the output file); the lines not started never run."""
+    fake = GatedGeneration()
+    with gateway(fake, tmp_path, max_inflight=1) as http:
+        client = sdk(http)
+        batch = create(client, [line(str(i)) for i in range(4)])
+        deadline = time.monotonic() + 30
+        while fake.started < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        cancelling = client.batches.cancel(batch.id)
+        assert cancelling.status == "cancelling" and cancelling.cancelling_at
+        fake.release.set()
+        done = wait_finished(client, batch.id)
+        assert done.status == "cancelled" and done.cancelled_at
+        assert fake.started == 1
+        assert done.request_counts is not None
+        assert (done.request_counts.total, done.request_counts.completed) == (4, 1)
+        assert done.request_counts.failed == 0 and done.error_file_id is None
+        assert done.output_file_id is not None
+        assert [o["custom_id"] for o in read_lines(client, done.output_file_id)] == ["0"]
+        assert client.batches.cancel(batch.id).status == "cancelled"  # again: a no-op
+        completed = wait_finished(client, create(client, [line("x")]).id)
+        with pytest.raises(openai.ConflictError):
+            client.batches.cancel(completed.id)

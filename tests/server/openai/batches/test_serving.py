@@ -1,0 +1,88 @@
+"""The batch serving object on a real disk queue with an injected clock: a batch past its
+completion window expires, and its remaining lines do not run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, cast
+
+import msgspec
+import orjson
+import pytest
+
+from backends.protocol import RequestContext
+from backends.registry import ModelInfo, ModelRegistry
+from server.batch.queue.disk import DiskQueue
+from server.batch.results import StoredItem
+from server.batch.settings import BatchSettings
+from server.openai.batches.runner import OpenAIItemRunner
+from server.openai.batches.serving import BatchesServing
+from server.openai.batches.store import BatchStore
+from server.openai.files.store import FileStore
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def input_file(n: int) -> bytes:
+    body = {"model": "chat-model", "messages": [{"role": "user", "content": "hi"}]}
+    lines = [
+        {"custom_id": f"c{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+        for i in range(n)
+    ]
+    return b"".join(orjson.dumps(x) + b"\n" for x in lines)
+
+
+@pytest.fixture
+async def parts(tmp_path: Path) -> Any:
+    clock = Clock()
+    reg = ModelRegistry()
+    reg.add(ModelInfo("chat-model", "chat", (), "t", "fake", "rev1", "tpl"))
+    files = FileStore(tmp_path / "files", retention_s=30 * 86400.0, clock=clock)
+    batches = BatchesServing(
+        BatchStore(tmp_path / "batches", retention_s=30 * 86400.0, clock=clock),
+        files,
+        reg,
+        BatchSettings(),
+        clock=clock,
+    )
+    queue = await DiskQueue.open(tmp_path / "q.sqlite3", clock=clock)
+    batches.queue = queue
+    yield clock, files, batches, queue
+    await queue.aclose()
+
+
+async def test_a_batch_past_its_window_expires_and_its_lines_do_not_run(parts: Any) -> None:
+    clock, files, batches, queue = parts
+    upload = await files.create("t", "in.jsonl", "batch", input_file(3))
+    reply = await batches.create(
+        "t",
+        {
+            "input_file_id": upload.id,
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        },
+    )
+    created = orjson.loads(reply.body)
+    assert created["expires_at"] == created["created_at"] + 86400
+    clock.now += 86400 + 1
+    # serving is never reached: every line is stopped before it runs
+    runner = OpenAIItemRunner(cast(Any, None), batches.stop_reason)
+    for item in await queue.claim("w", 10, wait_s=0):
+        body = orjson.loads(item.payload)
+        ctx = RequestContext(request_id="r", tenant=item.tenant)
+        outcome = await runner.run_item(item.model, body["openai_batch"], ctx)
+        assert outcome.response is not None
+        stored = StoredItem(response=outcome.response, usage=outcome.usage)
+        await queue.complete(item, msgspec.json.encode(stored))
+    done = orjson.loads((await batches.retrieve("t", created["id"])).body)
+    assert done["status"] == "expired" and done["expired_at"] == int(clock.now)
+    assert done["request_counts"] == {"total": 3, "completed": 0, "failed": 3}
+    assert done["output_file_id"] is None
+    errors = (await files.content("t", done["error_file_id"])).splitlines()
+    assert [orjson.loads(e)["error"]["code"] for e in errors] == ["batch_expired"] * 3
