@@ -103,10 +103,11 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
     )
 
     files_settings = config.batch.files
-    files_dir = Path(files_settings.dir) if files_settings.dir else config.data_path() / "files"
-    file_store = FileStore(files_dir.expanduser(), retention_s=files_settings.retention_s)
+    openai_dir = Path(files_settings.dir) if files_settings.dir else config.data_path() / "openai"
+    openai_dir = openai_dir.expanduser()
+    file_store = FileStore(openai_dir / "files", retention_s=files_settings.retention_s)
     batches = BatchesServing(
-        BatchStore(config.data_path() / "batches", retention_s=files_settings.retention_s),
+        BatchStore(openai_dir / "batches", retention_s=files_settings.retention_s),
         file_store,
         registry,
         config.batch,

@@ -31,7 +31,8 @@ class FilesSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """The OpenAI Files API's store (``/v1/files``): batch input and output files."""
 
     dir: str | None = None
-    """Folder of the stored files; default ``<data_dir>/files``."""
+    """Folder of the stored files (``files/``) and OpenAI batch records (``batches/``);
+    default ``<data_dir>/openai``."""
     max_bytes: PosInt = 200 * 1024 * 1024
     """Largest file one upload may hold (a larger one is refused with a 413)."""
     retention_s: PosFloat = 30 * 86400.0

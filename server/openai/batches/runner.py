@@ -53,9 +53,12 @@ class OpenAIItemRunner:
         status, answer = await self._call(line.url, request, ctx)
         out["response"] = {"status_code": status, "request_id": ctx.request_id, "body": answer}
         usage = answer.get("usage") if status == 200 and isinstance(answer, dict) else None
+        counts = (
+            {k: v for k, v in usage.items() if type(v) is int} if isinstance(usage, dict) else None
+        )
         return ItemOutcome(
             success=status == 200,
-            usage=usage if isinstance(usage, dict) else None,
+            usage=counts,
             retryable=status in RETRYABLE,
             response=out,
         )
