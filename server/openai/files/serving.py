@@ -105,7 +105,7 @@ class FilesServing:
 
 
 def page_limit(raw: str | None, most: int) -> int:
-    """A list's ``limit`` query parameter: 1 to ``most``; absent: ``most``... or a 400."""
+    """A list's ``limit`` query parameter, 1 to ``most`` (absent: ``most``); else a 400."""
     if raw is None:
         return most
     try:
