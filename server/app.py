@@ -135,6 +135,8 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         )
         if app.state.workers_ai.batch is not None:
             batches.queue = app.state.workers_ai.batch.queue
+        if app.state.workers_ai.workers is not None:  # live /v1 requests: batch work yields
+            serving.state.live_request = app.state.workers_ai.workers.gates.live_request
         sweeper = asyncio.create_task(sweep_batches(batches), name="openai-batch-sweep")
         try:
             yield
@@ -142,6 +144,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
             sweeper.cancel()
             await asyncio.gather(sweeper, return_exceptions=True)
             batches.queue = None
+            serving.state.live_request = None
             await app.state.workers_ai.aclose()  # batch workers stop before the cache closes
             if serving.semantic is not None:
                 await serving.semantic.aclose()

@@ -177,7 +177,9 @@ class BatchWorkers:
             await gate.acquire()
             acquired = True
             self.metrics.running.inc()
-            ctx = RequestContext(request_id=f"{item.job_id}:{item.index}", tenant=item.tenant)
+            ctx = RequestContext(
+                request_id=f"{item.job_id}:{item.index}", tenant=item.tenant, background=True
+            )
             try:
                 outcome = await self._run(item, body, ctx, gate)
             finally:
