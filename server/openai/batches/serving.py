@@ -278,7 +278,7 @@ class BatchesServing:
         current = await self.store.get(batch.tenant, batch.id)  # another poll may have done it
         if current is not None and current.finished:
             return current
-        cancelling = batch.status == "cancelling"
+        cancelling = batch.cancelling_at is not None  # also when a crash cut a finalizing
         batch.status = "finalizing"
         batch.finalizing_at = self._now()
         await self.store.save(batch)

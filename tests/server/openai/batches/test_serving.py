@@ -86,3 +86,35 @@ async def test_a_batch_past_its_window_expires_and_its_lines_do_not_run(parts: A
     assert done["output_file_id"] is None
     errors = (await files.content("t", done["error_file_id"])).splitlines()
     assert [orjson.loads(e)["error"]["code"] for e in errors] == ["batch_expired"] * 3
+
+
+@pytest.mark.parametrize("cancelled", [False, True])
+async def test_a_finalization_cut_by_a_crash_runs_again(parts: Any, cancelled: bool) -> None:
+    """A record left ``finalizing`` (the gateway died while writing the outputs) is
+    finalized again on the next read, with the status it was heading for."""
+    _, files, batches, queue = parts
+    upload = await files.create("t", "in.jsonl", "batch", input_file(2))
+    reply = await batches.create(
+        "t",
+        {
+            "input_file_id": upload.id,
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        },
+    )
+    batch_id = orjson.loads(reply.body)["id"]
+    for item in await queue.claim("w", 10, wait_s=0):
+        line = orjson.loads(item.payload)["openai_batch"]
+        response = {"status_code": 200, "request_id": "r", "body": {"usage": {}}}
+        out = {"id": "x", "custom_id": line["custom_id"], "response": response, "error": None}
+        await queue.complete(item, msgspec.json.encode(StoredItem(response=out)))
+    record = await batches.store.get("t", batch_id)
+    record.status = "finalizing"
+    record.cancelling_at = record.created_at if cancelled else None
+    await batches.store.save(record)
+    batches._stopped.clear()  # a restarted gateway
+    done = orjson.loads((await batches.retrieve("t", batch_id)).body)
+    assert done["status"] == ("cancelled" if cancelled else "completed")
+    assert done["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
+    out_lines = (await files.content("t", done["output_file_id"])).splitlines()
+    assert [orjson.loads(x)["custom_id"] for x in out_lines] == ["c0", "c1"]
