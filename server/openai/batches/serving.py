@@ -255,8 +255,9 @@ class BatchesServing:
                     "validation_interrupted",
                     "The gateway stopped before the batch was queued.",
                 )
-            batch.status = "in_progress"
+            batch.status = "in_progress"  # queued, then the gateway died before saying so
             batch.in_progress_at = now
+            await self.store.save(batch)
         if state is None:  # dropped from the queue (past its maximum age)
             return await self._fail(batch, "batch_lost", "The batch's queued work was dropped.")
         lines = await self._lines(batch.id)

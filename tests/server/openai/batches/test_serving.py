@@ -118,3 +118,22 @@ async def test_a_finalization_cut_by_a_crash_runs_again(parts: Any, cancelled: b
     assert done["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
     out_lines = (await files.content("t", done["output_file_id"])).splitlines()
     assert [orjson.loads(x)["custom_id"] for x in out_lines] == ["c0", "c1"]
+
+
+async def test_a_batch_left_validating_is_in_progress_once_queued_else_fails(parts: Any) -> None:
+    clock, files, batches, _ = parts
+    upload = await files.create("t", "in.jsonl", "batch", input_file(1))
+    body = {"input_file_id": upload.id, "endpoint": "/v1/chat/completions"}
+    queued = orjson.loads((await batches.create("t", {**body, "completion_window": "24h"})).body)
+    record = await batches.store.get("t", queued["id"])
+    record.status = "validating"  # the gateway died after queueing, before saying so
+    await batches.store.save(record)
+    assert orjson.loads((await batches.retrieve("t", record.id)).body)["status"] == "in_progress"
+    record.id = "batch_never_queued"  # the gateway died before queueing
+    record.status = "validating"
+    await batches.store.save(record)
+    assert orjson.loads((await batches.retrieve("t", record.id)).body)["status"] == "validating"
+    clock.now += 61
+    failed = orjson.loads((await batches.retrieve("t", record.id)).body)
+    assert failed["status"] == "failed"
+    assert failed["errors"]["data"][0]["code"] == "validation_interrupted"
