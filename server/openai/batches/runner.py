@@ -37,7 +37,11 @@ class OpenAIItemRunner:
         self.stop_reason = stop_reason
 
     async def run_item(self, model: str, body: dict[str, Any], ctx: RequestContext) -> ItemOutcome:
-        line = msgspec.convert(body, InputLine)
+        try:
+            line = msgspec.convert(body, InputLine)
+        except msgspec.ValidationError as exc:  # not queued by the Batch API: answer, never retry
+            err = from_validation(exc)
+            return ItemOutcome(success=False, errors=[{"code": 400, "message": err.message}])
         out: dict[str, Any] = {
             "id": line_id(line.batch_id, line.line),
             "custom_id": line.custom_id,

@@ -137,3 +137,12 @@ async def test_a_batch_left_validating_is_in_progress_once_queued_else_fails(par
     failed = orjson.loads((await batches.retrieve("t", record.id)).body)
     assert failed["status"] == "failed"
     assert failed["errors"]["data"][0]["code"] == "validation_interrupted"
+
+
+async def test_a_payload_not_queued_by_the_batch_api_is_answered_not_retried() -> None:
+    async def never(tenant: str, batch_id: str) -> str | None:
+        raise AssertionError("not reached")
+
+    runner = OpenAIItemRunner(cast(Any, None), never)
+    outcome = await runner.run_item("m", {"custom_id": 1}, RequestContext(request_id="r"))
+    assert not outcome.success and not outcome.retryable and outcome.response is None
