@@ -39,7 +39,27 @@ VALIDATING_GRACE_S = 60.0
 """A batch still ``validating`` this long after its creation was interrupted (the gateway
 died between checking it and queueing it) unless its job is in the queue."""
 
+COUNTS_TTL_S = 1.0
+"""How stale a running batch's ``request_counts`` may be."""
+
+
+class _Status(msgspec.Struct):
+    status_code: int
+
+
+class _Line(msgspec.Struct):
+    response: _Status | None = None
+    error: dict[str, Any] | None = None
+
+
+class _Light(msgspec.Struct):
+    """A stored output line, only what counting it needs (the body is skipped unparsed)."""
+
+    response: _Line
+
+
 _stored = msgspec.json.Decoder(StoredItem)
+_light = msgspec.json.Decoder(_Light)
 
 
 def batch_not_found(batch_id: str) -> ApiError:
@@ -96,6 +116,7 @@ class BatchesServing:
         self._stopped: dict[str, str] = {}
         self._expires: dict[str, float] = {}
         self._finalizing = asyncio.Lock()
+        self._counts_cache: dict[str, tuple[float, RequestCounts]] = {}
 
     def _queue(self) -> BatchQueue:
         if self.queue is None:
@@ -260,16 +281,38 @@ class BatchesServing:
             await self.store.save(batch)
         if state is None:  # dropped from the queue (past its maximum age)
             return await self._fail(batch, "batch_lost", "The batch's queued work was dropped.")
-        lines = await self._lines(batch.id)
         if state.completed < state.total:
-            ran = [line for line in lines if not skipped(line)]
-            ok = sum(1 for line in ran if is_success(line))
-            batch.request_counts = RequestCounts(
-                total=state.total, completed=ok, failed=len(ran) - ok
-            )
+            batch.request_counts = await self._counts(batch.id, state.total)
             return batch
         async with self._finalizing:
-            return await self._finalize(batch, lines)
+            return await self._finalize(batch, await self._lines(batch.id))
+
+    async def _counts(self, batch_id: str, total: int) -> RequestCounts:
+        """A running batch's counts, read from its results at most every ``COUNTS_TTL_S``
+        (polls must not make the gateway decode every result again and again)."""
+        now = self._clock()
+        cached = self._counts_cache.get(batch_id)
+        if cached is not None and now - cached[0] < COUNTS_TTL_S:
+            return cached[1]
+        assert self.queue is not None
+        ok = failed = 0
+        for r in await self.queue.results(batch_id):
+            line = _light.decode(r.body).response
+            if line.error is not None and line.error.get("code") == "batch_cancelled":
+                continue
+            if (
+                line.error is None
+                and line.response is not None
+                and line.response.status_code == 200
+            ):
+                ok += 1
+            else:
+                failed += 1
+        counts = RequestCounts(total=total, completed=ok, failed=failed)
+        if len(self._counts_cache) > 10_000:
+            self._counts_cache.clear()
+        self._counts_cache[batch_id] = (now, counts)
+        return counts
 
     async def _lines(self, batch_id: str) -> list[dict[str, Any]]:
         assert self.queue is not None
