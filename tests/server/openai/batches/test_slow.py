@@ -5,6 +5,7 @@ batch is cancelled, and ``kill -9`` of the gateway mid-batch loses and repeats n
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,15 +31,15 @@ pytestmark = pytest.mark.slow
 CHAT = "/v1/chat/completions"
 
 
-def chat_lines(n: int, max_tokens: int, model: str = "tiny-chat") -> bytes:
+def chat_lines(n: int, max_tokens: int, prefix: str = "") -> bytes:
     lines = [
         {
             "custom_id": f"req-{i}",
             "method": "POST",
             "url": CHAT,
             "body": {
-                "model": model,
-                "messages": [{"role": "user", "content": f"story number {i}"}],
+                "model": "tiny-chat",
+                "messages": [{"role": "user", "content": f"{prefix}story number {i}"}],
                 "max_tokens": max_tokens,
                 "temperature": 0,
             },
@@ -134,7 +135,8 @@ def test_embeddings_batch(client: openai.OpenAI) -> None:
 
 def test_cancel_a_running_batch(client: openai.OpenAI) -> None:
     n = 30
-    f = client.files.create(file=("in.jsonl", chat_lines(n, 64)), purpose="batch")
+    lines = chat_lines(n, 64, prefix=f"{uuid.uuid4().hex} ")
+    f = client.files.create(file=("in.jsonl", lines), purpose="batch")
     batch = client.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h")
     deadline = time.monotonic() + 120
     while True:
@@ -167,7 +169,9 @@ def test_kill_9_mid_batch_every_line_exactly_once(
     first = GatewayProcess(config).start()
     try:
         sdk = openai.OpenAI(base_url=f"{first.url}/v1", api_key=TOKEN, max_retries=2)
-        f = sdk.files.create(file=("in.jsonl", chat_lines(n, 48)), purpose="batch")
+        # the gateway's cache tiers live in the shared data dir: prompts of this run only
+        lines = chat_lines(n, 48, prefix=f"{uuid.uuid4().hex} ")
+        f = sdk.files.create(file=("in.jsonl", lines), purpose="batch")
         batch = sdk.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h")
         deadline = time.monotonic() + 240
         while len(stored_results(db, batch.id)) < 4:
