@@ -4,7 +4,8 @@ With ``connector = "nixl"``, one request id (``x-request-id``) on both hops:
 
 1. a decode slot is reserved first (so a prefill is never wasted on a request refused later);
 2. the prefill server gets the request with ``kv_transfer_params: {"do_remote_decode": true}``,
-   ``max_tokens: 1``, ``stream: false`` (no ``stream_options``/``min_tokens``);
+   ``max_tokens: 1``, ``stream: false`` (no ``stream_options``/``min_tokens``; a Responses
+   API request: ``max_output_tokens: 1`` and ``store: false``);
 3. the decode server gets the original request plus the ``kv_transfer_params`` of the prefill
    answer, pulls the KV blocks and answers; its answer (stream or not) is relayed untouched, so
    usage counts the prompt once and the stream has a monolithic server's shape.
@@ -13,11 +14,12 @@ With ``connector = "example"`` (ExampleConnector) step 2 sends the plain request
 server writes the KV to shared storage) and step 3 the original one (decode reads it back).
 
 Short prompts (under ``prefill_threshold_tokens``), requests with ``n``/``best_of`` > 1 or
-batched prompts, an empty, overloaded or failing prefill pool: the decode server computes the
-prompt alone. A decode server that fails before the first byte is replaced by another (with
-the same KV parameters if it was unreachable, without them if it answered an error — e.g. the
-KV pull failed); after bytes were relayed a failure ends the stream with ``BackendError``,
-which the server turns into an error event.
+batched prompts, Responses API requests that continue a kept response, an empty, overloaded
+or failing prefill pool: the decode server computes the prompt alone. A decode server that
+fails before the first byte is replaced by another (with the same KV parameters if it was
+unreachable, without them if it answered an error — e.g. the KV pull failed); after bytes
+were relayed a failure ends the stream with ``BackendError``, which the server turns into an
+error event.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from backends.servers import ServerState
 from backends.upstream import HTTP_ERRORS, HttpSession, http_failure, stream_timeout
 
 _PREFILL_DROPPED = ("stream_options", "min_tokens", "min_completion_tokens")
+_SERVER_STATE = ("previous_response_id", "conversation")
+"""Responses API fields that name what a server kept (a prefill server does not have it)."""
 
 T = TypeVar("T")
 
@@ -88,14 +92,21 @@ class PrefillHop:
             return "no_prefill_pool"
         if not shape.single or (body.get("n") or 1) > 1 or (body.get("best_of") or 1) > 1:
             return "unsupported"
+        if any(body.get(k) for k in _SERVER_STATE):
+            return "unsupported"  # the prompt continues what only the decode server kept
         if shape.approx_tokens < self.config.prefill_threshold_tokens:
             return "short_prompt"
         return None
 
-    def body(self, body: dict[str, Any]) -> dict[str, Any]:
+    def body(self, body: dict[str, Any], path: str = "") -> dict[str, Any]:
         out = {k: v for k, v in body.items() if k not in _PREFILL_DROPPED}
         out["stream"] = False
-        out["max_tokens"] = 1
+        if path.endswith("/responses"):
+            out["max_output_tokens"] = 1
+            out["store"] = False  # the prefill's one-token answer is kept nowhere
+            out.pop("background", None)
+        else:
+            out["max_tokens"] = 1
         if "max_completion_tokens" in out:
             out["max_completion_tokens"] = 1
         if self.config.connector == "nixl":
@@ -131,7 +142,7 @@ class PrefillHop:
             try:
                 response = await self.http.post(
                     server.url + plan.path,
-                    orjson.dumps(self.body(plan.body)),
+                    orjson.dumps(self.body(plan.body, plan.path)),
                     hop_headers(ctx, stream=False),
                     stream_timeout(self.config.prefill_timeout_s, self.config.connect_timeout_s),
                 )

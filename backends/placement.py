@@ -113,11 +113,31 @@ def _content_text(content: Any) -> str:
     return ""
 
 
+def _responses_messages(body: dict[str, Any]) -> list[Any]:
+    """A Responses API body as chat messages: the instructions, then the input's items (an
+    item that is not a message, e.g. a tool call's output, stands in as its JSON)."""
+    messages: list[Any] = []
+    if isinstance(body.get("instructions"), str):
+        messages.append({"role": "system", "content": body["instructions"]})
+    items = body.get("input")
+    if isinstance(items, str):
+        return [*messages, {"role": "user", "content": items}]
+    for item in items if isinstance(items, list) else ():
+        if isinstance(item, dict) and "role" in item:
+            messages.append(item)
+        else:
+            messages.append({"role": "item", "content": orjson.dumps(item).decode()})
+    return messages
+
+
 def prompt_shape(path: str, body: dict[str, Any], chars_per_token: float) -> PromptShape:
-    """Render the prompt of a chat or completions body without a tokenizer (approximate)."""
-    if path.endswith("/chat/completions"):
-        messages = body.get("messages")
-        messages = messages if isinstance(messages, list) else []
+    """Render the prompt of a chat, completions or Responses API body without a tokenizer
+    (approximate)."""
+    if path.endswith("/chat/completions") or path.endswith("/responses"):
+        given = body.get("messages")
+        messages: list[Any] = given if isinstance(given, list) else []
+        if path.endswith("/responses"):
+            messages = _responses_messages(body)
         parts = []
         if body.get("tools"):
             parts.append(orjson.dumps(body["tools"], option=orjson.OPT_SORT_KEYS).decode())

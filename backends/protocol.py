@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import msgspec
 import numpy as np
@@ -103,6 +103,17 @@ class GenerationBackend(Protocol):
     async def ready(self) -> bool: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class StoredResponses(Protocol):
+    """A generation backend whose servers keep answers a client may fetch by id later (the
+    Responses API's ``GET /v1/responses/{id}``)."""
+
+    async def fetch(self, path: str, ctx: RequestContext) -> UpstreamResponse | None:
+        """``GET path`` from the servers until one answers other than 404; ``None`` when
+        no server could be asked."""
+        ...
 
 
 class Embeddings(msgspec.Struct, kw_only=True):

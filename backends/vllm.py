@@ -79,6 +79,32 @@ class VllmClient:
     async def open_stream(self, path: str, body: dict[str, Any], ctx: RequestContext) -> VllmStream:
         return await self.router.open_stream(path, body, ctx)
 
+    async def fetch(self, path: str, ctx: RequestContext) -> UpstreamResponse | None:
+        """``GET path`` from the answering servers, healthy ones first, until one answers
+        other than 404: each vLLM server keeps the responses it made itself."""
+        servers = sorted(self.decode_pool.servers, key=lambda s: not s.healthy)
+        found: UpstreamResponse | None = None
+        for server in servers:
+            try:
+                async with self._http.session.get(
+                    server.url + path,
+                    headers={"x-request-id": ctx.request_id},
+                    timeout=aiohttp.ClientTimeout(
+                        sock_connect=self.config.connect_timeout_s,
+                        sock_read=self.config.read_timeout_s,
+                    ),
+                ) as r:
+                    found = UpstreamResponse(
+                        status=r.status,
+                        body=await r.read(),
+                        content_type=r.headers.get("content-type", "application/json"),
+                    )
+            except HTTP_ERRORS:
+                continue
+            if found.status != 404:
+                return found
+        return found
+
     async def ready(self) -> bool:
         """Check every server now; ready while the answering pool has a healthy server."""
         self.monitor.ensure_running()

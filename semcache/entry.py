@@ -45,7 +45,8 @@ class CachedAnswer(msgspec.Struct, kw_only=True):
     body: bytes | None = None
     """The JSON body of a non-stream answer."""
     chunks: list[bytes] | None = None
-    """The ``data:`` payloads of a stream, in order, usage chunk included, ``[DONE]`` excluded."""
+    """The ``data:`` payloads of a stream, in order, usage chunk included, ``[DONE]`` excluded;
+    for a Responses API stream, its whole event blocks (``event:`` and ``data:`` lines)."""
     usage: Usage = Usage()
     model_id: str = ""
     created_at: float = 0.0
@@ -91,11 +92,12 @@ class CachedAnswer(msgspec.Struct, kw_only=True):
 
 
 def usage_of(u: Any) -> Usage:
-    """``Usage`` from an OpenAI usage object (embeddings have no completion tokens)."""
+    """``Usage`` from an OpenAI usage object (embeddings have no completion tokens; the
+    Responses API names them ``input_tokens`` and ``output_tokens``)."""
     if not isinstance(u, dict):
         return Usage()
-    p = u.get("prompt_tokens")
-    c = u.get("completion_tokens")
+    p = u.get("prompt_tokens", u.get("input_tokens"))
+    c = u.get("completion_tokens", u.get("output_tokens"))
     return Usage(
         prompt_tokens=p if isinstance(p, int) else 0,
         completion_tokens=c if isinstance(c, int) else 0,
@@ -227,6 +229,63 @@ class StreamRecorder:
         return CachedAnswer(
             content_type=sse.MEDIA_TYPE,
             chunks=list(self.chunks),
+            usage=self.usage,
+            model_id=self.model_id,
+        )
+
+
+class _Completed(msgspec.Struct):
+    response: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+_completed_decoder = msgspec.json.Decoder(_Completed)
+COMPLETED: Final = b"response.completed"
+
+
+class ResponsesRecorder:
+    """Collects the event blocks of a Responses API stream and says whether it is complete.
+
+    A stream is complete when its last event is ``response.completed`` and no ``error``,
+    ``response.failed`` or ``response.incomplete`` event came before it. Only a complete
+    stream becomes a :class:`CachedAnswer` (its blocks, replayed byte for byte).
+    """
+
+    def __init__(self, model_id: str = "") -> None:
+        self.model_id = model_id
+        self.blocks: list[bytes] = []
+        self.completed = False
+        self.failed = False
+        self.usage = Usage()
+
+    def feed(self, block: bytes) -> None:
+        """Record one event block (``event:`` and ``data:`` lines)."""
+        if self.completed or self.failed:
+            self.failed = True  # nothing may follow the terminal event
+            return
+        name, data = sse.parse_block(block)
+        if name == COMPLETED and data is not None:
+            try:
+                self.usage = usage_of(_completed_decoder.decode(data).response.get("usage"))
+            except msgspec.DecodeError:
+                self.failed = True
+                return
+            self.completed = True
+        elif name is None or name == b"error" or name in sse.TERMINAL_EVENTS:
+            self.failed = True
+            return
+        self.blocks.append(bytes(block))
+
+    @property
+    def complete(self) -> bool:
+        return self.completed and not self.failed
+
+    def answer(self) -> CachedAnswer | None:
+        """The recorded answer, or ``None`` when the stream is not complete."""
+        if not self.complete:
+            return None
+        return CachedAnswer(
+            content_type=sse.MEDIA_TYPE,
+            chunks=list(self.blocks),
             usage=self.usage,
             model_id=self.model_id,
         )

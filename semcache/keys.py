@@ -11,6 +11,8 @@ schemas:
   dropped, and a parameter equal to its documented default is dropped too (the same as
   filling defaults in, but shorter). A model's own generation defaults (vLLM reads
   ``generation_config.json``) can be passed as ``sampling_defaults``.
+* A Responses API request keeps ``stream`` in its bytes: its streamed and JSON answers are
+  cached apart (an event stream is not rebuilt from a JSON answer).
 * Aliases are unified: ``max_completion_tokens``/``max_tokens``; ``stop`` as a string or a
   list (order and duplicates do not matter); a one-element prompt/input list and a string;
   message content as a single text part and a string.
@@ -94,6 +96,27 @@ ROUTE_DEFAULTS: Final[dict[str, dict[str, Any]]] = {
         "add_special_tokens": True,
         "response_format": {"type": "text"},
     },
+    "responses": {
+        "temperature": 1,
+        "top_p": 1,
+        "presence_penalty": 0,
+        "frequency_penalty": 0,
+        "top_k": -1,
+        "min_p": 0,
+        "repetition_penalty": 1,
+        "ignore_eos": False,
+        "include_stop_str_in_output": False,
+        "skip_special_tokens": True,
+        "stop_token_ids": [],
+        "logit_bias": {},
+        "background": False,
+        "parallel_tool_calls": True,
+        "tools": [],
+        "top_logprobs": 0,
+        "truncation": "disabled",
+        "include_reasoning": True,
+        "include": [],
+    },
     "embeddings": {"encoding_format": "float"},
     "classification": {},
 }
@@ -106,9 +129,16 @@ _UNORDERED_MAPS: Final[frozenset[str]] = frozenset(
 _SET_PARAMS: Final[frozenset[str]] = frozenset({"stop", "stop_token_ids"})
 
 
+_INT64: Final = 2.0**63
+
+
 def _norm_number(v: Any) -> Any:
-    """1.0 → 1, -0.0 → 0; bools and everything else unchanged."""
-    if isinstance(v, float) and math.isfinite(v) and v.is_integer():
+    """1.0 → 1, -0.0 → 0; bools and everything else unchanged.
+
+    Only floats within 64 bits become ints: ``1e308`` stays a float, since the canonical
+    bytes are written by orjson, which refuses wider integers.
+    """
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer() and abs(v) < _INT64:
         return int(v)
     return v
 
@@ -162,9 +192,9 @@ def canonical_request(
 ) -> bytes:
     """Canonical bytes of an OpenAI-style request body for ``route``.
 
-    ``route`` is one of chat, completions, embeddings, classification; it is part of the
-    bytes. ``sampling_defaults`` overrides the documented defaults for one model (for example
-    the temperature from its ``generation_config.json``).
+    ``route`` is one of chat, completions, responses, embeddings, classification; it is
+    part of the bytes. ``sampling_defaults`` overrides the documented defaults for one model
+    (for example the temperature from its ``generation_config.json``).
     """
     defaults = dict(ROUTE_DEFAULTS.get(route, {}))
     if sampling_defaults:
@@ -206,6 +236,10 @@ def canonical_request(
             del params["tools"]
         if not params.get("logprobs") and "top_logprobs" in params:
             del params["top_logprobs"]  # ignored without logprobs
+    if route == "responses":
+        # A stored Responses stream is replayed as a stream only, a JSON answer as JSON only:
+        # the two shapes are cached under different keys.
+        params["stream"] = bool(body.get("stream"))
     if (
         route == "completions"
         and "best_of" in params
@@ -348,7 +382,9 @@ def build_key(
     """Build the key of a request. With ``custom_key`` the body's params are replaced by it
     (same scope, model, revision and template)."""
     if custom_key is not None:
-        ph = custom_params_hash(route, custom_key)
+        # a Responses stream and JSON answer stay apart under one custom key too
+        shape = ":stream" if route == "responses" and body.get("stream") else ""
+        ph = custom_params_hash(route + shape, custom_key)
     else:
         ph = params_hash(canonical_request(route, body, sampling_defaults=sampling_defaults))
     return CacheKey(

@@ -25,7 +25,7 @@ from semcache.config_types import NonNegFloat, NonNegInt, PosFloat, PosInt
 from semcache.package_files import package_file
 from semcache.semantic.settings import SemanticRule
 
-Route = Literal["chat", "completions", "embeddings", "classification"]
+Route = Literal["chat", "completions", "responses", "embeddings", "classification"]
 ROUTES: Final[tuple[str, ...]] = get_args(Route)
 
 DEFAULT_POLICY: Final[Path] = package_file("semcache", "policies", "default.toml")

@@ -5,6 +5,9 @@
 * A stored JSON answer → OpenAI chunk payloads: a role chunk, the content chunk(s), a finish
   chunk per choice, and the usage chunk when ``stream_options.include_usage`` is set.
 * A stored stream → the same chunks, with the usage chunk kept or dropped per the request.
+* A stored Responses API stream → its event blocks as they arrived, or (as JSON) the response
+  of its ``response.completed`` event. Its JSON answers are cached under other keys
+  (``semcache.keys``) and are never turned into a stream.
 
 Payloads are the bytes after ``data: ``; framing and ``[DONE]`` belong to ``semcache.sse``.
 """
@@ -17,6 +20,7 @@ from typing import Any
 import orjson
 
 from semcache.entry import CachedAnswer, Usage
+from semcache.sse import parse_block
 
 _OBJECT = {"chat": "chat.completion", "completions": "text_completion"}
 _CHUNK_OBJECT = {"chat": "chat.completion.chunk", "completions": "text_completion"}
@@ -355,17 +359,33 @@ def _restream(route: str, chunks: list[bytes], u: Usage, include_usage: bool) ->
 # --------------------------------------------------------------------------- entry points
 
 
+def _completed_response(blocks: list[bytes]) -> bytes:
+    """The response object of a Responses API stream's ``response.completed`` event."""
+    _, data = parse_block(blocks[-1]) if blocks else (None, None)
+    doc = orjson.loads(data) if data is not None else None
+    if not isinstance(doc, dict) or not isinstance(doc.get("response"), dict):
+        raise ReplayError("the stored Responses stream has no completed response")
+    return orjson.dumps(doc["response"])
+
+
 def as_json(answer: CachedAnswer, route: str) -> bytes:
     """The JSON body to send to a non-stream request."""
     if answer.body is not None:
         return answer.body
     if answer.chunks is None:
         raise ReplayError("answer has neither body nor chunks")
+    if route == "responses":
+        return _completed_response(answer.chunks)
     return assemble_stream(route, answer.chunks, answer.usage)
 
 
 def as_stream(answer: CachedAnswer, route: str, *, include_usage: bool) -> list[bytes]:
-    """The ``data:`` payloads to send to a ``stream=true`` request (``[DONE]`` not included)."""
+    """The ``data:`` payloads to send to a ``stream=true`` request (``[DONE]`` not included);
+    for the Responses API, the stored event blocks as they arrived."""
+    if route == "responses":
+        if answer.chunks is None:
+            raise ReplayError("a Responses API JSON answer has no streaming form here")
+        return answer.chunks
     if answer.chunks is not None:
         return _restream(route, answer.chunks, answer.usage, include_usage)
     if answer.body is None:

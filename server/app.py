@@ -36,6 +36,7 @@ from server.openai.files.serving import FilesServing
 from server.openai.files.store import FileStore
 from server.openai.models import api_router as models
 from server.openai.pooling import api_router as pooling
+from server.openai.responses import api_router as responses
 from server.openai.serving import OpenAIServing
 from server.routes import admin, health
 from server.speedups import write_bodies_eagerly
@@ -158,6 +159,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
             *models.ROUTES,
             *chat_completion.ROUTES,
             *completion.ROUTES,
+            *responses.ROUTES,
             *pooling.ROUTES,
             *health.ROUTES,
             *admin.ROUTES,

@@ -56,12 +56,25 @@ class ApiError(Exception):
 _PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
 
 
+_MISSING = re.compile(r"^Object missing required field `(?P<field>[^`]*)`")
+
+
 def from_validation(exc: msgspec.ValidationError) -> ApiError:
     """Turn a msgspec message ("Expected `int` - at `$.n`") into a 400 naming the field."""
     text = str(exc)
     m = _PATH.search(text)
     param = m.group("path") if m else None
     reason = _PATH.sub("", text)
+    missing = _MISSING.match(text)
+    if missing is not None:  # the field is inside the object the path names
+        field = missing.group("field")
+        param = f"{param}.{field}" if param else field
+        return ApiError(
+            400,
+            f"Missing required parameter: '{param}'.",
+            param=param,
+            code="missing_required_parameter",
+        )
     message = f"Invalid value for '{param}': {reason}" if param else f"Invalid request: {reason}"
     return ApiError(400, message, param=param or None, code="invalid_value")
 

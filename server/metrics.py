@@ -11,6 +11,12 @@ from semcache.metrics import Labelled
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
+_USAGE_NAMES = (
+    ("prompt", "prompt_tokens", "input_tokens"),
+    ("completion", "completion_tokens", "output_tokens"),
+)
+
+
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
@@ -60,10 +66,11 @@ class GatewayMetrics:
     def count_usage(self, model: str, usage: Mapping[str, object] | None) -> None:
         if not usage:
             return
-        for kind in ("prompt_tokens", "completion_tokens"):
-            value = usage.get(kind)
+        # the Responses API names them input_tokens and output_tokens
+        for kind, name, alias in _USAGE_NAMES:
+            value = usage.get(name, usage.get(alias))
             if isinstance(value, int) and value > 0:
-                self.tokens.labels(model, kind.removesuffix("_tokens")).inc(value)
+                self.tokens.labels(model, kind).inc(value)
 
     def count_tokens(self, model: str, prompt: int, completion: int) -> None:
         """``count_usage`` of usage already read (e.g. a stored answer's)."""

@@ -9,14 +9,15 @@ from typing import Any
 
 from backends.protocol import BackendError, UpstreamStream
 from semcache import replay
-from semcache.entry import CachedAnswer, StreamRecorder
+from semcache.entry import CachedAnswer
 from semcache.exact import CacheRequest, CacheResult, CacheStatus, Flight
-from semcache.sse import DONE, MEDIA_TYPE, SSEReader, event
+from semcache.sse import MEDIA_TYPE, SSEReader
 from server.caching import result_headers, status_headers
 from server.openai.call import GenerationCall
 from server.openai.reply import SSE_HEADERS, ClosingStream, Reply
 from server.openai.semantic_chat import Remember
 from server.openai.state import ServingState
+from server.openai.stream_format import StreamFormat, stream_format
 from server.openai.stream_relay import broken_stream_event, replayed
 
 
@@ -61,26 +62,27 @@ class CachedStreams:
     ) -> Reply:
         """A stream through the cache: replay a stored answer, or relay and record a live one.
 
-        The backend is always asked for the usage chunk (so the stored answer knows its
-        tokens); a client that did not ask for it does not get it. A miss is led from the
-        request's own task: it opens the backend's stream at once (no hop through another
-        task, so concurrent requests reach vLLM as each is handled), its response relays the
-        stream, recording it, and the recorded answer ends the cache's flight.
+        The route's stream format says how events are read, recorded and framed. The backend
+        is always asked for the usage (so the stored answer knows its tokens); a client that
+        did not ask for it does not get it. A miss is led from the request's own task: it
+        opens the backend's stream at once (no hop through another task, so concurrent
+        requests reach vLLM as each is handled), its response relays the stream, recording
+        it, and the recorded answer ends the cache's flight.
         """
         assert self.state.cache is not None
         include_usage = replay.wants_usage(call.upstream)
-        options = dict(call.upstream.get("stream_options") or {})
-        live_body = {**call.upstream, "stream_options": {**options, "include_usage": True}}
+        form = stream_format(call.route)
+        live_body = form.live_body(call.upstream)
 
         async def refresh() -> CachedAnswer | None:
             # stale-while-revalidate, in the background: no response relays it
             up = await self._open_stream(call, live_body)
             refused = await refusal(up)
-            return refused if refused is not None else await self._record(call, up)
+            return refused if refused is not None else await self._record(call, up, form)
 
         got = await self.state.cache.claim(creq, refresh)
         if isinstance(got, CacheResult):
-            return self._replayed_reply(call, creq, got, include_usage)
+            return self._replayed_reply(call, creq, got, include_usage, form)
         flight = got
         try:
             up = await self._open_stream(call, live_body)
@@ -95,7 +97,7 @@ class CachedStreams:
         self._land_when_recorded(flight, live, remember)
         status = CacheStatus.BYPASS if creq.control.bypass_read else CacheStatus.MISS
         headers = {**SSE_HEADERS, **status_headers(status, creq.key.short_id)}
-        relay = ClosingStream(self._live(call, live, include_usage), live.abandon)
+        relay = ClosingStream(self._live(call, live, include_usage, form), live.abandon)
         return Reply(200, stream=relay, media_type=MEDIA_TYPE, headers=headers)
 
     async def _open_stream(self, call: GenerationCall, body: dict[str, Any]) -> UpstreamStream:
@@ -107,7 +109,12 @@ class CachedStreams:
             raise
 
     def _replayed_reply(
-        self, call: GenerationCall, creq: CacheRequest, res: CacheResult, include_usage: bool
+        self,
+        call: GenerationCall,
+        creq: CacheRequest,
+        res: CacheResult,
+        include_usage: bool,
+        form: StreamFormat,
     ) -> Reply:
         """A stream answered by the cache: a hit, or another request's (coalesced) answer."""
         entry = res.entry
@@ -117,7 +124,8 @@ class CachedStreams:
             return Reply(entry.status, entry.body or b"")
         payloads = replay.as_stream(entry, call.route, include_usage=include_usage)
         headers = {**SSE_HEADERS, **result_headers(res, creq.rule.prices)}
-        return Reply(200, stream=replayed(payloads), media_type=MEDIA_TYPE, headers=headers)
+        stream = replayed(payloads, form)
+        return Reply(200, stream=stream, media_type=MEDIA_TYPE, headers=headers)
 
     def _land_when_recorded(
         self, flight: Flight, live: LiveAnswer, remember: Remember | None
@@ -137,13 +145,15 @@ class CachedStreams:
 
         self._keep(asyncio.create_task(land()))
 
-    async def _record(self, call: GenerationCall, up: UpstreamStream) -> CachedAnswer | None:
+    async def _record(
+        self, call: GenerationCall, up: UpstreamStream, form: StreamFormat
+    ) -> CachedAnswer | None:
         """Read and record a whole stream that no response relays (a background refresh)."""
-        reader, recorder = SSEReader(), StreamRecorder(call.info.id)
+        reader, recorder = SSEReader(), form.recorder(call.info.id)
         try:
             async for chunk in up.chunks():
-                for payload in reader.feed(chunk):
-                    recorder.feed(payload)
+                for item in form.read(reader, chunk):
+                    recorder.feed(item)
         except BackendError as exc:
             call.backend_failed(exc.kind)
             return None
@@ -153,7 +163,7 @@ class CachedStreams:
         return recorder.answer()  # None unless complete: nothing partial is stored
 
     async def _live(
-        self, call: GenerationCall, live: LiveAnswer, include_usage: bool
+        self, call: GenerationCall, live: LiveAnswer, include_usage: bool, form: StreamFormat
     ) -> AsyncGenerator[bytes, None]:
         """Relay the leader's live answer as it arrives, recording it for the cache.
 
@@ -162,24 +172,24 @@ class CachedStreams:
         last events are relayed; a client gone earlier leaves it ``None`` (nothing stored).
         """
         up = live.upstream
-        reader, recorder = SSEReader(), StreamRecorder(call.info.id)
+        reader, recorder = SSEReader(), form.recorder(call.info.id)
         first = True
         done = False
-        held = b""  # the events from [DONE] on, sent once the backend's stream has ended
+        held = b""  # the events from the last ([DONE]) on, sent once the backend's stream ends
         try:
             try:
                 async for chunk in up.chunks():
                     out = []
-                    for payload in reader.feed(chunk):
-                        recorder.feed(payload)
+                    for item in form.read(reader, chunk):
+                        recorder.feed(item)
                         if first:
                             call.observe_ttft()
                             first = False
-                        if payload == DONE:
+                        if form.is_last(item):
                             done = True
-                        elif not include_usage and replay.is_usage_only(payload):
+                        elif form.hidden(item, include_usage):
                             continue
-                        out.append(event(payload))
+                        out.append(form.frame(item))
                     if not out:
                         continue
                     if done:

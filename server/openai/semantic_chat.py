@@ -14,6 +14,7 @@ from server.caching import CacheDirectives, semantic_headers
 from server.openai.call import GenerationCall
 from server.openai.reply import SSE_HEADERS, Reply
 from server.openai.state import ServingState
+from server.openai.stream_format import DataChunks
 from server.openai.stream_relay import replayed
 
 Remember = Callable[[], Awaitable[None]]
@@ -86,7 +87,7 @@ async def semantic_chat(
     return (
         Reply(
             200,
-            stream=replayed(payloads),
+            stream=replayed(payloads, DataChunks()),
             media_type=MEDIA_TYPE,
             headers={**SSE_HEADERS, **headers},
         ),

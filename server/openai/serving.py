@@ -19,11 +19,12 @@ from server.openai.generation import Generation
 from server.openai.models.serving import ModelsServing
 from server.openai.pooling.serving import PoolingServing
 from server.openai.reply import Reply
+from server.openai.responses.serving import ResponsesServing
 from server.openai.state import ServingState
 
 
 class OpenAIServing:
-    """Chat completions, completions, embeddings, classification and models."""
+    """Chat completions, completions, responses, embeddings, classification and models."""
 
     def __init__(
         self,
@@ -39,6 +40,7 @@ class OpenAIServing:
         self.chat_completion = ChatCompletionServing(self.state, generation)
         self.completion = CompletionServing(self.state, generation)
         self.pooling = PoolingServing(self.state, generation)
+        self.responses = ResponsesServing(self.state, generation)
 
     @property
     def cache(self) -> ExactCache | None:

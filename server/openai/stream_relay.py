@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from backends.protocol import BackendError, UpstreamStream
-from semcache.sse import DONE_EVENT, SSEReader, error_event, event
+from semcache.sse import SSEReader, error_event
 from server.openai.call import GenerationCall
+from server.openai.stream_format import StreamFormat
 
 
 def broken_stream_event(message: str | None) -> bytes:
@@ -46,8 +47,9 @@ async def relay(call: GenerationCall, upstream: UpstreamStream) -> AsyncIterator
     call.count_usage(reader.usage())
 
 
-async def replayed(payloads: list[bytes]) -> AsyncIterator[bytes]:
-    """A stored answer's payloads as events, then ``[DONE]``."""
-    for payload in payloads:
-        yield event(payload)
-    yield DONE_EVENT
+async def replayed(items: list[bytes], form: StreamFormat) -> AsyncIterator[bytes]:
+    """A stored answer's items as events, then what ends the stream (``[DONE]``)."""
+    for item in items:
+        yield form.frame(item)
+    if form.end:
+        yield form.end

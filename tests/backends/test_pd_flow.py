@@ -182,6 +182,32 @@ async def test_short_prompts_and_parallel_sampling_go_to_decode_alone(upstream: 
     await c.aclose()
 
 
+async def test_a_responses_request_is_prefilled_for_one_token_kept_nowhere(
+    upstream: Make,
+) -> None:
+    up = await upstream({PREFILL: prefill_ok, DECODE_1: decode_ok})
+    c = client(up)
+    body = {"model": "m", "input": LONG, "max_output_tokens": 50, "background": False}
+    assert (await c.post("/v1/responses", body, ctx())).status == 200
+    [prefill] = up.bodies(PREFILL)
+    [decode] = up.bodies(DECODE_1)
+    assert {k: prefill[k] for k in ("stream", "max_output_tokens", "store")} == {
+        "stream": False,
+        "max_output_tokens": 1,
+        "store": False,
+    }
+    assert "max_tokens" not in prefill and "background" not in prefill
+    assert prefill["kv_transfer_params"] == {"do_remote_decode": True}
+    assert decode["max_output_tokens"] == 50 and decode["kv_transfer_params"] == PARAMS
+    assert "store" not in decode  # the client's choice reaches decode untouched
+    # a continuation of a kept response: only the decode server can have it
+    follow = {"model": "m", "input": LONG, "previous_response_id": "resp_1"}
+    assert (await c.post("/v1/responses", follow, ctx())).status == 200
+    assert len(up.bodies(PREFILL)) == 1
+    assert c.stats.prefill_skipped == {"unsupported": 1}
+    await c.aclose()
+
+
 async def test_prefill_down_means_decode_alone_and_the_server_is_ejected(upstream: Make) -> None:
     up = await upstream({PREFILL: prefill_ok, DECODE_1: decode_ok}, down={PREFILL})
     c = client(up)

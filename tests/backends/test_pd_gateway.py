@@ -34,6 +34,7 @@ from backends.pool_metrics import BackendCollector
 from backends.servers import ServerState
 from server.config import GatewayConfig, ModelEntry
 from server.harness import GatewayThread
+from tests.support.waiting import wait_until
 
 # Starting three vLLM servers counts towards the first test's time limit.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -153,12 +154,13 @@ def pd_gateway(
         "max_tokens": 1,
     }
     httpx.post(f"{gw.url}/v1/chat/completions", json=warm, timeout=REQUEST_TIMEOUT_S)
+
     # A warm-up hand-off that failed ejects the decode server until a health check passes;
     # /ready checks every server now (re-admitting one that answers), so wait for it.
-    deadline = time.monotonic() + 60
-    while httpx.get(f"{gw.url}/ready", timeout=30).status_code != 200:
-        assert time.monotonic() < deadline, "the P/D gateway never became ready"
-        time.sleep(0.5)
+    def pd_gateway_ready() -> bool:
+        return httpx.get(f"{gw.url}/ready", timeout=30).status_code == 200
+
+    wait_until(pd_gateway_ready, timeout_s=60, interval_s=0.5)
     try:
         yield gw
     finally:
@@ -166,7 +168,9 @@ def pd_gateway(
 
 
 async def settled(url: str, name: str, labels: dict[str, str] | None = None) -> float:
-    """A counter's value once it stops moving (vLLM updates them just after answering)."""
+    """A counter's value once it stops moving (vLLM updates them just after answering).
+
+    vLLM signals no "counters updated" event: only a counter that stays put shows it."""
     last = await metric_value(url, name, labels)
     for _ in range(40):
         await asyncio.sleep(0.25)
@@ -227,6 +231,42 @@ async def test_decode_pulls_the_whole_prompt_over_nixl(
         r = await post(client, pd_gateway.url, "/v1/chat/completions", body)
     assert r.status_code == 200, r.text
     prompt_tokens = r.json()["usage"]["prompt_tokens"]
+    assert prompt_tokens > 400
+    external_after = await settled(decode, "vllm:external_prefix_cache_hits_total")
+    local_after = await settled(
+        decode, "vllm:prompt_tokens_by_source_total", {"source": "local_compute"}
+    )
+    assert external_after - external == prompt_tokens
+    assert local_after == local
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
+async def test_a_responses_request_pulls_its_prompt_over_nixl(
+    pd_servers: dict[str, VllmProcess], pd_gateway: GatewayThread, stream: bool
+) -> None:
+    decode = pd_servers["decode1"].url
+    tag = uuid.uuid4().hex
+    body = {
+        "model": "tiny-chat",
+        "instructions": f"Story {tag}. {SYSTEM}",  # no block of it cached on decode already
+        "input": story(tag, 50),
+        "max_output_tokens": 8,
+        "temperature": 0,
+        "stream": stream,
+    }
+    external = await settled(decode, "vllm:external_prefix_cache_hits_total")
+    local = await settled(decode, "vllm:prompt_tokens_by_source_total", {"source": "local_compute"})
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
+        r = await post(client, pd_gateway.url, "/v1/responses", body)
+    assert r.status_code == 200, r.text
+    if stream:
+        last = r.content.rstrip(b"\n").rsplit(b"\n\n", 1)[-1]
+        assert last.startswith(b"event: response.completed\ndata: ")
+        answer = orjson.loads(last.split(b"data: ", 1)[1])["response"]
+    else:
+        answer = r.json()
+    assert answer["output"][0]["content"][0]["text"]
+    prompt_tokens = answer["usage"]["input_tokens"]
     assert prompt_tokens > 400
     external_after = await settled(decode, "vllm:external_prefix_cache_hits_total")
     local_after = await settled(

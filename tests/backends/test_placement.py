@@ -128,3 +128,26 @@ def test_prompt_shape_estimates_tokens_without_a_tokenizer() -> None:
         4.0,
     )
     assert tools.text.startswith("[{")
+
+
+def test_a_responses_body_has_the_shape_of_the_same_chat() -> None:
+    system, user = "You are terse. " * 30, "a" * 400
+    chat = prompt_shape(
+        "/v1/chat/completions",
+        {"messages": [{"role": "system", "content": system}, {"role": "user", "content": user}]},
+        4.0,
+    )
+    as_string = prompt_shape("/v1/responses", {"instructions": system, "input": user}, 4.0)
+    as_items = prompt_shape(
+        "/v1/responses",
+        {
+            "instructions": system,
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": user}]}],
+        },
+        4.0,
+    )
+    assert chat == as_string == as_items
+    assert prefix_key(as_string, "t", 64, 4.0) == prefix_key(chat, "t", 64, 4.0) is not None
+    tool_output = {"type": "function_call_output", "call_id": "c1", "output": "42"}
+    other = prompt_shape("/v1/responses", {"input": [tool_output]}, 4.0)
+    assert other.single and "function_call_output" in other.text

@@ -12,6 +12,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from backends.upstream import raw_chunks
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.asyncio
 
@@ -61,15 +62,18 @@ async def test_a_burst_already_here_is_one_piece_and_later_events_come_as_they_a
         await response.write_eof()
         return response
 
+    five = b"".join(event(i) for i in range(5))
     async with sse_response(handler) as response:
         await sent.wait()
-        await asyncio.sleep(0.1)  # the five chunks reach the client's buffer
+        # the five chunks reach the client's buffer
+        await wait_until_async(lambda: response.content.total_bytes >= len(five), timeout_s=5.0)
         pieces = raw_chunks(response)
         burst = await anext(pieces)
-        assert burst == b"".join(event(i) for i in range(5))
+        assert burst == five
         # nothing more is here: the next read waits for the server, not for a fuller piece
         later = asyncio.ensure_future(anext(pieces))
-        await asyncio.sleep(0.05)
+        for _ in range(5):  # loop turns, not time: nothing more comes until ``release``
+            await asyncio.sleep(0)
         assert not later.done()
         release.set()
         assert await later == event(5)
@@ -77,10 +81,12 @@ async def test_a_burst_already_here_is_one_piece_and_later_events_come_as_they_a
 
 
 async def test_a_body_cut_short_is_relayed_up_to_the_cut_then_raises() -> None:
+    relayed = asyncio.Event()
+
     async def handler(request: web.Request) -> web.StreamResponse:
         response = await chunked(request)
         await response.write(event(0))
-        await asyncio.sleep(0.05)
+        await relayed.wait()  # the client has the first event; then the cut
         assert request.transport is not None
         request.transport.close()  # mid-body: the chunked encoding never ends
         return response
@@ -90,4 +96,5 @@ async def test_a_body_cut_short_is_relayed_up_to_the_cut_then_raises() -> None:
         with pytest.raises(aiohttp.ClientPayloadError):
             async for piece in raw_chunks(response):
                 got.append(piece)
+                relayed.set()
         assert got == [event(0)]

@@ -248,3 +248,50 @@ def embeddings_json() -> bytes:
             "usage": {"prompt_tokens": 4, "total_tokens": 4, "completion_tokens": 0},
         }
     )
+
+
+def responses_json(
+    text: str = "Paris.", *, rid: str = "resp_8d7d43", status: str = "completed"
+) -> bytes:
+    """A Responses API answer (``object: response``), in vLLM's field order."""
+    return _j(
+        {
+            "id": rid,
+            "created_at": CREATED,
+            "model": MODEL,
+            "object": "response",
+            "output": [
+                {
+                    "id": "msg_83a982",
+                    "content": [{"annotations": [], "text": text, "type": "output_text"}],
+                    "role": "assistant",
+                    "status": "completed",
+                    "type": "message",
+                }
+            ],
+            "status": status,
+            "usage": {"input_tokens": 25, "output_tokens": 2, "total_tokens": 27},
+        }
+    )
+
+
+def _named(name: str, doc: dict[str, Any]) -> bytes:
+    return b"event: " + name.encode() + b"\ndata: " + _j({**doc, "type": name}) + b"\n\n"
+
+
+def responses_stream(rid: str = "resp_98bd1c") -> list[bytes]:
+    """A streamed Responses API answer as vLLM frames it: named events, no ``[DONE]``."""
+    item = {"id": "msg_9fbb52", "content": [], "role": "assistant", "type": "message"}
+    created = {**orjson.loads(responses_json(rid=rid)), "output": [], "status": "in_progress"}
+    del created["usage"]
+    return [
+        _named("response.created", {"response": created, "sequence_number": 0}),
+        _named("response.output_item.added", {"item": item, "sequence_number": 1}),
+        _named("response.output_text.delta", {"delta": "Par", "sequence_number": 2}),
+        _named("response.output_text.delta", {"delta": "is.", "sequence_number": 3}),
+        _named("response.output_text.done", {"text": "Paris.", "sequence_number": 4}),
+        _named(
+            "response.completed",
+            {"response": orjson.loads(responses_json(rid=rid)), "sequence_number": 5},
+        ),
+    ]

@@ -8,12 +8,13 @@ from semcache.entry import (
     CHECKSUM_BYTES,
     CachedAnswer,
     IntegrityError,
+    ResponsesRecorder,
     StreamRecorder,
     Usage,
     decode_entry,
     encode_entry,
 )
-from semcache.sse import MEDIA_TYPE
+from semcache.sse import MEDIA_TYPE, SSEReader
 from tests.semcache import payloads
 
 DIGEST = "ab" * 32
@@ -32,6 +33,11 @@ def test_from_json_reads_usage() -> None:
     assert answer.usage == Usage(14, 8)
     assert CachedAnswer.from_json(payloads.embeddings_json()).usage == Usage(4, 0)
     assert CachedAnswer.from_json(b"not json").usage == Usage()
+
+
+def test_from_json_reads_the_responses_api_usage_names() -> None:
+    body = b'{"object":"response","usage":{"input_tokens":5,"output_tokens":2,"total_tokens":7}}'
+    assert CachedAnswer.from_json(body).usage == Usage(5, 2)
 
 
 def test_round_trip() -> None:
@@ -91,6 +97,54 @@ def test_incomplete_streams_are_not_recorded(stream: list[bytes]) -> None:
     rec.feed_many(stream)
     assert not rec.complete
     assert rec.answer() is None
+
+
+def blocks_of(events: list[bytes]) -> list[bytes]:
+    return SSEReader().feed_events(b"".join(events))
+
+
+def test_a_complete_responses_stream_is_recorded_block_for_block() -> None:
+    rec = ResponsesRecorder("qwen3-0.6b")
+    blocks = blocks_of(payloads.responses_stream())
+    for block in blocks:
+        rec.feed(block)
+    answer = rec.answer()
+    assert answer is not None and answer.chunks == blocks
+    assert answer.usage == Usage(25, 2)  # from the completed response's usage
+
+
+ERROR = b'event: error\ndata: {"type":"error","message":"engine dead","sequence_number":2}\n\n'
+FAILED = b'event: response.failed\ndata: {"type":"response.failed","response":{}}\n\n'
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        pytest.param(payloads.responses_stream()[:-1], id="no response.completed"),
+        pytest.param([*payloads.responses_stream()[:2], ERROR], id="error event"),
+        pytest.param([*payloads.responses_stream()[:2], FAILED], id="response.failed"),
+        pytest.param(
+            [*payloads.responses_stream()[:2], b'data: {"error": {"message": "cut"}}\n\n'],
+            id="the gateway's broken-stream event",
+        ),
+        pytest.param(
+            [*payloads.responses_stream(), payloads.responses_stream()[2]],
+            id="an event after response.completed",
+        ),
+        pytest.param(
+            [
+                *payloads.responses_stream()[:-1],
+                b"event: response.completed\ndata: {not json\n\n",
+            ],
+            id="garbage completed event",
+        ),
+    ],
+)
+def test_incomplete_responses_streams_are_not_recorded(stream: list[bytes]) -> None:
+    rec = ResponsesRecorder()
+    for block in blocks_of(stream):
+        rec.feed(block)
+    assert not rec.complete and rec.answer() is None
 
 
 ODD_PAYLOADS = [

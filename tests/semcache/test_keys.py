@@ -250,6 +250,25 @@ def test_determinism() -> None:
     assert is_deterministic("classification", {"input": "x"})
 
 
+def test_responses_requests_keep_their_shape_and_drop_defaults() -> None:
+    base = {"model": "m", "input": "Capital of France?", "temperature": 0, "store": False}
+    key = canonical_request("responses", base)
+    # bookkeeping and documented defaults change nothing
+    for same in ({"store": True}, {"metadata": {"a": "b"}}, {"top_p": 1.0}, {"tools": []}):
+        assert canonical_request("responses", {**base, **same}) == key
+    # a streamed and a JSON answer are cached apart; anything the model reads matters
+    for other in ({"stream": True}, {"instructions": "Be terse."}, {"max_output_tokens": 4}):
+        assert canonical_request("responses", {**base, **other}) != key
+    assert canonical_request("chat", base) != key
+    custom = {"scope": "t", "model_id": "m", "revision": "r", "custom_key": "k"}
+    as_json = build_key(route="responses", body=base, **custom)
+    assert build_key(route="responses", body={**base, "stream": True}, **custom) != as_json
+    assert build_key(route="responses", body={**base, "input": "other"}, **custom) == as_json
+    assert is_deterministic("responses", base)
+    assert is_deterministic("responses", {**base, "temperature": 0.7, "seed": 1})
+    assert not is_deterministic("responses", {"input": "x"})
+
+
 def test_sampling_defaults_of_a_model_change_equivalence() -> None:
     gen = {"temperature": 0.6}
     assert canonical_request("chat", chat(temperature=0.6), sampling_defaults=gen) == (
@@ -313,3 +332,14 @@ def test_custom_key_replaces_params_within_scope_and_model() -> None:
 
 def test_tenant_named_shared_is_not_the_shared_scope() -> None:
     assert scope_for("shared", shared=False) != scope_for("x", shared=True)
+
+
+@pytest.mark.parametrize("route", ["chat", "embeddings", "classification"])
+@pytest.mark.parametrize("value", [1e308, -1e308, 2.0**63, 1e19])
+def test_integral_floats_beyond_64_bits_stay_floats(route: str, value: float) -> None:
+    body = {"model": "m", "input": ["good"], "messages": [{"role": "user", "content": "x"}]}
+    small = canonical_request(route, {**body, "logit_bias": 1.0, "extra": 3.0})
+    assert b'"extra":3' in small  # integral floats within 64 bits still become ints
+    wide = canonical_request(route, {**body, "logit_bias": value, "extra": value})
+    assert canonical_request(route, {**body, "logit_bias": value, "extra": value}) == wide
+    assert wide != small

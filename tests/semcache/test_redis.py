@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ from semcache.purge import LocalEpochs, RedisEpochs
 from semcache.tiers import DiskStore, MemoryStore, RedisLink, RedisStore
 from tests.semcache import payloads
 from tests.semcache.conftest import RedisServer
+from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.slow
 
@@ -34,15 +34,6 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
-
-
-async def wait_until(cond: Callable[[], Any], what: str, tries: int = 200) -> None:
-    """Poll ``cond`` (bounded: ``tries`` x 50 ms) until it is true."""
-    for _ in range(tries):
-        if await cond():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Gateway:
@@ -217,12 +208,9 @@ async def test_pubsub_pushes_bumps_when_reads_do_not_recheck(
         async def both_listening() -> bool:  # one's listener and lazy's
             return await subscribers(lazy) == 2
 
-        await wait_until(both_listening, "both pub/sub subscriptions")
+        await wait_until_async(both_listening, timeout_s=10.0, interval_s=0.05)
         await one.cache.purge("model", "m1")
-        for _ in range(100):
-            if lazy.book.messages:
-                break
-            await asyncio.sleep(0.02)
+        await wait_until_async(lambda: lazy.book.messages, timeout_s=2.0)
         assert lazy.book.messages == 1
         assert (await lazy.ask("q"))[0] is CacheStatus.MISS
     finally:
@@ -271,7 +259,7 @@ async def test_redis_killed_mid_test_then_back(
             await gw.ask("probe")
             return gw.link.available
 
-        await wait_until(l3_back, "the L3 link to close again")
+        await wait_until_async(l3_back, timeout_s=10.0, interval_s=0.05)
         await gw.ask("after")
         after = await gw.req("after")
         assert await gw.l3.get(after.key.digest) is not None  # written to Redis again
@@ -306,7 +294,7 @@ async def test_a_purge_after_redis_lost_its_epochs_still_counts(
             await peer.ask("probe")
             return gw.link.available and peer.link.available
 
-        await wait_until(both_back, "both links to close again")
+        await wait_until_async(both_back, timeout_s=10.0, interval_s=0.05)
         assert (await peer.cache.purge("model", "m1")).propagated
         assert (await gw.ask("q"))[0] is CacheStatus.MISS
     finally:

@@ -9,7 +9,7 @@ import pytest
 
 from semcache.entry import CachedAnswer, StreamRecorder, Usage
 from semcache.replay import ReplayError, as_json, as_stream, wants_usage
-from semcache.sse import MEDIA_TYPE
+from semcache.sse import MEDIA_TYPE, SSEReader, block_event
 from tests.semcache import payloads
 
 
@@ -150,6 +150,17 @@ def test_embeddings_replay_as_json_only() -> None:
         as_stream(answer, "embeddings", include_usage=False)
     with pytest.raises(ReplayError):
         as_json(CachedAnswer(content_type=MEDIA_TYPE), "chat")
+
+
+def test_a_responses_stream_replays_as_it_arrived_or_as_its_completed_response() -> None:
+    blocks = SSEReader().feed_events(b"".join(payloads.responses_stream()))
+    answer = CachedAnswer(content_type=MEDIA_TYPE, chunks=blocks)
+    framed = b"".join(block_event(b) for b in as_stream(answer, "responses", include_usage=False))
+    assert framed == b"".join(payloads.responses_stream())  # byte for byte
+    completed = orjson.loads(payloads.responses_json(rid="resp_98bd1c"))
+    assert orjson.loads(as_json(answer, "responses")) == completed
+    with pytest.raises(ReplayError):  # JSON answers are cached under other keys
+        as_stream(CachedAnswer(body=payloads.responses_json()), "responses", include_usage=True)
 
 
 def test_wants_usage() -> None:

@@ -8,7 +8,6 @@ embedded all-MiniLM-L6-v2 embeddings backend (no vLLM).
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from server.config import GatewayConfig
 from server.harness import GatewayProcess, GatewayThread
 from tests.semcache.conftest import RedisServer
 from tests.server.test_semantic_http import EMBED, Calls, config, near_duplicate, questions
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -89,10 +89,7 @@ def gateways() -> Iterator[list[EmbeddingGateway]]:
 
 
 def wait_for(path: Path, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.2)
+    wait_until(path.exists, timeout_s=timeout_s, interval_s=0.2)
 
 
 def test_kill_9_keeps_the_semantic_index(tmp_path: Path, gateways: list[EmbeddingGateway]) -> None:
@@ -155,15 +152,16 @@ def test_an_entry_of_gateway_a_is_a_hit_on_gateway_b(
         texts = questions(3, skip=800)
         embed(a, texts, "tenant-x")
         dups = [near_duplicate(t) for t in texts]
-        deadline = time.monotonic() + 2.0
-        while True:
+        last: list[httpx.Response] = []
+
+        def hit_on_b() -> bool:  # A's entries reach B through Redis pub/sub
             b_calls.reset()
             # no-store: a miss on B must not cache B's own answer for the next try.
-            resp = embed(b, dups, "tenant-x", **{"cache-control": "no-store"})
-            if resp.headers.get("x-semcache-semantic") == "hit" or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        assert resp.headers.get("x-semcache-semantic") == "hit", resp.headers
+            last[:] = [embed(b, dups, "tenant-x", **{"cache-control": "no-store"})]
+            return last[0].headers.get("x-semcache-semantic") == "hit"
+
+        wait_until(hit_on_b, timeout_s=2.0, interval_s=0.1)
+        resp = last[0]
         assert resp.headers["x-semcache-semantic-items"] == "3/3"
         assert b_calls.texts == []  # B's backend computed nothing: A's answers, via Redis
         b_calls.reset()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from semcache.semantic.items import label_margin
 from server.config import GatewayConfig, ModelEntry, ServerSettings
 from server.harness import GatewayThread
 from tests.conftest import gateway_config
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -474,15 +474,12 @@ def test_chat_semantic_is_opt_in_and_temperature_0_only(chat_gw: GatewayThread) 
     # The answer is stored (and indexed) just after the stream ends: poll with no-store
     # probes, which are never indexed themselves.
     near_river = "which river flows through paris!"
-    deadline = time.monotonic() + 10
-    while (
-        "x-semcache-semantic"
-        not in chat(
-            chat_gw, "tiny-chat", near_river, headers_={"cache-control": "no-store"}
-        ).headers
-    ):
-        assert time.monotonic() < deadline, "the streamed answer was never indexed"
-        time.sleep(0.2)
+
+    def streamed_answer_indexed() -> bool:
+        probe = chat(chat_gw, "tiny-chat", near_river, headers_={"cache-control": "no-store"})
+        return "x-semcache-semantic" in probe.headers
+
+    wait_until(streamed_answer_indexed, timeout_s=10, interval_s=0.2)
     streamed = httpx.post(
         f"{chat_gw.url}/v1/chat/completions",
         json={

@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import tomllib
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 
 from backends.harness.ports import free_port
 from server.config import DEFAULT_CONFIG, parse_config
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -98,9 +98,12 @@ def test_serve_default_answers_openai_sdk_and_stops_cleanly(tmp_path: Path, data
             if proc.poll() is None:
                 proc.kill()
     assert proc.returncode == 0, "".join(lines[-30:])
+
     # vLLM's multiprocessing resource trackers exit with their server but end as zombies of
     # init, which reaps them a moment later: dead, not left behind. Nothing may still run.
-    time.sleep(1)
-    assert not [pid for pid in family if _running(pid)], "Ctrl-C left processes behind"
+    def ctrl_c_left_nothing_behind() -> bool:
+        return not [pid for pid in family if _running(pid)]
+
+    wait_until(ctrl_c_left_nothing_behind, timeout_s=10)
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"http://127.0.0.1:{vllm_port}/health")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,16 +18,12 @@ from server.batch.results import ItemOutcome
 from server.batch.service import BatchService
 from server.batch.settings import BatchSettings
 from server.batch.workers import BatchWorkers
+from tests.support.waiting import wait_until_async
 
 
 async def eventually(check: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    """Wait (bounded by the clock: a loaded CI box is slow) for a condition another task makes
-    true."""
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition never became true")
-        await asyncio.sleep(0.01)
+    """Wait (bounded: a loaded CI box is slow) for a condition another task makes true."""
+    await wait_until_async(check, timeout_s=timeout_s, interval_s=0.01)
 
 
 class LoadedBackend:

@@ -203,8 +203,9 @@ async def test_concurrent_identical_streams_make_one_backend_call(
     assert leader.headers["cf-aig-cache-status"] == "MISS"
     waiters = [asyncio.create_task(ask(serving)) for _ in range(3)]
     relay = asyncio.create_task(read(leader))
-    await asyncio.sleep(0.01)
+    await settled(serving)  # loop turns: the waiters reach the leader's flight (no I/O)
     assert not any(w.done() for w in waiters)  # waiting for the leader's answer
+    assert len(backend.streams) == 1
     backend.gate.set()
     expected = b"".join(c for c in CHUNKS if c != USAGE)
     assert await relay == expected

@@ -174,3 +174,14 @@ def test_embeddings_bad_input(client: Client) -> None:
     )
     assert r.status_code == 400
     assert error_of(r)["param"] == "encoding_format"
+
+
+def test_a_huge_integral_float_in_an_extra_field_is_not_a_server_error(client: Client) -> None:
+    body = {"model": "embed-model", "input": ["good"], "logit_bias": 1e308}
+    r = client.post(
+        "/v1/embeddings", content=b'{"model":"embed-model","input":["good"],"logit_bias":1e+308}'
+    )
+    assert r.status_code == 200, r.text
+    again = client.post("/v1/embeddings", json=body)
+    assert again.status_code == 200
+    assert again.json()["data"] == r.json()["data"]

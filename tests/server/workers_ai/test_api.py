@@ -49,6 +49,7 @@ from server.errors import ApiError
 from server.harness import GatewayProcess, GatewayThread
 from tests.semcache.conftest import RedisServer
 from tests.support.fake_backend import FakeGeneration
+from tests.support.waiting import wait_until, wait_until_async
 
 TOKEN = "TOKEN"
 OTHER_TOKEN = "other-tenant-token"
@@ -571,11 +572,7 @@ async def test_batch_waits_while_a_live_request_runs(gw: GatewayThread) -> None:
         await asyncio.sleep(0.002)
     assert await live > 100  # the answer really streamed
     assert seen_busy
-    for _ in range(100):
-        if gate.free():
-            break
-        await asyncio.sleep(0.05)
-    assert gate.free()
+    await wait_until_async(gate.free, timeout_s=5.0, interval_s=0.05)
 
 
 @pytest.mark.slow
@@ -592,11 +589,13 @@ def test_results_expire(data_dir: Path, tiny_vllm: VllmProcess, tmp_path: Path) 
                 )
             )
             wait_done(http, gateway.url, CHAT, queued["request_id"])
-            time.sleep(1.5)
-            poll = http.post(
-                url(gateway.url, CHAT), headers=bearer(), json={"request_id": queued["request_id"]}
-            )
-            failed(poll, 404)
+
+            def poll() -> httpx.Response:
+                body = {"request_id": queued["request_id"]}
+                return http.post(url(gateway.url, CHAT), headers=bearer(), json=body)
+
+            wait_until(lambda: poll().status_code == 404, timeout_s=30, interval_s=0.1)
+            failed(poll(), 404)
     finally:
         gateway.stop()
 
@@ -702,15 +701,14 @@ def test_kill_9_mid_batch_loses_and_duplicates_nothing(
     write_gateway_toml(config, data_dir, tiny_vllm.url, {"path": str(db), "lease_s": 2.0})
     first = GatewayProcess(config).start()
     try:
-        time.sleep(1.0)  # start-up work (first requests of the lifespan) settles
+        # Start-up work (first requests of the lifespan) is over once a quarter second passes
+        # without a CPU tick; then the idle gateway is measured.
+        wait_until(lambda: idle_cpu_s(first, 0.25) < 0.01, timeout_s=30, interval_s=0)
         idle = idle_cpu_s(first, 3.0)
         assert idle < 0.1, f"an idle gateway burned {idle:.3f} s of CPU in 3 s"
         with httpx.Client(timeout=120) as http:
             rid = submit_batch(http, first.url, n, max_tokens=48)
-            deadline = time.monotonic() + 240
-            while len(stored_results(db, rid)) < 4:
-                assert time.monotonic() < deadline, "the batch made no progress"
-                time.sleep(0.1)
+            wait_until(lambda: len(stored_results(db, rid)) >= 4, timeout_s=240, interval_s=0.1)
             first.kill()
             before = stored_results(db, rid)
             assert 4 <= len(before) < n, "kill the gateway mid-batch"
@@ -791,20 +789,20 @@ def test_kill_9_of_one_gateway_its_items_are_reclaimed_by_the_other(
         with httpx.Client(timeout=120) as http:
             n = 30
             rid = submit_batch(http, doomed.url, n, max_tokens=48)
-            deadline = time.monotonic() + 240
-            while True:
-                state = ok(
-                    http.post(url(doomed.url, CHAT), headers=bearer(), json={"request_id": rid})
-                )
-                if state.get("status") == "running":
-                    break
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
+
+            def running() -> bool:
+                body = {"request_id": rid}
+                state = ok(http.post(url(doomed.url, CHAT), headers=bearer(), json=body))
+                return bool(state.get("status") == "running")
+
+            wait_until(running, timeout_s=240, interval_s=0.05)
             # kill it while it holds leases (on a quiet machine the batch runs in seconds)
             leases = redis.Redis.from_url(redis_url)
-            while leases.xpending(f"{queue['prefix']}:items", "workers")["pending"] == 0:
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
+
+            def leased() -> bool:
+                return int(leases.xpending(f"{queue['prefix']}:items", "workers")["pending"]) > 0
+
+            wait_until(leased, timeout_s=240, interval_s=0.01)
             doomed.kill()
             pending = leases.xpending(f"{queue['prefix']}:items", "workers")
             assert pending["pending"] > 0, "the killed gateway held leases"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -14,14 +15,42 @@ from server.batch.queue.base import BatchQueue, WorkItem
 from server.batch.queue.disk import DiskQueue
 from server.batch.queue.redis import RedisQueue
 from tests.semcache.conftest import RedisServer
+from tests.support.waiting import wait_until_async
 
 QueueFactory = Callable[..., Awaitable[BatchQueue]]
 
 LEASE_S = 0.4
 
 
+class Clock:
+    """The disk queue's clock, moved by the test. Redis Streams measure a lease (XAUTOCLAIM's
+    min-idle-time) and a result's TTL (PEXPIRE) on the redis-server's own clock, which no
+    fake moves: there the tests wait, in a bounded poll, for what they expect."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
 @pytest.fixture(params=["disk", pytest.param("redis", marks=pytest.mark.slow)])
-async def make_queue(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[QueueFactory]:
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def make_queue(
+    request: pytest.FixtureRequest, kind: str, clock: Clock, tmp_path: Path
+) -> AsyncIterator[QueueFactory]:
     """Opens queues of one kind; queues opened by one test share their storage."""
     opened: list[BatchQueue] = []
     prefix = f"t{uuid.uuid4().hex[:10]}"
@@ -29,8 +58,8 @@ async def make_queue(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
     async def make(**kwargs: Any) -> BatchQueue:
         kwargs.setdefault("lease_s", LEASE_S)
         queue: BatchQueue
-        if request.param == "disk":
-            queue = await DiskQueue.open(tmp_path / "q.sqlite3", poll_s=0.02, **kwargs)
+        if kind == "disk":
+            queue = await DiskQueue.open(tmp_path / "q.sqlite3", poll_s=0.02, clock=clock, **kwargs)
         else:
             server: RedisServer = request.getfixturevalue("redis_server")
             queue = await RedisQueue.open(server.url, prefix=prefix, **kwargs)
@@ -53,6 +82,45 @@ async def drain(queue: BatchQueue, consumer: str, limit: int = 10) -> list[WorkI
     while batch := await queue.claim(consumer, limit, wait_s=0.05):
         out.extend(batch)
     return out
+
+
+async def claim_after_lease(
+    q: BatchQueue, kind: str, clock: Clock, consumer: str, n: int
+) -> list[WorkItem]:
+    """The ``n`` items whose lease ran out, claimed by ``consumer``: on disk the clock moves
+    past the lease; on Redis the claims go on (bounded) until the server hands them over."""
+    if kind == "disk":
+        clock.advance(LEASE_S + 0.1)
+        return await q.claim(consumer, n, wait_s=0.0)
+    taken: list[WorkItem] = []
+
+    async def all_taken() -> bool:
+        taken.extend(await q.claim(consumer, n - len(taken), wait_s=0.05))
+        return len(taken) >= n
+
+    await wait_until_async(all_taken, timeout_s=10 * LEASE_S + 5)
+    return taken
+
+
+def count_looks(q: BatchQueue) -> list[int]:
+    """Counts the disk queue's looks for claimable work (``[n]``, updated as they happen)."""
+    assert isinstance(q, DiskQueue)
+    looks = [0]
+    look = q._claim_or_due
+
+    def counted(consumer: str, limit: int) -> tuple[list[WorkItem], float | None]:
+        looks[0] += 1
+        return look(consumer, limit)
+
+    q._claim_or_due = counted  # type: ignore[method-assign]
+    return looks
+
+
+async def redis_claim_blocks(q: BatchQueue) -> bool:
+    """True once a claim of ``q`` waits for new work: its connection is blocked in XREADGROUP."""
+    assert isinstance(q, RedisQueue)
+    clients: list[dict[str, Any]] = await q.client.client_list()
+    return any(c.get("cmd") == "xreadgroup" and "b" in str(c.get("flags")) for c in clients)
 
 
 async def test_life_cycle_queued_running_done(make_queue: QueueFactory) -> None:
@@ -117,15 +185,14 @@ async def test_consumers_never_share_a_live_claim(make_queue: QueueFactory) -> N
 
 
 async def test_expired_lease_goes_to_another_worker_with_one_result(
-    make_queue: QueueFactory,
+    make_queue: QueueFactory, kind: str, clock: Clock
 ) -> None:
     q = await make_queue()
     await q.submit("j", "t", "m", payloads(2))
     dead = await q.claim("dead", 2, wait_s=0.1)  # then the worker is "killed": no extend
     assert len(dead) == 2
     assert await q.claim("alive", 2, wait_s=0.0) == []
-    await asyncio.sleep(LEASE_S + 0.3)
-    taken = await q.claim("alive", 2, wait_s=0.1)
+    taken = await claim_after_lease(q, kind, clock, "alive", 2)
     assert sorted(i.index for i in taken) == [0, 1]
     assert all(i.attempts == 2 for i in taken)
     for item in taken:
@@ -136,12 +203,15 @@ async def test_expired_lease_goes_to_another_worker_with_one_result(
     assert [r.body for r in await q.results("j")] == [b"alive", b"alive"]
 
 
-async def test_extended_lease_is_kept(make_queue: QueueFactory) -> None:
+async def test_extended_lease_is_kept(make_queue: QueueFactory, kind: str, clock: Clock) -> None:
     q = await make_queue()
     await q.submit("j", "t", "m", payloads(1))
     items = await q.claim("w1", 1, wait_s=0.1)
     for _ in range(4):
-        await asyncio.sleep(LEASE_S / 2)
+        if kind == "disk":
+            clock.advance(LEASE_S / 2)
+        else:  # the lease runs on the redis-server's clock: only real time moves it
+            await asyncio.sleep(LEASE_S / 2)
         await q.extend("w1", items)
     assert await q.claim("w2", 1, wait_s=0.0) == []
     assert await q.complete(items[0], b"ok")
@@ -157,39 +227,51 @@ async def test_retry_gives_the_item_back(make_queue: QueueFactory) -> None:
     assert await q.complete(again, b"ok")
 
 
-async def test_waiting_claim_wakes_up_for_new_work(make_queue: QueueFactory) -> None:
+async def test_waiting_claim_wakes_up_for_new_work(make_queue: QueueFactory, kind: str) -> None:
     q = await make_queue()
+    looks = count_looks(q) if kind == "disk" else None
     waiter = asyncio.create_task(q.claim("w1", 1, wait_s=5.0))
-    await asyncio.sleep(0.1)
+    if looks is not None:
+        await wait_until_async(lambda: looks[0] >= 1, timeout_s=5.0)  # looked, found none
+    else:
+        await wait_until_async(lambda: redis_claim_blocks(q), timeout_s=5.0)
     await q.submit("j", "t", "m", payloads(1))
     (item,) = await asyncio.wait_for(waiter, 5.0)
     assert item.job_id == "j"
 
 
-async def test_finished_jobs_expire(make_queue: QueueFactory) -> None:
+async def test_finished_jobs_expire(make_queue: QueueFactory, kind: str, clock: Clock) -> None:
     q = await make_queue(results_ttl_s=0.3)
     await q.submit("j", "t", "m", payloads(1))
     (item,) = await q.claim("w1", 1, wait_s=0.1)
     await q.complete(item, b"ok")
     assert await q.job("j") is not None
-    await asyncio.sleep(0.6)
-    await q.purge_expired()
+    if kind == "disk":
+        clock.advance(0.31)
+        await q.purge_expired()
+    else:  # PEXPIRE runs on the redis-server's clock: wait (bounded) for the key to go
+
+        async def gone() -> bool:
+            await q.purge_expired()
+            return await q.job("j") is None
+
+        await wait_until_async(gone, timeout_s=5.0)
     assert await q.job("j") is None
     assert await q.results("j") == []
 
 
-async def test_disk_queue_survives_reopen(tmp_path: Path) -> None:
+async def test_disk_queue_survives_reopen(tmp_path: Path, clock: Clock) -> None:
     path = tmp_path / "q.sqlite3"
-    first = await DiskQueue.open(path, lease_s=LEASE_S)
+    first = await DiskQueue.open(path, lease_s=LEASE_S, clock=clock)
     await first.submit("j", "t", "m", payloads(3))
     (item,) = await first.claim("w1", 1, wait_s=0.1)
     await first.complete(item, b"r0")
     await first.claim("w1", 1, wait_s=0.1)  # claimed, never finished: the process "dies"
     await first.aclose()
 
-    second = await DiskQueue.open(path, lease_s=LEASE_S)
+    second = await DiskQueue.open(path, lease_s=LEASE_S, clock=clock)
     try:
-        await asyncio.sleep(LEASE_S + 0.2)
+        clock.advance(LEASE_S + 0.1)
         rest = await drain(second, "w2")
         assert sorted(i.index for i in rest) == [1, 2]
         for i in rest:
@@ -233,6 +315,7 @@ async def test_idle_disk_claim_sleeps_until_a_submit_or_a_due_retry(tmp_path: Pa
     q._claim_or_due = counted  # type: ignore[method-assign]
     try:
         waiter = asyncio.create_task(q.claim("w1", 1, wait_s=30.0))
+        # Real time on purpose: that an idle claim does not look again is what is checked.
         await asyncio.sleep(1.0)
         assert looks == 1 and not waiter.done()
         await q.submit("j", "t", "m", payloads(1))
