@@ -5,8 +5,8 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from server.auth import AuthSettings, TokenEntry
 from server.batch.settings import BatchSettings, FilesSettings
 from server.config import GatewayConfig
 from tests.support.fake_backend import FakeGeneration
+from tests.support.waiting import wait_until
 
 CHAT = "/v1/chat/completions"
 
@@ -81,14 +82,12 @@ def sdk(http: TestClient[Any], key: str = "alice") -> openai.OpenAI:
     )
 
 
+FINISHED = ("completed", "failed", "cancelled", "expired")
+
+
 def wait_finished(client: openai.OpenAI, batch_id: str, timeout_s: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in ("completed", "failed", "cancelled", "expired"):
-            return batch
-        time.sleep(0.05)
-    raise AssertionError(f"batch {batch_id} did not finish")
+    wait_until(lambda: client.batches.retrieve(batch_id).status in FINISHED, timeout_s)
+    return client.batches.retrieve(batch_id)
 
 
 def read_lines(client: openai.OpenAI, file_id: str) -> list[Any]:
@@ -171,7 +170,12 @@ def test_backend_errors_go_to_the_error_file(http: TestClient[Any], fake: FakeGe
     ],
 )
 def test_bad_input_fails_the_batch_with_line_numbers_and_runs_nothing(
-    http: TestClient[Any], fake: FakeGeneration, lines: list[Any], code: str, line_no: int | None
+    http: TestClient[Any],
+    fake: FakeGeneration,
+    tmp_path: Path,
+    lines: list[Any],
+    code: str,
+    line_no: int | None,
 ) -> None:
     client = sdk(http)
     batch = create(client, lines)
@@ -179,8 +183,9 @@ def test_bad_input_fails_the_batch_with_line_numbers_and_runs_nothing(
     assert batch.errors is not None and batch.errors.data
     assert (batch.errors.data[0].code, batch.errors.data[0].line) == (code, line_no)
     assert client.batches.retrieve(batch.id).status == "failed"
-    time.sleep(0.2)
-    assert fake.calls == []  # nothing half-submitted runs
+    with sqlite3.connect(tmp_path / "queue" / "batch.sqlite3") as db:  # nothing was queued
+        assert db.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+    assert fake.calls == []
 
 
 def test_bad_requests_are_openai_errors(http: TestClient[Any]) -> None:
@@ -256,10 +261,7 @@ def test_cancel_a_running_batch(tmp_path: Path) -> None:
     with gateway(fake, tmp_path, max_inflight=1) as http:
         client = sdk(http)
         batch = create(client, [line(str(i)) for i in range(4)])
-        deadline = time.monotonic() + 30
-        while fake.started < 1:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: fake.started >= 1)
         cancelling = client.batches.cancel(batch.id)
         assert cancelling.status == "cancelling" and cancelling.cancelling_at
         fake.release.set()

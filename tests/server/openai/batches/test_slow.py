@@ -4,7 +4,6 @@ batch is cancelled, and ``kill -9`` of the gateway mid-batch loses and repeats n
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,10 +24,12 @@ from tests.server.workers_ai.test_api import (
     stored_results,
     write_gateway_toml,
 )
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
 CHAT = "/v1/chat/completions"
+FINISHED = ("completed", "failed", "cancelled", "expired")
 
 
 def chat_lines(n: int, max_tokens: int, prefix: str = "") -> bytes:
@@ -50,14 +51,13 @@ def chat_lines(n: int, max_tokens: int, prefix: str = "") -> bytes:
 
 
 def wait_finished(client: openai.OpenAI, batch_id: str, timeout_s: float = 300.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        batch = client.batches.retrieve(batch_id)
-        if batch.status in ("completed", "failed", "cancelled", "expired"):
-            return batch
-        assert batch.status in ("validating", "in_progress", "finalizing", "cancelling")
-        time.sleep(0.2)
-    raise AssertionError(f"batch {batch_id} did not finish")
+    def finished() -> bool:
+        status = client.batches.retrieve(batch_id).status
+        assert status in (*FINISHED, "validating", "in_progress", "finalizing", "cancelling")
+        return status in FINISHED
+
+    wait_until(finished, timeout_s, interval_s=0.2)
+    return client.batches.retrieve(batch_id)
 
 
 def read_lines(client: openai.OpenAI, file_id: str) -> list[Any]:
@@ -138,14 +138,12 @@ def test_cancel_a_running_batch(client: openai.OpenAI) -> None:
     lines = chat_lines(n, 64, prefix=f"{uuid.uuid4().hex} ")
     f = client.files.create(file=("in.jsonl", lines), purpose="batch")
     batch = client.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h")
-    deadline = time.monotonic() + 120
-    while True:
-        now = client.batches.retrieve(batch.id)
-        assert now.request_counts is not None
-        if now.request_counts.completed >= 1:
-            break
-        assert time.monotonic() < deadline, "the batch made no progress"
-        time.sleep(0.1)
+
+    def started() -> bool:
+        counts = client.batches.retrieve(batch.id).request_counts
+        return counts is not None and counts.completed >= 1
+
+    wait_until(started, 120, interval_s=0.1)
     assert client.batches.cancel(batch.id).status in ("cancelling", "cancelled")
     done = wait_finished(client, batch.id)
     assert done.status == "cancelled" and done.cancelled_at
@@ -173,10 +171,7 @@ def test_kill_9_mid_batch_every_line_exactly_once(
         lines = chat_lines(n, 48, prefix=f"{uuid.uuid4().hex} ")
         f = sdk.files.create(file=("in.jsonl", lines), purpose="batch")
         batch = sdk.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h")
-        deadline = time.monotonic() + 240
-        while len(stored_results(db, batch.id)) < 4:
-            assert time.monotonic() < deadline, "the batch made no progress"
-            time.sleep(0.1)
+        wait_until(lambda: len(stored_results(db, batch.id)) >= 4, 240, interval_s=0.05)
         first.kill()
         before = stored_results(db, batch.id)
         assert 4 <= len(before) < n, "kill the gateway mid-batch"
