@@ -57,6 +57,8 @@ class RequestContext(msgspec.Struct, kw_only=True):
     salt_scope: str | None = None
     """Who may share vLLM's prefix-cache blocks with this request: the tenant, or
     ``"shared"`` for models the policy shares; backends derive vLLM's ``cache_salt`` from it."""
+    background: bool = False
+    """A batch item: it runs on idle capacity and never makes batch work yield."""
 
 
 class UpstreamResponse(msgspec.Struct, kw_only=True):

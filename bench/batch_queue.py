@@ -15,7 +15,14 @@ traffic (alone). Alternating rounds between idle and backlogged phases, and betw
 modes, lets the machine's noise hit every figure alike. Batch items/s are shown while the
 sync streams run and while the batch runs alone.
 
+With ``--api openai`` the same rounds run on the OpenAI surface: the backlog is an OpenAI
+batch (a JSONL file uploaded to ``/v1/files``, then ``POST /v1/batches``, done once the batch
+is ``completed`` with its output file written) and the sync streams are
+``/v1/chat/completions`` streams.
+
     .venv/bin/python bench/batch_queue.py [--vllm-url URL] [--rounds 10] [--backlog 40]
+    .venv/bin/python bench/batch_queue.py --api openai --rounds 1 --backlog 1000 \
+        --modes '{"pull (sync first)": {}}'
 """
 
 from __future__ import annotations
@@ -83,8 +90,14 @@ def run_url(base: str) -> str:
     return f"{base}/client/v4/accounts/bench/ai/run/{MODEL}"
 
 
+API = "workers-ai"
+"""The surface measured: ``workers-ai`` or ``openai`` (``--api``)."""
+
+
 async def ttft(client: httpx.AsyncClient, base: str, i: int, max_tokens: int) -> float:
-    """Seconds to the first streamed piece of text of one Workers-AI stream."""
+    """Seconds to the first streamed piece of text of one live stream."""
+    if API == "openai":
+        return await openai_ttft(client, base, i, max_tokens)
     body = {"prompt": f"{uuid.uuid4().hex} question {i}", "max_tokens": max_tokens, "stream": True}
     start = time.perf_counter()
     first: float | None = None
@@ -98,6 +111,65 @@ async def ttft(client: httpx.AsyncClient, base: str, i: int, max_tokens: int) ->
     return first
 
 
+async def openai_ttft(client: httpx.AsyncClient, base: str, i: int, max_tokens: int) -> float:
+    """Seconds to the first streamed piece of text of one ``/v1/chat/completions`` stream."""
+    body = {
+        "model": "tiny-chat",
+        "messages": [{"role": "user", "content": f"{uuid.uuid4().hex} question {i}"}],
+        "max_tokens": max_tokens,
+        "stream": True,
+    }
+    start = time.perf_counter()
+    first: float | None = None
+    async with client.stream(
+        "POST", f"{base}/v1/chat/completions", headers=HEADERS, json=body
+    ) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if first is None and '"content":"' in line and '"content":""' not in line:
+                first = time.perf_counter() - start
+    if first is None:
+        raise RuntimeError("stream without text")
+    return first
+
+
+async def submit_openai(client: httpx.AsyncClient, base: str, n: int, max_tokens: int) -> str:
+    """An OpenAI batch of ``n`` chat lines: the file uploaded, the batch created."""
+    lines = [
+        {
+            "custom_id": f"item-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {
+                "model": "tiny-chat",
+                "messages": [{"role": "user", "content": f"{uuid.uuid4().hex} batch item {i}"}],
+                "max_tokens": max_tokens,
+                "temperature": 0.7,
+            },
+        }
+        for i in range(n)
+    ]
+    data = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    auth = {"Authorization": HEADERS["Authorization"]}
+    r = await client.post(
+        f"{base}/v1/files",
+        headers=auth,
+        files={"file": ("batch.jsonl", data)},
+        data={"purpose": "batch"},
+    )
+    r.raise_for_status()
+    body = {
+        "input_file_id": r.json()["id"],
+        "endpoint": "/v1/chat/completions",
+        "completion_window": "24h",
+    }
+    r = await client.post(f"{base}/v1/batches", headers=auth, json=body)
+    r.raise_for_status()
+    if r.json()["status"] != "in_progress":
+        raise RuntimeError(f"the batch was not queued: {r.json()}")
+    return str(r.json()["id"])
+
+
 async def sync_phase(
     client: httpx.AsyncClient, base: str, n: int, max_tokens: int, gap_s: float
 ) -> list[float]:
@@ -109,6 +181,8 @@ async def sync_phase(
 
 
 async def submit(client: httpx.AsyncClient, base: str, n: int, max_tokens: int) -> str:
+    if API == "openai":
+        return await submit_openai(client, base, n, max_tokens)
     requests = [
         {
             "prompt": f"{uuid.uuid4().hex} batch item {i}",
@@ -133,11 +207,28 @@ def completed(db: Path, request_id: str) -> int:
 
 
 async def wait_status(client: httpx.AsyncClient, base: str, rid: str, want: str) -> None:
+    if API == "openai":
+        await wait_openai(client, base, rid, want)
+        return
     while True:
         r = await client.post(run_url(base), headers=HEADERS, json={"request_id": rid})
         result = r.json()["result"]
         status = "done" if "responses" in result else result["status"]
         if status == want or status == "done":
+            return
+        await asyncio.sleep(0.05)
+
+
+async def wait_openai(client: httpx.AsyncClient, base: str, rid: str, want: str) -> None:
+    """``running``: some line has started; ``done``: the batch is completed (output written)."""
+    auth = {"Authorization": HEADERS["Authorization"]}
+    while True:
+        batch = (await client.get(f"{base}/v1/batches/{rid}", headers=auth)).json()
+        if batch["status"] in ("failed", "expired", "cancelled"):
+            raise RuntimeError(f"the batch ended {batch['status']}: {batch.get('errors')}")
+        if batch["status"] == "completed":
+            return
+        if want == "running" and batch["request_counts"]["completed"] > 0:
             return
         await asyncio.sleep(0.05)
 
@@ -231,6 +322,13 @@ async def main() -> int:
     parser.add_argument("--backlog", type=int, default=40, help="items of each backlog batch")
     parser.add_argument("--batch-tokens", type=int, default=32)
     parser.add_argument(
+        "--api",
+        choices=("workers-ai", "openai"),
+        default="workers-ai",
+        help="the surface measured: Workers AI queueRequest and streams, or OpenAI's Batch "
+        "API and chat completion streams",
+    )
+    parser.add_argument(
         "--modes",
         type=json.loads,
         default=MODES,
@@ -238,6 +336,8 @@ async def main() -> int:
         f"checked on the one named {CLAIMED!r}",
     )
     args = parser.parse_args()
+    global API
+    API = args.api
 
     data_dir = test_data_dir()
     vllm = None
@@ -252,11 +352,13 @@ async def main() -> int:
             await vllm.stop()
 
     ms = 1000.0
+    surface = "OpenAI chat" if API == "openai" else "Workers-AI"
     n = args.rounds * args.per_round
     print(
-        f"\n{n} sync Workers-AI streams per phase (max_tokens {args.sync_tokens}, {args.gap} s "
+        f"\n{n} sync {surface} streams per phase (max_tokens {args.sync_tokens}, {args.gap} s "
         "apart), idle and "
         f"backlogged phases interleaved over {args.rounds} rounds; backlog {args.backlog} items "
+        f"({'an OpenAI batch' if API == 'openai' else 'queueRequest'}) "
         f"(max_tokens {args.batch_tokens}) per round; tiny model on vLLM ({args.vllm_url})"
     )
     print(

@@ -9,6 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
+from pathlib import Path
 
 from litestar import Litestar
 from litestar.datastructures import State
@@ -19,11 +20,20 @@ from semcache.exact import open_exact_cache
 from semcache.policy import PolicyHolder
 from semcache.semantic.encoder import load_encoder
 from semcache.semantic.service import SemanticService
+from server.auth import TokenAuth
 from server.config import GatewayConfig
 from server.errors import handle_exception
 from server.metrics import GatewayMetrics
+from server.openai.batches import api_router as batches_routes
+from server.openai.batches.protocol import PAYLOAD_KEY
+from server.openai.batches.runner import OpenAIItemRunner
+from server.openai.batches.serving import BatchesServing
+from server.openai.batches.store import BatchStore
 from server.openai.chat_completion import api_router as chat_completion
 from server.openai.completion import api_router as completion
+from server.openai.files import api_router as files_routes
+from server.openai.files.serving import FilesServing
+from server.openai.files.store import FileStore
 from server.openai.models import api_router as models
 from server.openai.pooling import api_router as pooling
 from server.openai.responses import api_router as responses
@@ -66,6 +76,16 @@ def semantic_used(policy: PolicyHolder) -> bool:
     return any(rule.semantic.enabled for rule in rules)
 
 
+async def sweep_batches(batches: BatchesServing, every_s: float = 60.0) -> None:
+    """Finalize finished OpenAI batches and remove expired files, now and then."""
+    while True:
+        try:
+            await batches.sweep()
+        except Exception:
+            log.exception("could not sweep the OpenAI batches")
+        await asyncio.sleep(every_s)
+
+
 def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> Litestar:
     """Build the gateway app for ``config``; backend clients are made here, models load at start."""
     registry = registry or registry_from_config(config)
@@ -83,6 +103,18 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         encoder_factory=partial(load_encoder, graph_dir=config.data_path() / "encoders"),
     )
 
+    files_settings = config.batch.files
+    openai_dir = Path(files_settings.dir) if files_settings.dir else config.data_path() / "openai"
+    openai_dir = openai_dir.expanduser()
+    file_store = FileStore(openai_dir / "files", retention_s=files_settings.retention_s)
+    batches = BatchesServing(
+        BatchStore(openai_dir / "batches", retention_s=files_settings.retention_s),
+        file_store,
+        registry,
+        config.batch,
+    )
+    openai_items = OpenAIItemRunner(serving, batches.stop_reason)
+
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         write_bodies_eagerly(asyncio.get_running_loop())  # before any backend session opens
@@ -99,10 +131,21 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         if serving.semantic is not None and serving.semantic.redis_url and semantic_used(policy):
             # Subscribe to the other gateways' entries now, not at the first request.
             serving.semantic.warm()
-        app.state.workers_ai = await open_workers_ai(config, serving, registry, metrics.registry)
+        app.state.workers_ai = await open_workers_ai(
+            config, serving, registry, metrics.registry, item_runners={PAYLOAD_KEY: openai_items}
+        )
+        if app.state.workers_ai.batch is not None:
+            batches.queue = app.state.workers_ai.batch.queue
+        if app.state.workers_ai.workers is not None:  # live /v1 requests: batch work yields
+            serving.state.live_request = app.state.workers_ai.workers.gates.live_request
+        sweeper = asyncio.create_task(sweep_batches(batches), name="openai-batch-sweep")
         try:
             yield
         finally:
+            sweeper.cancel()
+            await asyncio.gather(sweeper, return_exceptions=True)
+            batches.queue = None
+            serving.state.live_request = None
             await app.state.workers_ai.aclose()  # batch workers stop before the cache closes
             if serving.semantic is not None:
                 await serving.semantic.aclose()
@@ -121,6 +164,8 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
             *health.ROUTES,
             *admin.ROUTES,
             *workers_ai_routes.ROUTES,
+            *files_routes.ROUTES,
+            *batches_routes.ROUTES,
         ],
         state=State(
             {
@@ -129,6 +174,9 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
                 "serving": serving,
                 "config": config,
                 "policy": policy,
+                "auth": TokenAuth(config.auth),
+                "files": FilesServing(file_store, files_settings.max_bytes),
+                "batches": batches,
             }
         ),
         exception_handlers={Exception: handle_exception},

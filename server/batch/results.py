@@ -18,6 +18,9 @@ class ItemOutcome(msgspec.Struct, kw_only=True):
     usage: dict[str, int] | None = None
     retryable: bool = False
     """The backend failed (not the request): trying again later may succeed."""
+    response: dict[str, Any] | None = None
+    """The stored response object when the runner shapes it itself (an OpenAI batch output
+    line); ``None``: the Workers-AI response object."""
 
 
 class StoredItem(msgspec.Struct, kw_only=True):

@@ -27,13 +27,28 @@ class QueueSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """An unfinished batch is dropped after this long (a safety net against leaks)."""
 
 
+class FilesSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The OpenAI Files API's store (``/v1/files``): batch input and output files."""
+
+    dir: str | None = None
+    """Folder of the stored files (``files/``) and OpenAI batch records (``batches/``);
+    default ``<data_dir>/openai``."""
+    max_bytes: PosInt = 200 * 1024 * 1024
+    """Largest file one upload may hold (a larger one is refused with a 413)."""
+    retention_s: PosFloat = 30 * 86400.0
+    """Files (uploads and batch outputs) and batch records are removed this long after
+    they were created."""
+
+
 class BatchSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """The ``[batch]`` section of the gateway config."""
 
     enabled: bool = True
     queue: QueueSettings = msgspec.field(default_factory=QueueSettings)
+    files: FilesSettings = msgspec.field(default_factory=FilesSettings)
     max_items: PosInt = 1000
-    """Most items one batch may hold (a larger one is refused with a 400 naming this limit)."""
+    """Most items one batch may hold (a larger one is refused with a 400 naming this limit;
+    an OpenAI batch input file with more lines fails validation)."""
     per_server_limit: PosInt | None = 8
     """Batch work starts only while some server of the backend runs fewer requests than this
     (and than the backend's own per-server limit, where it has one)."""

@@ -177,7 +177,9 @@ class BatchWorkers:
             await gate.acquire()
             acquired = True
             self.metrics.running.inc()
-            ctx = RequestContext(request_id=f"{item.job_id}:{item.index}", tenant=item.tenant)
+            ctx = RequestContext(
+                request_id=f"{item.job_id}:{item.index}", tenant=item.tenant, background=True
+            )
             try:
                 outcome = await self._run(item, body, ctx, gate)
             finally:
@@ -192,8 +194,11 @@ class BatchWorkers:
                 self.metrics.retries.inc()
                 await self.queue.retry(item, self.settings.retry_delay_s)
                 return
+            response = outcome.response
+            if response is None:
+                response = response_object(item.index, outcome, external_reference)
             stored = StoredItem(
-                response=response_object(item.index, outcome, external_reference),
+                response=response,
                 usage=outcome.usage,
             )
             fresh = await self.queue.complete(item, msgspec.json.encode(stored))

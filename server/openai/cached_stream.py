@@ -101,6 +101,7 @@ class CachedStreams:
         return Reply(200, stream=relay, media_type=MEDIA_TYPE, headers=headers)
 
     async def _open_stream(self, call: GenerationCall, body: dict[str, Any]) -> UpstreamStream:
+        self.state.announce(call.backend.name, call.ctx)
         try:
             return await call.backend.open_stream(call.path, body, call.ctx)
         except BackendError as exc:

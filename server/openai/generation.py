@@ -75,6 +75,7 @@ class Generation:
 
     async def _forward(self, call: GenerationCall, stream: bool) -> Reply:
         """No cache: relay the backend's bytes as they are."""
+        self.state.announce(call.backend.name, call.ctx)
         try:
             if not stream:
                 resp = await call.backend.post(call.path, call.upstream, call.ctx)
@@ -97,6 +98,7 @@ class Generation:
         assert self.state.cache is not None
 
         async def fill() -> CachedAnswer:
+            self.state.announce(call.backend.name, call.ctx)
             try:
                 resp = await call.backend.post(call.path, call.upstream, call.ctx)
             except BackendError as exc:

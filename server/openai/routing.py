@@ -39,6 +39,12 @@ def serving(request: Request[Any, Any, Any]) -> OpenAIServing:
     return svc
 
 
+def principal_tenant(request: Request[Any, Any, Any]) -> str:
+    """The tenant owning stored objects (files, batches): a configured token's tenant, or in
+    open mode a hash of the bearer key; a request without a valid token is a 401."""
+    return str(request.app.state.auth.authenticate(request.headers).tenant)
+
+
 def context(request: Request[Any, Any, Any]) -> RequestContext:
     headers = request.headers
     return RequestContext(

@@ -3,6 +3,7 @@ which model a request names, and the request's exact-cache key."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,14 @@ class ServingState:
     """Set at start-up (opening the tiers is async); ``None`` serves without caching."""
     semantic: SemanticService | None = None
     """The semantic cache (loaded on first use); also the classifier's encoder."""
+    live_request: Callable[[str], None] | None = None
+    """Told the backend's name just before a live request is sent to it (the batch workers'
+    gates: batch items running there yield, sync first); set at start-up."""
+
+    def announce(self, backend: str, ctx: RequestContext) -> None:
+        """A request is about to reach ``backend``: batch work there yields to a live one."""
+        if self.live_request is not None and not ctx.background:
+            self.live_request(backend)
 
     def resolve(self, name: str, task: Task) -> ModelInfo:
         """The model ``name`` (an id or alias) serving ``task``; a 404 or 400 otherwise."""

@@ -16,10 +16,11 @@ from backends.protocol import BackendError, RequestContext
 from backends.registry import ModelInfo, ModelRegistry
 from semcache.sse import MEDIA_TYPE
 from server.auth import TokenAuth
+from server.batch.dispatch import ItemDispatch
 from server.batch.gates import CapacityGates
 from server.batch.metrics import BatchMetrics
 from server.batch.queue import open_queue
-from server.batch.results import ItemOutcome
+from server.batch.results import ItemOutcome, ItemRunner
 from server.batch.service import BatchService
 from server.batch.settings import BatchSettings
 from server.batch.workers import BatchWorkers
@@ -295,16 +296,23 @@ async def open_workers_ai(
     metrics_registry: CollectorRegistry,
     *,
     settings: BatchSettings | None = None,
+    item_runners: Mapping[str, ItemRunner] | None = None,
 ) -> WorkersAIServing:
-    """Build the Workers-AI surface for ``config`` and start this gateway's batch workers."""
+    """Build the Workers-AI surface for ``config`` and start this gateway's batch workers,
+    which also run the items other APIs queue (``item_runners``, by payload key)."""
     auth = TokenAuth(config.auth)
     settings = settings or config.batch
     wai = WorkersAIServing(openai, registry, auth)
     if settings.enabled:
         queue = await open_queue(settings.queue, config.data_path())
         wai.batch = BatchService(queue, settings)
+        runner: ItemRunner = ItemDispatch(wai, item_runners) if item_runners else wai
         wai.workers = BatchWorkers(
-            queue, wai, CapacityGates(registry, settings), settings, BatchMetrics(metrics_registry)
+            queue,
+            runner,
+            CapacityGates(registry, settings),
+            settings,
+            BatchMetrics(metrics_registry),
         )
         wai.workers.start()
     return wai

@@ -1,0 +1,1 @@
+"""``/v1/batches``: the OpenAI Batch API on the durable batch queue."""

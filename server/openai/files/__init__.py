@@ -1,0 +1,1 @@
+"""``/v1/files``: the OpenAI Files API (batch input and output files)."""
