@@ -113,6 +113,15 @@ def checksum(payload: bytes | memoryview, digest: str) -> bytes:
     ).digest()
 
 
+def entry_tag(answer: CachedAnswer, digest: str) -> str:
+    """The checksum an entry is sealed with (hex): a validator of the stored answer.
+
+    Any change to the answer or its metadata (a refill, a purge epoch it records) or to its
+    key (purge epochs, revision) gives another tag.
+    """
+    return checksum(_encoder.encode(answer), digest).hex()
+
+
 def encode_entry(answer: CachedAnswer, digest: str) -> bytes:
     """Serialise an entry for a byte tier, sealed to ``digest``."""
     payload = _encoder.encode(answer)

@@ -172,9 +172,9 @@ class Flight:
         fut.set_result(answer)
         try:
             # still in flight while storing: a request arriving now joins, not misses
-            res.stored = await self._cache.store(
-                self.req, answer, write_through=self.req.write_through
-            )
+            stored = await self._cache.put(self.req, answer, write_through=self.req.write_through)
+            if stored is not None:  # the entry as later hits see it (stamped, sealed)
+                res.entry, res.stored = stored, True
         finally:
             self._cache._land(self.req, fut)
         return res
@@ -470,11 +470,17 @@ class ExactCache:
         ``write_through``: return only once every tier holds it, even when the disk tier
         writes behind (an answer a durable semantic record will point to).
         """
+        return await self.put(req, answer, write_through=write_through) is not None
+
+    async def put(
+        self, req: CacheRequest, answer: CachedAnswer, *, write_through: bool = False
+    ) -> CachedAnswer | None:
+        """:meth:`store`, returning the entry as stored (``None`` when not stored)."""
         if not req.cacheable or req.control.no_store or answer.status != 200:
-            return False
+            return None
         ttl = self._effective_ttl(req)
         if ttl <= 0:
-            return False
+            return None
         key = req.key
         entry = msgspec.structs.replace(
             answer,
@@ -501,7 +507,7 @@ class ExactCache:
             self.metrics.stores.labels(key.model_id).inc()
             if self.memory is not None:
                 self.metrics.bytes_stored.labels("memory").inc(entry.payload_bytes)
-        return True
+        return entry
 
     # ------------------------------------------------------------------ fill
 
