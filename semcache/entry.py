@@ -19,6 +19,7 @@ import msgspec
 import orjson
 
 from semcache import sse
+from semcache.keys import CacheKey
 
 CHECKSUM_BYTES: Final = 16
 JSON: Final = "application/json"
@@ -54,6 +55,11 @@ class CachedAnswer(msgspec.Struct, kw_only=True):
     tags: tuple[str, ...] = ()
     epochs: dict[str, int] = msgspec.field(default_factory=dict)
     """Purge epochs of the entry's tag and key fields when it was filled (non-zero ones)."""
+    key: CacheKey | None = None
+    """The key it is stored under: its scope, model, revision and purge epochs, so an entry
+    found by its digest alone can be checked (``ExactCache.lookup_digest``)."""
+    route: str = ""
+    """The route that stored it (``chat``, ``embeddings``...), to replay it by digest."""
 
     @property
     def is_stream(self) -> bool:
@@ -69,6 +75,8 @@ class CachedAnswer(msgspec.Struct, kw_only=True):
     def memory_size(self) -> int:
         """Rough in-memory footprint, used by the memory tier's byte bound."""
         n = 200 + self.payload_bytes + len(self.model_id) + sum(len(t) + 50 for t in self.tags)
+        if self.key is not None:
+            n += 400
         if self.chunks is not None:
             n += 40 * len(self.chunks)
         return n

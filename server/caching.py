@@ -171,6 +171,7 @@ def edge_headers(res: CacheResult) -> dict[str, str]:
     cache that ignores ``Age`` then keeps it no longer than the gateway does; one that
     subtracts ``Age`` revalidates earlier, never later); a stale entry must be revalidated.
     The strong ``ETag`` is the entry's checksum: a refill or a purge gives another one.
+    ``Content-Location`` names the answer's content-addressed URL, ``/v1/cache/{digest}``.
     Anything else (an error, an uncacheable or unstored answer) is ``no-store``.
     """
     entry = res.entry
@@ -194,6 +195,8 @@ def edge_headers(res: CacheResult) -> dict[str, str]:
     }
     if not shared:
         out["vary"] = "Authorization"
+    if entry.key is not None:  # readable again by its digest (server/routes/cached_answer.py)
+        out["content-location"] = f"/v1/cache/{res.key.digest}"
     return out
 
 
