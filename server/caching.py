@@ -200,6 +200,16 @@ def edge_headers(res: CacheResult) -> dict[str, str]:
     return out
 
 
+REPRESENTATION_HEADERS: Final = frozenset({"etag", "content-location"})
+"""What names one representation: dropped when a route re-shapes an answer (Workers AI's
+envelope around an OpenAI answer) — its ETag and URL are the OpenAI body's."""
+
+
+def reshaped(headers: Mapping[str, str]) -> dict[str, str]:
+    """``headers`` of an answer sent in another shape (no validator, no content URL)."""
+    return {k: v for k, v in headers.items() if k.lower() not in REPRESENTATION_HEADERS}
+
+
 NOT_MODIFIED_HEADERS: Final = frozenset(
     {"cache-control", "etag", "vary", "age", "content-location", "expires", "date"}
 )

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from semcache.entry import CachedAnswer, encode_entry
 from semcache.exact import CacheResult, CacheStatus
 from semcache.keys import CacheKey
-from server.caching import edge_headers, etag_matches, not_modified
+from server.caching import edge_headers, etag_matches, not_modified, reshaped
 
 BODY = b'{"object":"list","data":[]}'
 
@@ -103,3 +105,16 @@ def test_304_repeats_the_caching_headers_of_the_200() -> None:
         "x-semcache-key": "0123456789ab",
     }
     assert not_modified(headers, '"b"') is None
+
+
+def test_a_reshaped_answer_keeps_its_cache_control_but_no_validator(client: Any) -> None:
+    """Workers AI wraps the OpenAI body in its envelope: another representation."""
+    r = client.post(
+        "/client/v4/accounts/acc/ai/run/@cf/test/embed",
+        json={"text": "an envelope"},
+        headers={"authorization": "Bearer t"},
+    )
+    assert r.status_code == 200, r.text
+    assert r.headers["cache-control"].startswith("public, max-age=")
+    assert "etag" not in r.headers and "content-location" not in r.headers
+    assert reshaped({"ETag": '"a"', "content-location": "/x", "age": "1"}) == {"age": "1"}
