@@ -197,7 +197,8 @@ async def main(seconds: float, rounds: int, connections: int) -> bool:
         try:
             say(f"gateway ready in {await gateway.wait_ready(300):.1f} s (core {SERVER_CORE})")
             edge = EdgeCache(binary, f"127.0.0.1:{port}", tmp / "nginx").start(cpus=SERVER_CORE)
-            client = httpx.AsyncClient(timeout=60)
+            # No keep-alive: the gateway closes idle connections while wrk runs.
+            client = httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_keepalive_connections=0))
             warm = await client.get(edge.url + PATH)
             assert warm.status_code == 200, warm.text
             assert (await client.get(edge.url + PATH)).headers["x-cache-status"] == "HIT"
