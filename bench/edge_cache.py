@@ -9,12 +9,15 @@ package ``wrk``) to the other. Three targets, the same URL
 
 - edge hit: through nginx, which answers from its cache (the gateway sees nothing);
 - gateway hit: straight to the gateway, an exact-cache hit from its memory tier;
-- miss: straight to the gateway with ``Cache-Control: no-cache`` (the model runs each time).
+- miss: straight to the gateway, the same GET with a fresh input each request (a wrk Lua
+  script appends a counter to it), so the model runs for every request: a repeated URL would
+  be coalesced with the request in flight for it, even with ``Cache-Control: no-cache``.
 
 Targets run in rounds, their order flipping each round. For each run the script checks that
-every answer was a 2xx, that the edge and gateway-hit runs made no lookup or no backend call
-at the gateway as they should, and reports the CPU share of wrk's core and of the servers'
-core: a generator near 100 % while the server is not means the figure is the generator's.
+every answer was a 2xx, that the edge run made no lookup at the gateway, that the gateway-hit
+run never ran the model and that the miss run's requests were all misses, and reports the
+CPU share of wrk's core and of the servers' core: a generator near 100 % while the servers
+are not means the figure is the generator's.
 
     .venv/bin/python bench/edge_cache.py [--seconds 4] [--rounds 2] [--connections 16]
 """
@@ -126,13 +129,34 @@ def cpu_seconds(pids: Sequence[int]) -> float:
     return total
 
 
+UNIQUE_INPUTS = """\
+local n = 0
+request = function()
+  n = n + 1
+  return wrk.format("GET", "{path}+" .. n)
+end
+"""
+"""A wrk script: the same GET with a counter appended to its input (a miss every time)."""
+
+
+@dataclass
+class Measured:
+    rps: float
+    requests: int
+    p50_ms: float
+    p99_ms: float
+    non_2xx: int
+    client_cpu: float
+    server_cpu: float
+
+
 def wrk(
-    url: str, seconds: float, connections: int, headers: Sequence[str], server_pids: Sequence[int]
-) -> tuple[float, float, float, int, float, float]:
+    url: str, seconds: float, connections: int, script: Path | None, server_pids: Sequence[int]
+) -> Measured:
     cmd = ["taskset", "-c", CLIENT_CORE, "wrk", "-t1", f"-c{connections}", f"-d{int(seconds)}s"]
     cmd += ["--latency"]
-    for h in headers:
-        cmd += ["-H", h]
+    if script is not None:
+        cmd += ["-s", str(script)]
     cmd.append(url)
     server_before = cpu_seconds(server_pids)
     started = time.monotonic()
@@ -150,16 +174,18 @@ def wrk(
     wall = time.monotonic() - started
     server_cpu = cpu_seconds(server_pids) - server_before
     rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    total = re.search(r"(\d+) requests in", out)
     p50 = re.search(r"\s50%\s+(\S+)", out)
     p99 = re.search(r"\s99%\s+(\S+)", out)
     bad = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
     errors = re.search(r"Socket errors:.*", out)
-    if rps is None or p50 is None or p99 is None:
+    if rps is None or p50 is None or p99 is None or total is None:
         raise RuntimeError(f"unexpected wrk output:\n{out}")
     if errors:
         say(f"wrk: {errors.group(0)}")
-    return (
+    return Measured(
         float(rps.group(1)),
+        int(total.group(1)),
         _ms(p50.group(1)),
         _ms(p99.group(1)),
         int(bad.group(1)) if bad else 0,
@@ -168,11 +194,12 @@ def wrk(
     )
 
 
-async def gateway_counters(client: httpx.AsyncClient, url: str) -> tuple[float, float]:
-    """(exact-cache lookups, backend prompt tokens) on the gateway's /metrics page."""
+async def gateway_counters(client: httpx.AsyncClient, url: str) -> tuple[float, float, float]:
+    """(exact-cache lookups, misses, backend prompt tokens) on the gateway's /metrics page."""
     page = (await client.get(f"{url}/metrics")).text
     return (
         parse_metric(page, "semcache_exact_lookup_seconds_count"),
+        parse_metric(page, "semcache_exact_misses_total"),
         parse_metric(page, "semcache_tokens_total", {"model": MODEL}),
     )
 
@@ -207,30 +234,36 @@ async def main(seconds: float, rounds: int, connections: int) -> bool:
             assert edge.proc is not None
             pids = [gateway.pid, edge.proc.pid]
             targets = {
-                "edge hit": (edge.url + PATH, []),
-                "gateway hit": (gateway.url + PATH, []),
-                "miss (model runs)": (gateway.url + PATH, ["Cache-Control: no-cache"]),
+                "edge hit": edge.url + PATH,
+                "gateway hit": gateway.url + PATH,
+                "miss (model runs)": gateway.url + PATH,
             }
             runs: list[Run] = []
             order = list(targets)
             for r in range(rounds):
                 for name in order if r % 2 == 0 else order[::-1]:
-                    url, headers = targets[name]
-                    lookups, tokens = await gateway_counters(client, gateway.url)
-                    rps, p50, p99, bad, ccpu, scpu = await asyncio.to_thread(
-                        wrk, url, seconds, connections, headers, pids
+                    script = None
+                    if name.startswith("miss"):  # inputs no earlier run has sent
+                        script = tmp / f"unique-{r}.lua"
+                        script.write_text(UNIQUE_INPUTS.replace("{path}", f"{PATH}+r{r}"))
+                    lookups, misses, tokens = await gateway_counters(client, gateway.url)
+                    m = await asyncio.to_thread(
+                        wrk, targets[name], seconds, connections, script, pids
                     )
-                    after_lookups, after_tokens = await gateway_counters(client, gateway.url)
-                    if name == "edge hit" and after_lookups != lookups:
-                        say(f"edge run reached the gateway {after_lookups - lookups:.0f} times")
-                    if name == "gateway hit" and after_tokens != tokens:
+                    after = await gateway_counters(client, gateway.url)
+                    if name == "edge hit" and after[0] != lookups:
+                        say(f"edge run reached the gateway {after[0] - lookups:.0f} times")
+                    if name == "gateway hit" and after[2] != tokens:
                         say("gateway-hit run ran the model")
-                    if name.startswith("miss") and after_tokens == tokens:
-                        say("miss run did not run the model")
-                    runs.append(Run(name, rps, p50, p99, bad, ccpu, scpu))
+                    if name.startswith("miss") and after[1] - misses < m.requests:
+                        say(f"miss run: {after[1] - misses:.0f} misses for {m.requests} requests")
+                    runs.append(
+                        Run(name, m.rps, m.p50_ms, m.p99_ms, m.non_2xx, m.client_cpu, m.server_cpu)
+                    )
                     say(
-                        f"round {r + 1} {name}: {rps:,.0f} req/s, p50 {p50:.2f} ms, "
-                        f"wrk core {ccpu:.0%}, server core {scpu:.0%}, non-2xx {bad}"
+                        f"round {r + 1} {name}: {m.rps:,.0f} req/s ({m.requests} requests), "
+                        f"p50 {m.p50_ms:.2f} ms, wrk core {m.client_cpu:.0%}, "
+                        f"server core {m.server_cpu:.0%}, non-2xx {m.non_2xx}"
                     )
             await client.aclose()
         finally:
