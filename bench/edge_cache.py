@@ -204,6 +204,19 @@ async def gateway_counters(client: httpx.AsyncClient, url: str) -> tuple[float, 
     )
 
 
+async def settle(client: httpx.AsyncClient, url: str, timeout_s: float = 60.0) -> None:
+    """Wait until the gateway's counters stop moving: requests a run left in flight (wrk
+    stops sending, the gateway still answers) must not count in the next run."""
+    last = await gateway_counters(client, url)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        await asyncio.sleep(0.3)
+        now = await gateway_counters(client, url)
+        if now == last:
+            return
+        last = now
+
+
 async def main(seconds: float, rounds: int, connections: int) -> bool:
     binary = nginx_binary()
     if binary is None:
@@ -250,6 +263,7 @@ async def main(seconds: float, rounds: int, connections: int) -> bool:
                     m = await asyncio.to_thread(
                         wrk, targets[name], seconds, connections, script, pids
                     )
+                    await settle(client, gateway.url)
                     after = await gateway_counters(client, gateway.url)
                     if name == "edge hit" and after[0] != lookups:
                         say(f"edge run reached the gateway {after[0] - lookups:.0f} times")
