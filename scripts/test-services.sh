@@ -6,3 +6,6 @@ cd "$(dirname "$0")/.."
 if [ -x scripts/redis.sh ]; then
   bash scripts/redis.sh install
 fi
+if [ -x scripts/nginx.sh ]; then
+  bash scripts/nginx.sh install
+fi

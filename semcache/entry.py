@@ -19,6 +19,7 @@ import msgspec
 import orjson
 
 from semcache import sse
+from semcache.keys import CacheKey
 
 CHECKSUM_BYTES: Final = 16
 JSON: Final = "application/json"
@@ -55,6 +56,11 @@ class CachedAnswer(msgspec.Struct, kw_only=True):
     tags: tuple[str, ...] = ()
     epochs: dict[str, int] = msgspec.field(default_factory=dict)
     """Purge epochs of the entry's tag and key fields when it was filled (non-zero ones)."""
+    key: CacheKey | None = None
+    """The key it is stored under: its scope, model, revision and purge epochs, so an entry
+    found by its digest alone can be checked (``ExactCache.lookup_digest``)."""
+    route: str = ""
+    """The route that stored it (``chat``, ``embeddings``...), to replay it by digest."""
 
     @property
     def is_stream(self) -> bool:
@@ -70,6 +76,8 @@ class CachedAnswer(msgspec.Struct, kw_only=True):
     def memory_size(self) -> int:
         """Rough in-memory footprint, used by the memory tier's byte bound."""
         n = 200 + self.payload_bytes + len(self.model_id) + sum(len(t) + 50 for t in self.tags)
+        if self.key is not None:
+            n += 400
         if self.chunks is not None:
             n += 40 * len(self.chunks)
         return n
@@ -113,6 +121,15 @@ def checksum(payload: bytes | memoryview, digest: str) -> bytes:
     return hashlib.blake2b(
         payload, key=bytes.fromhex(digest)[:64], digest_size=CHECKSUM_BYTES
     ).digest()
+
+
+def entry_tag(answer: CachedAnswer, digest: str) -> str:
+    """The checksum an entry is sealed with (hex): a validator of the stored answer.
+
+    Any change to the answer or its metadata (a refill, a purge epoch it records) or to its
+    key (purge epochs, revision) gives another tag.
+    """
+    return checksum(_encoder.encode(answer), digest).hex()
 
 
 def encode_entry(answer: CachedAnswer, digest: str) -> bytes:

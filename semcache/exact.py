@@ -41,7 +41,7 @@ from prometheus_client import CollectorRegistry
 from semcache.entry import CachedAnswer, IntegrityError, decode_entry, encode_entry
 from semcache.keys import CacheKey, build_key, is_deterministic, scope_for
 from semcache.metrics import CacheMetrics
-from semcache.policy import CacheRule, TierSettings
+from semcache.policy import CacheRule, Prices, TierSettings
 from semcache.purge import EpochBook, Epochs, LocalEpochs, Purger, PurgeResult, RedisEpochs
 from semcache.tiers import DiskStore, MemoryStore, RedisLink, RedisStore, Store
 
@@ -172,9 +172,9 @@ class Flight:
         fut.set_result(answer)
         try:
             # still in flight while storing: a request arriving now joins, not misses
-            res.stored = await self._cache.store(
-                self.req, answer, write_through=self.req.write_through
-            )
+            stored = await self._cache.put(self.req, answer, write_through=self.req.write_through)
+            if stored is not None:  # the entry as later hits see it (stamped, sealed)
+                res.entry, res.stored = stored, True
         finally:
             self._cache._land(self.req, fut)
         return res
@@ -304,7 +304,9 @@ class ExactCache:
     async def _read_tier(
         self, i: int, req: CacheRequest
     ) -> tuple[CachedAnswer | None, bytes | None]:
-        digest = req.key.digest
+        return await self._read_digest(i, req.key.digest)
+
+    async def _read_digest(self, i: int, digest: str) -> tuple[CachedAnswer | None, bytes | None]:
         if self.memory is not None and i == 0:
             return await self.memory.get(digest), None
         store = self.lower[i - (1 if self.memory is not None else 0)]
@@ -318,9 +320,7 @@ class ExactCache:
         try:
             return decode_entry(blob, digest), blob
         except IntegrityError as exc:
-            log.warning(
-                "dropping corrupt cache entry %s in %s: %s", req.key.short_id, store.tier, exc
-            )
+            log.warning("dropping corrupt cache entry %s in %s: %s", digest[:12], store.tier, exc)
             if self.metrics:
                 self.metrics.integrity_failures.labels(store.tier).inc()
             await self._delete(store, digest)
@@ -456,6 +456,35 @@ class ExactCache:
             self.metrics.lookup_seconds.labels(res.status.value).observe(time.perf_counter() - t0)
         return res
 
+    async def lookup_digest(self, digest: str) -> CacheResult | None:
+        """The entry stored under ``digest`` when it is still servable (not purged, not
+        expired), found by its digest alone (a content-addressed read); ``None`` otherwise.
+
+        The entry's own key says which scope, model and revision it answers for: the caller
+        checks that the reader may see that scope and that the revision is current.
+        """
+        epochs = await self.epochs.snapshot()
+        now = self.clock()
+        n = len(self.lower) + (1 if self.memory is not None else 0)
+        for i in range(n):
+            entry, _ = await self._read_digest(i, digest)
+            key = entry.key if entry is not None else None
+            if entry is None or key is None or key.digest != digest:
+                continue
+            current = epochs.for_key(key.model_id, key.scope) == key.epochs
+            if not current or epochs.purged(key.short_id, entry.tags, entry.epochs):
+                continue
+            status, age = self._judge(entry, CacheControl(), now)
+            if status is CacheStatus.EXPIRED:
+                continue
+            tier = self._store_at(i).tier
+            if self.metrics:
+                self.metrics.served(
+                    key.model_id, tier, entry, Prices(), stale=status is CacheStatus.STALE
+                )
+            return CacheResult(status=status, key=key, entry=entry, age_s=age, tier=tier)
+        return None
+
     # ------------------------------------------------------------------ store
 
     def _effective_ttl(self, req: CacheRequest) -> int:
@@ -470,11 +499,17 @@ class ExactCache:
         ``write_through``: return only once every tier holds it, even when the disk tier
         writes behind (an answer a durable semantic record will point to).
         """
+        return await self.put(req, answer, write_through=write_through) is not None
+
+    async def put(
+        self, req: CacheRequest, answer: CachedAnswer, *, write_through: bool = False
+    ) -> CachedAnswer | None:
+        """:meth:`store`, returning the entry as stored (``None`` when not stored)."""
         if not req.cacheable or req.control.no_store or answer.status != 200:
-            return False
+            return None
         ttl = self._effective_ttl(req)
         if ttl <= 0:
-            return False
+            return None
         key = req.key
         entry = msgspec.structs.replace(
             answer,
@@ -484,6 +519,8 @@ class ExactCache:
             tags=req.tags,
             epochs=req.epochs.recorded(key.short_id, req.tags),
             model_id=answer.model_id or key.model_id,
+            key=key,
+            route=req.route,
         )
         life = float(ttl + entry.swr_s)
         if self.memory is not None:
@@ -501,7 +538,7 @@ class ExactCache:
             self.metrics.stores.labels(key.model_id).inc()
             if self.memory is not None:
                 self.metrics.bytes_stored.labels("memory").inc(entry.payload_bytes)
-        return True
+        return entry
 
     # ------------------------------------------------------------------ fill
 

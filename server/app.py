@@ -38,7 +38,7 @@ from server.openai.models import api_router as models
 from server.openai.pooling import api_router as pooling
 from server.openai.responses import api_router as responses
 from server.openai.serving import OpenAIServing
-from server.routes import admin, health
+from server.routes import admin, cached_answer, health
 from server.speedups import write_bodies_eagerly
 from server.workers_ai import api_router as workers_ai_routes
 from server.workers_ai.serving import open_workers_ai
@@ -163,6 +163,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
             *pooling.ROUTES,
             *health.ROUTES,
             *admin.ROUTES,
+            *cached_answer.ROUTES,
             *workers_ai_routes.ROUTES,
             *files_routes.ROUTES,
             *batches_routes.ROUTES,

@@ -6,19 +6,26 @@ Request headers (RFC 9111 and Cloudflare AI Gateway):
 read nor store), ``cf-aig-cache-ttl: N`` (TTL of the stored answer, capped by policy),
 ``cf-aig-cache-key: K`` (a custom key, also a purge tag), ``x-semcache-tags: a,b``.
 Response headers: ``Cache-Status`` (RFC 9211), ``cf-aig-cache-status``, ``Age``,
-``x-semcache-key`` (the key's short id) and, on hits, what the hit saved.
+``x-semcache-key`` (the key's short id) and, on hits, what the hit saved; for caches
+downstream (RFC 9111), ``Cache-Control``, ``Vary`` and ``ETag`` (:func:`edge_headers`), and
+``If-None-Match`` answered with a 304 (:func:`not_modified`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Final
 
 import msgspec
 
-from semcache.entry import CachedAnswer
+from semcache.entry import CachedAnswer, entry_tag
 from semcache.exact import CacheControl, CacheResult, CacheStatus
+from semcache.keys import SHARED_SCOPE
 from semcache.policy import Prices
+
+NO_STORE: Final = "no-store"
+"""``Cache-Control`` of every answer no cache may keep: errors, uncached and uncacheable answers."""
 
 
 class CacheDirectives(msgspec.Struct, frozen=True, kw_only=True):
@@ -153,3 +160,77 @@ def result_headers(res: CacheResult, prices: Prices | None = None) -> dict[str, 
         stored=res.stored,
         prices=prices,
     )
+
+
+def edge_headers(res: CacheResult) -> dict[str, str]:
+    """What a downstream HTTP cache may do with an answer (RFC 9111), and its validator.
+
+    Only a stored entry (served from the cache, or stored by this request) may be kept:
+    ``public`` when its key is shared across tenants, else ``private`` with
+    ``Vary: Authorization``; ``max-age`` is what is left of the entry's freshness here (a
+    cache that ignores ``Age`` then keeps it no longer than the gateway does; one that
+    subtracts ``Age`` revalidates earlier, never later); a stale entry must be revalidated.
+    The strong ``ETag`` is the entry's checksum: a refill or a purge gives another one.
+    ``Content-Location`` names the answer's content-addressed URL, ``/v1/cache/{digest}``.
+    Anything else (an error, an uncacheable or unstored answer) is ``no-store``.
+    """
+    entry = res.entry
+    if (
+        entry is None
+        or entry.status != 200
+        or entry.created_at <= 0  # not a stored entry: another request's fresh answer
+        or not (res.from_cache or res.stored)
+    ):
+        return {"cache-control": NO_STORE}
+    shared = res.key.scope == SHARED_SCOPE
+    fresh = math.floor(entry.ttl_s - res.age_s)
+    if res.status is CacheStatus.STALE or fresh <= 0:
+        lifetime = "max-age=0, must-revalidate"
+    else:
+        lifetime = f"max-age={fresh}"
+    out = {
+        "cache-control": f"{'public' if shared else 'private'}, {lifetime}",
+        "etag": f'"{entry_tag(entry, res.key.digest)}"',
+        "age": str(int(res.age_s)),
+    }
+    if not shared:
+        out["vary"] = "Authorization"
+    if entry.key is not None:  # readable again by its digest (server/routes/cached_answer.py)
+        out["content-location"] = f"/v1/cache/{res.key.digest}"
+    return out
+
+
+REPRESENTATION_HEADERS: Final = frozenset({"etag", "content-location"})
+"""What names one representation: dropped when a route re-shapes an answer (Workers AI's
+envelope around an OpenAI answer) — its ETag and URL are the OpenAI body's."""
+
+
+def reshaped(headers: Mapping[str, str]) -> dict[str, str]:
+    """``headers`` of an answer sent in another shape (no validator, no content URL)."""
+    return {k: v for k, v in headers.items() if k.lower() not in REPRESENTATION_HEADERS}
+
+
+NOT_MODIFIED_HEADERS: Final = frozenset(
+    {"cache-control", "etag", "vary", "age", "content-location", "expires", "date"}
+)
+"""What a 304 repeats of the 200 it stands for (RFC 9110 §15.4.5), with the cache's own."""
+
+
+def etag_matches(if_none_match: str | None, etag: str | None) -> bool:
+    """``If-None-Match`` against a response's ETag, by weak comparison (RFC 9110 §13.1.2)."""
+    if not if_none_match or not etag:
+        return False
+    if if_none_match.strip() == "*":
+        return True
+    opaque = etag.removeprefix("W/")
+    return any(
+        tag.strip().removeprefix("W/") == opaque for tag in if_none_match.split(",") if tag.strip()
+    )
+
+
+def not_modified(headers: Mapping[str, str], if_none_match: str | None) -> dict[str, str] | None:
+    """The headers of a 304 when ``If-None-Match`` names the answer's ETag, else ``None``."""
+    if not etag_matches(if_none_match, headers.get("etag")):
+        return None
+    keep = NOT_MODIFIED_HEADERS | {"cache-status", "cf-aig-cache-status", "x-semcache-key"}
+    return {k: v for k, v in headers.items() if k.lower() in keep}

@@ -27,6 +27,7 @@ _TYPES = {
     404: "not_found_error",
     405: "invalid_request_error",
     413: "invalid_request_error",
+    414: "invalid_request_error",
     429: "rate_limit_error",
 }
 
@@ -106,7 +107,9 @@ def workers_ai_error_body(err: ApiError) -> bytes:
 
 def error_response(err: ApiError, path: str) -> Response[bytes]:
     body = workers_ai_error_body(err) if path.startswith("/client/v4") else openai_error_body(err)
-    headers = {"retry-after": str(err.retry_after_s)} if err.retry_after_s is not None else {}
+    headers = {"cache-control": "no-store"}  # no cache downstream may keep an error
+    if err.retry_after_s is not None:
+        headers["retry-after"] = str(err.retry_after_s)
     return Response(body, status_code=err.status, media_type=MediaType.JSON, headers=headers)
 
 

@@ -19,7 +19,7 @@ from semcache import replay
 from semcache.entry import CachedAnswer
 from semcache.exact import CacheRequest
 from semcache.sse import MEDIA_TYPE
-from server.caching import CacheDirectives, result_headers
+from server.caching import NO_STORE, CacheDirectives, edge_headers, result_headers
 from server.openai.cached_stream import CachedStreams
 from server.openai.call import GenerationCall
 from server.openai.reply import SSE_HEADERS, Reply
@@ -121,7 +121,10 @@ class Generation:
         if res.stored and remember is not None:
             await remember()
         call.observe_latency(stream=False)
-        headers = result_headers(res, creq.rule.prices) if entry.status == 200 else {}
+        if entry.status == 200:
+            headers = {**result_headers(res, creq.rule.prices), **edge_headers(res)}
+        else:
+            headers = {"cache-control": NO_STORE}
         return Reply(entry.status, replay.as_json(entry, call.route), headers=headers)
 
 

@@ -7,7 +7,7 @@ from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaita
 from dataclasses import dataclass, field
 from typing import Final
 
-SSE_HEADERS: Final = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+SSE_HEADERS: Final = {"cache-control": "no-store", "x-accel-buffering": "no"}
 """The headers of every event-stream response (no caching or buffering by proxies)."""
 
 

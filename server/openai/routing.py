@@ -12,6 +12,7 @@ from litestar.background_tasks import BackgroundTask
 
 from backends.protocol import RequestContext
 from server.auth import tenant_from
+from server.caching import NO_STORE, not_modified
 from server.errors import ApiError
 from server.openai.reply import Reply, aclose_stream
 from server.openai.serving import OpenAIServing
@@ -54,10 +55,21 @@ def context(request: Request[Any, Any, Any]) -> RequestContext:
     )
 
 
-def respond(reply: Reply, ctx: RequestContext | None = None) -> Response[Any]:
+def respond(
+    reply: Reply, ctx: RequestContext | None = None, *, if_none_match: str | None = None
+) -> Response[Any]:
+    """``reply`` as a response; ``if_none_match`` (GET routes): a 304 when it names the
+    answer's ETag. An answer that says nothing of caching is ``no-store``."""
     headers = dict(reply.headers)
+    headers.setdefault("cache-control", NO_STORE)
     if ctx is not None:
         headers["x-request-id"] = ctx.request_id
+    if if_none_match is not None and reply.status == 200 and reply.stream is None:
+        unchanged = not_modified(headers, if_none_match)
+        if unchanged is not None:
+            if ctx is not None:
+                unchanged["x-request-id"] = ctx.request_id
+            return Response(b"", status_code=304, headers=unchanged)
     if reply.stream is not None:
         return RelayStream(
             reply.stream,

@@ -24,7 +24,7 @@ from server.batch.results import ItemOutcome, ItemRunner
 from server.batch.service import BatchService
 from server.batch.settings import BatchSettings
 from server.batch.workers import BatchWorkers
-from server.caching import CacheDirectives
+from server.caching import CacheDirectives, reshaped
 from server.config import GatewayConfig
 from server.errors import ApiError, from_backend, from_validation
 from server.openai.reply import SSE_HEADERS, ClosingStream, Reply, aclose_stream
@@ -130,7 +130,7 @@ class WorkersAIServing:
         )
         if answer.stream is not None:
             return answer.stream
-        return Reply(200, envelope(answer.result), headers=answer.headers)
+        return Reply(200, envelope(answer.result), headers=reshaped(answer.headers))
 
     async def run_item(self, model: str, body: dict[str, Any], ctx: RequestContext) -> ItemOutcome:
         """One item of a batch, through the same path (and caches) as a live request."""

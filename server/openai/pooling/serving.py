@@ -18,7 +18,7 @@ from backends.protocol import BackendError, RequestContext, UpstreamRejected, as
 from backends.registry import ModelInfo
 from semcache.entry import CachedAnswer
 from semcache.semantic.items import ItemCache, label_margin
-from server.caching import CacheDirectives, result_headers, semantic_headers
+from server.caching import CacheDirectives, edge_headers, result_headers, semantic_headers
 from server.errors import ApiError
 from server.openai.generation import Generation
 from server.openai.pooling.protocol import (
@@ -236,6 +236,7 @@ class PoolingServing:
                 creq.key.short_id,
                 stored=res.stored,
             )
+        headers.update(edge_headers(res))
         return Reply(200, res.entry.body or b"", headers=headers)
 
 

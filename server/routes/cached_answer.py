@@ -1,0 +1,61 @@
+"""``GET /v1/cache/{digest}``: a stored answer by its key digest, the ``Content-Location``
+every cacheable answer names, for a client or an HTTP cache to read it again.
+
+Scoped as the answer's key is: a shared answer is anyone's, a tenant's answer only its own
+(another tenant gets the same 404 as for a key that does not exist). A purged or expired
+entry, or one of a model revision no longer served, is a 404 too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, Response, get
+
+from semcache import replay
+from semcache.keys import SHARED_SCOPE, CacheKey, scope_for
+from server.caching import edge_headers, result_headers
+from server.errors import ApiError
+from server.openai.reply import Reply
+from server.openai.routing import context, respond, serving
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def _visible(key: CacheKey, tenant: str | None) -> bool:
+    return key.scope in (SHARED_SCOPE, scope_for(tenant, shared=False))
+
+
+@get("/v1/cache/{digest:str}")
+async def cached_answer(request: Request[Any, Any, Any]) -> Response[Any]:
+    digest = str(request.path_params["digest"]).lower()
+    if len(digest) != 64 or not set(digest) <= _HEX:
+        raise ApiError(
+            400,
+            "A cache key is the 64 hex digits of an answer's digest (its Content-Location).",
+            param="digest",
+            code="invalid_value",
+        )
+    ctx = context(request)
+    svc = serving(request)
+    res = await svc.cache.lookup_digest(digest) if svc.cache is not None else None
+    info = svc.state.registry.resolve(res.key.model_id) if res is not None else None
+    if (
+        res is None
+        or res.entry is None
+        or info is None
+        or info.revision != res.key.revision
+        or not _visible(res.key, ctx.tenant)
+    ):
+        raise ApiError(
+            404,
+            "No cached answer under this key: never stored, expired, purged or not yours.",
+            code="cache_miss",
+        )
+    body = replay.as_json(res.entry, res.entry.route)
+    headers = {**result_headers(res), **edge_headers(res)}
+    reply = Reply(200, body, headers=headers)
+    return respond(reply, ctx, if_none_match=request.headers.get("if-none-match"))
+
+
+ROUTES = [cached_answer]
