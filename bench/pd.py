@@ -18,6 +18,7 @@ first event carrying content. ITL: gaps between the following content events. p5
 setup and prompt class are printed side by side.
 
     .venv/bin/python bench/pd.py --quick                          # smoke check, ~5 min here
+    .venv/bin/python bench/pd.py --quick --nixl-progress-delay-us 0 --nixl-progress-delay-us 1000
     .venv/bin/python bench/pd.py [--requests 64] [--concurrency 8] [--model smollm]
     .venv/bin/python bench/pd.py --mono-url URL --mono-url URL --prefill-url URL --decode-url URL
 
@@ -207,7 +208,7 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
 # -- the two setups ----------------------------------------------------------------------------
 
 
-def server(args: argparse.Namespace, role: str, slot: str) -> VllmServer:
+def server(args: argparse.Namespace, role: str, slot: str, delay_us: int = 1000) -> VllmServer:
     env = {"CUDA_VISIBLE_DEVICES": slot} if args.gpu else {}
     return VllmServer(
         url=f"http://127.0.0.1:{free_port()}",
@@ -217,6 +218,7 @@ def server(args: argparse.Namespace, role: str, slot: str) -> VllmServer:
             kv_cache_gib=args.kv_cache_gib,
             max_model_len=args.max_model_len,
             nixl_side_channel_port=free_port() if role != "both" else None,
+            nixl_progress_delay_us=delay_us,
             env=env,
         ),
     )
@@ -278,10 +280,14 @@ async def run(args: argparse.Namespace) -> None:
     if args.prefill_url and args.decode_url:
         pd = [VllmServer(url=args.prefill_url, role="prefill")]
         pd += [VllmServer(url=args.decode_url, role="decode")]
+        results.append(await run_setup("1P1D", backend(args, "pd", pd), args, False))
     else:
-        pd = [server(args, "prefill", slots[0]), server(args, "decode", slots[1])]
-    launch = not (args.prefill_url and args.decode_url)
-    results.append(await run_setup("1P1D", backend(args, "pd", pd), args, launch))
+        for delay in args.nixl_progress_delay_us or [1000]:
+            pd = [
+                server(args, r, s, delay) for r, s in (("prefill", slots[0]), ("decode", slots[1]))
+            ]
+            name = "1P1D" if not args.nixl_progress_delay_us else f"1P1D {delay}us"
+            results.append(await run_setup(name, backend(args, "pd", pd), args, True))
     report(results, args)
 
 
@@ -306,6 +312,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--decode-url", help="a running decode server (kv_consumer)")
     ap.add_argument("--data-dir", default=str(test_data_dir()))
     ap.add_argument("--quick", action="store_true", help="24 requests, 4 concurrent")
+    ap.add_argument(
+        "--nixl-progress-delay-us",
+        type=int,
+        action="append",
+        help="launched 1P1D servers' NIXL progress-thread sleep; repeat to compare settings",
+    )
     return ap
 
 
