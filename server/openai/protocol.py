@@ -7,7 +7,8 @@ not interpret pass through unchanged.
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal, Protocol
 
 import msgspec
 
@@ -39,3 +40,36 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     seed: int | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+
+
+class TenantRecord(Protocol):
+    """A stored object of one tenant (a file, a batch): ``id`` and ``tenant`` fields."""
+
+    id: str
+    tenant: str
+
+
+def public(record: TenantRecord) -> dict[str, Any]:
+    """The object as the API answers it: every field but the gateway's own ``tenant``."""
+    out: dict[str, Any] = msgspec.to_builtins(record)
+    del out["tenant"]
+    return out
+
+
+class ListPage(msgspec.Struct, kw_only=True):
+    """One page of a cursor-paginated list (files, batches), as OpenAI answers it."""
+
+    data: list[dict[str, Any]]
+    has_more: bool
+    first_id: str | None
+    last_id: str | None
+    object: Literal["list"] = "list"
+
+    @classmethod
+    def of(cls, records: Sequence[TenantRecord], has_more: bool) -> ListPage:
+        return cls(
+            data=[public(r) for r in records],
+            has_more=has_more,
+            first_id=records[0].id if records else None,
+            last_id=records[-1].id if records else None,
+        )

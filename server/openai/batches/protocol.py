@@ -91,19 +91,6 @@ class BatchObject(msgspec.Struct, kw_only=True):
     def finished(self) -> bool:
         return self.status in ("failed", "completed", "expired", "cancelled")
 
-    def public(self) -> dict[str, Any]:
-        out = msgspec.to_builtins(self)
-        del out["tenant"]
-        return dict(out)
-
-
-class BatchList(msgspec.Struct, kw_only=True):
-    data: list[dict[str, Any]]
-    has_more: bool
-    first_id: str | None
-    last_id: str | None
-    object: Literal["list"] = "list"
-
 
 class InputLine(msgspec.Struct, kw_only=True):
     """One valid line of an input file, as queued (under :data:`PAYLOAD_KEY`)."""

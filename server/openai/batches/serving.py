@@ -24,7 +24,6 @@ from server.openai.batches.protocol import (
     BatchCreate,
     BatchError,
     BatchErrors,
-    BatchList,
     BatchObject,
     RequestCounts,
 )
@@ -32,6 +31,7 @@ from server.openai.batches.store import BatchStore
 from server.openai.batches.validate import check_input
 from server.openai.files.serving import json_reply, not_found, page_limit
 from server.openai.files.store import FileStore
+from server.openai.protocol import ListPage, public
 from server.openai.records import new_id
 from server.openai.reply import Reply
 
@@ -183,7 +183,7 @@ class BatchesServing:
             batch.failed_at = now
             batch.errors = BatchErrors(data=checked.errors)
             await self.store.save(batch)
-            return json_reply(batch.public())
+            return json_reply(public(batch))
         assert checked.model is not None
         batch.model = checked.model
         batch.request_counts = RequestCounts(total=len(checked.lines))
@@ -194,10 +194,10 @@ class BatchesServing:
         batch.in_progress_at = self._now()
         await self.store.save(batch)
         self._expires[batch.id] = batch.expires_at
-        return json_reply(batch.public())
+        return json_reply(public(batch))
 
     async def retrieve(self, tenant: str, batch_id: str) -> Reply:
-        return json_reply((await self._get(tenant, batch_id)).public())
+        return json_reply(public(await self._get(tenant, batch_id)))
 
     async def list_batches(self, tenant: str, *, after: str | None, limit: str | None) -> Reply:
         count = page_limit(limit, 100) if limit is not None else 20
@@ -206,14 +206,7 @@ class BatchesServing:
             ids = [b.id for b in batches]
             batches = batches[ids.index(after) + 1 :] if after in ids else []
         page = [await self.refresh(b) for b in batches[:count]]
-        return json_reply(
-            BatchList(
-                data=[b.public() for b in page],
-                has_more=len(batches) > count,
-                first_id=page[0].id if page else None,
-                last_id=page[-1].id if page else None,
-            )
-        )
+        return json_reply(ListPage.of(page, len(batches) > count))
 
     async def cancel(self, tenant: str, batch_id: str) -> Reply:
         batch = await self._get(tenant, batch_id)
@@ -229,7 +222,7 @@ class BatchesServing:
                 f"Cannot cancel a batch with status '{batch.status}'.",
                 code="batch_not_cancellable",
             )
-        return json_reply(batch.public())
+        return json_reply(public(batch))
 
     # -- the workers' side -------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 
@@ -22,20 +22,6 @@ class FileObject(msgspec.Struct, kw_only=True):
     object: Literal["file"] = "file"
     status: Literal["uploaded", "processed", "error"] = "processed"
     status_details: str | None = None
-
-    def public(self) -> dict[str, Any]:
-        """The object as the API answers it (without the tenant)."""
-        out = msgspec.to_builtins(self)
-        del out["tenant"]
-        return dict(out)
-
-
-class FileList(msgspec.Struct, kw_only=True):
-    data: list[dict[str, Any]]
-    has_more: bool
-    first_id: str | None
-    last_id: str | None
-    object: Literal["list"] = "list"
 
 
 class FileDeleted(msgspec.Struct, kw_only=True):

@@ -8,8 +8,9 @@ from typing import Any
 import msgspec
 
 from server.errors import ApiError
-from server.openai.files.protocol import FileDeleted, FileList, FileObject
+from server.openai.files.protocol import FileDeleted, FileObject
 from server.openai.files.store import FileStore
+from server.openai.protocol import ListPage, public
 from server.openai.reply import Reply
 
 UPLOAD_PURPOSES = ("batch",)
@@ -52,7 +53,7 @@ class FilesServing:
         if len(data) > self.max_bytes:
             raise self.too_large(len(data))
         obj = await self.store.create(tenant, filename or "upload.jsonl", "batch", data)
-        return json_reply(obj.public())
+        return json_reply(public(obj))
 
     async def get(self, tenant: str, file_id: str) -> FileObject:
         obj = await self.store.get(tenant, file_id)
@@ -61,7 +62,7 @@ class FilesServing:
         return obj
 
     async def retrieve(self, tenant: str, file_id: str) -> Reply:
-        return json_reply((await self.get(tenant, file_id)).public())
+        return json_reply(public(await self.get(tenant, file_id)))
 
     async def content(self, tenant: str, file_id: str) -> Reply:
         data = await self.store.content(tenant, file_id)
@@ -89,14 +90,7 @@ class FilesServing:
         objs, more = await self.store.list_files(
             tenant, purpose=purpose, order=order or "desc", after=after, limit=count
         )
-        return json_reply(
-            FileList(
-                data=[o.public() for o in objs],
-                has_more=more,
-                first_id=objs[0].id if objs else None,
-                last_id=objs[-1].id if objs else None,
-            )
-        )
+        return json_reply(ListPage.of(objs, more))
 
     async def delete(self, tenant: str, file_id: str) -> Reply:
         if not await self.store.delete(tenant, file_id):
