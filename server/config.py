@@ -13,6 +13,7 @@ from backends.config import BackendConfig, VllmBackend
 from semcache.package_files import package_file
 from server.auth import AuthSettings
 from server.batch.settings import BatchSettings
+from server.tenancy.limits import LimitSettings
 
 Task = Literal["chat", "embeddings", "classification"]
 
@@ -52,6 +53,8 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """API tokens of the Workers-AI routes (``/client/v4``) and the tenants they belong to."""
     batch: BatchSettings = msgspec.field(default_factory=BatchSettings)
     """Asynchronous batches (Workers AI ``queueRequest``): the queue and its workers."""
+    limits: LimitSettings = msgspec.field(default_factory=LimitSettings)
+    """Default rate limits and budgets of every token (a token entry may override them)."""
 
     def data_path(self) -> Path:
         """The data directory (prepared models, disk cache), created on demand."""

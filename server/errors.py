@@ -44,6 +44,7 @@ class ApiError(Exception):
         code: str | None = None,
         type: str | None = None,
         retry_after_s: int | None = None,
+        headers: list[tuple[str, str]] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -52,6 +53,8 @@ class ApiError(Exception):
         self.code = code
         self.type = type or _TYPES.get(status, "server_error" if status >= 500 else "api_error")
         self.retry_after_s = retry_after_s
+        self.headers = headers
+        """Extra response headers (a refused request's ``x-ratelimit-*``)."""
 
 
 _PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
@@ -110,6 +113,8 @@ def error_response(err: ApiError, path: str) -> Response[bytes]:
     headers = {"cache-control": "no-store"}  # no cache downstream may keep an error
     if err.retry_after_s is not None:
         headers["retry-after"] = str(err.retry_after_s)
+    if err.headers:
+        headers.update(err.headers)
     return Response(body, status_code=err.status, media_type=MediaType.JSON, headers=headers)
 
 
