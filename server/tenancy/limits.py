@@ -54,6 +54,8 @@ log = logging.getLogger("semcache.limits")
 
 T = TypeVar("T")
 
+_MINUTE = 60
+
 _FAILURES: tuple[type[BaseException], ...] = (StorageError, *OUTAGE_ERRORS)
 
 PosInt = Annotated[int, msgspec.Meta(gt=0)]
@@ -157,6 +159,7 @@ class Window:
     remaining: int
     reset_at: float
     """When the window ends, on the storage's clock (``time.time`` in production)."""
+    storage_key: str
 
 
 @dataclass(slots=True, eq=False)
@@ -286,10 +289,7 @@ class TenantLimiter:
         if delta < 0 and self.clock() >= window.reset_at:
             return  # the estimate was counted in a window that has ended: nothing to give back
         if delta:
-            item = self._item(window.limit)
-            counted = await self._storage(
-                partial(self._add, item, "tokens", admission.key, delta), None
-            )
+            counted = await self._storage(partial(self._add, window, delta), None)
             if counted is not None:
                 admission.tokens_counted += delta
 
@@ -323,6 +323,11 @@ class TenantLimiter:
             item = self._items[per_minute] = RateLimitItemPerMinute(per_minute)
         return item
 
+    def _window(self, kind: str, key: str, per_minute: int) -> Window:
+        """A window of token ``key``, not yet read (its storage key names the limit too)."""
+        storage_key = self._item(per_minute).key_for(kind, key)
+        return Window(per_minute, per_minute, 0.0, storage_key)
+
     def _release(self, admission: Admission) -> None:
         if not admission.holds_slot:
             return
@@ -335,6 +340,8 @@ class TenantLimiter:
 
     async def _storage(self, op: Callable[[], Awaitable[T]], default: T) -> T:
         """Run a storage operation; on an outage return ``default`` (fail open), never raise."""
+        if not self.shared:  # in-process memory: nothing to time out or fail
+            return await op()
         if not self.breaker.allow():
             return default
         try:
@@ -349,50 +356,48 @@ class TenantLimiter:
         self.breaker.success()
         return result
 
-    async def _add(self, item: RateLimitItem, kind: str, key: str, amount: int) -> int:
+    async def _add(self, window: Window, amount: int) -> int:
         """Add ``amount`` (negative: give back) to a window, never below zero."""
-        storage_key = item.key_for(kind, key)
-        count = await self.storage.incr(storage_key, item.get_expiry(), amount=amount)
+        count = await self.storage.incr(window.storage_key, _MINUTE, amount=amount)
         if count < 0:
-            count = await self.storage.incr(storage_key, item.get_expiry(), amount=-count)
+            count = await self.storage.incr(window.storage_key, _MINUTE, amount=-count)
         return count
 
-    async def _hit(
-        self, item: RateLimitItem, kind: str, key: str, cost: int
-    ) -> tuple[bool, Window]:
-        """Count ``cost`` into one window; a refused hit is taken back at once."""
-        allowed = await self.windows.hit(item, kind, key, cost=cost)
+    async def _hit(self, window: Window, cost: int) -> bool:
+        """Count ``cost`` into one window (the fixed-window strategy of `limits`: the storage's
+        ``incr``, whose answer is the count, so one round trip tells what remains); a refused
+        hit is taken back at once."""
+        count = await self.storage.incr(window.storage_key, _MINUTE, amount=cost)
+        allowed = count <= window.limit
         if not allowed:
-            await self._add(item, kind, key, -cost)
-        stats = await self.windows.get_window_stats(item, kind, key)
-        return allowed, Window(item.amount, stats.remaining, stats.reset_time)
+            count = await self._add(window, -cost)
+        window.remaining = window.limit - count
+        window.reset_at = await self.storage.get_expiry(window.storage_key)
+        return allowed
 
     async def _count(self, admission: Admission) -> None:
         settings = admission.settings
-        checks: list[tuple[str, RateLimitItem, int]] = []
+        checks: list[tuple[str, Window, int]] = []
         if settings.requests_per_minute is not None:
-            checks.append(("requests", self._item(settings.requests_per_minute), 1))
+            window = self._window("requests", admission.key, settings.requests_per_minute)
+            checks.append(("requests", window, 1))
         if settings.tokens_per_minute is not None:
-            cost = max(1, admission.estimated_tokens)
-            checks.append(("tokens", self._item(settings.tokens_per_minute), cost))
+            window = self._window("tokens", admission.key, settings.tokens_per_minute)
+            checks.append(("tokens", window, max(1, admission.estimated_tokens)))
         if not checks:
             return
 
-        async def count_all() -> list[tuple[bool, Window]]:
-            if self.shared:  # one round trip per window, in parallel
-                return list(
-                    await asyncio.gather(
-                        *(self._hit(item, kind, admission.key, cost) for kind, item, cost in checks)
-                    )
-                )
-            return [await self._hit(item, kind, admission.key, cost) for kind, item, cost in checks]
+        async def count_all() -> list[bool]:
+            if self.shared and len(checks) > 1:  # the windows' round trips in parallel
+                return list(await asyncio.gather(*(self._hit(w, cost) for _, w, cost in checks)))
+            return [await self._hit(window, cost) for _, window, cost in checks]
 
         results = await self._storage(count_all, None)
         if results is None:
             self.unchecked += 1
             return
         refused: list[tuple[str, int, Window]] = []
-        for (kind, _, cost), (allowed, window) in zip(checks, results, strict=True):
+        for (kind, window, cost), allowed in zip(checks, results, strict=True):
             setattr(admission, kind, window)
             if not allowed:
                 refused.append((kind, cost, window))
@@ -401,10 +406,10 @@ class TenantLimiter:
                 admission.tokens_counted = max(1, admission.estimated_tokens)
             return
         # Take back what the accepted windows counted for this refused request.
-        for (kind, item, cost), (allowed, window) in zip(checks, results, strict=True):
+        for (_, window, cost), allowed in zip(checks, results, strict=True):
             if allowed:
                 window.remaining += cost
-                await self._storage(partial(self._add, item, kind, admission.key, -cost), None)
+                await self._storage(partial(self._add, window, -cost), None)
         kind, cost, window = max(refused, key=lambda r: r[2].reset_at)
         wait = max(1, math.ceil(window.reset_at - self.clock()))
         unit = "requests per min (RPM)" if kind == "requests" else "tokens per min (TPM)"
@@ -449,12 +454,14 @@ class TenantLimiter:
         ):
             if per_minute is None:
                 continue
-            item = self._item(per_minute)
+            window = self._window(kind, admission.key, per_minute)
             stats = await self._storage(
-                partial(self.windows.get_window_stats, item, kind, admission.key), None
+                partial(self.windows.get_window_stats, self._item(per_minute), kind, admission.key),
+                None,
             )
             if stats is not None:
-                setattr(admission, kind, Window(per_minute, stats.remaining, stats.reset_time))
+                window.remaining, window.reset_at = stats.remaining, stats.reset_time
+                setattr(admission, kind, window)
 
     async def _check_budgets(self, admission: Admission) -> None:
         settings = admission.settings
