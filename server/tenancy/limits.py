@@ -242,9 +242,6 @@ class TenantLimiter:
         self.unchecked = 0
         """Requests admitted without their rate windows counted (storage unreachable)."""
 
-    def settings_for(self, override: LimitSettings | None) -> LimitSettings:
-        return self.defaults.merged(override)
-
     async def admit(
         self,
         key: str,
