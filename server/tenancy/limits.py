@@ -78,11 +78,12 @@ class LimitSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     monthly_tokens: PosInt | None = None
     daily_usd: PosFloat | None = None
     monthly_usd: PosFloat | None = None
-    """Budgets of the token's tenant, read from the usage ledger; days and months are UTC."""
-    hits_spend_tokens: bool | None = None
-    """Whether cache hits spend tokens per minute (default false: that is what a cache is for).
+    """Budgets of the token's tenant, read from the usage ledger; days and months are UTC.
 
-    A hit always counts as a request."""
+    The USD budgets count what the backends' work cost: a cache hit costs nothing."""
+    hits_spend_tokens: bool | None = None
+    """Whether cache hits spend tokens per minute and the token budgets (default false: that
+    is what a cache is for). A hit always counts as a request."""
 
     def merged(self, override: LimitSettings | None) -> LimitSettings:
         """These defaults with every field the override sets replaced by the override's."""
@@ -111,6 +112,11 @@ class Spend(Protocol):
 
     @property
     def usd(self) -> float: ...
+
+    @property
+    def tokens_saved(self) -> int:
+        """The part of ``tokens`` answered from the cache."""
+        ...
 
 
 SpentFn = Callable[[str, Period, float], Awaitable[Spend]]
@@ -482,8 +488,9 @@ class TenantLimiter:
                 continue
             reached: str | None = None
             adjective = "daily" if period == "day" else "monthly"
-            if tokens is not None and spend.tokens >= tokens:
-                reached = f"{adjective} budget of {tokens} tokens (spent {spend.tokens})"
+            used = spend.tokens if settings.hits_spend_tokens else spend.tokens - spend.tokens_saved
+            if tokens is not None and used >= tokens:
+                reached = f"{adjective} budget of {tokens} tokens (spent {used})"
             elif usd is not None and spend.usd >= usd:
                 reached = f"{adjective} budget of ${usd:.2f} (spent ${spend.usd:.2f})"
             if reached is None:

@@ -50,11 +50,14 @@ class Ledger:
     def __init__(self) -> None:
         self.tokens = {"day": 0, "month": 0}
         self.usd = {"day": 0.0, "month": 0.0}
+        self.saved = {"day": 0, "month": 0}
         self.asked: list[tuple[str, str, float]] = []
 
     async def spent(self, tenant: str, period: str, now: float) -> SimpleNamespace:
         self.asked.append((tenant, period, now))
-        return SimpleNamespace(tokens=self.tokens[period], usd=self.usd[period])
+        return SimpleNamespace(
+            tokens=self.tokens[period], usd=self.usd[period], tokens_saved=self.saved[period]
+        )
 
 
 def limiter(clock: Clock, ledger: Ledger | None = None, **defaults: object) -> TenantLimiter:
@@ -283,6 +286,20 @@ async def test_daily_token_budget_refuses_until_midnight(clock: Clock) -> None:
     assert "daily budget of 1000 tokens (spent 1000)" in exc.value.message
     assert headers["x-ratelimit-remaining-requests"] == "9"  # the refusal counted nothing
     await lim.settle(in_flight, 5, 5, cache_hit=False)  # what was admitted ends normally
+    await lim.aclose()
+
+
+async def test_token_budgets_leave_cache_hits_out_unless_the_switch_says_so(clock: Clock) -> None:
+    ledger = Ledger()
+    ledger.tokens["day"], ledger.saved["day"] = 1500, 600  # 900 from the backends
+    lim = limiter(clock, ledger, daily_tokens=1000)
+    await lim.admit("tok", "acme", None, 10)
+    with pytest.raises(ApiError) as exc:
+        await lim.admit("tok", "acme", LimitSettings(hits_spend_tokens=True), 10)
+    assert "daily budget of 1000 tokens (spent 1500)" in exc.value.message
+    ledger.tokens["day"] = 1600
+    with pytest.raises(ApiError):
+        await lim.admit("tok", "acme", None, 10)
     await lim.aclose()
 
 
