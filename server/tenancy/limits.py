@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -37,7 +38,6 @@ from functools import partial
 from typing import Annotated, Any, Literal, Protocol, TypeVar, cast
 
 import msgspec
-import orjson
 from limits import RateLimitItem, RateLimitItemPerMinute
 from limits.aio.storage import Storage
 from limits.aio.strategies import FixedWindowRateLimiter
@@ -122,24 +122,20 @@ class Spend(Protocol):
 SpentFn = Callable[[str, Period, float], Awaitable[Spend]]
 
 
+_COMPLETION_LIMIT = re.compile(rb'"max_(?:completion_|output_)?tokens"\s*:\s*(\d+)')
+
+
 def estimate_tokens(body: bytes) -> int:
     """A cheap upper-side estimate of a request's tokens, for tokens per minute at admission.
 
-    Four characters per token of the text the request carries (its JSON body, minus nothing:
-    keys and punctuation make it err high, as it should before the real count is known) plus
-    the completion it may ask for (``max_tokens`` and its namesakes, when given).
+    Four bytes per token of the whole body (keys and punctuation make it err high, as it
+    should before the real count is known) plus the completion it may ask for: the first
+    ``max_tokens``, ``max_completion_tokens`` or ``max_output_tokens`` it names. The body is
+    searched, not parsed: the route parses it once, later.
     """
     estimate = len(body) // 4
-    try:
-        doc = orjson.loads(body) if body else None
-    except orjson.JSONDecodeError:
-        return max(1, estimate)
-    if isinstance(doc, dict):
-        for name in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
-            n = doc.get(name)
-            if isinstance(n, int) and n > 0:
-                estimate += n
-                break
+    if (found := _COMPLETION_LIMIT.search(body)) is not None:
+        estimate += int(found.group(1))
     return max(1, estimate)
 
 

@@ -102,8 +102,10 @@ def test_config_limits_section_and_its_errors() -> None:
 def test_estimate_counts_the_body_and_the_completion_asked_for() -> None:
     body = orjson.dumps({"messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 50})
     assert estimate_tokens(body) == len(body) // 4 + 50
-    body = orjson.dumps({"prompt": "y" * 40, "max_completion_tokens": 7, "max_tokens": 99})
+    body = orjson.dumps({"input": "y" * 40, "max_output_tokens": 7})
     assert estimate_tokens(body) == len(body) // 4 + 7
+    quoted = orjson.dumps({"prompt": 'say "max_tokens": 900', "max_completion_tokens": 3})
+    assert estimate_tokens(quoted) == len(quoted) // 4 + 3  # not the one inside the text
     assert estimate_tokens(b"not json at all, but text") == len(b"not json at all, but text") // 4
     assert estimate_tokens(b"") == 1
 
