@@ -35,7 +35,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Annotated, Any, Literal, Protocol, TypeVar, cast
+from typing import Any, Literal, Protocol, TypeVar, cast
 
 import msgspec
 from limits import RateLimitItem, RateLimitItemPerMinute
@@ -47,6 +47,7 @@ from redis.asyncio import ConnectionPool
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from semcache.config_types import PosFloat, PosInt
 from semcache.tiers.redis import OUTAGE_ERRORS, CircuitBreaker
 from server.errors import ApiError
 
@@ -58,8 +59,6 @@ _MINUTE = 60
 
 _FAILURES: tuple[type[BaseException], ...] = (StorageError, *OUTAGE_ERRORS)
 
-PosInt = Annotated[int, msgspec.Meta(gt=0)]
-PosFloat = Annotated[float, msgspec.Meta(gt=0)]
 Period = Literal["day", "month"]
 
 
@@ -429,7 +428,7 @@ class TenantLimiter:
             code="rate_limit_exceeded",
             type=kind,
             retry_after_s=wait,
-            headers=self.headers(admission),
+            headers=dict(self.headers(admission)),
         )
 
     async def _refuse_concurrency(self, admission: Admission) -> None:
@@ -441,7 +440,7 @@ class TenantLimiter:
             code="rate_limit_exceeded",
             type="requests",
             retry_after_s=1,
-            headers=self.headers(admission),
+            headers=dict(self.headers(admission)),
         )
 
     async def _peek(self, admission: Admission) -> None:
@@ -500,5 +499,5 @@ class TenantLimiter:
                 code="insufficient_quota",
                 type="insufficient_quota",
                 retry_after_s=max(1, math.ceil(reset - now)),
-                headers=self.headers(admission),
+                headers=dict(self.headers(admission)),
             )
