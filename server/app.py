@@ -40,6 +40,7 @@ from server.openai.responses import api_router as responses
 from server.openai.serving import OpenAIServing
 from server.routes import admin, cached_answer, health
 from server.speedups import write_bodies_eagerly
+from server.tenancy.limits import build_limiter
 from server.tenancy.middleware import Tenancy, tenancy_middleware
 from server.tenancy.request_log import RequestLog
 from server.workers_ai import api_router as workers_ai_routes
@@ -120,7 +121,20 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
     request_log = (
         RequestLog(config.request_log, config.data_path()) if config.request_log.enabled else None
     )
-    tenancy = Tenancy(auth=auth, metrics=metrics, request_log=request_log)
+    limiter = build_limiter(
+        config.limits,
+        [t.limits for t in config.auth.tokens],
+        redis_url=tiers.redis.url,
+        redis_prefix=tiers.redis.prefix,
+        spent=None,  # ledger: its ``spent``
+    )
+    tenancy = Tenancy(
+        auth=auth,
+        metrics=metrics,
+        request_log=request_log,
+        limiter=limiter,
+        max_body_bytes=config.server.max_body_bytes,
+    )
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -164,6 +178,8 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
             await registry.aclose()
             if request_log is not None:
                 request_log.stop()
+            if limiter is not None:
+                await limiter.aclose()
 
     return Litestar(
         route_handlers=[

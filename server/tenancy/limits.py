@@ -31,7 +31,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -96,11 +96,19 @@ class LimitSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
         return msgspec.structs.replace(self, **changes) if changes else self
 
     @property
+    def limited(self) -> bool:
+        """Whether any limit or budget is set."""
+        return any(getattr(self, name) is not None for name in _LIMIT_FIELDS)
+
+    @property
     def budgets(self) -> bool:
         return any(
             v is not None
             for v in (self.daily_tokens, self.monthly_tokens, self.daily_usd, self.monthly_usd)
         )
+
+
+_LIMIT_FIELDS = tuple(f for f in LimitSettings.__struct_fields__ if f != "hits_spend_tokens")
 
 
 class Spend(Protocol):
@@ -211,6 +219,23 @@ def open_storage(
         uri, implementation="redispy", key_prefix=prefix, wrap_exceptions=True, **options
     )
     return cast(Storage, storage), pool
+
+
+def build_limiter(
+    defaults: LimitSettings,
+    overrides: Iterable[LimitSettings | None],
+    *,
+    redis_url: str | None,
+    redis_prefix: str,
+    spent: SpentFn | None,
+) -> TenantLimiter | None:
+    """The app's limiter: on the policy's Redis when it has one (read at start), else in
+    memory; ``None`` when neither the defaults nor any token set a limit."""
+    limited = [s for s in (defaults, *overrides) if s is not None and s.limited]
+    if not limited:
+        return None
+    uri = "async+" + redis_url if redis_url else "async+memory://"
+    return TenantLimiter(defaults, storage_uri=uri, spent=spent, redis_prefix=redis_prefix)
 
 
 class TenantLimiter:

@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from litestar.datastructures import Headers
-from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 
 from server.auth import TokenAuth
 from server.errors import ERROR_CODE_KEY, ApiError
 from server.metrics import GatewayMetrics
+from server.tenancy.limits import Admission, TenantLimiter, estimate_tokens
 from server.tenancy.record import RECORD_KEY, RequestRecord, log_line
 from server.tenancy.request_log import RequestLog
 
@@ -39,6 +40,9 @@ class Tenancy:
     auth: TokenAuth
     metrics: GatewayMetrics
     request_log: RequestLog | None = None
+    limiter: TenantLimiter | None = None
+    max_body_bytes: int = 10 * 1024 * 1024
+    """Bodies read ahead to estimate their tokens stop here (the route answers 413)."""
     clock: Callable[[], float] = time.time
     _routes: dict[int, tuple[str, str]] = field(default_factory=dict)
 
@@ -82,7 +86,59 @@ class Tenancy:
         if self.request_log is not None:
             self.request_log.write(log_line(record))
         # ledger: add a UsageRecord of ``record`` here.
-        # limits: settle the admission here.
+
+    async def admit(self, record: RequestRecord, receive: Receive) -> tuple[Admission, Receive]:
+        """Count the request against its token's limits (ApiError 429 when over); the
+        ``receive`` to run the route with (the body was read ahead to estimate its tokens)."""
+        assert self.limiter is not None
+        principal = record.principal
+        estimate = 0
+        if self.limiter.defaults.merged(principal.limits).tokens_per_minute is not None:
+            body, receive = await read_ahead(receive, self.max_body_bytes)
+            estimate = estimate_tokens(body)
+        admission = await self.limiter.admit(
+            principal.token_id,
+            principal.tenant,
+            principal.limits,
+            estimate,
+            background=record.background,
+        )
+        return admission, receive
+
+    async def settle(self, record: RequestRecord, admission: Admission) -> None:
+        """Correct the token estimate with what the request used; free its slot."""
+        assert self.limiter is not None
+        usage = record.usage
+        hit = usage.cache in ("exact", "stale", "semantic")
+        prompt, completion = usage.prompt_tokens, usage.completion_tokens
+        if hit or (usage.cache == "partial" and admission.settings.hits_spend_tokens):
+            prompt += usage.saved_prompt_tokens
+            completion += usage.saved_completion_tokens
+        await self.limiter.settle(admission, prompt, completion, cache_hit=hit)
+
+
+async def read_ahead(receive: Receive, limit: int) -> tuple[bytes, Receive]:
+    """The request body (up to ``limit`` bytes and one chunk) and a ``receive`` that hands the
+    messages read to the app again, then goes on with the client's."""
+    messages: list[ReceiveMessage] = []
+    chunks: list[bytes] = []
+    size = 0
+    while size <= limit:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            break
+        chunks.append(message.get("body", b""))
+        size += len(chunks[-1])
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    pending = iter(messages)
+
+    async def replay() -> ReceiveMessage:
+        return next(pending, None) or await receive()
+
+    return body, replay
 
 
 class TenancyMiddleware:
@@ -102,8 +158,18 @@ class TenancyMiddleware:
             await self.app(scope, receive, send)
             return
         scope["state"][RECORD_KEY] = record
-        # limits: admit here (a 429 raised here is answered in the route's format).
         extra: list[tuple[bytes, bytes]] = []
+        admission: Admission | None = None
+        if tenancy.limiter is not None:
+            try:
+                admission, receive = await tenancy.admit(record, receive)
+            except ApiError as err:  # answered in the route's format by the exception handler
+                record.status = err.status
+                record.usage.error_code = err.code
+                record.latency_s = time.perf_counter() - record.started
+                tenancy.finish(record)
+                raise
+            extra = [(k.encode(), v.encode()) for k, v in tenancy.limiter.headers(admission)]
 
         async def accounted(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -123,6 +189,8 @@ class TenancyMiddleware:
             record.latency_s = time.perf_counter() - record.started
             record.usage.error_code = scope["state"].get(ERROR_CODE_KEY)
             tenancy.finish(record)
+            if admission is not None:
+                await tenancy.settle(record, admission)
 
 
 def tenancy_middleware(tenancy: Tenancy) -> Callable[[ASGIApp], ASGIApp]:

@@ -1,0 +1,193 @@
+"""Limits through the app ``semcache serve`` builds: a real HTTP server on loopback, its config
+from TOML, a fake chat backend (the backend is not what these tests are about)."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from backends.registry import ModelInfo, ModelRegistry
+from server.config import parse_config
+from server.harness import GatewayThread
+from tests.semcache.conftest import RedisServer
+from tests.support.fake_backend import FakeGeneration
+
+CHAT = "/v1/chat/completions"
+RUN = "/client/v4/accounts/ACC/ai/run/@cf/test/chat"
+RATE_HEADERS = {"x-ratelimit-limit-requests", "x-ratelimit-remaining-requests"}
+
+
+def registry(fake: FakeGeneration) -> ModelRegistry:
+    reg = ModelRegistry()
+    reg.generation["fake"] = fake
+    reg.add(ModelInfo("chat-model", "chat", ("@cf/test/chat",), "t", "fake", "rev1", "tpl"))
+    return reg
+
+
+GatewayFactory = Callable[..., GatewayThread]
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[GatewayFactory]:
+    """Start gateways from TOML text (each on its own data dir); all stop at the end."""
+    started: list[GatewayThread] = []
+
+    def start(toml: str, fake: FakeGeneration | None = None) -> GatewayThread:
+        data_dir = tmp_path / f"gw{len(started)}"
+        doc = tomllib.loads(f'data_dir = "{data_dir}"\n' + toml)
+        gw = GatewayThread(parse_config(doc), registry(fake or FakeGeneration())).start()
+        started.append(gw)
+        return gw
+
+    try:
+        yield start
+    finally:
+        for gw in started:
+            gw.stop()
+
+
+def chat(content: str = "hi", **extra: Any) -> bytes:
+    body = {"model": "chat-model", "messages": [{"role": "user", "content": content}]}
+    return orjson.dumps({**body, "temperature": 0, **extra})
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}", "content-type": "application/json"}
+
+
+TWO_TOKENS = """
+[limits]
+requests_per_minute = 100
+[[auth.tokens]]
+token = "tok-a"
+tenant = "acme"
+name = "a"
+limits = { requests_per_minute = 2 }
+[[auth.tokens]]
+token = "tok-b"
+tenant = "globex"
+"""
+
+
+def test_over_the_limit_is_a_429_in_each_routes_format(gateway: GatewayFactory) -> None:
+    gw = gateway(TWO_TOKENS)
+    with httpx.Client(base_url=gw.url) as http:
+        first = http.post(CHAT, content=chat(), headers=bearer("tok-a"))
+        assert first.status_code == 200, first.text
+        assert first.headers["x-ratelimit-limit-requests"] == "2"
+        assert first.headers["x-ratelimit-remaining-requests"] == "1"
+        assert first.headers["x-ratelimit-reset-requests"] in {"1m0s", "59s", "58s"}
+        assert "x-ratelimit-limit-tokens" not in first.headers  # no token limit configured
+        # A cache hit counts as a request too.
+        second = http.post(CHAT, content=chat(), headers=bearer("tok-a"))
+        assert second.status_code == 200
+        assert second.headers["x-ratelimit-remaining-requests"] == "0"
+
+        refused = http.post(CHAT, content=chat("other"), headers=bearer("tok-a"))
+        assert refused.status_code == 429
+        assert 1 <= int(refused.headers["retry-after"]) <= 60
+        assert refused.headers["x-ratelimit-remaining-requests"] == "0"
+        assert refused.headers["x-ratelimit-limit-requests"] == "2"
+        error = refused.json()["error"]
+        assert (error["code"], error["type"], error["param"]) == (
+            "rate_limit_exceeded",
+            "requests",
+            None,
+        )
+        assert error["message"].startswith("Rate limit reached for requests per min (RPM)")
+
+        envelope = http.post(RUN, content=b'{"prompt": "hi"}', headers=bearer("tok-a"))
+        assert envelope.status_code == 429
+        assert envelope.headers["x-ratelimit-remaining-requests"] == "0"
+        assert "retry-after" in envelope.headers
+        body = envelope.json()
+        assert body["success"] is False and body["result"] is None
+        assert body["errors"][0]["code"] == 4290
+
+        # Another token has its own window (the default); a request without a token is a 401
+        # and counts for nobody; a public route carries no limit headers.
+        other = http.post(RUN, content=b'{"prompt": "hi"}', headers=bearer("tok-b"))
+        assert other.status_code == 200, other.text
+        assert other.headers["x-ratelimit-limit-requests"] == "100"
+        assert other.headers["x-ratelimit-remaining-requests"] == "99"
+        anonymous = http.post(CHAT, content=chat(), headers={"content-type": "application/json"})
+        assert anonymous.status_code == 401
+        assert not RATE_HEADERS & set(anonymous.headers)
+        assert not RATE_HEADERS & set(http.get("/health").headers)
+        again = http.post(CHAT, content=chat(), headers=bearer("tok-b"))
+        assert again.headers["x-ratelimit-remaining-requests"] == "98"
+
+    lines = list(gw.app.state.tenancy.request_log.recent)
+    assert [line["cache"] for line in lines[:2]] == ["miss", "exact"]
+    refusals = [line for line in lines if line["status"] == 429]
+    assert [(r["token"], r["route"], r["error_code"]) for r in refusals] == [
+        ("a", CHAT, "rate_limit_exceeded"),
+        ("a", "/client/v4/accounts/{account_id:str}/ai/run/{model:path}", "rate_limit_exceeded"),
+    ]
+
+
+def test_tokens_per_minute_estimates_then_counts_the_usage(gateway: GatewayFactory) -> None:
+    gw = gateway(
+        """
+[limits]
+tokens_per_minute = 2000
+[[auth.tokens]]
+token = "tok"
+tenant = "acme"
+"""
+    )
+    body = chat("tell me", max_tokens=100)
+    estimate = len(body) // 4 + 100
+    with httpx.Client(base_url=gw.url) as http:
+        miss = http.post(CHAT, content=body, headers=bearer("tok"))
+        assert miss.status_code == 200
+        assert miss.json()["usage"]["total_tokens"] == 4
+        assert miss.headers["x-ratelimit-limit-tokens"] == "2000"
+        assert miss.headers["x-ratelimit-remaining-tokens"] == str(2000 - estimate)
+        # The estimate was replaced by the 4 tokens used; a hit spends none (by default).
+        hit = http.post(CHAT, content=body, headers=bearer("tok"))
+        assert hit.headers["x-ratelimit-remaining-tokens"] == str(2000 - 4 - estimate)
+        big = chat("x" * 8000, max_tokens=10)
+        too_big = http.post(CHAT, content=big, headers=bearer("tok"))
+        assert too_big.status_code == 429
+        assert too_big.json()["error"]["type"] == "tokens"
+        assert too_big.headers["x-ratelimit-remaining-tokens"] == str(2000 - 4)
+        assert too_big.headers["x-ratelimit-reset-tokens"].endswith("s")
+
+
+@pytest.mark.slow
+def test_two_gateways_on_one_redis_enforce_one_limit(
+    gateway: GatewayFactory, redis_server: RedisServer, redis_prefix: str, tmp_path: Path
+) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(
+        f'version = 1\n[tiers.redis]\nurl = "{redis_server.url}"\nprefix = "{redis_prefix}"\n'
+    )
+    toml = f"""
+policy = "{policy}"
+[limits]
+requests_per_minute = 5
+[[auth.tokens]]
+token = "tok"
+tenant = "acme"
+"""
+    gateways = [gateway(toml), gateway(toml)]
+    statuses: list[int] = []
+    remaining: list[str] = []
+    with httpx.Client() as http:
+        for i in range(12):
+            gw = gateways[i % 2]
+            if i % 3:
+                r = http.post(gw.url + CHAT, content=chat(f"q{i}"), headers=bearer("tok"))
+            else:
+                r = http.post(gw.url + RUN, content=b'{"prompt": "hi"}', headers=bearer("tok"))
+            statuses.append(r.status_code)
+            remaining.append(r.headers["x-ratelimit-remaining-requests"])
+    assert statuses == [200] * 5 + [429] * 7
+    assert remaining == ["4", "3", "2", "1", "0"] + ["0"] * 7
