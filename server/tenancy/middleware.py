@@ -61,7 +61,7 @@ class Tenancy:
             return None
         headers = Headers.from_scope(scope)
         principal = self.auth.authenticate(
-            headers, scope["path_params"].get("account_id"), key_required=need == "key"
+            headers, scope["path_params"].get("account_id"), key_required=need in ("key", "admin")
         )
         if need == "admin" and not principal.admin:
             if self.auth.open and self.auth.admin_token is None:
