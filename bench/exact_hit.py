@@ -5,6 +5,10 @@ of (b) a bare Litestar endpoint returning the same bytes (the ceiling of this st
 Litestar, same settings), and >= 5x the requests/s of (c) LiteLLM's proxy serving a hit from
 its own cache (``cache: true``, in-memory ``local`` cache) for the same request.
 
+Issue 17 adds (a2): the gateway with tenancy on (a listed token, limits, the usage ledger and
+the request log), which must also serve >= 0.7x the bare endpoint's requests/s; (a) runs with
+all of that off.
+
 Each server runs in its own process: a tiny vLLM (pinned to one core; only the first request
 of each cache reaches it), (a) the gateway (``python -m server.cli serve --no-launch``), (b)
 the bare app (this script with ``--serve-bare``, run exactly as the gateway runs: uvicorn's
@@ -21,6 +25,7 @@ checked (200, complete, a hit: ``cf-aig-cache-status: HIT`` / LiteLLM's
     .venv/bin/python bench/exact_hit.py [--requests 2000] [--rounds 8]
     .venv/bin/python bench/exact_hit.py --vllm-url http://127.0.0.1:8100   # a running vLLM
     .venv/bin/python bench/exact_hit.py --profile-gateway /tmp/gw.txt   # + py-spy on the gateway
+    .venv/bin/python bench/exact_hit.py --no-tenancy --no-litellm    # (a) and (b) only
 """
 
 from __future__ import annotations
@@ -71,13 +76,16 @@ from bench.support import (
     parse_cores,
     served_model_of,
     stderr_printer,
+    toml_value,
 )
-from server.config import load_config
+from server.config import GatewayConfig, load_config
 
 REPO = Path(__file__).resolve().parent.parent
 THIS_FILE = str(Path(__file__).resolve())
 HIT_VS_BARE_TARGET = 0.7
 HIT_VS_LITELLM_TARGET = 5.0
+TENANCY_VS_BARE_TARGET = 0.7
+"""Issue 17: hits with a token, limits, the usage ledger and the request log on."""
 LITELLM_SPEC = "litellm[proxy]==1.106.12"
 """Pinned. Later releases moved the proxy into a ``litellm-proxy`` package the index lacks."""
 LITELLM_VENV = REPO / ".data" / "bench-venv-litellm"
@@ -113,6 +121,23 @@ def request_body(stream: bool) -> bytes:
 BODIES = {False: request_body(False), True: request_body(True)}
 STREAM_MARK = b'"stream":true'
 REQUEST_HEADERS = {"content-type": "application/json", "authorization": f"Bearer {MASTER_KEY}"}
+
+
+def tenancy_toml(on: bool) -> str:
+    """A gateway's tenancy tables: all off (target a), or all on (a2): a listed token, limits
+    that every request goes through and none reaches (requests and tokens per minute, with
+    the body read ahead and the usage reconciled; concurrency; a daily USD budget read from
+    the ledger), the usage ledger and the request log (to its file)."""
+    ledger = "ledger" in GatewayConfig.__struct_fields__  # the ledger's own config table
+    if not on:
+        lines = ["[request_log]", "enabled = false"]
+        return "\n".join(lines + (["[ledger]", "enabled = false"] if ledger else [])) + "\n"
+    lines = ["[request_log]", "enabled = true", "[limits]", "requests_per_minute = 1_000_000_000"]
+    lines += ["tokens_per_minute = 1_000_000_000_000", "concurrent_requests = 100_000"]
+    if ledger:
+        lines += ["daily_usd = 1_000_000.0", "[ledger]", "enabled = true"]
+    lines += ["[[auth.tokens]]", f"token = {toml_value(MASTER_KEY)}", 'tenant = "bench"']
+    return "\n".join(lines) + "\n"
 
 
 # -- (b) the bare app -------------------------------------------------------------------------
@@ -438,15 +463,21 @@ def verdict(ok: bool) -> str:
     return "met" if ok else "NOT MET"
 
 
-LABEL = {"gateway": "(a) gateway hit", "bare": "(b) bare", "litellm": "(c) LiteLLM hit"}
+LABEL = {
+    "gateway": "(a) gateway hit",
+    "tenancy": "(a2) tenancy hit",
+    "bare": "(b) bare",
+    "litellm": "(c) LiteLLM hit",
+}
 W = 18
 
 
 def throughput_table(results: Results, cells: Sequence[Cell], names: list[str]) -> list[str]:
     """Print requests/s side by side with the ratios; returns the verdict lines."""
-    has_ll = "litellm" in names
+    has_ll, has_tn = "litellm" in names, "tenancy" in names
     print("requests/s (higher is better); ratios [95% CI, rounds resampled in pairs]")
     head = f"{'':<16}" + "".join(f"{LABEL[n]:>{W}}" for n in names) + f"{'hit/bare':>24}{'':>9}"
+    head += f"{'tenancy/bare':>24}{'':>9}" if has_tn else ""
     print(head + (f"{'hit/LiteLLM':>24}" if has_ll else ""))
     verdicts = []
     for cell in cells:
@@ -456,6 +487,13 @@ def throughput_table(results: Results, cells: Sequence[Cell], names: list[str]) 
         ok = r >= HIT_VS_BARE_TARGET
         row += f"{r:9.2f} [{lo:5.2f},{hi:5.2f}]{verdict(ok):>9}"
         line = f"  {cell.label:<15} hit/bare {r:.2f} {verdict(ok)}"
+        if has_tn:
+            tn = results[cell, "tenancy"]
+            r3, (lo3, hi3) = rps(tn) / rps(bare), ratio_ci(tn, bare)
+            ok3 = r3 >= TENANCY_VS_BARE_TARGET
+            row += f"{r3:9.2f} [{lo3:5.2f},{hi3:5.2f}]{verdict(ok3):>9}"
+            line += f"; tenancy/bare {r3:.2f} {verdict(ok3)} (tenancy/hit {rps(tn) / rps(gw):.2f})"
+            ok &= ok3
         if has_ll:
             ll = results[cell, "litellm"]
             r2, (lo2, hi2) = rps(gw) / rps(ll), ratio_ci(gw, ll)
@@ -514,6 +552,12 @@ def cpu_table(
             f"  {cell.label:<15} bare/hit CPU {r:.2f} {verdict(r >= HIT_VS_BARE_TARGET)}"
             f" (net of idle load {r_net:.2f} {verdict(r_net >= HIT_VS_BARE_TARGET)})"
         )
+        if "tenancy" in names:
+            r3, r3_net = cpu["bare"] / cpu["tenancy"], net["bare"] / net["tenancy"]
+            line += (
+                f"; bare/tenancy CPU {r3:.2f} {verdict(r3 >= TENANCY_VS_BARE_TARGET)}"
+                f" (net {r3_net:.2f} {verdict(r3_net >= TENANCY_VS_BARE_TARGET)})"
+            )
         if has_ll:
             r2 = cpu["litellm"] / cpu["gateway"]
             row += f"{r2:13.1f}"
@@ -549,6 +593,8 @@ def report(
     )
     goal = f"hit >= {HIT_VS_BARE_TARGET:g} x bare"
     goal += f"; hit >= {HIT_VS_LITELLM_TARGET:g} x LiteLLM" if "litellm" in names else ""
+    if "tenancy" in names:
+        goal += f"; tenancy hit >= {TENANCY_VS_BARE_TARGET:g} x bare (issue 17)"
     print(f"Targets (issue 3): {goal}, in requests/s")
     print("\n".join(rps_verdicts))
     print("The same targets in server CPU per request (capacity, not bound by the client):")
@@ -677,10 +723,11 @@ class Bench:
         note = f"vLLM: {TINY_MODEL_NAME} at {url} (started here{pin})"
         return Backend(url, TINY_MODEL_NAME, model, note, process)
 
-    async def start_gateway(self, vllm: Backend) -> Target:
+    async def start_gateway(self, vllm: Backend, name: str = "gateway") -> Target:
+        """The gateway with tenancy off (``gateway``) or on (``tenancy``)."""
         port = free_port()
-        config = self.tmp / "gateway.toml"
-        data_dir = self.tmp / "gateway-data"
+        config = self.tmp / f"{name}.toml"
+        data_dir = self.tmp / f"{name}-data"
         config.write_text(
             gateway_toml(
                 data_dir=data_dir,
@@ -688,16 +735,15 @@ class Bench:
                 vllm_url=vllm.url,
                 served=vllm.served,
                 model=vllm.model_path,
+                extra=tenancy_toml(name == "tenancy"),
             )
         )
         load_config(config)  # fail here, not in the child, on a bad config
-        child = gateway_process(config, port, self.tmp / "gateway.log")
+        child = gateway_process(config, port, self.tmp / f"{name}.log")
         self.start(child)
         await child.wait_ready(300.0)
-        say(f"gateway ready at {child.url}")
-        target = Target(
-            "gateway", child.url, self.clients(), child.pid, "cf-aig-cache-status", "HIT"
-        )
+        say(f"{name} gateway ready at {child.url}")
+        target = Target(name, child.url, self.clients(), child.pid, "cf-aig-cache-status", "HIT")
         await prime(target)
         return target
 
@@ -757,7 +803,10 @@ async def measure(args: argparse.Namespace, litellm_missing: str | None) -> Run:
             waited = await vllm.process.wait_ready(600.0, say)
             say(f"vLLM ready after {waited:.0f} s")
         gateway = await bench.start_gateway(vllm)
-        targets = [gateway, await bench.start_bare(gateway)]
+        targets = [gateway]
+        if not args.no_tenancy:
+            targets.append(await bench.start_gateway(vllm, "tenancy"))
+        targets.append(await bench.start_bare(gateway))
         if litellm is not None:
             try:
                 targets.append(await bench.litellm_target(*litellm))
@@ -795,8 +844,13 @@ async def measure(args: argparse.Namespace, litellm_missing: str | None) -> Run:
     pinned = args.vllm_cores if vllm.process is not None else "(not started here)"
     notes = [
         f"{vllm.note}; it served {tokens:.0f} prompt tokens while measuring",
-        "(a) gateway: python -m server.cli serve --no-launch (uvicorn, own process); answers "
-        + sizes["gateway"],
+        "(a) gateway: python -m server.cli serve --no-launch (uvicorn, own process), tenancy "
+        "off (open, no limits, ledger and request log off); answers " + sizes["gateway"],
+        "(a2) the same with tenancy on: a listed token, limits every request goes through and "
+        "none reaches (RPM, TPM, concurrency, a daily USD budget), the usage ledger, the "
+        f"request log to its file; answers {sizes['tenancy']}"
+        if "tenancy" in sizes
+        else "(a2) tenancy on: not measured (--no-tenancy)",
         "(b) bare Litestar app sending the gateway's bytes back (uvicorn, own process, run as "
         f"server.cli runs the gateway); answers {sizes['bare']}",
         f"(c) LiteLLM proxy {LITELLM_SPEC}, cache: true (type local), 1 uvicorn worker; "
@@ -877,7 +931,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--vllm-cores", default="1", help="cores for the vLLM started here ('none')")
     ap.add_argument("--data-dir", default=str(test_data_dir()), help="models and vLLM logs")
     ap.add_argument("--litellm-venv", default=str(LITELLM_VENV), help="LiteLLM's own virtualenv")
-    ap.add_argument("--no-litellm", action="store_true", help="measure (a) and (b) only")
+    ap.add_argument("--no-litellm", action="store_true", help="do not measure (c)")
+    ap.add_argument("--no-tenancy", action="store_true", help="do not measure (a2)")
     ap.add_argument("--setup", action="store_true", help=f"install {LITELLM_SPEC} and exit")
     ap.add_argument("--profile-gateway", metavar="FILE", help="py-spy collapsed stacks to FILE")
     ap.add_argument("--serve-bare", type=int, metavar="PORT", help=argparse.SUPPRESS)

@@ -233,11 +233,12 @@ def gateway_toml(
     served: str,
     model: Path | None,
     cache: bool = True,
+    extra: str = "",
 ) -> str:
     """A gateway config with one chat model, ``GATEWAY_MODEL_ID``, behind ``vllm_url``.
 
     ``cache=False`` turns the gateway's answer cache off (pure pass-through); otherwise the
-    gateway's default policy applies.
+    gateway's default policy applies. ``extra``: more tables, appended.
     """
     lines = [f"data_dir = {toml_value(str(data_dir))}"]
     if not cache:
@@ -258,4 +259,4 @@ def gateway_toml(
     if model is not None:
         lines.append(f"model_path = {toml_value(str(model))}")
     lines += ["[[backends.servers]]", f"url = {toml_value(vllm_url)}"]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + extra
