@@ -3,8 +3,12 @@ from TOML, a fake chat backend (the backend is not what these tests are about)."
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 import tomllib
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +16,12 @@ import httpx
 import orjson
 import pytest
 
+from backends.protocol import RequestContext
 from backends.registry import ModelInfo, ModelRegistry
 from server.config import parse_config
 from server.harness import GatewayThread
 from tests.semcache.conftest import RedisServer
-from tests.support.fake_backend import FakeGeneration
+from tests.support.fake_backend import FakeGeneration, FakeStream
 
 CHAT = "/v1/chat/completions"
 RUN = "/client/v4/accounts/ACC/ai/run/@cf/test/chat"
@@ -191,3 +196,94 @@ tenant = "acme"
             remaining.append(r.headers["x-ratelimit-remaining-requests"])
     assert statuses == [200] * 5 + [429] * 7
     assert remaining == ["4", "3", "2", "1", "0"] + ["0"] * 7
+
+
+class GatedStream(FakeStream):
+    """A stream that stops after its first chunk until the test opens the gate."""
+
+    def __init__(self, chunks: list[bytes], gate: threading.Event) -> None:
+        super().__init__(chunks)
+        self.gate = gate
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        for i, chunk in enumerate(self._chunks):
+            if i == 1:
+                await asyncio.to_thread(self.gate.wait, 30)
+            yield chunk
+
+
+class GatedStreams(FakeGeneration):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+
+    async def open_stream(self, path: str, body: dict[str, Any], ctx: RequestContext) -> FakeStream:
+        opened = await super().open_stream(path, body, ctx)
+        return GatedStream(opened._chunks, self.gate)
+
+
+def test_a_reached_budget_refuses_the_next_request_and_a_stream_in_flight_ends_normally(
+    gateway: GatewayFactory,
+) -> None:
+    fake = GatedStreams()
+    gw = gateway(
+        """
+[limits]
+daily_tokens = 6
+requests_per_minute = 100
+[[auth.tokens]]
+token = "tok"
+tenant = "acme"
+""",
+        fake,
+    )
+    with httpx.Client(base_url=gw.url, timeout=30) as http:
+        body = chat("a long story", stream=True)
+        with http.stream("POST", CHAT, content=body, headers=bearer("tok")) as stream:
+            assert stream.status_code == 200
+            events = stream.iter_lines()
+            assert next(events).startswith("data: ")  # the stream is in flight
+            for content in ("one", "two"):  # 4 tokens each (the fake's usage): 8 >= 6
+                assert http.post(CHAT, content=chat(content), headers=bearer("tok")).is_success
+            refused = http.post(CHAT, content=chat("three"), headers=bearer("tok"))
+            midnight = (datetime.now(UTC).date() + timedelta(days=1)).isoformat()
+            until = datetime.fromisoformat(midnight + "T00:00:00+00:00").timestamp()
+            assert refused.status_code == 429
+            assert abs(int(refused.headers["retry-after"]) - (until - time.time())) <= 2
+            assert refused.headers["x-ratelimit-remaining-requests"] == "97"
+            error = refused.json()["error"]
+            assert (error["code"], error["type"]) == ("insufficient_quota", "insufficient_quota")
+            assert "daily budget of 6 tokens (spent 8)" in error["message"]
+            envelope = http.post(RUN, content=b'{"prompt": "hi"}', headers=bearer("tok"))
+            assert envelope.status_code == 429
+            assert envelope.json()["errors"][0]["code"] == 4290
+            fake.gate.set()
+            rest = [line for line in events if line]
+        assert rest[-1] == "data: [DONE]"
+    finished = [line for line in gw.app.state.tenancy.request_log.recent if line["status"] == 200]
+    assert [line["completed"] for line in finished] == [True, True, True]
+
+
+def test_a_stream_holds_its_concurrency_slot_to_its_end(gateway: GatewayFactory) -> None:
+    fake = GatedStreams()
+    gw = gateway(
+        """
+[[auth.tokens]]
+token = "tok"
+tenant = "acme"
+limits = { concurrent_requests = 1 }
+""",
+        fake,
+    )
+    with httpx.Client(base_url=gw.url, timeout=30) as http:
+        body = chat("a long story", stream=True)
+        with http.stream("POST", CHAT, content=body, headers=bearer("tok")) as stream:
+            events = stream.iter_lines()
+            assert next(events).startswith("data: ")
+            busy = http.post(CHAT, content=chat("meanwhile"), headers=bearer("tok"))
+            assert busy.status_code == 429
+            assert busy.headers["retry-after"] == "1"
+            assert busy.json()["error"]["code"] == "rate_limit_exceeded"
+            fake.gate.set()
+            assert [line for line in events if line][-1] == "data: [DONE]"
+        assert http.post(CHAT, content=chat("after"), headers=bearer("tok")).status_code == 200
