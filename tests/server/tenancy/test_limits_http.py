@@ -18,7 +18,7 @@ import pytest
 
 from backends.protocol import RequestContext
 from backends.registry import ModelInfo, ModelRegistry
-from server.config import parse_config
+from server.config import GatewayConfig, parse_config
 from server.harness import GatewayThread
 from tests.semcache.conftest import RedisServer
 from tests.support.fake_backend import FakeGeneration, FakeStream
@@ -222,6 +222,9 @@ class GatedStreams(FakeGeneration):
         return GatedStream(opened._chunks, self.gate)
 
 
+@pytest.mark.skipif(
+    "ledger" not in GatewayConfig.__struct_fields__, reason="budgets read the usage ledger"
+)
 def test_a_reached_budget_refuses_the_next_request_and_a_stream_in_flight_ends_normally(
     gateway: GatewayFactory,
 ) -> None:
