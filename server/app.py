@@ -143,7 +143,12 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
             # Subscribe to the other gateways' entries now, not at the first request.
             serving.semantic.warm()
         app.state.workers_ai = await open_workers_ai(
-            config, serving, registry, metrics.registry, item_runners={PAYLOAD_KEY: openai_items}
+            config,
+            serving,
+            registry,
+            metrics.registry,
+            item_runners={PAYLOAD_KEY: openai_items},
+            accounting=tenancy.finish_item,
         )
         if app.state.workers_ai.batch is not None:
             batches.queue = app.state.workers_ai.batch.queue

@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING
 from litestar.datastructures import Headers
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from backends.protocol import RequestContext
 from server.auth import TokenAuth
 from server.errors import ERROR_CODE_KEY, ApiError
 from server.metrics import GatewayMetrics
-from server.tenancy.record import RECORD_KEY, RequestRecord, log_line
+from server.tenancy.record import RECORD_KEY, RequestRecord, item_line, log_line
 from server.tenancy.request_log import RequestLog
 
 if TYPE_CHECKING:
@@ -83,6 +84,14 @@ class Tenancy:
             self.request_log.write(log_line(record))
         # ledger: add a UsageRecord of ``record`` here.
         # limits: settle the admission here.
+
+    def finish_item(self, ctx: RequestContext, success: bool) -> None:
+        """Account for a batch item this gateway finished (it never passed the middleware)."""
+        line = item_line(ctx, success, self.clock())
+        if self.request_log is not None:
+            self.request_log.write(line)
+        # ledger: add a UsageRecord of the item here (route "batch").
+        # limits: count the item's tokens against its tenant here (never refused).
 
 
 class TenancyMiddleware:
