@@ -37,6 +37,7 @@ from server.openai.files.store import FileStore
 from server.openai.models import api_router as models
 from server.openai.pooling import api_router as pooling
 from server.openai.responses import api_router as responses
+from server.openai.responses.owners import ResponseOwners
 from server.openai.serving import OpenAIServing
 from server.routes import admin, cached_answer, health
 from server.speedups import write_bodies_eagerly
@@ -117,6 +118,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         config.batch,
     )
     openai_items = OpenAIItemRunner(serving, batches.stop_reason)
+    serving.responses.owners = ResponseOwners(openai_dir / "responses")
     auth = TokenAuth(config.auth, admin_token=lambda: policy.current.admin.resolve_token())
     request_log = (
         RequestLog(config.request_log, config.data_path()) if config.request_log.enabled else None
@@ -155,7 +157,12 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
             # Subscribe to the other gateways' entries now, not at the first request.
             serving.semantic.warm()
         app.state.workers_ai = await open_workers_ai(
-            config, serving, registry, metrics.registry, item_runners={PAYLOAD_KEY: openai_items}
+            config,
+            serving,
+            registry,
+            metrics.registry,
+            item_runners={PAYLOAD_KEY: openai_items},
+            accounting=tenancy.finish_item,
         )
         if app.state.workers_ai.batch is not None:
             batches.queue = app.state.workers_ai.batch.queue

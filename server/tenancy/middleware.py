@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING
 from litestar.datastructures import Headers
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 
+from backends.protocol import RequestContext
 from server.auth import TokenAuth
 from server.errors import ERROR_CODE_KEY, ApiError
 from server.metrics import GatewayMetrics
 from server.tenancy.limits import Admission, TenantLimiter, estimate_tokens
-from server.tenancy.record import RECORD_KEY, RequestRecord, log_line
+from server.tenancy.record import RECORD_KEY, RequestRecord, item_line, log_line
 from server.tenancy.request_log import RequestLog
 
 if TYPE_CHECKING:
@@ -115,6 +116,15 @@ class Tenancy:
             prompt += usage.saved_prompt_tokens
             completion += usage.saved_completion_tokens
         await self.limiter.settle(admission, prompt, completion, cache_hit=hit)
+
+    def finish_item(self, ctx: RequestContext, success: bool) -> None:
+        """Account for a batch item this gateway finished (it never passed the middleware)."""
+        line = item_line(ctx, success, self.clock())
+        if self.request_log is not None:
+            self.request_log.write(line)
+        # ledger: add a UsageRecord of the item here (route "batch").
+        # limits: nothing to count: a batch item spends its tenant's budgets through the
+        # ledger, and takes no capacity of the live windows (server/tenancy/limits.py).
 
 
 async def read_ahead(receive: Receive, limit: int) -> tuple[bytes, Receive]:
