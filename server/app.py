@@ -122,7 +122,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
     request_log = (
         RequestLog(config.request_log, config.data_path()) if config.request_log.enabled else None
     )
-    tenancy = Tenancy(auth=auth, metrics=metrics, request_log=request_log)
+    tenancy = Tenancy(auth=auth, metrics=metrics, policy=policy, request_log=request_log)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:

@@ -23,9 +23,11 @@ from typing import TYPE_CHECKING
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from backends.protocol import RequestContext
+from semcache.policy import PolicyHolder
 from server.auth import TokenAuth
 from server.errors import ERROR_CODE_KEY, ApiError
 from server.metrics import GatewayMetrics
+from server.tenancy.bodies import BodyCapture
 from server.tenancy.record import RECORD_KEY, RequestRecord, item_line, log_line
 from server.tenancy.request_log import RequestLog
 
@@ -63,6 +65,7 @@ class Tenancy:
 
     auth: TokenAuth
     metrics: GatewayMetrics
+    policy: PolicyHolder
     request_log: RequestLog | None = None
     clock: Callable[[], float] = time.time
     _routes: dict[int, tuple[str, str]] = field(default_factory=dict)
@@ -96,6 +99,19 @@ class Tenancy:
             principal=principal,
             route=route,
         )
+
+    def body_capture(self) -> BodyCapture | None:
+        """A capture of the next request's bodies, when some rule may want them logged."""
+        if self.request_log is None or not self.policy.current.logs_bodies:
+            return None
+        return BodyCapture(self.request_log.settings.max_body_bytes)
+
+    def logs_bodies_of(self, record: RequestRecord) -> bool:
+        """Whether the rule of the request's model and route says ``log_bodies``."""
+        usage = record.usage
+        if usage.model is None or usage.route is None:
+            return False
+        return self.policy.current.rule(usage.model, usage.route).log_bodies
 
     def finish(self, record: RequestRecord) -> None:
         """Account for a request that has ended, however it ended."""
@@ -138,15 +154,22 @@ class TenancyMiddleware:
         scope["state"][RECORD_KEY] = record
         # limits: admit here (a 429 raised here is answered in the route's format).
         extra: list[tuple[bytes, bytes]] = []
+        capture = tenancy.body_capture()
+        if capture is not None:
+            receive = capture.receiving(receive)
 
         async def accounted(message: Message) -> None:
             if message["type"] == "http.response.start":
                 record.status = message["status"]
                 if extra:
                     message["headers"] = [*message.get("headers", ()), *extra]
+                if capture is not None:
+                    capture.wanted = tenancy.logs_bodies_of(record)
             elif message["type"] == "http.response.body":
                 if record.ttft_s is None and message.get("body"):
                     record.ttft_s = time.perf_counter() - record.started
+                if capture is not None:
+                    capture.sent(message.get("body", b""))
                 if not message.get("more_body", False):
                     record.completed = True
             await send(message)
@@ -156,6 +179,8 @@ class TenancyMiddleware:
         finally:
             record.latency_s = time.perf_counter() - record.started
             record.usage.error_code = scope["state"].get(ERROR_CODE_KEY)
+            if capture is not None and capture.wanted:
+                record.bodies = capture.fields()
             tenancy.finish(record)
 
 

@@ -34,6 +34,8 @@ class RequestLogSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     """Rotated files kept (``requests.jsonl.1`` …)."""
     keep: NonNegInt = 10_000
     """Lines kept in memory for ``GET /admin/logs``."""
+    max_body_bytes: NonNegInt = 65_536
+    """Of each body a ``log_bodies`` rule keeps (the line says when it was truncated)."""
     tenant_metrics: bool = False
     """Label ``semcache_requests`` with the tenant too (unbounded if tenants are)."""
 
