@@ -133,6 +133,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
     tenancy = Tenancy(
         auth=auth,
         metrics=metrics,
+        policy=policy,
         request_log=request_log,
         limiter=limiter,
         max_body_bytes=config.server.max_body_bytes,
