@@ -15,6 +15,7 @@ from litestar import Litestar
 from litestar.datastructures import State
 from prometheus_client import CollectorRegistry
 
+from backends.pool_metrics import BackendCollector
 from backends.registry import ModelRegistry, ModelSpec, build_registry
 from semcache.exact import open_exact_cache
 from semcache.policy import PolicyHolder
@@ -90,6 +91,8 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
     """Build the gateway app for ``config``; backend clients are made here, models load at start."""
     registry = registry or registry_from_config(config)
     metrics = GatewayMetrics(CollectorRegistry())
+    # the vLLM servers: in-flight, health, errors, P/D hops, hand-off latency, their own counters
+    metrics.registry.register(BackendCollector(registry.generation.values()))
     policy = PolicyHolder(config.policy)  # invalid → PolicyError: the server refuses to start
     serving = OpenAIServing(registry, metrics, policy)
     # Built now, loaded on first use: the semantic cache and the classifiers' encoder.
