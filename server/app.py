@@ -24,7 +24,7 @@ from semcache.semantic.service import SemanticService
 from server.auth import TokenAuth
 from server.config import GatewayConfig
 from server.errors import handle_exception
-from server.metrics import GatewayMetrics
+from server.metrics import GatewayMetrics, count_requests
 from server.openai.batches import api_router as batches_routes
 from server.openai.batches.protocol import PAYLOAD_KEY
 from server.openai.batches.runner import OpenAIItemRunner
@@ -184,6 +184,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
             }
         ),
         exception_handlers={Exception: handle_exception},
+        middleware=[count_requests(metrics)],
         lifespan=[lifespan],
         request_max_body_size=config.server.max_body_bytes,
         openapi_config=None,

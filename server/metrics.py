@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from semcache.metrics import Labelled
@@ -23,8 +24,8 @@ class GatewayMetrics:
         self.requests = Labelled(
             Counter(
                 "semcache_requests",
-                "HTTP requests by route, model and status code.",
-                ["route", "model", "status"],
+                "HTTP requests by route and status code.",
+                ["route", "status"],
                 registry=registry,
             )
         )
@@ -63,6 +64,15 @@ class GatewayMetrics:
             )
         )
 
+        self.semantic_hits = Labelled(
+            Counter(
+                "semcache_semantic_hits",
+                "Requests answered (all items, or some) from semantic matches, by model and route.",
+                ["model", "route"],
+                registry=registry,
+            )
+        )
+
     def count_usage(self, model: str, usage: Mapping[str, object] | None) -> None:
         if not usage:
             return
@@ -78,3 +88,29 @@ class GatewayMetrics:
             self.tokens.labels(model, "prompt").inc(prompt)
         if completion > 0:
             self.tokens.labels(model, "completion").inc(completion)
+
+
+UNCOUNTED_PATHS = ("/metrics", "/health", "/ready", "/dashboard")
+"""Monitoring traffic, left out of ``semcache_requests`` so it does not dilute the rates."""
+
+
+def count_requests(metrics: GatewayMetrics) -> Callable[[ASGIApp], ASGIApp]:
+    """Middleware counting each answered request in ``semcache_requests`` (route, status)."""
+
+    def middleware(app: ASGIApp) -> ASGIApp:
+        async def counted(scope: Scope, receive: Receive, send: Send) -> None:
+            route = scope.get("path_template") or ""
+            if scope["type"] != "http" or route.startswith(UNCOUNTED_PATHS):
+                await app(scope, receive, send)
+                return
+
+            async def send_counted(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    metrics.requests.labels(route, str(message["status"])).inc()
+                await send(message)
+
+            await app(scope, receive, send_counted)
+
+        return counted
+
+    return middleware

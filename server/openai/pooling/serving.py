@@ -229,6 +229,7 @@ class PoolingServing:
         assert res.entry is not None
         headers = result_headers(res, creq.rule.prices)
         if outcome.get("served") and not res.from_cache and not res.coalesced:
+            self.state.metrics.semantic_hits.labels(info.id, route).inc()
             headers = semantic_headers(
                 outcome["served"],
                 len(texts),
