@@ -20,7 +20,8 @@ def test_requests_are_counted_by_route_and_status(client: TestClient[Any]) -> No
     route = {"route": "/v1/chat/completions"}
     assert parse_metric(page, "semcache_requests_total", {**route, "status": "200"}) == 3
     errors = sum(
-        parse_metric(page, "semcache_requests_total", {**route, "status": s}) for s in ("400", "404")
+        parse_metric(page, "semcache_requests_total", {**route, "status": code})
+        for code in ("400", "404")
     )
     assert errors == 2
     assert "/health" not in page and "/metrics" not in page
