@@ -23,6 +23,9 @@ from semcache.semantic.encoder import load_encoder
 from semcache.semantic.service import SemanticService
 from server.auth import TokenAuth
 from server.config import GatewayConfig
+from server.dashboard.formats import template_config
+from server.dashboard.routes import DashboardState, dashboard_router
+from server.dashboard.series import CounterSeries
 from server.errors import handle_exception
 from server.metrics import GatewayMetrics, count_requests
 from server.openai.batches import api_router as batches_routes
@@ -117,6 +120,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         config.batch,
     )
     openai_items = OpenAIItemRunner(serving, batches.stop_reason)
+    dashboard = DashboardState(CounterSeries(metrics.registry))
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -142,11 +146,13 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         if app.state.workers_ai.workers is not None:  # live /v1 requests: batch work yields
             serving.state.live_request = app.state.workers_ai.workers.gates.live_request
         sweeper = asyncio.create_task(sweep_batches(batches), name="openai-batch-sweep")
+        sampler = asyncio.create_task(dashboard.series.run(), name="dashboard-series")
         try:
             yield
         finally:
             sweeper.cancel()
-            await asyncio.gather(sweeper, return_exceptions=True)
+            sampler.cancel()
+            await asyncio.gather(sweeper, sampler, return_exceptions=True)
             batches.queue = None
             serving.state.live_request = None
             await app.state.workers_ai.aclose()  # batch workers stop before the cache closes
@@ -170,6 +176,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
             *workers_ai_routes.ROUTES,
             *files_routes.ROUTES,
             *batches_routes.ROUTES,
+            dashboard_router(),
         ],
         state=State(
             {
@@ -181,10 +188,12 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
                 "auth": TokenAuth(config.auth),
                 "files": FilesServing(file_store, files_settings.max_bytes),
                 "batches": batches,
+                "dashboard": dashboard,
             }
         ),
         exception_handlers={Exception: handle_exception},
         middleware=[count_requests(metrics)],
+        template_config=template_config(),
         lifespan=[lifespan],
         request_max_body_size=config.server.max_body_bytes,
         openapi_config=None,

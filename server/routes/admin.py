@@ -12,6 +12,7 @@ from litestar import Request, Response, post
 
 from semcache.keys import scope_for
 from semcache.policy import PolicyHolder
+from semcache.purge import PurgeResult
 from semcache.semantic.records import PartitionKey
 from server.auth import bearer_token
 from server.errors import ApiError
@@ -61,7 +62,12 @@ async def purge(request: Request[Any, Any, Any]) -> Response[bytes]:
     req = msgspec.convert(parse_body(await request.body()), PurgeRequest)
     if req.kind != "all" and not req.target:
         raise ApiError(400, f"Purge by {req.kind} needs a `target`.", param="target")
-    serving: OpenAIServing = request.app.state.serving
+    result = await purge_caches(request.app.state.serving, req)
+    return Response(orjson.dumps(msgspec.to_builtins(result)), media_type="application/json")
+
+
+async def purge_caches(serving: OpenAIServing, req: PurgeRequest) -> PurgeResult:
+    """The exact and semantic caches purged (the admin API's and the dashboard's purge)."""
     if serving.cache is None:
         raise ApiError(409, "The cache is disabled on this gateway.", code="cache_disabled")
     result = await serving.cache.purge(req.kind, req.target)
@@ -69,7 +75,7 @@ async def purge(request: Request[Any, Any, Any]) -> Response[bytes]:
         # The purge already hides semantic entries (their partition and item keys carry the
         # purge epochs); dropping the partitions frees their memory at once.
         await serving.semantic.purge(semantic_purge_predicate(req.kind, req.target))
-    return Response(orjson.dumps(msgspec.to_builtins(result)), media_type="application/json")
+    return result
 
 
 @post("/admin/policy/reload", status_code=200)
