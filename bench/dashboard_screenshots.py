@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 import httpx
+from playwright.async_api import expect
 
 sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -93,9 +94,7 @@ async def run(args: argparse.Namespace) -> bool:
                 for name in PAGES:
                     await page.goto(f"{gw.url}/dashboard/{name}")
                     if name == "overview":
-                        await page.wait_for_function(
-                            "document.querySelectorAll('.chart canvas').length === 6"
-                        )
+                        await expect(page.locator(".chart canvas")).to_have_count(6)
                     path = args.out / f"{name}.png"
                     await page.screenshot(path=str(path), full_page=True)
                     say(f"{path}")

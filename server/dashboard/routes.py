@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import urlencode
 
@@ -49,20 +50,25 @@ class DashboardState:
     purges: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=20))
 
 
+def _cookie_token(headers: list[tuple[bytes, bytes]]) -> str | None:
+    for name, value in headers:
+        if name == b"cookie":
+            morsel = SimpleCookie(value.decode("latin-1")).get(COOKIE)
+            if morsel is not None and morsel.value:
+                return morsel.value
+    return None
+
+
 def cookie_as_bearer(app: ASGIApp) -> ASGIApp:
     """The login cookie, when no ``Authorization`` header came, read as the bearer token."""
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
         headers = list(scope.get("headers", ()))
-        if not any(k == b"authorization" for k, _ in headers):
-            for k, v in headers:
-                if k != b"cookie":
-                    continue
-                for part in v.decode("latin-1").split(";"):
-                    name, _, value = part.strip().partition("=")
-                    if name == COOKIE and value:
-                        headers.append((b"authorization", f"Bearer {value}".encode("latin-1")))
-                        scope = {**scope, "headers": headers}  # type: ignore[assignment]
+        if not any(name == b"authorization" for name, _ in headers):
+            token = _cookie_token(headers)
+            if token is not None:
+                headers.append((b"authorization", f"Bearer {token}".encode("latin-1")))
+                scope = {**scope, "headers": headers}  # type: ignore[assignment]
         await app(scope, receive, send)
 
     return middleware

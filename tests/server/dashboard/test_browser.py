@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from playwright.async_api import expect
 
 from backends.harness.metrics import parse_metric
 from backends.harness.vllm_process import TINY_MODEL_NAME
@@ -184,7 +185,7 @@ async def test_every_page_shows_the_traffic_sent(
     assert await text(page, "#tokens-saved") == f"{traffic['tokens_saved']:,}"
     assert await text(page, "#requests") == f"{int(overview['totals']['requests']):,}"
     assert await page.locator("[data-status='200']").count() == 1
-    await page.wait_for_function("document.querySelectorAll('.chart canvas').length === 6")
+    await expect(page.locator(".chart canvas")).to_have_count(6)
     await page.click("[data-window='1h']")
 
     await page.goto(f"{gw.url}/dashboard/requests")
@@ -226,10 +227,7 @@ async def test_the_overview_refreshes_itself(
     await log_in(page, gw.url, ADMIN)
     before = int((await text(page, "#requests")).replace(",", ""))
     assert await chat_again(gw, "apples") == "HIT"
-    await page.wait_for_function(
-        f"document.getElementById('requests').textContent.replace(/,/g, '') === '{before + 1}'",
-        timeout=20_000,
-    )
+    await expect(page.locator("#requests")).to_have_text(f"{before + 1:,}", timeout=20_000)
 
 
 async def test_the_purge_form_asks_first_then_purges(
@@ -248,8 +246,7 @@ async def test_the_purge_form_asks_first_then_purges(
 
     page.once("dialog", dismiss)
     await page.click("#purge button[type=submit]")
-    await page.wait_for_function("document.getElementById('purge-result').textContent !== ''")
-    assert await text(page, "#purge-result") == "purge cancelled"
+    await expect(page.locator("#purge-result")).to_have_text("purge cancelled")
     assert questions == ['Purge the cached answers of model "tiny-chat"? This cannot be undone.']
     assert (await api(gw, "cache"))["purges_by_kind"] == {}
 
@@ -258,10 +255,7 @@ async def test_the_purge_form_asks_first_then_purges(
 
     page.once("dialog", accept)
     await page.click("#purge button[type=submit]")
-    await page.wait_for_function(
-        "document.getElementById('purge-result').textContent.startsWith('purged')"
-    )
-    assert await text(page, "#purge-result") == "purged: model tiny-chat"
+    await expect(page.locator("#purge-result")).to_have_text("purged: model tiny-chat")
     assert (await api(gw, "cache"))["purges_by_kind"] == {"model": 1}
     assert await page.locator("#purges-by-kind [data-kind='model']").inner_text() == "1"
     assert await page.locator("#recent-purges tbody tr").count() == 1
