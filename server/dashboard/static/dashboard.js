@@ -22,11 +22,12 @@ async function refreshData() {
 const COLOURS = ["#2f7ed8", "#e4572e", "#17803d", "#8e44ad"];
 
 function chartOptions(el, names) {
+  const labels = (el.dataset.labels || el.dataset.series).split(",");
   return {
     title: el.dataset.title,
     width: el.clientWidth - 10,
     height: 200,
-    series: [{}, ...names.map((name, i) => ({ label: name, stroke: COLOURS[i], width: 2, spanGaps: true }))],
+    series: [{}, ...names.map((_, i) => ({ label: labels[i], stroke: COLOURS[i], width: 2, spanGaps: true }))],
     axes: [{}, { size: 60 }],
   };
 }
