@@ -40,6 +40,8 @@ from server.openai.responses import api_router as responses
 from server.openai.serving import OpenAIServing
 from server.routes import admin, cached_answer, health
 from server.speedups import write_bodies_eagerly
+from server.tenancy.middleware import Tenancy, tenancy_middleware
+from server.tenancy.request_log import RequestLog
 from server.workers_ai import api_router as workers_ai_routes
 from server.workers_ai.serving import open_workers_ai
 
@@ -114,10 +116,17 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         config.batch,
     )
     openai_items = OpenAIItemRunner(serving, batches.stop_reason)
+    auth = TokenAuth(config.auth, admin_token=lambda: policy.current.admin.resolve_token())
+    request_log = (
+        RequestLog(config.request_log, config.data_path()) if config.request_log.enabled else None
+    )
+    tenancy = Tenancy(auth=auth, metrics=metrics, request_log=request_log)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         write_bodies_eagerly(asyncio.get_running_loop())  # before any backend session opens
+        if request_log is not None:
+            request_log.start()
         for backend in registry.embedding.values():
             await backend.start()
         for classifier in registry.classifiers.values():
@@ -153,6 +162,8 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
                 await serving.cache.aclose()
                 serving.cache = None
             await registry.aclose()
+            if request_log is not None:
+                request_log.stop()
 
     return Litestar(
         route_handlers=[
@@ -175,11 +186,13 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
                 "serving": serving,
                 "config": config,
                 "policy": policy,
-                "auth": TokenAuth(config.auth),
+                "auth": auth,
+                "tenancy": tenancy,
                 "files": FilesServing(file_store, files_settings.max_bytes),
                 "batches": batches,
             }
         ),
+        middleware=[tenancy_middleware(tenancy)],
         exception_handlers={Exception: handle_exception},
         lifespan=[lifespan],
         request_max_body_size=config.server.max_body_bytes,

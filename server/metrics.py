@@ -28,6 +28,15 @@ class GatewayMetrics:
                 registry=registry,
             )
         )
+        self.tenant_requests = Labelled(
+            Counter(
+                "semcache_tenant_requests",
+                "HTTP requests by tenant, route, model and status code "
+                "(only with `[request_log] tenant_metrics = true`).",
+                ["tenant", "route", "model", "status"],
+                registry=registry,
+            )
+        )
         self.latency = Labelled(
             Histogram(
                 "semcache_request_duration_seconds",

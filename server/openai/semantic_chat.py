@@ -16,6 +16,7 @@ from server.openai.reply import SSE_HEADERS, Reply
 from server.openai.state import ServingState
 from server.openai.stream_format import DataChunks
 from server.openai.stream_relay import replayed
+from server.openai.usage import note_semantic
 
 Remember = Callable[[], Awaitable[None]]
 """Adds a stored chat answer to the semantic index."""
@@ -77,6 +78,7 @@ async def semantic_chat(
         await semantic.remove(partition, [match.payload_ref])
         return None, remember
     headers = semantic_headers(1, 1, match.similarity, creq.key.short_id, stored=False)
+    note_semantic(call.ctx.usage, 1, 1, entry.usage.prompt_tokens, entry.usage.completion_tokens)
     if match.verifier_prob is not None:
         headers["x-semcache-verifier-prob"] = f"{match.verifier_prob:.4f}"
     call.observe_latency(stream=stream)

@@ -11,12 +11,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from backends.registry import ModelRegistry
 
 
-@get("/health", sync_to_thread=False)
+@get("/health", sync_to_thread=False, opt={"auth": "public"})
 def health() -> Response[bytes]:
     return Response(b'{"status":"ok"}', media_type="application/json")
 
 
-@get("/ready")
+@get("/ready", opt={"auth": "public"})
 async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
     registry: ModelRegistry = request.app.state.registry
     status: dict[str, bool] = {}
@@ -29,7 +29,7 @@ async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(body, status_code=200 if ok else 503, media_type="application/json")
 
 
-@get("/metrics", sync_to_thread=False)
+@get("/metrics", sync_to_thread=False, opt={"auth": "public"})
 def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(
         generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST

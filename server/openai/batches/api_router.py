@@ -16,14 +16,14 @@ def batches(request: Request[Any, Any, Any]) -> BatchesServing:
     return svc
 
 
-@post("/v1/batches")
+@post("/v1/batches", opt={"auth": "key"})
 async def create_batch(request: Request[Any, Any, Any]) -> Response[Any]:
     tenant = principal_tenant(request)
     body = parse_body(await request.body())
     return respond(await batches(request).create(tenant, body))
 
 
-@get("/v1/batches")
+@get("/v1/batches", opt={"auth": "key"})
 async def list_batches(request: Request[Any, Any, Any]) -> Response[Any]:
     q = request.query_params
     reply = await batches(request).list_batches(
@@ -32,12 +32,12 @@ async def list_batches(request: Request[Any, Any, Any]) -> Response[Any]:
     return respond(reply)
 
 
-@get("/v1/batches/{batch_id:str}")
+@get("/v1/batches/{batch_id:str}", opt={"auth": "key"})
 async def retrieve_batch(request: Request[Any, Any, Any], batch_id: FromPath[str]) -> Response[Any]:
     return respond(await batches(request).retrieve(principal_tenant(request), batch_id))
 
 
-@post("/v1/batches/{batch_id:str}/cancel", status_code=200)
+@post("/v1/batches/{batch_id:str}/cancel", status_code=200, opt={"auth": "key"})
 async def cancel_batch(request: Request[Any, Any, Any], batch_id: FromPath[str]) -> Response[Any]:
     return respond(await batches(request).cancel(principal_tenant(request), batch_id))
 

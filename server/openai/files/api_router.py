@@ -23,7 +23,7 @@ def files(request: Request[Any, Any, Any]) -> FilesServing:
 
 # The gateway's body limit does not apply: the file's own limit (checked before anything is
 # read, from the declared length) does.
-@post("/v1/files", request_max_body_size=None)
+@post("/v1/files", request_max_body_size=None, opt={"auth": "key"})
 async def create_file(request: Request[Any, Any, Any]) -> Response[Any]:
     tenant = principal_tenant(request)
     svc = files(request)
@@ -45,7 +45,7 @@ async def create_file(request: Request[Any, Any, Any]) -> Response[Any]:
     return respond(await svc.upload(tenant, upload.filename, form.get("purpose"), data))
 
 
-@get("/v1/files")
+@get("/v1/files", opt={"auth": "key"})
 async def list_files(request: Request[Any, Any, Any]) -> Response[Any]:
     q = request.query_params
     reply = await files(request).list_files(
@@ -58,17 +58,17 @@ async def list_files(request: Request[Any, Any, Any]) -> Response[Any]:
     return respond(reply)
 
 
-@get("/v1/files/{file_id:str}")
+@get("/v1/files/{file_id:str}", opt={"auth": "key"})
 async def retrieve_file(request: Request[Any, Any, Any], file_id: FromPath[str]) -> Response[Any]:
     return respond(await files(request).retrieve(principal_tenant(request), file_id))
 
 
-@get("/v1/files/{file_id:str}/content")
+@get("/v1/files/{file_id:str}/content", opt={"auth": "key"})
 async def file_content(request: Request[Any, Any, Any], file_id: FromPath[str]) -> Response[Any]:
     return respond(await files(request).content(principal_tenant(request), file_id))
 
 
-@delete("/v1/files/{file_id:str}", status_code=200)
+@delete("/v1/files/{file_id:str}", status_code=200, opt={"auth": "key"})
 async def delete_file(request: Request[Any, Any, Any], file_id: FromPath[str]) -> Response[Any]:
     return respond(await files(request).delete(principal_tenant(request), file_id))
 

@@ -1,0 +1,134 @@
+"""The one place every API request is authenticated, admitted and accounted for.
+
+Before the route runs: the bearer token → a ``Principal`` (401/403 in the route's own error
+format otherwise), then the limits. While the answer goes out: its status, the time to its
+first body byte, whether it was sent whole. After: the ``semcache_requests`` metric, the
+request log, the usage ledger and the limits' reconciliation, from the ``RequestRecord``
+the serving path filled in (``record.usage`` is the request context's ``usage``).
+
+A route says what it needs in its ``opt``: ``auth="public"`` (health, metrics: no token),
+``auth="key"`` (an open gateway still wants some bearer token: the Workers-AI routes),
+``auth="admin"`` (the admin role); anything else needs a token when tokens are configured.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from litestar.datastructures import Headers
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from server.auth import TokenAuth
+from server.errors import ERROR_CODE_KEY, ApiError
+from server.metrics import GatewayMetrics
+from server.tenancy.record import RECORD_KEY, RequestRecord, log_line
+from server.tenancy.request_log import RequestLog
+
+if TYPE_CHECKING:
+    from litestar.handlers import HTTPRouteHandler
+
+
+@dataclass
+class Tenancy:
+    """What the middleware applies; built by the app factory."""
+
+    auth: TokenAuth
+    metrics: GatewayMetrics
+    request_log: RequestLog | None = None
+    clock: Callable[[], float] = time.time
+    _routes: dict[int, tuple[str, str]] = field(default_factory=dict)
+
+    def route_of(self, handler: HTTPRouteHandler) -> tuple[str, str]:
+        """``(path template, auth need)`` of a route handler, read once per handler."""
+        found = self._routes.get(id(handler))
+        if found is None:
+            found = (min(handler.paths), str(handler.opt.get("auth", "token")))
+            self._routes[id(handler)] = found
+        return found
+
+    def begin(self, scope: Scope) -> RequestRecord | None:
+        """Authenticate the request of ``scope``; ``None`` for a public route."""
+        route, need = self.route_of(scope["route_handler"])  # type: ignore[arg-type]
+        if need == "public":
+            return None
+        headers = Headers.from_scope(scope)
+        principal = self.auth.authenticate(
+            headers, scope["path_params"].get("account_id"), key_required=need == "key"
+        )
+        if need == "admin" and not principal.admin:
+            if self.auth.open and self.auth.admin_token is None:
+                raise ApiError(403, "The admin API is disabled: no admin token is configured.")
+            raise ApiError(403, "This route needs a token with the admin role.")
+        return RequestRecord(
+            request_id=headers.get("x-request-id") or uuid.uuid4().hex,
+            time=self.clock(),
+            started=time.perf_counter(),
+            principal=principal,
+            route=route,
+        )
+
+    def finish(self, record: RequestRecord) -> None:
+        """Account for a request that has ended, however it ended."""
+        model = record.usage.model or "-"
+        labels = (record.route, model, str(record.status))
+        if self.request_log is not None and self.request_log.settings.tenant_metrics:
+            self.metrics.tenant_requests.labels(record.principal.tenant, *labels).inc()
+        else:
+            self.metrics.requests.labels(*labels).inc()
+        if self.request_log is not None:
+            self.request_log.write(log_line(record))
+        # ledger: add a UsageRecord of ``record`` here.
+        # limits: settle the admission here.
+
+
+class TenancyMiddleware:
+    """ASGI middleware applying ``Tenancy`` to every HTTP request (see the module doc)."""
+
+    def __init__(self, app: ASGIApp, tenancy: Tenancy) -> None:
+        self.app = app
+        self.tenancy = tenancy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        tenancy = self.tenancy
+        record = tenancy.begin(scope)
+        if record is None:
+            await self.app(scope, receive, send)
+            return
+        scope["state"][RECORD_KEY] = record
+        # limits: admit here (a 429 raised here is answered in the route's format).
+        extra: list[tuple[bytes, bytes]] = []
+
+        async def accounted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                record.status = message["status"]
+                if extra:
+                    message["headers"] = [*message.get("headers", ()), *extra]
+            elif message["type"] == "http.response.body":
+                if record.ttft_s is None and message.get("body"):
+                    record.ttft_s = time.perf_counter() - record.started
+                if not message.get("more_body", False):
+                    record.completed = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, accounted)
+        finally:
+            record.latency_s = time.perf_counter() - record.started
+            record.usage.error_code = scope["state"].get(ERROR_CODE_KEY)
+            tenancy.finish(record)
+
+
+def tenancy_middleware(tenancy: Tenancy) -> Callable[[ASGIApp], ASGIApp]:
+    """The middleware factory Litestar's ``middleware=[...]`` takes."""
+
+    def build(app: ASGIApp) -> ASGIApp:
+        return TenancyMiddleware(app, tenancy)
+
+    return build
