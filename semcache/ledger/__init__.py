@@ -1,7 +1,7 @@
 """The usage and cost ledger: what each tenant used and saved, per model, route and UTC day.
 
-The serving path adds one :class:`UsageRecord` per answered request (:func:`usage_record`
-prices it); the ledger sums records in memory and writes them in batches to SQLite under the
+The serving path adds one :class:`UsageRecord` per answered request, priced at the policy's
+prices; the ledger sums records in memory and writes them in batches to SQLite under the
 data directory or to Redis counters shared by several gateways. Never HTTP: the server's
 ``/v1/usage`` route and the budget checks read it through :class:`UsageLedger`.
 """
@@ -20,7 +20,6 @@ from semcache.ledger.records import (
     SUM_FIELDS,
     Spend,
     UsageRecord,
-    usage_record,
     utc_day,
     utc_month,
 )
@@ -39,7 +38,6 @@ __all__ = [
     "UsageLedger",
     "UsageRecord",
     "open_ledger",
-    "usage_record",
     "utc_day",
     "utc_month",
 ]

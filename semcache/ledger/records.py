@@ -9,11 +9,9 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Final, Literal
+from typing import Final
 
 import msgspec
-
-from semcache.policy import Prices
 
 KEY_FIELDS: Final[tuple[str, ...]] = ("tenant", "model", "route", "day")
 """The fields a query may group by, in the order they are printed."""
@@ -85,35 +83,6 @@ def utc_day(t: float) -> str:
 def utc_month(t: float) -> str:
     """The UTC month of a Unix time, ``YYYY-MM``."""
     return time.strftime("%Y-%m", time.gmtime(t))
-
-
-def usage_record(
-    *,
-    tenant: str,
-    model: str,
-    route: str,
-    now: float,
-    prompt_tokens: int,
-    completion_tokens: int,
-    cache: Literal["exact", "semantic"] | None,
-    prices: Prices,
-) -> UsageRecord:
-    """The record of one answered request: a hit saves what a miss costs at ``prices``."""
-    usd = prices.cost_usd(prompt_tokens, completion_tokens)
-    hit = cache is not None
-    return UsageRecord(
-        tenant=tenant,
-        model=model,
-        route=route,
-        day=utc_day(now),
-        prompt_tokens=prompt_tokens,
-        completion_tokens=completion_tokens,
-        exact_hits=int(cache == "exact"),
-        semantic_hits=int(cache == "semantic"),
-        tokens_saved=prompt_tokens + completion_tokens if hit else 0,
-        cost_usd=0.0 if hit else usd,
-        saved_usd=usd if hit else 0.0,
-    )
 
 
 class Counts:

@@ -68,6 +68,9 @@ class BatchWorkers:
         self._loops: list[asyncio.Task[None]] = []
         self._slots = asyncio.Semaphore(settings.max_inflight)
         self.finished: dict[Outcome, int] = {"success": 0, "failure": 0, "duplicate": 0}
+        self.on_item_done: Callable[[WorkItem, RequestContext, bool], None] | None = None
+        """Called once per item with a result (the run that stored it; success or not), for
+        the usage ledger: ``ctx.usage`` holds what that run used and saved."""
 
     def start(self) -> None:
         self._loops = [
@@ -207,6 +210,8 @@ class BatchWorkers:
             )
             self.finished[kind] += 1
             self.metrics.items.labels(kind).inc()
+            if fresh and self.on_item_done is not None:
+                self.on_item_done(item, ctx, outcome.success)
         except asyncio.CancelledError:
             self._interrupted.append(item)
             raise

@@ -51,6 +51,7 @@ class Generation:
         shared = state.policy.current.rule(info.id, route).shared
         ctx.salt_scope = "shared" if shared else ctx.tenant
         ctx.usage.model = info.id
+        ctx.usage.policy_route = route
         call = GenerationCall(
             path=path,
             route=route,

@@ -22,11 +22,14 @@ from typing import TYPE_CHECKING
 from litestar.datastructures import Headers
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from semcache.ledger import UsageLedger
+from semcache.policy import PolicyHolder
 from server.auth import TokenAuth
 from server.errors import ERROR_CODE_KEY, ApiError
 from server.metrics import GatewayMetrics
 from server.tenancy.record import RECORD_KEY, RequestRecord, log_line
 from server.tenancy.request_log import RequestLog
+from server.tenancy.usage import ledger_record
 
 if TYPE_CHECKING:
     from litestar.handlers import HTTPRouteHandler
@@ -39,6 +42,9 @@ class Tenancy:
     auth: TokenAuth
     metrics: GatewayMetrics
     request_log: RequestLog | None = None
+    ledger: UsageLedger | None = None
+    policy: PolicyHolder | None = None
+    """Whose prices the ledger's costs are counted at (read when a request ends)."""
     clock: Callable[[], float] = time.time
     _routes: dict[int, tuple[str, str]] = field(default_factory=dict)
 
@@ -81,7 +87,17 @@ class Tenancy:
             self.metrics.requests.labels(*labels).inc()
         if self.request_log is not None:
             self.request_log.write(log_line(record))
-        # ledger: add a UsageRecord of ``record`` here.
+        if self.ledger is not None and self.policy is not None:
+            usage = ledger_record(
+                tenant=record.principal.tenant,
+                route=record.route,
+                usage=record.usage,
+                status=record.status,
+                now=record.time,
+                policy=self.policy.current,
+            )
+            if usage is not None:
+                self.ledger.add(usage)
         # limits: settle the admission here.
 
 

@@ -185,6 +185,7 @@ class PoolingServing:
         margin is under the rule's ``min_label_margin`` is treated as a miss.
         """
         ctx.usage.model = info.id
+        ctx.usage.policy_route = route
         creq = await self.state.cache_request(route, info, body, ctx, directives)
         if creq is None:
             payloads, tokens = await compute(texts)
