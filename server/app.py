@@ -6,7 +6,7 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -15,15 +15,13 @@ from litestar import Litestar
 from litestar.datastructures import State
 from prometheus_client import CollectorRegistry
 
-from backends.protocol import RequestContext
 from backends.registry import ModelRegistry, ModelSpec, build_registry
 from semcache.exact import open_exact_cache
-from semcache.ledger import UsageLedger, open_ledger
+from semcache.ledger import open_ledger
 from semcache.policy import PolicyHolder
 from semcache.semantic.encoder import load_encoder
 from semcache.semantic.service import SemanticService
-from server.auth import ANONYMOUS, TokenAuth
-from server.batch.queue.base import WorkItem
+from server.auth import TokenAuth
 from server.config import GatewayConfig
 from server.errors import handle_exception
 from server.metrics import GatewayMetrics
@@ -40,12 +38,12 @@ from server.openai.files.store import FileStore
 from server.openai.models import api_router as models
 from server.openai.pooling import api_router as pooling
 from server.openai.responses import api_router as responses
+from server.openai.responses.owners import ResponseOwners
 from server.openai.serving import OpenAIServing
 from server.routes import admin, cached_answer, health, usage
 from server.speedups import write_bodies_eagerly
 from server.tenancy.middleware import Tenancy, tenancy_middleware
 from server.tenancy.request_log import RequestLog
-from server.tenancy.usage import BATCH_ROUTE, ledger_record
 from server.workers_ai import api_router as workers_ai_routes
 from server.workers_ai.serving import open_workers_ai
 
@@ -92,26 +90,6 @@ async def sweep_batches(batches: BatchesServing, every_s: float = 60.0) -> None:
         await asyncio.sleep(every_s)
 
 
-def item_accounting(
-    ledger: UsageLedger, policy: PolicyHolder
-) -> Callable[[WorkItem, RequestContext, bool], None]:
-    """What the batch workers call when an item has its result: its usage to the ledger."""
-
-    def account(item: WorkItem, ctx: RequestContext, success: bool) -> None:
-        record = ledger_record(
-            tenant=item.tenant or ANONYMOUS,
-            route=BATCH_ROUTE,
-            usage=ctx.usage,
-            status=200 if success else 500,
-            now=time.time(),
-            policy=policy.current,
-        )
-        if record is not None:
-            ledger.add(record)
-
-    return account
-
-
 def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> Litestar:
     """Build the gateway app for ``config``; backend clients are made here, models load at start."""
     registry = registry or registry_from_config(config)
@@ -140,6 +118,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         config.batch,
     )
     openai_items = OpenAIItemRunner(serving, batches.stop_reason)
+    serving.responses.owners = ResponseOwners(openai_dir / "responses")
     auth = TokenAuth(config.auth, admin_token=lambda: policy.current.admin.resolve_token())
     request_log = (
         RequestLog(config.request_log, config.data_path()) if config.request_log.enabled else None
@@ -175,10 +154,13 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
             # Subscribe to the other gateways' entries now, not at the first request.
             serving.semantic.warm()
         app.state.workers_ai = await open_workers_ai(
-            config, serving, registry, metrics.registry, item_runners={PAYLOAD_KEY: openai_items}
+            config,
+            serving,
+            registry,
+            metrics.registry,
+            item_runners={PAYLOAD_KEY: openai_items},
+            accounting=tenancy.finish_item,
         )
-        if app.state.workers_ai.workers is not None:  # no await since they started
-            app.state.workers_ai.workers.on_item_done = item_accounting(ledger, policy)
         if app.state.workers_ai.batch is not None:
             batches.queue = app.state.workers_ai.batch.queue
         if app.state.workers_ai.workers is not None:  # live /v1 requests: batch work yields

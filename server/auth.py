@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 from collections.abc import Callable, Mapping
 from typing import Literal
 
@@ -216,3 +217,32 @@ class TokenAuth:
                 code="account_not_allowed",
             )
         return principal
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_problem(settings: AuthSettings, host: str) -> str | None:
+    """Why a gateway with these settings must not listen on ``host``; ``None`` if it may."""
+    if settings.tokens or settings.open or is_loopback(host):
+        return None
+    return (
+        f"no API tokens are configured and {host} is not a loopback address: anyone who "
+        "reaches it could use the gateway. Add [[auth.tokens]] to the config, or set "
+        "[auth] open = true to serve an open gateway on purpose."
+    )
+
+
+def describe(settings: AuthSettings) -> str:
+    """The start-up line's word on authentication."""
+    if not settings.tokens:
+        return "OPEN (no API tokens: each bearer key is a tenant of its own)"
+    admins = sum(1 for t in settings.tokens if "admin" in t.roles)
+    tenants = len({t.tenant for t in settings.tokens})
+    return f"{len(settings.tokens)} API tokens, {tenants} tenants, {admins} with the admin role"

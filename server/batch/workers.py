@@ -53,8 +53,12 @@ class BatchWorkers:
         *,
         consumer: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        accounting: Callable[[RequestContext, bool], None] | None = None,
     ) -> None:
         self.queue = queue
+        self.accounting = accounting
+        """Told of each item this gateway finished first (its context, and whether it
+        succeeded): the usage ledger and the limits count batch items too."""
         self.runner = runner
         self.gates = gates
         self.settings = settings
@@ -68,9 +72,6 @@ class BatchWorkers:
         self._loops: list[asyncio.Task[None]] = []
         self._slots = asyncio.Semaphore(settings.max_inflight)
         self.finished: dict[Outcome, int] = {"success": 0, "failure": 0, "duplicate": 0}
-        self.on_item_done: Callable[[WorkItem, RequestContext, bool], None] | None = None
-        """Called once per item with a result (the run that stored it; success or not), for
-        the usage ledger: ``ctx.usage`` holds what that run used and saved."""
 
     def start(self) -> None:
         self._loops = [
@@ -205,13 +206,13 @@ class BatchWorkers:
                 usage=outcome.usage,
             )
             fresh = await self.queue.complete(item, msgspec.json.encode(stored))
+            if fresh and self.accounting is not None:
+                self.accounting(ctx, outcome.success)
             kind: Outcome = (
                 "duplicate" if not fresh else "success" if outcome.success else "failure"
             )
             self.finished[kind] += 1
             self.metrics.items.labels(kind).inc()
-            if fresh and self.on_item_done is not None:
-                self.on_item_done(item, ctx, outcome.success)
         except asyncio.CancelledError:
             self._interrupted.append(item)
             raise

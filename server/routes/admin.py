@@ -1,13 +1,13 @@
-"""Admin API: cache purge and policy reload, for tokens with the admin role."""
+"""Admin API: cache purge, policy reload and the request log, for the admin role."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 import orjson
-from litestar import Request, Response, post
+from litestar import Request, Response, get, post
 
 from semcache.keys import scope_for
 from semcache.policy import PolicyHolder
@@ -15,6 +15,7 @@ from semcache.semantic.records import PartitionKey
 from server.errors import ApiError
 from server.openai.routing import parse_body
 from server.openai.serving import OpenAIServing
+from server.tenancy.middleware import Tenancy
 from server.tenancy.record import record_of
 
 PurgeKind = Literal["key", "model", "tenant", "scope", "tag", "all"]
@@ -77,4 +78,31 @@ async def reload_policy(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(b'{"reloaded":true}', media_type="application/json")
 
 
-ROUTES = [purge, reload_policy]
+class LogQuery(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    tenant: str | None = None
+    status: int | None = None
+    model: str | None = None
+    since: float | None = None
+    """Seconds since the epoch."""
+    limit: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 100
+
+
+@get("/admin/logs", opt={"auth": "admin"})
+async def logs(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """The request log's newest lines, filtered by tenant, status, model and time."""
+    _authorize(request)
+    query = msgspec.convert(dict(request.query_params), LogQuery, strict=False)
+    tenancy: Tenancy = request.app.state.tenancy
+    if tenancy.request_log is None:
+        raise ApiError(409, "The request log is off on this gateway.", code="request_log_off")
+    lines = tenancy.request_log.query(
+        tenant=query.tenant,
+        status=query.status,
+        model=query.model,
+        since=query.since,
+        limit=query.limit,
+    )
+    return Response(orjson.dumps({"object": "list", "data": lines}), media_type="application/json")
+
+
+ROUTES = [purge, reload_policy, logs]

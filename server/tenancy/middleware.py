@@ -22,14 +22,15 @@ from typing import TYPE_CHECKING
 from litestar.datastructures import Headers
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from backends.protocol import RequestContext, RequestUsage
 from semcache.ledger import UsageLedger
 from semcache.policy import PolicyHolder
-from server.auth import TokenAuth
+from server.auth import ANONYMOUS, TokenAuth
 from server.errors import ERROR_CODE_KEY, ApiError
 from server.metrics import GatewayMetrics
-from server.tenancy.record import RECORD_KEY, RequestRecord, log_line
+from server.tenancy.record import RECORD_KEY, RequestRecord, item_line, log_line
 from server.tenancy.request_log import RequestLog
-from server.tenancy.usage import ledger_record
+from server.tenancy.usage import BATCH_ROUTE, ledger_record
 
 if TYPE_CHECKING:
     from litestar.handlers import HTTPRouteHandler
@@ -63,7 +64,7 @@ class Tenancy:
             return None
         headers = Headers.from_scope(scope)
         principal = self.auth.authenticate(
-            headers, scope["path_params"].get("account_id"), key_required=need == "key"
+            headers, scope["path_params"].get("account_id"), key_required=need in ("key", "admin")
         )
         if need == "admin" and not principal.admin:
             if self.auth.open and self.auth.admin_token is None:
@@ -87,18 +88,37 @@ class Tenancy:
             self.metrics.requests.labels(*labels).inc()
         if self.request_log is not None:
             self.request_log.write(log_line(record))
-        if self.ledger is not None and self.policy is not None:
-            usage = ledger_record(
-                tenant=record.principal.tenant,
-                route=record.route,
-                usage=record.usage,
-                status=record.status,
-                now=record.time,
-                policy=self.policy.current,
-            )
-            if usage is not None:
-                self.ledger.add(usage)
+        self._count_usage(
+            record.principal.tenant, record.route, record.usage, record.status, record.time
+        )
         # limits: settle the admission here.
+
+    def finish_item(self, ctx: RequestContext, success: bool) -> None:
+        """Account for a batch item this gateway finished (it never passed the middleware)."""
+        now = self.clock()
+        line = item_line(ctx, success, now)
+        if self.request_log is not None:
+            self.request_log.write(line)
+        status = 200 if success else 500
+        self._count_usage(ctx.tenant or ANONYMOUS, BATCH_ROUTE, ctx.usage, status, now)
+        # limits: count the item's tokens against its tenant here (never refused).
+
+    def _count_usage(
+        self, tenant: str, route: str, usage: RequestUsage, status: int, now: float
+    ) -> None:
+        """Add a request's usage to the ledger, priced at the current policy's prices."""
+        if self.ledger is None or self.policy is None:
+            return
+        found = ledger_record(
+            tenant=tenant,
+            route=route,
+            usage=usage,
+            status=status,
+            now=now,
+            policy=self.policy.current,
+        )
+        if found is not None:
+            self.ledger.add(found)
 
 
 class TenancyMiddleware:

@@ -383,7 +383,9 @@ def test_embeddings_shape_and_data(gw: GatewayThread, http: httpx.Client) -> Non
     many = ok(http.post(url(gw.url, EMBED), headers=bearer(), json={"text": texts}))
     assert many["shape"] == [3, 384]
     openai = http.post(
-        f"{gw.url}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": texts}
+        f"{gw.url}/v1/embeddings",
+        json={"model": "all-MiniLM-L6-v2", "input": texts},
+        headers=bearer(),
     ).json()
     assert many["data"] == [d["embedding"] for d in openai["data"]]
     assert many["pooling"] == "mean"
