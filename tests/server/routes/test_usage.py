@@ -3,11 +3,13 @@ tenant, with errors in OpenAI's format."""
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from litestar.testing import TestClient
 
@@ -18,6 +20,7 @@ from server.app import create_app
 from server.auth import tenant_from
 from server.config import GatewayConfig
 from tests.support.fake_backend import FakeGeneration
+from tests.support.waiting import wait_until
 
 Client = TestClient[Any]
 ADMIN = "usage-admin"
@@ -142,3 +145,40 @@ def test_a_tenant_cannot_read_another_tenants_usage(client: Client) -> None:
     assert r.status_code == 403 and r.json()["error"]["param"] == "tenant"
     mine = usage(client, "alice-key", tenant=tenant_from(bearer("alice-key")))
     assert mine.status_code == 200 and mine.json()["data"] == []
+
+
+def test_batch_items_count_under_the_batch_route(client: Client) -> None:
+    texts = ["a batch line", "another batch line"]
+    expected = 0
+    for text in texts:  # the same inputs live: the usage a batch output line reports
+        e = client.post("/v1/embeddings", json={"model": "embed-model", "input": text})
+        expected += e.json()["usage"]["prompt_tokens"]
+    lines = [
+        {
+            "custom_id": str(i),
+            "method": "POST",
+            "url": "/v1/embeddings",
+            "body": {"model": "embed-model", "input": text},
+        }
+        for i, text in enumerate(texts)
+    ]
+    jsonl = b"".join(orjson.dumps(line) + b"\n" for line in lines)
+    up = client.post(
+        "/v1/files",
+        files={"file": ("in.jsonl", io.BytesIO(jsonl))},
+        data={"purpose": "batch"},
+        headers=bearer("alice-key"),
+    )
+    body = {"input_file_id": up.json()["id"], "endpoint": "/v1/embeddings"}
+    batch = client.post(
+        "/v1/batches", json={**body, "completion_window": "24h"}, headers=bearer("alice-key")
+    )
+    assert batch.status_code == 200, batch.text
+
+    def items() -> list[dict[str, Any]]:
+        rows = usage(client, "alice-key", group_by="route").json()["data"]
+        return [row for row in rows if row["route"] == "batch"]
+
+    wait_until(lambda: items() and items()[0]["requests"] == len(texts), timeout_s=60)
+    (row,) = items()
+    assert row["prompt_tokens"] == expected and row["completion_tokens"] == 0
