@@ -338,6 +338,7 @@ class BufferedLedger:
 
     async def start(self) -> None:
         await self.storage.open()
+        self._stop.clear()
         self._flusher = asyncio.create_task(self._flush_every_interval(), name="usage-ledger-flush")
 
     async def aclose(self) -> None:

@@ -6,6 +6,7 @@ the mutable sum the ledgers keep in memory between two writes.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,6 +33,9 @@ Key = tuple[str, str, str, str]
 """(day, tenant, model, route): one row of storage."""
 
 _DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+MAX_QUERY_DAYS: Final = 3660
+"""The longest range a query may span (Redis reads one set per day of it)."""
 
 
 class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -117,15 +121,18 @@ def check_query(start: str, end: str, group_by: Sequence[str]) -> tuple[str, ...
 
     Raises ``ValueError`` with a message fit for a client.
     """
+    dates = []
     for name, day in (("start", start), ("end", end)):
         if not _DAY.fullmatch(day):
             raise ValueError(f"{name}: expected a date YYYY-MM-DD, got {day!r}")
         try:
-            time.strptime(day, "%Y-%m-%d")
+            dates.append(dt.date.fromisoformat(day))
         except ValueError:
             raise ValueError(f"{name}: {day!r} is not a date") from None
     if start > end:
         raise ValueError(f"start ({start}) is after end ({end})")
+    if (dates[1] - dates[0]).days >= MAX_QUERY_DAYS:
+        raise ValueError(f"start: a query spans at most {MAX_QUERY_DAYS} days")
     unknown = [g for g in group_by if g not in KEY_FIELDS]
     if unknown:
         raise ValueError(

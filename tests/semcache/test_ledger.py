@@ -147,6 +147,8 @@ async def test_query_rejects_bad_arguments(ledger: UsageLedger) -> None:
         await ledger.query("yesterday", "2026-12-01", [], None)
     with pytest.raises(ValueError, match="end: '2026-02-30' is not a date"):
         await ledger.query("2026-02-01", "2026-02-30", [], None)
+    with pytest.raises(ValueError, match="start: a query spans at most 3660 days"):
+        await ledger.query("0001-01-01", "9999-12-31", [], None)
     with pytest.raises(ValueError, match="is after end"):
         await ledger.query("2026-12-02", "2026-12-01", [], None)
     with pytest.raises(ValueError, match=r"group_by: unknown field.*'week'"):
