@@ -131,7 +131,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         clock=time.time,
     )
     tenancy = Tenancy(
-        auth=auth, metrics=metrics, request_log=request_log, ledger=ledger, policy=policy
+        auth=auth, metrics=metrics, policy=policy, request_log=request_log, ledger=ledger
     )
 
     @asynccontextmanager

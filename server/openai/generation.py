@@ -50,8 +50,7 @@ class Generation:
         backend = state.registry.generation_backend(info)
         shared = state.policy.current.rule(info.id, route).shared
         ctx.salt_scope = "shared" if shared else ctx.tenant
-        ctx.usage.model = info.id
-        ctx.usage.policy_route = route
+        ctx.usage.model, ctx.usage.route = info.id, route
         call = GenerationCall(
             path=path,
             route=route,

@@ -31,6 +31,8 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     latency_s: float | None = None
     completed: bool = False
     """The whole answer was sent (False: the client left, or the stream broke)."""
+    bodies: dict[str, Any] | None = None
+    """The request and response bodies, when the route's rule says ``log_bodies``."""
 
 
 def record_of(scope: Mapping[str, Any]) -> RequestRecord | None:
@@ -52,6 +54,7 @@ def log_line(record: RequestRecord) -> dict[str, Any]:
         "latency_ms": _ms(record.latency_s),
         "ttft_ms": _ms(record.ttft_s),
         **_usage_fields(record.usage),
+        **(record.bodies or {}),
     }
 
 

@@ -28,7 +28,7 @@ def ledger_record(
     if not 200 <= status < 400 and computed_p + computed_c == 0:
         return None
     saved_p, saved_c = usage.saved_prompt_tokens, usage.saved_completion_tokens
-    prices = policy.rule(usage.model, usage.policy_route or "").prices
+    prices = policy.rule(usage.model, usage.route or "").prices
     return UsageRecord(
         tenant=tenant,
         model=usage.model,

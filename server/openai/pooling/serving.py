@@ -184,8 +184,7 @@ class PoolingServing:
         ``margin_of`` (classification) reads a stored answer's label margin: a match whose
         margin is under the rule's ``min_label_margin`` is treated as a miss.
         """
-        ctx.usage.model = info.id
-        ctx.usage.policy_route = route
+        ctx.usage.model, ctx.usage.route = info.id, route
         creq = await self.state.cache_request(route, info, body, ctx, directives)
         if creq is None:
             payloads, tokens = await compute(texts)

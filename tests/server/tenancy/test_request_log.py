@@ -24,7 +24,7 @@ OPS = {"authorization": "Bearer tok-ops"}
 CHAT = {"model": "chat-model", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}
 
 
-def build(tmp_path: Path, embedder: LocalEmbeddingBackend) -> Any:
+def build(tmp_path: Path, embedder: LocalEmbeddingBackend, policy: Path | None = None) -> Any:
     reg = ModelRegistry()
     reg.generation["fake"] = FakeGeneration()
     reg.embedding["minilm"] = embedder
@@ -34,7 +34,11 @@ def build(tmp_path: Path, embedder: LocalEmbeddingBackend) -> Any:
         TokenEntry(token="tok-acme", tenant="acme"),
         TokenEntry(token="tok-ops", tenant="ops", roles=["admin"], name="ops"),
     ]
-    config = GatewayConfig(data_dir=str(tmp_path), auth=AuthSettings(tokens=tokens))
+    config = GatewayConfig(
+        data_dir=str(tmp_path),
+        auth=AuthSettings(tokens=tokens),
+        policy=str(policy) if policy is not None else None,
+    )
     return create_app(config, registry=reg)
 
 
@@ -100,3 +104,19 @@ def test_batch_items_are_logged(tmp_path: Path, embedder: LocalEmbeddingBackend)
         )
         (item,) = [x for x in logs(client, tenant="acme") if x["route"] == "batch"]
         assert item["model"] == "embed-model" and item["prompt_tokens"] > 0
+
+
+def test_bodies_are_logged_only_where_the_policy_says(
+    tmp_path: Path, embedder: LocalEmbeddingBackend
+) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text("version = 1\n[routes.chat]\nlog_bodies = true\n")
+    with TestClient(build(tmp_path, embedder, policy)) as client:
+        chat = client.post("/v1/chat/completions", json=CHAT, headers=ACME)
+        embed = {"model": "embed-model", "input": "quiet"}
+        assert client.post("/v1/embeddings", json=embed, headers=ACME).status_code == 200
+        lines = logs(client, tenant="acme")
+        assert lines[0]["route"] == "/v1/embeddings" and "request_body" not in lines[0]
+        logged = lines[1]
+        assert json.loads(logged["request_body"]) == CHAT
+        assert logged["response_body"] == chat.text and logged["bodies_truncated"] is False
