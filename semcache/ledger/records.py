@@ -64,7 +64,17 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
         return (self.day, self.tenant, self.model, self.route)
 
     def values(self) -> list[float]:
-        return [getattr(self, f) for f in SUM_FIELDS]
+        """The sums in ``SUM_FIELDS`` order."""
+        return [
+            self.requests,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.exact_hits,
+            self.semantic_hits,
+            self.tokens_saved,
+            self.cost_usd,
+            self.saved_usd,
+        ]
 
 
 class Spend(msgspec.Struct, frozen=True):

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from semcache.ledger import (
+    SUM_FIELDS,
     BufferedLedger,
     LedgerSettings,
     NullLedger,
@@ -330,3 +331,14 @@ async def test_kill_9_loses_at_most_the_last_flush_interval(tmp_path: Path) -> N
     assert must_have > 0, "the child ran too briefly to prove anything"
     assert must_have <= stored <= last_n, (must_have, stored, last_n)
     assert rows[0]["prompt_tokens"] == 3 * stored  # whole records only
+
+
+def test_record_values_follow_the_storage_order() -> None:
+    r = UsageRecord(
+        tenant="t",
+        model="m",
+        route="r",
+        day="2026-12-01",
+        **{f: i + 2 for i, f in enumerate(SUM_FIELDS)},
+    )  # type: ignore[arg-type]
+    assert r.values() == [getattr(r, f) for f in SUM_FIELDS] == list(range(2, 2 + len(SUM_FIELDS)))
