@@ -340,5 +340,5 @@ def test_record_values_follow_the_storage_order() -> None:
         route="r",
         day="2026-12-01",
         **{f: i + 2 for i, f in enumerate(SUM_FIELDS)},
-    )  # type: ignore[arg-type]
+    )
     assert r.values() == [getattr(r, f) for f in SUM_FIELDS] == list(range(2, 2 + len(SUM_FIELDS)))
