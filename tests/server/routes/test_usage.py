@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,11 @@ from litestar.testing import TestClient
 from backends.local import LocalEmbeddingBackend
 from backends.registry import ModelInfo, ModelRegistry
 from semcache.ledger import utc_day
+from semcache.ledger.redis import RedisStorage
 from server.app import create_app
 from server.auth import tenant_from
 from server.config import GatewayConfig
+from tests.semcache.conftest import RedisServer
 from tests.support.fake_backend import FakeGeneration
 from tests.support.waiting import wait_until
 
@@ -182,3 +185,42 @@ def test_batch_items_count_under_the_batch_route(client: Client) -> None:
     wait_until(lambda: items() and items()[0]["requests"] == len(texts), timeout_s=60)
     (row,) = items()
     assert row["prompt_tokens"] == expected and row["completion_tokens"] == 0
+
+
+@pytest.mark.slow
+def test_two_gateways_on_one_redis_share_one_ledger(
+    embedder: LocalEmbeddingBackend, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """With Redis in the policy (storage "auto"), each gateway's usage adds into one ledger."""
+    prefix = f"u{uuid.uuid4().hex[:8]}"
+    policy = tmp_path / "policy.toml"
+    policy.write_text(f'[tiers.redis]\nurl = "{redis_server.url}"\nprefix = "{prefix}"\n')
+
+    def gateway(name: str) -> Client:
+        reg = ModelRegistry()
+        reg.embedding["minilm"] = embedder
+        reg.add(ModelInfo("embed-model", "embeddings", (), "t", "minilm", "r", "n"))
+        config = GatewayConfig(data_dir=str(tmp_path / name), policy=str(policy))
+        return TestClient(create_app(config, registry=reg))
+
+    sent = 0
+    with gateway("a") as a, gateway("b") as b:
+        assert isinstance(a.app.state.ledger.storage, RedisStorage)
+        for i, client in enumerate((a, b, a)):
+            e = client.post(
+                "/v1/embeddings",
+                json={"model": "embed-model", "input": f"gateway text {i}"},
+                headers=bearer("alice-key"),
+            )
+            sent += e.json()["usage"]["prompt_tokens"]
+        # each gateway counts its own usage at once, the other's once that one has flushed
+        # (every second)
+        for client in (a, b):
+
+            def total(c: Client = client) -> Any:
+                (row,) = usage(c, "alice-key", group_by="").json()["data"]
+                return row
+
+            wait_until(lambda: total()["requests"] == 3, timeout_s=10)
+            row = total()
+            assert (row["requests"], row["prompt_tokens"]) == (3, sent)
