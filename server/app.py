@@ -15,6 +15,7 @@ from litestar import Litestar
 from litestar.datastructures import State
 from prometheus_client import CollectorRegistry
 
+from backends.pool_metrics import BackendCollector
 from backends.registry import ModelRegistry, ModelSpec, build_registry
 from semcache.exact import open_exact_cache
 from semcache.ledger import open_ledger
@@ -23,6 +24,9 @@ from semcache.semantic.encoder import load_encoder
 from semcache.semantic.service import SemanticService
 from server.auth import TokenAuth
 from server.config import GatewayConfig
+from server.dashboard.formats import template_config
+from server.dashboard.routes import DashboardState, dashboard_router
+from server.dashboard.series import CounterSeries
 from server.errors import handle_exception
 from server.metrics import GatewayMetrics
 from server.openai.batches import api_router as batches_routes
@@ -94,6 +98,8 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
     """Build the gateway app for ``config``; backend clients are made here, models load at start."""
     registry = registry or registry_from_config(config)
     metrics = GatewayMetrics(CollectorRegistry())
+    # the vLLM servers: in-flight, health, errors, P/D hops, hand-off latency, their own counters
+    metrics.registry.register(BackendCollector(registry.generation.values()))
     policy = PolicyHolder(config.policy)  # invalid → PolicyError: the server refuses to start
     serving = OpenAIServing(registry, metrics, policy)
     # Built now, loaded on first use: the semantic cache and the classifiers' encoder.
@@ -133,6 +139,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
     tenancy = Tenancy(
         auth=auth, metrics=metrics, policy=policy, request_log=request_log, ledger=ledger
     )
+    dashboard = DashboardState(CounterSeries(metrics.registry))
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -166,11 +173,13 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         if app.state.workers_ai.workers is not None:  # live /v1 requests: batch work yields
             serving.state.live_request = app.state.workers_ai.workers.gates.live_request
         sweeper = asyncio.create_task(sweep_batches(batches), name="openai-batch-sweep")
+        sampler = asyncio.create_task(dashboard.series.run(), name="dashboard-series")
         try:
             yield
         finally:
             sweeper.cancel()
-            await asyncio.gather(sweeper, return_exceptions=True)
+            sampler.cancel()
+            await asyncio.gather(sweeper, sampler, return_exceptions=True)
             batches.queue = None
             serving.state.live_request = None
             await app.state.workers_ai.aclose()  # batch workers stop before the cache closes
@@ -198,6 +207,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
             *workers_ai_routes.ROUTES,
             *files_routes.ROUTES,
             *batches_routes.ROUTES,
+            dashboard_router(),
         ],
         state=State(
             {
@@ -211,10 +221,12 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
                 "ledger": ledger,
                 "files": FilesServing(file_store, files_settings.max_bytes),
                 "batches": batches,
+                "dashboard": dashboard,
             }
         ),
         middleware=[tenancy_middleware(tenancy)],
         exception_handlers={Exception: handle_exception},
+        template_config=template_config(),
         lifespan=[lifespan],
         request_max_body_size=config.server.max_body_bytes,
         openapi_config=None,

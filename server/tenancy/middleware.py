@@ -7,6 +7,8 @@ request log, the usage ledger and the limits' reconciliation, from the ``Request
 the serving path filled in (``record.usage`` is the request context's ``usage``).
 
 A route says what it needs in its ``opt``: ``auth="public"`` (health, metrics: no token),
+``auth="self"`` (the dashboard: it authenticates with the same ``TokenAuth`` itself, after
+its router has read the login cookie),
 ``auth="key"`` (an open gateway still wants some bearer token: the Workers-AI routes),
 ``auth="admin"`` (the admin role); anything else needs a token when tokens are configured.
 """
@@ -85,7 +87,7 @@ class Tenancy:
     def begin(self, scope: Scope) -> RequestRecord | None:
         """Authenticate the request of ``scope``; ``None`` for a public route."""
         route, need = self.route_of(scope["route_handler"])  # type: ignore[arg-type]
-        if need == "public":
+        if need in ("public", "self"):
             return None
         headers = _wanted_headers(scope["headers"])
         principal = self.auth.authenticate(

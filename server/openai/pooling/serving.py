@@ -239,6 +239,7 @@ class PoolingServing:
         note_result(ctx.usage, res)
         if outcome.get("served") and not res.from_cache and not res.coalesced:
             note_semantic(ctx.usage, outcome["served"], len(texts), outcome["saved"], 0)
+            self.state.metrics.semantic_hits.labels(info.id, route).inc()
             headers = semantic_headers(
                 outcome["served"],
                 len(texts),
