@@ -10,6 +10,7 @@ from typing import Literal
 import msgspec
 
 from backends.config import BackendConfig, VllmBackend
+from semcache.ledger.settings import LedgerSettings
 from semcache.package_files import package_file
 from server.auth import AuthSettings
 from server.batch.settings import BatchSettings
@@ -58,6 +59,8 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Asynchronous batches (Workers AI ``queueRequest``): the queue and its workers."""
     limits: LimitSettings = msgspec.field(default_factory=LimitSettings)
     """Default rate limits and budgets of every token (a token entry may override them)."""
+    ledger: LedgerSettings = msgspec.field(default_factory=LedgerSettings)
+    """The usage and cost ledger: SQLite under the data dir, or Redis counters."""
 
     def data_path(self) -> Path:
         """The data directory (prepared models, disk cache), created on demand."""
