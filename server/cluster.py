@@ -81,6 +81,12 @@ HOST_HEADER = "x-cluster-host"
 """Sent to the LB: pins the request to that gateway (while it is up). Answered by the LB:
 the gateway that served the request."""
 
+NO_GATEWAY_BODY = (
+    '{"error":{"message":"No gateway is ready to answer.","type":"server_error",'
+    '"param":null,"code":"backend_unavailable"}}'
+)
+"""What the LB answers (503, ``Retry-After``) when no gateway passes its health check."""
+
 
 class ClusterError(RuntimeError):
     """The cluster could not be built or a host did not come up; carries a log tail."""
@@ -332,6 +338,9 @@ class Cluster:
                 "    timeout server 300s",
                 "    retries 3",
                 "    option redispatch 1",  # a refused connection is retried on the other gateway
+                # No gateway ready (e.g. the decode pool is down): the gateways' own answer.
+                "    http-error status 503 content-type application/json hdr retry-after 2"
+                f" string '{NO_GATEWAY_BODY}'",
                 "frontend gateways",
                 f"    bind {address('lb')}:{LB_PORT}",
                 "    default_backend gateways",
