@@ -349,7 +349,7 @@ class Cluster:
                 "    option httpchk GET /ready",
                 "    http-check expect status 200",
                 f"    http-response set-header {HOST_HEADER} %s",
-                "    default-server inter 1s fall 2 rise 1 on-marked-down shutdown-sessions",
+                "    default-server inter 1s fall 2 rise 1",
                 *servers,
                 "listen stats",
                 f"    bind {address('lb')}:{LB_STATS_PORT}",

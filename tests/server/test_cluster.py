@@ -261,8 +261,8 @@ async def test_kill_9_of_gw1_under_load_loses_only_its_requests_in_flight(
                 try:
                     r = await ask(own, cluster.lb_url, body)
                     status, host = r.status_code, r.headers.get(HOST_HEADER, "")
-                except httpx.HTTPError:
-                    status, host = 0, ""
+                except httpx.HTTPError as exc:
+                    status, host = 0, type(exc).__name__
                 outcomes.append(Outcome(began, time.monotonic(), status, host))
 
     workers = [asyncio.create_task(worker(k)) for k in range(4)]
@@ -281,6 +281,8 @@ async def test_kill_9_of_gw1_under_load_loses_only_its_requests_in_flight(
         await asyncio.gather(*workers)
     failed = [o for o in outcomes if o.status != 200]
     print(f"{len(outcomes)} requests, {len(failed)} failed (in flight on gw1 at the kill)")
+    for o in failed:
+        print(f"  {o.began - killed_at:+.3f} .. {o.ended - killed_at:+.3f} s: {o.status} {o.host}")
     # Only requests in flight at the kill may fail; they went to gw1 (gw2 answers all).
     assert all(o.began <= killed_done and o.ended >= killed_at for o in failed), failed
     assert len(failed) <= len(workers)
