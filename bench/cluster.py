@@ -128,6 +128,7 @@ async def bench_hits(
         WRK_SCRIPT.replace("{body}", orjson.dumps(HIT_BODY).decode()).replace("{token}", TOKEN)
     )
     runs: dict[str, list[WrkRun]] = {"1 gateway": [], "2 gateways": []}
+    url = f"{cluster.lb_url}/v1/chat/completions"
     async with httpx.AsyncClient(timeout=120) as client:
         for gw in GATEWAYS:  # stored once, then in both gateways' memory tier
             r = await client.post(
@@ -141,7 +142,7 @@ async def bench_hits(
                 cluster.lb_command(f"{action} server gateways/gw2")
                 await asyncio.sleep(0.5)
                 before = await hits_served(client, cluster)
-                run = await asyncio.to_thread(wrk, cluster.lb_url, seconds, connections, script)
+                run = await asyncio.to_thread(wrk, url, seconds, connections, script)
                 await asyncio.sleep(1.0)  # requests wrk left in flight still finish
                 served = await hits_served(client, cluster) - before
                 if served < run.requests:
@@ -155,8 +156,17 @@ async def bench_hits(
     return runs
 
 
+def kv_read_transports(cluster: Cluster) -> list[str]:
+    """The UCX transports decode's KV reads (``ucp_get``) used, from its protocol log."""
+    found: set[str] = set()
+    for block in cluster.current_log("d1").split("remote memory read by ucp_get")[1:]:
+        found.update(re.findall(r"\|\s*(?:\d+x )?([a-z0-9_]+/[A-Za-z0-9_.:-]+)", block[:800]))
+    return sorted(found)
+
+
 @dataclass
 class PdRun:
+    transports: list[str]
     ttft_s: list[float]
     xfer_s: float
     """NIXL's mean transfer time over the run."""
@@ -165,6 +175,9 @@ class PdRun:
 
 
 async def restart_pd(cluster: Cluster, transport: KvTransport) -> None:
+    """Restart p1 and d1 on ``transport`` (nothing to do when they already run on it)."""
+    if cluster.kv_transport == transport and cluster.running("p1") and cluster.running("d1"):
+        return
     cluster.kv_transport = transport
     for host in ("p1", "d1"):
         await asyncio.to_thread(cluster.stop, host)
@@ -223,7 +236,7 @@ async def decode_counters(client: httpx.AsyncClient, cluster: Cluster) -> tuple[
 async def bench_pd(cluster: Cluster, transport: KvTransport, requests: int) -> PdRun:
     await restart_pd(cluster, transport)
     url = cluster.gateway_url("gw1")
-    run = PdRun([], 0.0, 0.0, 0)
+    run = PdRun([], [], 0.0, 0.0, 0)
     async with httpx.AsyncClient(timeout=120) as client:
         await ttft(client, url, f"Warm {uuid.uuid4().hex}. " + SENTENCE * 60)  # the handshake
         await asyncio.sleep(1.0)
@@ -239,13 +252,14 @@ async def bench_pd(cluster: Cluster, transport: KvTransport, requests: int) -> P
                 run.handed_off += 1
             run.ttft_s.append(seconds)
         end = await decode_counters(client, cluster)
+    run.transports = kv_read_transports(cluster)
     transfers = end[2] - start[2]
     run.xfer_s = (end[1] - start[1]) / transfers if transfers else float("nan")
     run.kv_bytes = (end[3] - start[3]) / transfers if transfers else float("nan")
     say(
         f"P/D over {transport}: TTFT p50 {pct(run.ttft_s, 50) * 1000:.1f} ms, "
         f"NIXL transfer {run.xfer_s * 1000:.2f} ms for {run.kv_bytes / 1e6:.2f} MB, "
-        f"{run.handed_off}/{requests} handed off"
+        f"{run.handed_off}/{requests} handed off, UCX reads via {', '.join(run.transports)}"
     )
     return run
 
@@ -300,7 +314,7 @@ async def main(args: argparse.Namespace) -> bool:
             print(
                 f"{label:<24}{pct(run.ttft_s, 50) * 1000:>12.1f}{pct(run.ttft_s, 90) * 1000:>9.1f}"
                 f"{run.xfer_s * 1000:>9.2f}{run.kv_bytes / 1e6:>7.2f}"
-                f"{run.handed_off:>4}/{len(run.ttft_s)}"
+                f"{run.handed_off:>4}/{len(run.ttft_s)}   {', '.join(run.transports)}"
             )
     ok_hits = all(r.non_2xx == 0 for rs in hits.values() for r in rs)
     ok_pd = all(run.handed_off == len(run.ttft_s) for run in pd.values())

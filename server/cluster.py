@@ -77,6 +77,7 @@ TOKEN = "cluster-admin-token"
 """The bearer token of the gateways' one tenant (``cluster``, admin role)."""
 MODEL_ID = "tiny-chat"
 WORKERS_AI_MODEL = "@cf/test/tiny"
+START_MARK = "\n=== started "
 HOST_HEADER = "x-cluster-host"
 """Sent to the LB: pins the request to that gateway (while it is up). Answered by the LB:
 the gateway that served the request."""
@@ -336,6 +337,7 @@ class Cluster:
                 "    timeout connect 1s",
                 "    timeout client 300s",
                 "    timeout server 300s",
+                "    timeout check 5s",  # /ready asks every vLLM server: slow on a busy box
                 "    retries 3",
                 "    option redispatch 1",  # a refused connection is retried on the other gateway
                 # No gateway ready (e.g. the decode pool is down): the gateways' own answer.
@@ -399,7 +401,7 @@ class Cluster:
             service = self.services()[name]
             log = self.log_path(name)
             with log.open("ab") as out:
-                out.write(f"\n=== {time.strftime('%F %T')} {service.command}\n".encode())
+                out.write(f"{START_MARK}{time.strftime('%F %T')} {service.command}\n".encode())
                 out.flush()
                 popen = subprocess.Popen(
                     ["ip", "netns", "exec", namespace(service.host), *service.command],
@@ -460,6 +462,14 @@ class Cluster:
                 if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
                     return True
         return False
+
+    def current_log(self, name: str) -> str:
+        """What ``name``'s log holds since the process last started (logs are appended to)."""
+        try:
+            text = self.log_path(name).read_text(errors="replace")
+        except OSError:
+            return ""
+        return text[text.rfind(START_MARK) :]
 
     def log_tail(self, name: str, chars: int = 3000) -> str:
         try:

@@ -128,7 +128,7 @@ async def test_decode_pulls_the_prompt_from_the_prefill_host_over_tcp(
     )
     assert await settled(decode, "vllm:prompt_tokens_by_source_total", local) == computed
     # UCX's protocol table in the decode log: the KV read (ucp_get) went over TCP on eth0.
-    log = cluster.log_path("d1").read_text(errors="replace")
+    log = cluster.current_log("d1")
     reads = log.split("remote memory read by ucp_get")[1:]
     assert reads, "UCX logged no remote read"
     assert all("tcp/eth0" in block[:600] for block in reads)
@@ -169,36 +169,53 @@ async def test_a_purge_on_gw2_stops_gw1_at_once(
     assert cache_status(after) == "MISS"
 
 
-async def test_a_batch_submitted_through_the_lb_to_gw1_is_polled_through_gw2(
-    cluster: Cluster, client: httpx.AsyncClient
-) -> None:
-    path = f"/client/v4/accounts/acc/ai/run/{WORKERS_AI_MODEL}"
-    items = [{"prompt": unique(), "max_tokens": 4, "external_reference": f"r{i}"} for i in range(4)]
+BATCH_PATH = f"/client/v4/accounts/acc/ai/run/{WORKERS_AI_MODEL}"
+
+
+async def submit_batch(client: httpx.AsyncClient, cluster: Cluster, items: int, to: str) -> str:
+    """A Workers-AI batch sent through the LB to gateway ``to``; its request id."""
+    requests = [
+        {"prompt": unique(), "max_tokens": 4, "external_reference": f"r{i}"} for i in range(items)
+    ]
     submitted = await client.post(
-        f"{cluster.lb_url}{path}?queueRequest=true",
-        json={"requests": items},
-        headers={**AUTH, HOST_HEADER: "gw1"},
+        f"{cluster.lb_url}{BATCH_PATH}?queueRequest=true",
+        json={"requests": requests},
+        headers={**AUTH, HOST_HEADER: to},
     )
     assert submitted.status_code == 200, submitted.text
-    assert submitted.headers[HOST_HEADER] == "gw1"
-    request_id = submitted.json()["result"]["request_id"]
-    gw2 = cluster.gateway_url("gw2")
-    deadline = time.monotonic() + 120
+    assert submitted.headers[HOST_HEADER] == to
+    return str(submitted.json()["result"]["request_id"])
+
+
+async def poll_batch(
+    client: httpx.AsyncClient, base: str, request_id: str, timeout_s: float = 120.0
+) -> list[dict[str, Any]]:
+    """Poll until the batch has its results; they must be exactly one per item, all good."""
+    deadline = time.monotonic() + timeout_s
     while True:
-        polled = await client.post(f"{gw2}{path}", json={"request_id": request_id}, headers=AUTH)
+        polled = await client.post(
+            f"{base}{BATCH_PATH}", json={"request_id": request_id}, headers=AUTH
+        )
         assert polled.status_code == 200, polled.text
         result = polled.json()["result"]
         if "responses" in result:
             break
         assert result["status"] in ("queued", "running")
-        assert time.monotonic() < deadline, "the batch did not finish in 120 s"
+        assert time.monotonic() < deadline, f"the batch did not finish in {timeout_s} s"
         await asyncio.sleep(0.5)
-    responses = result["responses"]
-    assert sorted(r["id"] for r in responses) == [0, 1, 2, 3]  # exactly one result each
+    responses: list[dict[str, Any]] = sorted(result["responses"], key=lambda r: r["id"])
+    assert [r["id"] for r in responses] == list(range(len(responses)))
     assert all(r["success"] for r in responses), responses
-    assert [r["external_reference"] for r in sorted(responses, key=lambda r: r["id"])] == [
-        f"r{i}" for i in range(4)
-    ]
+    assert [r["external_reference"] for r in responses] == [f"r{i}" for i in range(len(responses))]
+    return responses
+
+
+async def test_a_batch_submitted_through_the_lb_to_gw1_is_polled_through_gw2(
+    cluster: Cluster, client: httpx.AsyncClient
+) -> None:
+    request_id = await submit_batch(client, cluster, 4, to="gw1")
+    responses = await poll_batch(client, cluster.gateway_url("gw2"), request_id)
+    assert len(responses) == 4
 
 
 # -- hosts that stop ----------------------------------------------------------------------------
@@ -265,6 +282,7 @@ async def test_kill_9_of_gw1_under_load_loses_only_its_requests_in_flight(
                     status, host = 0, type(exc).__name__
                 outcomes.append(Outcome(began, time.monotonic(), status, host))
 
+    batch = await submit_batch(client, cluster, 6, to="gw1")  # its items run during the kill
     workers = [asyncio.create_task(worker(k)) for k in range(4)]
     try:
         while len({o.host for o in outcomes if o.status == 200}) < 2:  # both gateways serve
@@ -288,6 +306,8 @@ async def test_kill_9_of_gw1_under_load_loses_only_its_requests_in_flight(
     assert len(failed) <= len(workers)
     after = [o for o in outcomes if o.began > killed_done]
     assert all(o.status == 200 and o.host == "gw2" for o in after)
+    # Items gw1 had claimed return to the queue when their lease ends: one result each.
+    assert len(await poll_batch(client, cluster.gateway_url("gw2"), batch)) == 6
     await asyncio.to_thread(cluster.start, "gw1")
 
 
