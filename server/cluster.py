@@ -451,6 +451,15 @@ class Cluster:
                 os.killpg(pid, signal.SIGKILL)
         self._pid_file(name).unlink(missing_ok=True)
 
+    def unplug(self, host: str) -> None:
+        """Take the host off the network (its link down): its peers see timeouts, not
+        refused connections, as when a machine dies; its processes keep running."""
+        _ip("-n", namespace(host), "link", "set", "eth0", "down")
+
+    def plug(self, host: str) -> None:
+        """Put the host back on the network."""
+        _ip("-n", namespace(host), "link", "set", "eth0", "up")
+
     def kill(self, name: str) -> None:
         """``kill -9`` of the whole process group: no shutdown, connections just die."""
         self.stop(name, signal.SIGKILL, grace_s=5.0)
@@ -487,6 +496,8 @@ class Cluster:
         build_tiny_llama(self.model)
         self.write_configs()
         build_network()
+        for host in ADDRESSES:
+            self.plug(host)
         order = list(names or self.services())
         try:
             for name in order:
