@@ -76,6 +76,8 @@ NIXL_PORT = 5600
 TOKEN = "cluster-admin-token"
 """The bearer token of the gateways' one tenant (``cluster``, admin role)."""
 MODEL_ID = "tiny-chat"
+SEMANTIC_MODEL_ID = "tiny-semantic"
+"""The same backend with the semantic cache on for chat (the policy's only semantic rule)."""
 WORKERS_AI_MODEL = "@cf/test/tiny"
 START_MARK = "\n=== started "
 HOST_HEADER = "x-cluster-host"
@@ -285,6 +287,9 @@ class Cluster:
                 f"id = {q(MODEL_ID)}",
                 'backend = "tiny"',
                 f"aliases = [{q(WORKERS_AI_MODEL)}]",
+                "[[models]]",
+                f"id = {q(SEMANTIC_MODEL_ID)}",
+                'backend = "tiny"',
                 "[[backends]]",
                 'kind = "vllm"',
                 'name = "tiny"',
@@ -305,12 +310,16 @@ class Cluster:
         )
 
     def policy(self) -> str:
-        """The shared cache policy: the embedded defaults plus the Redis host as L3."""
+        """The shared cache policy: the embedded defaults, the Redis host as L3, and the
+        semantic cache for ``SEMANTIC_MODEL_ID``."""
         return "\n".join(
             [
                 "version = 1",
                 "[tiers.redis]",
                 f"url = {json.dumps(self.redis_url)}",
+                f"[models.{json.dumps(SEMANTIC_MODEL_ID)}.routes.chat.semantic]",
+                "enabled = true",
+                "threshold = 0.9",
                 "",
             ]
         )
@@ -545,10 +554,13 @@ class Cluster:
         return up
 
     def down(self) -> None:
-        """Stop every process a pid file names (the LB first), then delete the network."""
+        """Stop every process a pid file names (the LB first), delete the network and the
+        gateways' data directories."""
         for name in ("lb", *GATEWAYS, "p1", "d1", "redis"):
             self.stop(name)
         remove_network()
+        for gw in GATEWAYS:  # their local tiers: a cache of Redis's, rebuilt on the next start
+            shutil.rmtree(self.run_dir / gw, ignore_errors=True)
 
     def status(self) -> dict[str, bool]:
         return {name: self.running(name) for name in self.services()}

@@ -27,6 +27,7 @@ from backends.harness.metrics import metric_value
 from server.cluster import (
     HOST_HEADER,
     MODEL_ID,
+    SEMANTIC_MODEL_ID,
     TOKEN,
     WORKERS_AI_MODEL,
     Cluster,
@@ -252,6 +253,34 @@ async def test_the_redis_host_stops_and_comes_back(
             break
         assert time.monotonic() < deadline, "the shared tier did not resume within 60 s"
         await asyncio.sleep(0.5)
+
+
+async def test_a_semantic_entry_made_on_gw1_serves_on_gw2(
+    cluster: Cluster, client: httpx.AsyncClient
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    question = f"What is the capital of France, {tag}?"
+    near = f"what is the capital of france, {tag}!"  # a near-duplicate (other case, mark)
+    first = await ask(
+        client, cluster.gateway_url("gw1"), {**chat(question), "model": SEMANTIC_MODEL_ID}
+    )
+    assert first.status_code == 200, first.text
+    # The entry reaches gw2's index through the Redis stream; until then gw2 misses, and
+    # `no-store` keeps those misses from making entries of their own.
+    deadline = time.monotonic() + 30
+    while True:
+        hit = await ask(
+            client,
+            cluster.gateway_url("gw2"),
+            {**chat(near), "model": SEMANTIC_MODEL_ID},
+            **{"cache-control": "no-store"},
+        )
+        assert hit.status_code == 200, hit.text
+        if hit.headers.get("x-semcache-semantic") == "hit":
+            break
+        assert time.monotonic() < deadline, "gw1's semantic entry never served on gw2"
+        await asyncio.sleep(0.5)
+    assert hit.json()["id"] == first.json()["id"]  # gw1's answer
 
 
 @dataclass
