@@ -22,6 +22,7 @@ from semcache.semantic.encoder import load_encoder
 from semcache.semantic.service import SemanticService
 from server.auth import TokenAuth
 from server.config import GatewayConfig
+from server.draining import Drain, drain_middleware
 from server.errors import handle_exception
 from server.metrics import GatewayMetrics
 from server.openai.batches import api_router as batches_routes
@@ -123,6 +124,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         RequestLog(config.request_log, config.data_path()) if config.request_log.enabled else None
     )
     tenancy = Tenancy(auth=auth, metrics=metrics, request_log=request_log)
+    drain = Drain()  # SIGTERM: `semcache serve` drains (server/draining.py)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -190,11 +192,12 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
                 "policy": policy,
                 "auth": auth,
                 "tenancy": tenancy,
+                "drain": drain,
                 "files": FilesServing(file_store, files_settings.max_bytes),
                 "batches": batches,
             }
         ),
-        middleware=[tenancy_middleware(tenancy)],
+        middleware=[drain_middleware(drain), tenancy_middleware(tenancy)],
         exception_handlers={Exception: handle_exception},
         lifespan=[lifespan],
         request_max_body_size=config.server.max_body_bytes,

@@ -1,0 +1,133 @@
+"""SIGTERM of `semcache serve`: what is in flight finishes, new work gets 503, exit status 0."""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from backends.harness.metrics import parse_metric
+from backends.launch import VllmProcess
+from server.harness import GatewayProcess
+from tests.server.chaos.common import write_gateway_toml
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+LONG = {"max_tokens": 400, "temperature": 1.0, "ignore_eos": True}  # sampled: never cached
+
+
+def _long_chat(stream: bool) -> dict[str, Any]:
+    text = f"Tell a long story {uuid.uuid4().hex}."
+    return {
+        "model": "tiny-chat",
+        "messages": [{"role": "user", "content": text}],
+        **LONG,
+        "stream": stream,
+    }
+
+
+def _stream(url: str, started: threading.Event, out: dict[str, Any]) -> None:
+    """One streamed answer, read to its end: its events, and whether it ended with [DONE]."""
+    events: list[bytes] = []
+    with httpx.stream(
+        "POST", f"{url}/v1/chat/completions", json=_long_chat(True), timeout=120
+    ) as r:
+        out["status"] = r.status_code
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:].encode())
+                started.set()
+    out["done"] = bool(events) and events[-1] == b"[DONE]"
+    chunks = [orjson.loads(e) for e in events[:-1]]
+    out["finished"] = any(c["choices"] and c["choices"][0]["finish_reason"] for c in chunks)
+    out["error"] = any("error" in c for c in chunks)
+
+
+def _plain(url: str, out: dict[str, Any]) -> None:
+    r = httpx.post(f"{url}/v1/chat/completions", json=_long_chat(False), timeout=120)
+    out["status"] = r.status_code
+    out["finished"] = r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_sigterm_drains_in_flight_refuses_new_work_and_exits_0(
+    tmp_path: Path, data_dir: Path, tiny_vllm: VllmProcess
+) -> None:
+    config = write_gateway_toml(
+        tmp_path / "gateway.toml", tmp_path, data_dir / "models", tiny_vllm.url
+    )
+    gw = GatewayProcess(config).start()
+    assert gw.proc is not None
+    results: list[dict[str, Any]] = [{} for _ in range(3)]
+    threads = [threading.Thread(target=_plain, args=(gw.url, results[0]))]
+    streams_started = [threading.Event(), threading.Event()]
+    threads += [
+        threading.Thread(target=_stream, args=(gw.url, streams_started[i], results[1 + i]))
+        for i in range(2)
+    ]
+    try:
+        for t in threads:
+            t.start()
+
+        def all_running_in_vllm() -> bool:
+            text = httpx.get(f"{tiny_vllm.url}/metrics").text
+            return parse_metric(text, "vllm:num_requests_running") >= 3
+
+        wait_until(lambda: all(e.is_set() for e in streams_started), 60)
+        wait_until(all_running_in_vllm, 60, interval_s=0.05)
+        sent = time.monotonic()
+        gw.proc.send_signal(signal.SIGTERM)
+
+        # While draining: new requests are refused in their route's format, 503 + Retry-After
+        quick = {
+            "model": "tiny-chat",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 1,
+        }
+
+        def refused() -> bool:
+            r = httpx.post(f"{gw.url}/v1/chat/completions", json=quick, timeout=30)
+            return r.status_code == 503
+
+        wait_until(refused, 10, interval_s=0.05)
+        refusals = 0
+        for _ in range(20):
+            r = httpx.post(f"{gw.url}/v1/chat/completions", json=quick, timeout=30)
+            assert r.status_code == 503, r.text
+            assert r.headers["retry-after"] == "2"
+            assert r.json()["error"]["code"] == "shutting_down"
+            refusals += 1
+        cf = httpx.post(f"{gw.url}/client/v4/accounts/a/ai/run/tiny-chat", json={"prompt": "x"})
+        assert cf.status_code == 503 and cf.json()["success"] is False
+        assert httpx.get(f"{gw.url}/ready").status_code == 503
+        assert httpx.get(f"{gw.url}/health").status_code == 200
+        assert any(t.is_alive() for t in threads), "the drain was over before it was probed"
+
+        for t in threads:
+            t.join(120)
+        code = gw.proc.wait(60)
+        drained_s = time.monotonic() - sent
+    finally:
+        gw.kill()
+    assert code == 0, "".join(gw.lines[-30:])
+    assert [r["status"] for r in results] == [200, 200, 200]
+    assert all(r["finished"] for r in results), results  # every in-flight answer complete
+    assert all(r["done"] and not r["error"] for r in results[1:])
+    with pytest.raises(httpx.ConnectError):  # once stopped, the socket is closed
+        httpx.get(f"{gw.url}/health")
+    out = "".join(gw.lines)
+    draining = re.search(r"SIGTERM: draining, (\d+) request\(s\) in flight", out)
+    assert draining is not None and int(draining.group(1)) >= 3, out[-3000:]
+    print(
+        f"\nFIGURE sigterm: 3 of 3 in-flight requests (2 streams) finished, "
+        f"{refusals} of {refusals} new requests refused 503 + Retry-After, "
+        f"exit 0 after {drained_s:.1f} s"
+    )
