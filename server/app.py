@@ -105,6 +105,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         max_bytes=tiers.semantic.max_bytes,
         snapshot_interval_s=tiers.semantic.snapshot_interval_s,
         encoder_factory=partial(load_encoder, graph_dir=config.data_path() / "encoders"),
+        registry=metrics.registry,
     )
 
     files_settings = config.batch.files

@@ -37,7 +37,7 @@ ttl_s = 600
 shared = true
 [routes.embeddings.semantic]
 enabled = true
-threshold = 0.95
+threshold = 0.99
 """
     )
     return path
