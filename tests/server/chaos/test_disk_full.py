@@ -93,7 +93,9 @@ def test_disk_full_keeps_answering_counts_once_and_serves_nothing_corrupt(
     )
     run = uuid.uuid4().hex[:8]
     chats = [chat(f"disk full {run} {i}") for i in range(N_CHAT)]
-    texts = [[f"The {a} {v} near the {p}." for p in PLACES] for a, v in zip(ANIMALS, VERBS)]
+    texts = [
+        [f"The {a} {v} near the {p}." for p in PLACES] for a, v in zip(ANIMALS, VERBS, strict=True)
+    ]
     caplog.set_level(logging.WARNING)
 
     gw = GatewayThread(config).start()
