@@ -14,7 +14,6 @@ import httpx
 import orjson
 import pytest
 
-from backends.harness.metrics import parse_metric
 from backends.launch import VllmProcess
 from server.harness import GatewayProcess
 from tests.server.chaos.common import write_gateway_toml
@@ -22,7 +21,8 @@ from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
-LONG = {"max_tokens": 400, "temperature": 1.0, "ignore_eos": True}  # sampled: never cached
+# sampled (never cached), 4 choices of 1800 tokens: seconds of work, even for the tiny model
+LONG = {"max_tokens": 1800, "n": 4, "temperature": 1.0, "ignore_eos": True}
 
 
 def _long_chat(stream: bool) -> dict[str, Any]:
@@ -48,14 +48,18 @@ def _stream(url: str, started: threading.Event, out: dict[str, Any]) -> None:
                 started.set()
     out["done"] = bool(events) and events[-1] == b"[DONE]"
     chunks = [orjson.loads(e) for e in events[:-1]]
-    out["finished"] = any(c["choices"] and c["choices"][0]["finish_reason"] for c in chunks)
+    out["finished"] = {
+        choice["index"] for c in chunks for choice in c["choices"] if choice["finish_reason"]
+    } == {0, 1, 2, 3}
     out["error"] = any("error" in c for c in chunks)
 
 
 def _plain(url: str, out: dict[str, Any]) -> None:
     r = httpx.post(f"{url}/v1/chat/completions", json=_long_chat(False), timeout=120)
     out["status"] = r.status_code
-    out["finished"] = r.status_code == 200 and r.json()["choices"][0]["finish_reason"] == "length"
+    out["finished"] = (
+        r.status_code == 200 and [c["finish_reason"] for c in r.json()["choices"]] == ["length"] * 4
+    )
 
 
 def test_sigterm_drains_in_flight_refuses_new_work_and_exits_0(
@@ -74,15 +78,14 @@ def test_sigterm_drains_in_flight_refuses_new_work_and_exits_0(
         for i in range(2)
     ]
     try:
-        for t in threads:
+        threads[0].start()
+        time.sleep(0.2)  # the plain request is sent first
+        for t in threads[1:]:
             t.start()
 
-        def all_running_in_vllm() -> bool:
-            text = httpx.get(f"{tiny_vllm.url}/metrics").text
-            return parse_metric(text, "vllm:num_requests_running") >= 3
-
+        # The plain request went first: once both streams have begun, it is in flight too.
         wait_until(lambda: all(e.is_set() for e in streams_started), 60)
-        wait_until(all_running_in_vllm, 60, interval_s=0.05)
+        assert all(t.is_alive() for t in threads)
         sent = time.monotonic()
         gw.proc.send_signal(signal.SIGTERM)
 
@@ -98,18 +101,22 @@ def test_sigterm_drains_in_flight_refuses_new_work_and_exits_0(
             return r.status_code == 503
 
         wait_until(refused, 10, interval_s=0.05)
-        refusals = 0
-        for _ in range(20):
-            r = httpx.post(f"{gw.url}/v1/chat/completions", json=quick, timeout=30)
-            assert r.status_code == 503, r.text
-            assert r.headers["retry-after"] == "2"
-            assert r.json()["error"]["code"] == "shutting_down"
-            refusals += 1
         cf = httpx.post(f"{gw.url}/client/v4/accounts/a/ai/run/tiny-chat", json={"prompt": "x"})
         assert cf.status_code == 503 and cf.json()["success"] is False
         assert httpx.get(f"{gw.url}/ready").status_code == 503
         assert httpx.get(f"{gw.url}/health").status_code == 200
-        assert any(t.is_alive() for t in threads), "the drain was over before it was probed"
+        refusals = 2  # the first chat refused, and the Workers-AI one
+        for _ in range(20):  # more, until the drain is over (then: connection refused)
+            try:
+                r = httpx.post(f"{gw.url}/v1/chat/completions", json=quick, timeout=30)
+            except httpx.ConnectError:
+                wait_until(lambda: any("drained; stopping" in line for line in gw.lines), 5)
+                break
+            assert r.status_code == 503, r.text
+            assert r.headers["retry-after"] == "2"
+            assert r.headers["connection"] == "close"
+            assert r.json()["error"]["code"] == "shutting_down"
+            refusals += 1
 
         for t in threads:
             t.join(120)
