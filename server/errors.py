@@ -7,8 +7,10 @@ returns a stack trace.
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
+import sqlite3
 from typing import Any
 
 import msgspec
@@ -130,6 +132,19 @@ def _http_exception(exc: HTTPException) -> ApiError:
     return ApiError(status, detail)
 
 
+def disk_full(exc: BaseException) -> bool:
+    """A write refused for lack of space (``ENOSPC``, a quota, SQLite's ``SQLITE_FULL``),
+    raised directly or while handling another error."""
+    for e in (exc, exc.__cause__, exc.__context__):
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if isinstance(e, sqlite3.OperationalError) and (
+            getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(e)
+        ):
+            return True
+    return False
+
+
 def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     """One handler for everything: API errors, Litestar HTTP errors, bugs (500, no trace)."""
     if isinstance(exc, ApiError):
@@ -140,6 +155,13 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
         err = from_backend(exc)
     elif isinstance(exc, HTTPException):
         err = _http_exception(exc)
+    elif disk_full(exc):  # what needs the disk (a batch, a file) is refused, plainly
+        log.warning("%s refused: the data dir's disk is full (%s)", request.url.path, exc)
+        err = ApiError(
+            507,
+            "The gateway's disk is full: the request could not be stored. Retry later.",
+            code="insufficient_storage",
+        )
     else:
         log.exception("unhandled error on %s", request.url.path)
         err = ApiError(500, "Internal error in the gateway.", code="internal_error")

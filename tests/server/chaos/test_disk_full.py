@@ -39,6 +39,10 @@ VERBS = [
     "jumps",
     "buzzes",
 ]
+BATCH_LINE = (
+    b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": '
+    b'{"model": "tiny-chat", "messages": [{"role": "user", "content": "x"}]}}\n'
+)
 PLACES = ["old mill", "frozen lake", "busy market"]
 
 
@@ -105,6 +109,21 @@ def test_disk_full_keeps_answering_counts_once_and_serves_nothing_corrupt(
         first = [httpx.post(f"{gw.url}/v1/chat/completions", json=c, timeout=60) for c in chats]
         vectors = [embed(gw, t) for t in texts]
         assert [r.status_code for r in first + vectors] == [200] * (N_CHAT + N_EMBED)
+        # What must be stored to be accepted is refused plainly, in the route's format
+        batch = httpx.post(
+            f"{gw.url}/client/v4/accounts/a/ai/run/tiny-chat?queueRequest=true",
+            json={"requests": [{"prompt": "x", "max_tokens": 4}]},
+            headers={"authorization": "Bearer t"},
+        )
+        assert batch.status_code == 507 and batch.json()["success"] is False
+        upload = httpx.post(
+            f"{gw.url}/v1/files",
+            files={"file": ("in.jsonl", BATCH_LINE)},
+            data={"purpose": "batch"},
+            headers={"authorization": "Bearer t"},
+        )
+        assert upload.status_code == 507
+        assert upload.json()["error"]["code"] == "insufficient_storage"
         again = [httpx.post(f"{gw.url}/v1/chat/completions", json=c, timeout=60) for c in chats]
         assert all(r.headers["cf-aig-cache-status"] == "HIT" for r in again)  # from memory
         assert [r.content for r in again] == [r.content for r in first]
@@ -144,7 +163,7 @@ def test_disk_full_keeps_answering_counts_once_and_serves_nothing_corrupt(
     assert corrupt == 0
     print(
         f"\nFIGURE disk full: {N_CHAT + N_EMBED} of {N_CHAT + N_EMBED} requests answered on a "
-        f"full {TMPFS_MIB} MiB tmpfs; {lost:.0f} L2 writes and {records_lost:.0f} semantic "
-        f"records lost, counted, logged once each; after restart {served} L2 hits, "
-        f"{N_CHAT - served} misses, 0 corrupt"
+        f"full {TMPFS_MIB} MiB tmpfs (a batch and a file upload: 507); {lost:.0f} L2 writes "
+        f"and {records_lost:.0f} semantic records lost, counted, logged once each; "
+        f"after restart {served} L2 hits, {N_CHAT - served} misses, 0 corrupt"
     )
