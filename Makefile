@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PACKAGES := server semcache backends
 
-.PHONY: install serve test test-fast lint format backends-up
+.PHONY: install serve test test-fast lint format backends-up screenshots
 
 install:
 	@bash scripts/install.sh
@@ -28,8 +28,13 @@ format: install
 ## Everything: lint, types and the whole suite (real vLLM, real Redis). CI runs this.
 test: lint
 	@bash scripts/test-services.sh
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -rs $(PYTEST_ARGS)
 
 ## The fast set only (no vLLM, no Redis server).
 test-fast: install
 	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+
+## Screenshots of every dashboard page (docs/images/dashboard/), from Debian's chromium.
+screenshots: install
+	@bash scripts/chromium.sh install
+	$(BIN)/python bench/dashboard_screenshots.py $(if $(VLLM_URL),--vllm-url $(VLLM_URL) --served-model $(SERVED_MODEL))

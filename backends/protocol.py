@@ -59,6 +59,9 @@ class RequestUsage(msgspec.Struct, kw_only=True):
     (by the usage ledger, the limits and the request log)."""
 
     model: str | None = None
+    route: str | None = None
+    """The policy's name of the route (``chat``, ``embeddings``, …): with ``model``, it
+    names the rule (prices, whether bodies are logged)."""
     cache: CacheOutcome = "none"
     prompt_tokens: int = 0
     """Tokens the backends computed for this request (a hit computes none)."""

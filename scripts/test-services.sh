@@ -9,3 +9,9 @@ fi
 if [ -x scripts/nginx.sh ]; then
   bash scripts/nginx.sh install
 fi
+if [ -x scripts/chromium.sh ]; then
+  bash scripts/chromium.sh install
+fi
+if [ -x scripts/haproxy.sh ]; then
+  bash scripts/haproxy.sh install
+fi

@@ -15,13 +15,18 @@ from litestar import Litestar
 from litestar.datastructures import State
 from prometheus_client import CollectorRegistry
 
+from backends.pool_metrics import BackendCollector
 from backends.registry import ModelRegistry, ModelSpec, build_registry
 from semcache.exact import open_exact_cache
+from semcache.ledger import open_ledger
 from semcache.policy import PolicyHolder
 from semcache.semantic.encoder import load_encoder
 from semcache.semantic.service import SemanticService
 from server.auth import TokenAuth
 from server.config import GatewayConfig
+from server.dashboard.formats import template_config
+from server.dashboard.routes import DashboardState, dashboard_router
+from server.dashboard.series import CounterSeries
 from server.draining import Drain, drain_middleware
 from server.errors import handle_exception
 from server.metrics import GatewayMetrics
@@ -40,7 +45,7 @@ from server.openai.pooling import api_router as pooling
 from server.openai.responses import api_router as responses
 from server.openai.responses.owners import ResponseOwners
 from server.openai.serving import OpenAIServing
-from server.routes import admin, cached_answer, health
+from server.routes import admin, cached_answer, health, usage
 from server.speedups import write_bodies_eagerly
 from server.tenancy.middleware import Tenancy, tenancy_middleware
 from server.tenancy.request_log import RequestLog
@@ -94,6 +99,8 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
     """Build the gateway app for ``config``; backend clients are made here, models load at start."""
     registry = registry or registry_from_config(config)
     metrics = GatewayMetrics(CollectorRegistry())
+    # the vLLM servers: in-flight, health, errors, P/D hops, hand-off latency, their own counters
+    metrics.registry.register(BackendCollector(registry.generation.values()))
     policy = PolicyHolder(config.policy)  # invalid → PolicyError: the server refuses to start
     serving = OpenAIServing(registry, metrics, policy)
     # Built now, loaded on first use: the semantic cache and the classifiers' encoder.
@@ -124,7 +131,17 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
     request_log = (
         RequestLog(config.request_log, config.data_path()) if config.request_log.enabled else None
     )
-    tenancy = Tenancy(auth=auth, metrics=metrics, request_log=request_log)
+    ledger = open_ledger(
+        config.ledger,
+        data_dir=config.data_path(),
+        redis_url=tiers.redis.url,
+        redis_prefix=tiers.redis.prefix,
+        clock=time.time,
+    )
+    tenancy = Tenancy(
+        auth=auth, metrics=metrics, policy=policy, request_log=request_log, ledger=ledger
+    )
+    dashboard = DashboardState(CounterSeries(metrics.registry))
     drain = Drain()  # SIGTERM: `semcache serve` drains (server/draining.py)
 
     @asynccontextmanager
@@ -132,6 +149,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         write_bodies_eagerly(asyncio.get_running_loop())  # before any backend session opens
         if request_log is not None:
             request_log.start()
+        await ledger.start()
         for backend in registry.embedding.values():
             await backend.start()
         for classifier in registry.classifiers.values():
@@ -146,18 +164,25 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
             # Subscribe to the other gateways' entries now, not at the first request.
             serving.semantic.warm()
         app.state.workers_ai = await open_workers_ai(
-            config, serving, registry, metrics.registry, item_runners={PAYLOAD_KEY: openai_items}
+            config,
+            serving,
+            registry,
+            metrics.registry,
+            item_runners={PAYLOAD_KEY: openai_items},
+            accounting=tenancy.finish_item,
         )
         if app.state.workers_ai.batch is not None:
             batches.queue = app.state.workers_ai.batch.queue
         if app.state.workers_ai.workers is not None:  # live /v1 requests: batch work yields
             serving.state.live_request = app.state.workers_ai.workers.gates.live_request
         sweeper = asyncio.create_task(sweep_batches(batches), name="openai-batch-sweep")
+        sampler = asyncio.create_task(dashboard.series.run(), name="dashboard-series")
         try:
             yield
         finally:
             sweeper.cancel()
-            await asyncio.gather(sweeper, return_exceptions=True)
+            sampler.cancel()
+            await asyncio.gather(sweeper, sampler, return_exceptions=True)
             batches.queue = None
             serving.state.live_request = None
             await app.state.workers_ai.aclose()  # batch workers stop before the cache closes
@@ -167,6 +192,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
                 await serving.cache.aclose()
                 serving.cache = None
             await registry.aclose()
+            await ledger.aclose()  # after the batch workers: every usage is written
             if request_log is not None:
                 request_log.stop()
 
@@ -180,9 +206,11 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
             *health.ROUTES,
             *admin.ROUTES,
             *cached_answer.ROUTES,
+            *usage.ROUTES,
             *workers_ai_routes.ROUTES,
             *files_routes.ROUTES,
             *batches_routes.ROUTES,
+            dashboard_router(),
         ],
         state=State(
             {
@@ -194,12 +222,15 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
                 "auth": auth,
                 "tenancy": tenancy,
                 "drain": drain,
+                "ledger": ledger,
                 "files": FilesServing(file_store, files_settings.max_bytes),
                 "batches": batches,
+                "dashboard": dashboard,
             }
         ),
         middleware=[drain_middleware(drain), tenancy_middleware(tenancy)],
         exception_handlers={Exception: handle_exception},
+        template_config=template_config(),
         lifespan=[lifespan],
         request_max_body_size=config.server.max_body_bytes,
         openapi_config=None,

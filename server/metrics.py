@@ -72,6 +72,15 @@ class GatewayMetrics:
             )
         )
 
+        self.semantic_hits = Labelled(
+            Counter(
+                "semcache_semantic_hits",
+                "Requests answered (all items, or some) from semantic matches, by model and route.",
+                ["model", "route"],
+                registry=registry,
+            )
+        )
+
     def count_usage(self, model: str, usage: Mapping[str, object] | None) -> None:
         if not usage:
             return

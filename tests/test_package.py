@@ -24,6 +24,10 @@ SHIPPED = [
     "backends/data/classifier/sentiment-head.json",
     "backends/data/sentiment/sentiment.jsonl",
     "backends/nixl_shim/sitecustomize.py",
+    "server/dashboard/templates/overview.html",
+    "server/dashboard/static/dashboard.js",
+    "server/dashboard/static/uplot/uPlot.iife.min.js",
+    "server/dashboard/static/uplot/LICENSE",
     "server/cli.py",
 ]
 

@@ -50,7 +50,7 @@ class Generation:
         backend = state.registry.generation_backend(info)
         shared = state.policy.current.rule(info.id, route).shared
         ctx.salt_scope = "shared" if shared else ctx.tenant
-        ctx.usage.model = info.id
+        ctx.usage.model, ctx.usage.route = info.id, route
         call = GenerationCall(
             path=path,
             route=route,

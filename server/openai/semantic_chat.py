@@ -77,6 +77,8 @@ async def semantic_chat(
     if not res.from_cache or entry is None or entry.status != 200:
         await semantic.remove(partition, [match.payload_ref])
         return None, remember
+    # also counted as an exact hit: the matched answer is read through the exact cache
+    call.metrics.semantic_hits.labels(call.info.id, call.route).inc()
     headers = semantic_headers(1, 1, match.similarity, creq.key.short_id, stored=False)
     note_semantic(call.ctx.usage, 1, 1, entry.usage.prompt_tokens, entry.usage.completion_tokens)
     if match.verifier_prob is not None:

@@ -11,7 +11,9 @@ from litestar import Request, Response, get, post
 
 from semcache.keys import scope_for
 from semcache.policy import PolicyHolder
+from semcache.purge import PurgeResult
 from semcache.semantic.records import PartitionKey
+from server.auth import TokenAuth
 from server.errors import ApiError
 from server.openai.routing import parse_body
 from server.openai.serving import OpenAIServing
@@ -43,10 +45,16 @@ def semantic_purge_predicate(kind: str, target: str) -> Callable[[PartitionKey],
 
 
 def _authorize(request: Request[Any, Any, Any]) -> None:
-    """The request's principal has the admin role (the middleware checks routes marked
-    ``auth="admin"``; this guards any admin code reached another way)."""
+    """The request's principal has the admin role: the one the tenancy middleware resolved,
+    or on a route that authenticates itself (``auth="self"``: the dashboard, whose login
+    cookie a router middleware turns into a bearer token), the same ``TokenAuth``'s."""
     record = record_of(request.scope)
-    if record is None or not record.principal.admin:
+    if record is not None:
+        principal = record.principal
+    else:
+        auth: TokenAuth = request.app.state.auth
+        principal = auth.authenticate(request.headers, key_required=True)
+    if not principal.admin:
         raise ApiError(403, "This route needs a token with the admin role.")
 
 
@@ -57,7 +65,12 @@ async def purge(request: Request[Any, Any, Any]) -> Response[bytes]:
     req = msgspec.convert(parse_body(await request.body()), PurgeRequest)
     if req.kind != "all" and not req.target:
         raise ApiError(400, f"Purge by {req.kind} needs a `target`.", param="target")
-    serving: OpenAIServing = request.app.state.serving
+    result = await purge_caches(request.app.state.serving, req)
+    return Response(orjson.dumps(msgspec.to_builtins(result)), media_type="application/json")
+
+
+async def purge_caches(serving: OpenAIServing, req: PurgeRequest) -> PurgeResult:
+    """The exact and semantic caches purged (the admin API's and the dashboard's purge)."""
     if serving.cache is None:
         raise ApiError(409, "The cache is disabled on this gateway.", code="cache_disabled")
     result = await serving.cache.purge(req.kind, req.target)
@@ -65,7 +78,7 @@ async def purge(request: Request[Any, Any, Any]) -> Response[bytes]:
         # The purge already hides semantic entries (their partition and item keys carry the
         # purge epochs); dropping the partitions frees their memory at once.
         await serving.semantic.purge(semantic_purge_predicate(req.kind, req.target))
-    return Response(orjson.dumps(msgspec.to_builtins(result)), media_type="application/json")
+    return result
 
 
 @post("/admin/policy/reload", status_code=200, opt={"auth": "admin"})

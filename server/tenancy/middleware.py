@@ -7,29 +7,60 @@ request log, the usage ledger and the limits' reconciliation, from the ``Request
 the serving path filled in (``record.usage`` is the request context's ``usage``).
 
 A route says what it needs in its ``opt``: ``auth="public"`` (health, metrics: no token),
+``auth="self"`` (the dashboard: it authenticates with the same ``TokenAuth`` itself, after
+its router has read the login cookie),
 ``auth="key"`` (an open gateway still wants some bearer token: the Workers-AI routes),
 ``auth="admin"`` (the admin role); anything else needs a token when tokens are configured.
 """
 
 from __future__ import annotations
 
+import itertools
+import secrets
 import time
-import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from litestar.datastructures import Headers
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.auth import TokenAuth
+from backends.protocol import RequestContext, RequestUsage
+from semcache.ledger import UsageLedger
+from semcache.policy import PolicyHolder
+from server.auth import ANONYMOUS, TokenAuth
 from server.errors import ERROR_CODE_KEY, ApiError
 from server.metrics import GatewayMetrics
-from server.tenancy.record import RECORD_KEY, RequestRecord, log_line
+from server.tenancy.bodies import BodyCapture
+from server.tenancy.record import RECORD_KEY, RequestRecord, item_line, log_line
 from server.tenancy.request_log import RequestLog
+from server.tenancy.usage import BATCH_ROUTE, ledger_record
 
 if TYPE_CHECKING:
     from litestar.handlers import HTTPRouteHandler
+
+
+_WANTED = (b"authorization", b"x-request-id")
+
+
+def _wanted_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The two headers the middleware reads, from the ASGI scope's raw list."""
+    out: dict[str, str] = {}
+    for name, value in raw:
+        if len(name) in (13, 12) and name.lower() in _WANTED:
+            out[name.lower().decode()] = value.decode("latin-1")
+    return out
+
+
+class RequestIds:
+    """Request ids unique across gateways and restarts: a random prefix per process, then
+    a counter (cheaper than a UUID per request: no system call)."""
+
+    def __init__(self) -> None:
+        self._prefix = secrets.token_hex(8)
+        self._count = itertools.count()
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._count):016x}"
 
 
 @dataclass
@@ -38,9 +69,12 @@ class Tenancy:
 
     auth: TokenAuth
     metrics: GatewayMetrics
+    policy: PolicyHolder
     request_log: RequestLog | None = None
+    ledger: UsageLedger | None = None
     clock: Callable[[], float] = time.time
     _routes: dict[int, tuple[str, str]] = field(default_factory=dict)
+    _ids: RequestIds = field(default_factory=lambda: RequestIds())
 
     def route_of(self, handler: HTTPRouteHandler) -> tuple[str, str]:
         """``(path template, auth need)`` of a route handler, read once per handler."""
@@ -53,9 +87,9 @@ class Tenancy:
     def begin(self, scope: Scope) -> RequestRecord | None:
         """Authenticate the request of ``scope``; ``None`` for a public route."""
         route, need = self.route_of(scope["route_handler"])  # type: ignore[arg-type]
-        if need == "public":
+        if need in ("public", "self"):
             return None
-        headers = Headers.from_scope(scope)
+        headers = _wanted_headers(scope["headers"])
         principal = self.auth.authenticate(
             headers, scope["path_params"].get("account_id"), key_required=need in ("key", "admin")
         )
@@ -64,12 +98,25 @@ class Tenancy:
                 raise ApiError(403, "The admin API is disabled: no admin token is configured.")
             raise ApiError(403, "This route needs a token with the admin role.")
         return RequestRecord(
-            request_id=headers.get("x-request-id") or uuid.uuid4().hex,
+            request_id=headers.get("x-request-id") or self._ids.next(),
             time=self.clock(),
             started=time.perf_counter(),
             principal=principal,
             route=route,
         )
+
+    def body_capture(self) -> BodyCapture | None:
+        """A capture of the next request's bodies, when some rule may want them logged."""
+        if self.request_log is None or not self.policy.current.logs_bodies:
+            return None
+        return BodyCapture(self.request_log.settings.max_body_bytes)
+
+    def logs_bodies_of(self, record: RequestRecord) -> bool:
+        """Whether the rule of the request's model and route says ``log_bodies``."""
+        usage = record.usage
+        if usage.model is None or usage.route is None:
+            return False
+        return self.policy.current.rule(usage.model, usage.route).log_bodies
 
     def finish(self, record: RequestRecord) -> None:
         """Account for a request that has ended, however it ended."""
@@ -81,8 +128,37 @@ class Tenancy:
             self.metrics.requests.labels(*labels).inc()
         if self.request_log is not None:
             self.request_log.write(log_line(record))
-        # ledger: add a UsageRecord of ``record`` here.
+        self._count_usage(
+            record.principal.tenant, record.route, record.usage, record.status, record.time
+        )
         # limits: settle the admission here.
+
+    def finish_item(self, ctx: RequestContext, success: bool) -> None:
+        """Account for a batch item this gateway finished (it never passed the middleware)."""
+        now = self.clock()
+        line = item_line(ctx, success, now)
+        if self.request_log is not None:
+            self.request_log.write(line)
+        status = 200 if success else 500
+        self._count_usage(ctx.tenant or ANONYMOUS, BATCH_ROUTE, ctx.usage, status, now)
+        # limits: count the item's tokens against its tenant here (never refused).
+
+    def _count_usage(
+        self, tenant: str, route: str, usage: RequestUsage, status: int, now: float
+    ) -> None:
+        """Add a request's usage to the ledger, priced at the current policy's prices."""
+        if self.ledger is None:
+            return
+        found = ledger_record(
+            tenant=tenant,
+            route=route,
+            usage=usage,
+            status=status,
+            now=now,
+            policy=self.policy.current,
+        )
+        if found is not None:
+            self.ledger.add(found)
 
 
 class TenancyMiddleware:
@@ -104,15 +180,22 @@ class TenancyMiddleware:
         scope["state"][RECORD_KEY] = record
         # limits: admit here (a 429 raised here is answered in the route's format).
         extra: list[tuple[bytes, bytes]] = []
+        capture = tenancy.body_capture()
+        if capture is not None:
+            receive = capture.receiving(receive)
 
         async def accounted(message: Message) -> None:
             if message["type"] == "http.response.start":
                 record.status = message["status"]
                 if extra:
                     message["headers"] = [*message.get("headers", ()), *extra]
+                if capture is not None:
+                    capture.wanted = tenancy.logs_bodies_of(record)
             elif message["type"] == "http.response.body":
                 if record.ttft_s is None and message.get("body"):
                     record.ttft_s = time.perf_counter() - record.started
+                if capture is not None:
+                    capture.sent(message.get("body", b""))
                 if not message.get("more_body", False):
                     record.completed = True
             await send(message)
@@ -122,6 +205,8 @@ class TenancyMiddleware:
         finally:
             record.latency_s = time.perf_counter() - record.started
             record.usage.error_code = scope["state"].get(ERROR_CODE_KEY)
+            if capture is not None and capture.wanted:
+                record.bodies = capture.fields()
             tenancy.finish(record)
 
 

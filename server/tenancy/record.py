@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from backends.protocol import RequestUsage
+from backends.protocol import RequestContext, RequestUsage
 from server.auth import Principal
 
 RECORD_KEY = "semcache.record"
@@ -31,6 +31,8 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     latency_s: float | None = None
     completed: bool = False
     """The whole answer was sent (False: the client left, or the stream broke)."""
+    bodies: dict[str, Any] | None = None
+    """The request and response bodies, when the route's rule says ``log_bodies``."""
 
 
 def record_of(scope: Mapping[str, Any]) -> RequestRecord | None:
@@ -41,19 +43,41 @@ def record_of(scope: Mapping[str, Any]) -> RequestRecord | None:
 
 def log_line(record: RequestRecord) -> dict[str, Any]:
     """The request log's JSON object for ``record`` (never a token, never a body)."""
-    usage = record.usage
     return {
         "request_id": record.request_id,
         "time": round(record.time, 3),
         "tenant": record.principal.tenant,
         "token": record.principal.token_id,
         "route": record.route,
-        "model": usage.model,
         "status": record.status,
         "completed": record.completed,
-        "cache": usage.cache,
         "latency_ms": _ms(record.latency_s),
         "ttft_ms": _ms(record.ttft_s),
+        **_usage_fields(record.usage),
+        **(record.bodies or {}),
+    }
+
+
+def item_line(ctx: RequestContext, success: bool, now: float) -> dict[str, Any]:
+    """The request log's JSON object for a batch item this gateway finished."""
+    return {
+        "request_id": ctx.request_id,
+        "time": round(now, 3),
+        "tenant": ctx.tenant,
+        "token": None,
+        "route": "batch",
+        "status": 200 if success else 500,
+        "completed": success,
+        "latency_ms": None,
+        "ttft_ms": None,
+        **_usage_fields(ctx.usage),
+    }
+
+
+def _usage_fields(usage: RequestUsage) -> dict[str, Any]:
+    return {
+        "model": usage.model,
+        "cache": usage.cache,
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
         "saved_tokens": usage.saved_prompt_tokens + usage.saved_completion_tokens,

@@ -1,7 +1,8 @@
 """The request log: one JSON line per request, to a rotating file and/or stdout.
 
-Lines are handed to a ``logging.handlers.QueueListener`` thread, so the request path never
-waits for the disk; the last ``keep`` lines also stay in memory for ``GET /admin/logs``.
+Lines are handed, as dicts, to a ``logging.handlers.QueueListener`` thread that encodes and
+writes them, so the request path never waits for the disk or the JSON encoder; the last
+``keep`` lines also stay in memory for ``GET /admin/logs``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class RequestLogSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True
     """Rotated files kept (``requests.jsonl.1`` …)."""
     keep: NonNegInt = 10_000
     """Lines kept in memory for ``GET /admin/logs``."""
+    max_body_bytes: NonNegInt = 65_536
+    """Of each body a ``log_bodies`` rule keeps (the line says when it was truncated)."""
     tenant_metrics: bool = False
     """Label ``semcache_requests`` with the tenant too (unbounded if tenants are)."""
 
@@ -41,7 +44,7 @@ class RequestLog:
     def __init__(self, settings: RequestLogSettings, data_dir: Path) -> None:
         self.settings = settings
         self.recent: deque[dict[str, Any]] = deque(maxlen=settings.keep)
-        self._queue: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         handlers: list[logging.Handler] = []
         self.path: Path | None = None
         if settings.file:
@@ -56,7 +59,7 @@ class RequestLog:
             handlers.append(logging.StreamHandler(sys.stdout))
         for handler in handlers:
             handler.setFormatter(logging.Formatter("%(message)s"))
-        self._listener = logging.handlers.QueueListener(self._queue, *handlers)
+        self._listener = _LineWriter(self._queue, *handlers)
         self._writes = bool(handlers)
         self._started = False
 
@@ -68,8 +71,7 @@ class RequestLog:
     def write(self, line: dict[str, Any]) -> None:
         self.recent.append(line)
         if self._started:
-            text = orjson.dumps(line).decode()
-            self._queue.put(logging.makeLogRecord({"msg": text, "levelno": logging.INFO}))
+            self._queue.put(line)
 
     def stop(self) -> None:
         """Writes every queued line, then stops the writer thread."""
@@ -101,3 +103,11 @@ class RequestLog:
             if len(out) >= limit:
                 break
         return out
+
+
+class _LineWriter(logging.handlers.QueueListener):
+    """Writes queued lines (dicts) as JSON, in its own thread."""
+
+    def prepare(self, record: Any) -> logging.LogRecord:
+        text = orjson.dumps(record).decode()
+        return logging.makeLogRecord({"msg": text, "levelno": logging.INFO})

@@ -5,7 +5,7 @@ serving object."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -294,6 +294,7 @@ async def open_workers_ai(
     *,
     settings: BatchSettings | None = None,
     item_runners: Mapping[str, ItemRunner] | None = None,
+    accounting: Callable[[RequestContext, bool], None] | None = None,
 ) -> WorkersAIServing:
     """Build the Workers-AI surface for ``config`` and start this gateway's batch workers,
     which also run the items other APIs queue (``item_runners``, by payload key)."""
@@ -309,6 +310,7 @@ async def open_workers_ai(
             CapacityGates(registry, settings),
             settings,
             BatchMetrics(metrics_registry),
+            accounting=accounting,
         )
         wai.workers.start()
     return wai

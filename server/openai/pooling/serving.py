@@ -184,7 +184,7 @@ class PoolingServing:
         ``margin_of`` (classification) reads a stored answer's label margin: a match whose
         margin is under the rule's ``min_label_margin`` is treated as a miss.
         """
-        ctx.usage.model = info.id
+        ctx.usage.model, ctx.usage.route = info.id, route
         creq = await self.state.cache_request(route, info, body, ctx, directives)
         if creq is None:
             payloads, tokens = await compute(texts)
@@ -239,6 +239,7 @@ class PoolingServing:
         note_result(ctx.usage, res)
         if outcome.get("served") and not res.from_cache and not res.coalesced:
             note_semantic(ctx.usage, outcome["served"], len(texts), outcome["saved"], 0)
+            self.state.metrics.semantic_hits.labels(info.id, route).inc()
             headers = semantic_headers(
                 outcome["served"],
                 len(texts),

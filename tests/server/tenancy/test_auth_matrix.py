@@ -25,6 +25,7 @@ from tests.support.fake_backend import FakeGeneration
 
 TOKENS = {"acme": "tok-acme", "globex": "tok-globex", "ops": "tok-ops"}
 PUBLIC = {"/health", "/ready", "/metrics"}
+DASHBOARD_PUBLIC = {"/dashboard", "/dashboard/login", "/dashboard/static/x"}
 
 
 def bearer(tenant: str) -> dict[str, str]:
@@ -69,6 +70,9 @@ def operations(app: Litestar) -> list[tuple[str, str, str]]:
 
 def refused_in_own_format(r: Any, path: str, status: int) -> None:
     assert r.status_code == status, (path, r.status_code, r.text)
+    if path.startswith("/dashboard/") and "/api/" not in path:
+        assert "text/html" in r.headers["content-type"]  # the login page, with the reason
+        return
     body = r.json()
     if path.startswith("/client/v4"):
         assert body["success"] is False and body["errors"][0]["message"], body
@@ -87,13 +91,17 @@ def test_every_route_needs_a_listed_token(app: Litestar, client: TestClient[Any]
             assert need == "public"
             assert client.request(method, path).status_code in (200, 503), path
             continue
+        if path in DASHBOARD_PUBLIC:  # the login form, its static files
+            assert need == "public", path
+            continue
         refused_in_own_format(client.request(method, path), path, 401)
         unknown = {"authorization": "Bearer not-a-listed-token"}
         refused_in_own_format(client.request(method, path, headers=unknown), path, 401)
         as_tenant = client.request(method, path, headers=bearer("acme"), json={})
-        if need == "admin":
+        if need in ("admin", "self"):  # "self": the dashboard, admin only
             refused_in_own_format(as_tenant, path, 403)
-            as_admin = client.request(method, path, headers=bearer("ops"), json={})
+            admin = {**bearer("ops"), "x-semcache-dashboard": "1"}  # the purge form's header
+            as_admin = client.request(method, path, headers=admin, json={})
             assert as_admin.status_code not in (401, 403), (path, as_admin.text)
         else:
             assert as_tenant.status_code not in (401, 403), (method, path, as_tenant.text)

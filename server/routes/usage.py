@@ -1,0 +1,58 @@
+"""``GET /v1/usage``: the usage ledger's sums, grouped as asked.
+
+Query: ``start`` and ``end`` (UTC days ``YYYY-MM-DD``, both included; default the 1st of
+this month to today), ``group_by`` (comma-separated: any of tenant, model, route, day;
+default ``tenant,model,day``; empty: one total) and, for an admin, ``tenant``. A token sees
+its own tenant's rows only; an admin's sees every tenant's.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+from litestar import Request, Response, get
+
+from semcache.ledger import LedgerUnavailable, UsageLedger, utc_day
+from server.errors import ApiError
+from server.openai.routing import record
+
+DEFAULT_GROUP_BY = "tenant,model,day"
+
+
+@get("/v1/usage")
+async def usage(request: Request[Any, Any, Any]) -> Response[bytes]:
+    principal = record(request).principal
+    query = request.query_params
+    today = utc_day(time.time())
+    start = query.get("start") or today[:8] + "01"
+    end = query.get("end") or today
+    raw_group_by = query.get("group_by", DEFAULT_GROUP_BY)
+    group_by = [g.strip() for g in raw_group_by.split(",") if g.strip()]
+    tenant = query.get("tenant") or None
+    if not principal.admin:
+        if tenant is not None and tenant != principal.tenant:
+            raise ApiError(
+                403, "A token sees its own tenant's usage only.", param="tenant", code="forbidden"
+            )
+        tenant = principal.tenant
+    ledger: UsageLedger = request.app.state.ledger
+    try:
+        rows = await ledger.query(start, end, group_by, tenant)
+    except ValueError as exc:
+        param = str(exc).partition(":")[0]
+        raise ApiError(
+            400,
+            str(exc),
+            param=param if param in ("start", "end", "group_by") else None,
+            code="invalid_value",
+        ) from None
+    except LedgerUnavailable as exc:
+        raise ApiError(
+            503, f"The usage ledger cannot be read now: {exc}", code="ledger_unavailable"
+        ) from None
+    return Response(orjson.dumps({"object": "list", "data": rows}), media_type="application/json")
+
+
+ROUTES = [usage]
