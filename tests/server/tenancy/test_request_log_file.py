@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
+
+import pytest
 
 from server.tenancy.request_log import RequestLog, RequestLogSettings
 
 
-def test_a_failing_log_file_is_reported_once(tmp_path, caplog):
+def test_a_failing_log_file_is_reported_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     log = RequestLog(RequestLogSettings(), tmp_path)
     log.start()
     assert log.path is not None
     handler = log._listener.handlers[0]
+    assert isinstance(handler, logging.FileHandler)
     handler.stream.close()  # every write now fails, as on a full disk
     handler.stream = open(log.path, "rb")
     with caplog.at_level(logging.WARNING, logger="semcache.request_log"):
