@@ -20,6 +20,7 @@ from semcache.exact import open_exact_cache
 from semcache.policy import PolicyHolder
 from semcache.semantic.encoder import load_encoder
 from semcache.semantic.service import SemanticService
+from server.apidoc.document import docs_router, openapi_config
 from server.auth import TokenAuth
 from server.config import GatewayConfig
 from server.errors import handle_exception
@@ -154,20 +155,21 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
                 serving.cache = None
             await registry.aclose()
 
+    api_routes = [
+        *models.ROUTES,
+        *chat_completion.ROUTES,
+        *completion.ROUTES,
+        *responses.ROUTES,
+        *pooling.ROUTES,
+        *health.ROUTES,
+        *admin.ROUTES,
+        *cached_answer.ROUTES,
+        *workers_ai_routes.ROUTES,
+        *files_routes.ROUTES,
+        *batches_routes.ROUTES,
+    ]
     return Litestar(
-        route_handlers=[
-            *models.ROUTES,
-            *chat_completion.ROUTES,
-            *completion.ROUTES,
-            *responses.ROUTES,
-            *pooling.ROUTES,
-            *health.ROUTES,
-            *admin.ROUTES,
-            *cached_answer.ROUTES,
-            *workers_ai_routes.ROUTES,
-            *files_routes.ROUTES,
-            *batches_routes.ROUTES,
-        ],
+        route_handlers=[*api_routes, docs_router()],
         state=State(
             {
                 "registry": registry,
@@ -183,6 +185,6 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         exception_handlers={Exception: handle_exception},
         lifespan=[lifespan],
         request_max_body_size=config.server.max_body_bytes,
-        openapi_config=None,
+        openapi_config=openapi_config(api_routes),
         logging_config=None,
     )

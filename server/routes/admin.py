@@ -12,7 +12,9 @@ from litestar import Request, Response, post
 
 from semcache.keys import scope_for
 from semcache.policy import PolicyHolder
+from semcache.purge import PurgeResult
 from semcache.semantic.records import PartitionKey
+from server.apidoc.operation import SERVER_ERROR, Answer, RouteDoc, documented
 from server.auth import bearer_token
 from server.errors import ApiError
 from server.openai.routing import parse_body
@@ -24,6 +26,13 @@ PurgeKind = Literal["key", "model", "tenant", "scope", "tag", "all"]
 class PurgeRequest(msgspec.Struct, forbid_unknown_fields=True):
     kind: PurgeKind
     target: str = ""
+
+
+class PolicyReloaded(msgspec.Struct):
+    reloaded: bool
+
+
+ADMIN_ERRORS = (400, 401, 403, 413, *SERVER_ERROR)
 
 
 def semantic_purge_predicate(kind: str, target: str) -> Callable[[PartitionKey], bool]:
@@ -54,7 +63,21 @@ def _authorize(request: Request[Any, Any, Any]) -> None:
         raise ApiError(403, "Wrong admin token.")
 
 
-@post("/admin/cache/purge", status_code=200)
+@post(
+    "/admin/cache/purge",
+    status_code=200,
+    operation_class=documented(
+        RouteDoc(
+            summary="Purge the cache",
+            tag="Admin",
+            description="By key (digest or short id), model, tenant, scope, tag, or all. "
+            "Takes the policy's admin token.",
+            body=PurgeRequest,
+            answers=(Answer(200, PurgeResult, "The purge is applied."),),
+            errors=(*ADMIN_ERRORS, 409),
+        )
+    ),
+)
 async def purge(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Purge by key (digest or short id), model, tenant, scope, tag, or all."""
     _authorize(request)
@@ -72,14 +95,27 @@ async def purge(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(orjson.dumps(msgspec.to_builtins(result)), media_type="application/json")
 
 
-@post("/admin/policy/reload", status_code=200)
+@post(
+    "/admin/policy/reload",
+    status_code=200,
+    operation_class=documented(
+        RouteDoc(
+            summary="Reload the policy file",
+            tag="Admin",
+            description="An invalid file is a 400 and the current policy stays. "
+            "Takes the policy's admin token.",
+            answers=(Answer(200, PolicyReloaded, "The new policy is in force."),),
+            errors=ADMIN_ERRORS,
+        )
+    ),
+)
 async def reload_policy(request: Request[Any, Any, Any]) -> Response[bytes]:
     _authorize(request)
     policy: PolicyHolder = request.app.state.policy
     error = policy.reload()
     if error is not None:
         raise ApiError(400, f"The new policy is invalid; the current one stays: {error}")
-    return Response(b'{"reloaded":true}', media_type="application/json")
+    return Response(msgspec.json.encode(PolicyReloaded(True)), media_type="application/json")
 
 
 ROUTES = [purge, reload_policy]

@@ -7,7 +7,19 @@ from typing import Any
 from litestar import Request, Response, get, post
 from litestar.params import FromPath
 
+from server.apidoc.operation import (
+    CLIENT_ERRORS,
+    SERVER_ERROR,
+    Answer,
+    Field,
+    Public,
+    RouteDoc,
+    documented,
+)
+from server.apidoc.request_headers import STRING
+from server.openai.batches.protocol import BatchCreate, BatchObject
 from server.openai.batches.serving import BatchesServing
+from server.openai.protocol import ListPage
 from server.openai.routing import parse_body, principal_tenant, respond
 
 
@@ -16,14 +28,39 @@ def batches(request: Request[Any, Any, Any]) -> BatchesServing:
     return svc
 
 
-@post("/v1/batches")
+@post(
+    "/v1/batches",
+    operation_class=documented(
+        RouteDoc(
+            summary="Create a batch",
+            tag="OpenAI batches",
+            body=BatchCreate,
+            answers=(Answer(200, Public(BatchObject), "The batch, validating or failed."),),
+            errors=(*CLIENT_ERRORS, 404, *SERVER_ERROR),
+        )
+    ),
+)
 async def create_batch(request: Request[Any, Any, Any]) -> Response[Any]:
     tenant = principal_tenant(request)
     body = parse_body(await request.body())
     return respond(await batches(request).create(tenant, body))
 
 
-@get("/v1/batches")
+@get(
+    "/v1/batches",
+    operation_class=documented(
+        RouteDoc(
+            summary="List batches",
+            tag="OpenAI batches",
+            query=(
+                Field("after", STRING, "A batch id: the page after it."),
+                Field("limit", {"type": "integer", "minimum": 1, "maximum": 100}, "Page size."),
+            ),
+            answers=(Answer(200, ListPage, "One page of batches, newest first."),),
+            errors=(400, 401, 429, *SERVER_ERROR),
+        )
+    ),
+)
 async def list_batches(request: Request[Any, Any, Any]) -> Response[Any]:
     q = request.query_params
     reply = await batches(request).list_batches(
@@ -32,12 +69,33 @@ async def list_batches(request: Request[Any, Any, Any]) -> Response[Any]:
     return respond(reply)
 
 
-@get("/v1/batches/{batch_id:str}")
+@get(
+    "/v1/batches/{batch_id:str}",
+    operation_class=documented(
+        RouteDoc(
+            summary="Retrieve a batch",
+            tag="OpenAI batches",
+            answers=(Answer(200, Public(BatchObject), "The batch."),),
+            errors=(401, 404, 429, *SERVER_ERROR),
+        )
+    ),
+)
 async def retrieve_batch(request: Request[Any, Any, Any], batch_id: FromPath[str]) -> Response[Any]:
     return respond(await batches(request).retrieve(principal_tenant(request), batch_id))
 
 
-@post("/v1/batches/{batch_id:str}/cancel", status_code=200)
+@post(
+    "/v1/batches/{batch_id:str}/cancel",
+    status_code=200,
+    operation_class=documented(
+        RouteDoc(
+            summary="Cancel a batch",
+            tag="OpenAI batches",
+            answers=(Answer(200, Public(BatchObject), "The batch, cancelling or cancelled."),),
+            errors=(401, 404, 409, 429, *SERVER_ERROR),
+        )
+    ),
+)
 async def cancel_batch(request: Request[Any, Any, Any], batch_id: FromPath[str]) -> Response[Any]:
     return respond(await batches(request).cancel(principal_tenant(request), batch_id))
 

@@ -1,0 +1,129 @@
+"""``/openapi.json`` (OpenAPI 3.1) and the docs UI at ``/docs``.
+
+Litestar builds the document from the route handlers: paths, path parameters, operation ids,
+and each operation's ``DocumentedOperation`` (``server.apidoc.operation``) fills in its body,
+query, headers and answers. The components those refer to are msgspec's schemas of the same
+types (``msgspec.json.schema_components``); Litestar fills ``components.schemas`` from its own
+schema registry, so the JSON render plugin here adds ours as it renders.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import msgspec
+import orjson
+from litestar import Request, Router
+from litestar.handlers import HTTPRouteHandler
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import JsonRenderPlugin
+from litestar.openapi.spec import Components, SecurityScheme
+from litestar.static_files import create_static_files_router
+
+from semcache.package_files import package_file
+from server.apidoc.operation import BEARER, REF_TEMPLATE, DocumentedOperation, Public, RouteDoc
+
+DOCUMENT_PATH = "/openapi.json"
+DOCS_PATH = "/docs"
+
+DESCRIPTION = """\
+An OpenAI-compatible gateway with exact and semantic caching in front of vLLM, and
+Cloudflare's Workers AI REST API on the same models and caches.
+
+Errors on `/v1` and `/admin` are OpenAI's `{"error": {...}}`; on `/client/v4` they are
+Cloudflare's envelope with `success: false`. API routes take `Authorization: Bearer <token>`;
+`/health`, `/ready` and `/metrics` take none.
+"""
+
+
+def route_docs(handlers: Iterable[HTTPRouteHandler]) -> list[RouteDoc]:
+    """The ``RouteDoc`` of every documented handler."""
+    docs: list[RouteDoc] = []
+    for handler in handlers:
+        cls = handler.operation_class
+        if isinstance(cls, type) and issubclass(cls, DocumentedOperation):
+            docs.append(cls.doc)
+    return docs
+
+
+def components_of(docs: Iterable[RouteDoc]) -> dict[str, Any]:
+    """msgspec's schemas of every type the operations name, by name (``REF_TEMPLATE``)."""
+    types: dict[str, Any] = {}
+    public: set[str] = set()
+    for doc in docs:
+        roots = [doc.body, *(a.schema for a in doc.answers)]
+        public |= {r.type.__name__ for r in roots if isinstance(r, Public)}
+        for leaf in doc.leaves():
+            name = getattr(leaf, "__name__", None)
+            if isinstance(leaf, type) and issubclass(leaf, msgspec.Struct) and name is not None:
+                if types.setdefault(name, leaf) is not leaf:
+                    raise ValueError(f"two schemas are named {name}: {leaf} and {types[name]}")
+    leaves = [leaf for doc in docs for leaf in doc.leaves()]
+    _, components = msgspec.json.schema_components(leaves, ref_template=REF_TEMPLATE)
+    for name in public:
+        schema = components[name]
+        schema["properties"].pop("tenant", None)
+        schema["required"] = [f for f in schema.get("required", []) if f != "tenant"]
+    return components
+
+
+class DocumentWithComponents(JsonRenderPlugin):
+    """Renders Litestar's document with our components added, once."""
+
+    def __init__(self, components: dict[str, Any], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.components = components
+        self._rendered: bytes | None = None
+
+    def render(self, request: Request[Any, Any, Any], openapi_schema: dict[str, Any]) -> bytes:
+        if self._rendered is None:
+            document = dict(openapi_schema)
+            components = dict(document.get("components") or {})
+            components["schemas"] = {**(components.get("schemas") or {}), **self.components}
+            document["components"] = components
+            self._rendered = orjson.dumps(document)
+        return self._rendered
+
+
+def _version() -> str:
+    try:
+        return version("semcache")
+    except PackageNotFoundError:
+        return "0.0.0"
+
+
+def openapi_config(handlers: Iterable[HTTPRouteHandler]) -> OpenAPIConfig:
+    """The app's OpenAPI config: ``/openapi.json``, from the routes' ``RouteDoc``."""
+    components = components_of(route_docs(handlers))
+    # The router's own path is the document: Litestar's catch-all for unknown schema pages
+    # then lives under /openapi.json/…, not at the root beside the API routes.
+    plugin = DocumentWithComponents(components, path=["/", DOCUMENT_PATH])
+    return OpenAPIConfig(
+        title="Semcache",
+        version=_version(),
+        description=DESCRIPTION,
+        path=DOCUMENT_PATH,
+        render_plugins=[plugin],
+        components=Components(
+            security_schemes={
+                BEARER: SecurityScheme(
+                    type="http",
+                    scheme="bearer",
+                    description="An API token (the admin token on `/admin`).",
+                )
+            }
+        ),
+    )
+
+
+def docs_router() -> Router:
+    """``/docs``: Swagger UI on ``/openapi.json``, its assets served from the package."""
+    return create_static_files_router(
+        path=DOCS_PATH,
+        directories=[package_file("server", "apidoc", "docs")],
+        html_mode=True,
+        name="docs",
+        include_in_schema=False,
+    )
