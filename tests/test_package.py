@@ -25,6 +25,9 @@ SHIPPED = [
     "backends/data/sentiment/sentiment.jsonl",
     "backends/nixl_shim/sitecustomize.py",
     "server/cli.py",
+    "server/apidoc/docs/index.html",
+    "server/apidoc/docs/swagger-ui-bundle.js",
+    "server/apidoc/docs/LICENSE",
 ]
 
 
