@@ -91,7 +91,8 @@ class OpenAIErrorDetail(msgspec.Struct):
     message: str
     type: str
     param: str | None
-    code: str | None
+    code: str | int | None
+    """The gateway's codes are strings; an error relayed from vLLM carries its HTTP status."""
 
 
 class OpenAIError(msgspec.Struct):

@@ -87,7 +87,12 @@ async def purge(request: Request[Any, Any, Any]) -> Response[bytes]:
     serving: OpenAIServing = request.app.state.serving
     if serving.cache is None:
         raise ApiError(409, "The cache is disabled on this gateway.", code="cache_disabled")
-    result = await serving.cache.purge(req.kind, req.target)
+    try:
+        result = await serving.cache.purge(req.kind, req.target)
+    except ValueError as exc:  # a key that is no digest
+        raise ApiError(
+            400, f"Invalid `target`: {exc}.", param="target", code="invalid_value"
+        ) from None
     if serving.semantic is not None:
         # The purge already hides semantic entries (their partition and item keys carry the
         # purge epochs); dropping the partitions frees their memory at once.
