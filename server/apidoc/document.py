@@ -87,6 +87,11 @@ class DocumentWithComponents(JsonRenderPlugin):
         return self._rendered
 
 
+def operation_id(handler: HTTPRouteHandler, method: Any, path: list[Any]) -> str:
+    """A route's operation id: its handler's name (``create_batch``), unique in the app."""
+    return handler.handler_name
+
+
 def _version() -> str:
     try:
         return version("semcache")
@@ -106,6 +111,7 @@ def openapi_config(handlers: Iterable[HTTPRouteHandler]) -> OpenAPIConfig:
         description=DESCRIPTION,
         path=DOCUMENT_PATH,
         render_plugins=[plugin],
+        operation_id_creator=operation_id,
         components=Components(
             security_schemes={
                 BEARER: SecurityScheme(

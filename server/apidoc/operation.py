@@ -11,13 +11,14 @@ are added by ``server.apidoc.document``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, ClassVar, Literal
 
 import msgspec
 from litestar.openapi.spec import (
+    Link,
     OpenAPIHeader,
     OpenAPIMediaType,
     OpenAPIResponse,
@@ -80,6 +81,9 @@ class Answer:
     also: tuple[str, ...] = ()
     """Other media types of the same answer (``text/event-stream`` when streamed)."""
     headers: tuple[str, ...] = ()
+    links: Mapping[str, Link] = field(default_factory=dict)
+    """Operations that take a value of this answer (``$response.body#/id``): what a client
+    does next, and what a stateful fuzzer chains."""
 
 
 @dataclass(frozen=True)
@@ -181,6 +185,7 @@ def _answer_response(answer: Answer) -> OpenAPIResponse:
         description=answer.description,
         content=content or None,
         headers=headers or None,  # type: ignore[arg-type]
+        links=dict(answer.links) or None,
     )
 
 

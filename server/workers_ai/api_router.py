@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Request, Response, post
+from litestar.openapi.spec import Link
 from litestar.params import FromPath
 
 from server.apidoc.operation import (
@@ -76,6 +77,17 @@ RUN_DOC = RouteDoc(
             ENVELOPE,
             "The result; with `stream: true` (text generation), server-sent events.",
             also=("text/event-stream",),
+            links={
+                "poll": Link(
+                    operation_id="run_model",
+                    description="Poll a queued batch by the `request_id` it was answered with.",
+                    parameters={
+                        "account_id": "$request.path.account_id",
+                        "model": "$request.path.model",
+                    },
+                    request_body={"request_id": "$response.body#/result/request_id"},
+                )
+            },
         ),
     ),
     errors=(*CLIENT_ERRORS, 404, 405, *SERVER_ERROR, *BACKEND_ERRORS),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Request, Response, get, post
+from litestar.openapi.spec import Link
 from litestar.params import FromPath
 
 from server.apidoc.operation import (
@@ -22,6 +23,8 @@ from server.openai.batches.serving import BatchesServing
 from server.openai.protocol import ListPage
 from server.openai.routing import parse_body, principal_tenant, respond
 
+BATCH_ID = {"batch_id": "$response.body#/id"}
+
 
 def batches(request: Request[Any, Any, Any]) -> BatchesServing:
     svc: BatchesServing = request.app.state.batches
@@ -35,7 +38,17 @@ def batches(request: Request[Any, Any, Any]) -> BatchesServing:
             summary="Create a batch",
             tag="OpenAI batches",
             body=BatchCreate,
-            answers=(Answer(200, Public(BatchObject), "The batch, validating or failed."),),
+            answers=(
+                Answer(
+                    200,
+                    Public(BatchObject),
+                    "The batch, validating or failed.",
+                    links={
+                        "retrieve": Link(operation_id="retrieve_batch", parameters=BATCH_ID),
+                        "cancel": Link(operation_id="cancel_batch", parameters=BATCH_ID),
+                    },
+                ),
+            ),
             errors=(*CLIENT_ERRORS, 404, *SERVER_ERROR),
         )
     ),

@@ -6,6 +6,7 @@ from typing import Any
 
 from litestar import Request, Response, delete, get, post
 from litestar.datastructures import UploadFile
+from litestar.openapi.spec import Link
 from litestar.params import FromPath
 
 from server.apidoc.operation import SERVER_ERROR, Answer, Field, Public, RouteDoc, documented
@@ -23,6 +24,22 @@ MULTIPART_SLACK = 64 * 1024
 def files(request: Request[Any, Any, Any]) -> FilesServing:
     svc: FilesServing = request.app.state.files
     return svc
+
+
+FILE_ID = {"file_id": "$response.body#/id"}
+FILE_LINKS = {
+    "retrieve": Link(operation_id="retrieve_file", parameters=FILE_ID),
+    "content": Link(operation_id="file_content", parameters=FILE_ID),
+    "delete": Link(operation_id="delete_file", parameters=FILE_ID),
+    "batch": Link(
+        operation_id="create_batch",
+        request_body={
+            "input_file_id": "$response.body#/id",
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        },
+    ),
+}
 
 
 # The gateway's body limit does not apply: the file's own limit (checked before anything is
@@ -43,7 +60,7 @@ def files(request: Request[Any, Any, Any]) -> FilesServing:
                 },
             },
             body_media_type="multipart/form-data",
-            answers=(Answer(200, Public(FileObject), "The stored file."),),
+            answers=(Answer(200, Public(FileObject), "The stored file.", links=FILE_LINKS),),
             errors=(400, 401, 411, 413, 429, *SERVER_ERROR),
         )
     ),

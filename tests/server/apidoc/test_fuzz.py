@@ -43,6 +43,8 @@ pytestmark = pytest.mark.slow
 
 RUNS = ((GenerationMode.POSITIVE, 25), (GenerationMode.NEGATIVE, 15))
 """Generated requests per operation: valid ones (by the document), then invalid ones."""
+STATEFUL_EXAMPLES = 50
+"""Chains of linked calls (each up to six steps)."""
 TOKEN = "fuzz-token"
 MODELS = {
     "chat": ["tiny-chat", "@cf/test/tiny"],
@@ -184,3 +186,26 @@ def test_every_operation(api: schemathesis.BaseSchema) -> None:
             except (Exception, BaseExceptionGroup) as exc:  # every operation's, not the first's
                 failures.append(f"{operation.label} ({mode.value}): {exc}")
     assert not failures, "\n\n".join(failures)
+
+
+def test_linked_operations(api: schemathesis.BaseSchema) -> None:
+    """Chains the document's links: upload a file, then read, delete or batch it; create a
+    batch, then poll or cancel it; queue a Workers-AI batch, then poll it."""
+
+    class Chains(api.as_state_machine()):  # type: ignore[misc]
+        def validate_response(
+            self, response: Any, case: schemathesis.Case, *args: Any, **kwargs: Any
+        ) -> None:
+            case.validate_response(response, checks=CHECKS)
+
+    Chains.run(
+        settings=settings(
+            max_examples=STATEFUL_EXAMPLES,
+            stateful_step_count=6,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            derandomize=True,
+            database=None,
+            phases=[Phase.generate],
+        )
+    )
