@@ -44,6 +44,20 @@ BACKEND_ERRORS = (502, 503, 504)
 """The backend failed, is unavailable (or all its servers are), or timed out."""
 
 
+SSE_EVENT = {
+    "type": "object",
+    "description": "One server-sent event: a JSON chunk in `data` (`[DONE]` ends a /v1 stream), "
+    "named by `event` on /v1/responses.",
+    "properties": {
+        "event": {"type": "string"},
+        "data": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer"},
+    },
+}
+"""What OpenAPI 3.1's ``schema`` of ``text/event-stream`` describes: each event."""
+
+
 @dataclass(frozen=True)
 class Public:
     """A stored record as the API answers it: every field but the gateway's own ``tenant``
@@ -179,7 +193,8 @@ def _answer_response(answer: Answer) -> OpenAPIResponse:
     if answer.schema is not None:
         content[answer.media_type] = OpenAPIMediaType(schema=_schema(answer.schema))
     for media_type in answer.also:
-        content[media_type] = OpenAPIMediaType(schema=_schema({"type": "string"}))
+        other = SSE_EVENT if media_type == "text/event-stream" else {"type": "string"}
+        content[media_type] = OpenAPIMediaType(schema=_schema(other))
     headers = {name: OpenAPIHeader(schema=_schema({"type": "string"})) for name in answer.headers}
     return OpenAPIResponse(
         description=answer.description,
