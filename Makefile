@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 PACKAGES := server semcache backends
 
-.PHONY: install serve test test-fast lint format backends-up
+.PHONY: install serve test test-fast lint format backends-up screenshots
 
 install:
 	@bash scripts/install.sh
@@ -33,3 +33,8 @@ test: lint
 ## The fast set only (no vLLM, no Redis server).
 test-fast: install
 	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+
+## Screenshots of every dashboard page (docs/images/dashboard/), from Debian's chromium.
+screenshots: install
+	@bash scripts/chromium.sh install
+	$(BIN)/python bench/dashboard_screenshots.py $(if $(VLLM_URL),--vllm-url $(VLLM_URL) --served-model $(SERVED_MODEL))

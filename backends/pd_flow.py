@@ -162,12 +162,14 @@ class PrefillHop:
                 lease.release()
             self.stats.prefill_seconds.observe(time.perf_counter() - started)
             pool.answered(server)
+            ctx.usage.servers.append(server.url)
             if status != 200:
                 # decode alone gives the authoritative answer (or the same error)
                 server.errors[f"status_{status}"] += 1
                 self._skip("prefill_rejected")
                 return False, None
             if self.config.connector != "nixl":
+                ctx.usage.pd_hop = True
                 return True, None
             try:
                 params = orjson.loads(content).get("kv_transfer_params")
@@ -176,6 +178,7 @@ class PrefillHop:
             if not isinstance(params, dict):
                 self._skip("no_kv_params")
                 return False, None
+            ctx.usage.pd_hop = True
             return True, params
         self._skip("prefill_down")
         return False, None

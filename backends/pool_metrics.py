@@ -73,8 +73,8 @@ class BackendStats:
 class BackendCollector:
     """A Prometheus collector over the gateway's vLLM backends (anything with ``.stats``).
 
-    Register it once: ``app.state.metrics.registry.register(BackendCollector(
-    registry.generation.values()))``; the dict view is read at every scrape.
+    The app factory registers one over ``registry.generation.values()``; the dict view is
+    read at every scrape.
     """
 
     def __init__(self, backends: Iterable[object]) -> None:

@@ -48,6 +48,42 @@ class UpstreamRejected(Exception):
         return cls(status, message, code)
 
 
+CacheOutcome = Literal["none", "miss", "exact", "stale", "semantic", "partial", "bypass"]
+"""How the cache answered: not consulted, missed (the backend answered and the answer may
+be stored), an exact hit (fresh or ``stale``), a semantic hit, some items from semantic
+matches (``partial``), or bypassed by the client's directives."""
+
+
+class RequestUsage(msgspec.Struct, kw_only=True):
+    """What one request used and saved, filled in along its way; read once it has ended
+    (by the usage ledger, the limits and the request log)."""
+
+    model: str | None = None
+    route: str | None = None
+    """The policy's name of the route (``chat``, ``embeddings``, …): with ``model``, it
+    names the rule (prices, whether bodies are logged)."""
+    cache: CacheOutcome = "none"
+    prompt_tokens: int = 0
+    """Tokens the backends computed for this request (a hit computes none)."""
+    completion_tokens: int = 0
+    saved_prompt_tokens: int = 0
+    """Tokens a cached answer spared the backends."""
+    saved_completion_tokens: int = 0
+    servers: list[str] = msgspec.field(default_factory=list)
+    """The backend servers that took part, in order (prefill then decode on a P/D hop)."""
+    pd_hop: bool = False
+    """A prefill server computed the prompt and handed its KV to the decode server."""
+    error_code: str | None = None
+
+    def add(self, prompt_tokens: int, completion_tokens: int) -> None:
+        self.prompt_tokens += max(prompt_tokens, 0)
+        self.completion_tokens += max(completion_tokens, 0)
+
+    def saved(self, prompt_tokens: int, completion_tokens: int) -> None:
+        self.saved_prompt_tokens += max(prompt_tokens, 0)
+        self.saved_completion_tokens += max(completion_tokens, 0)
+
+
 class RequestContext(msgspec.Struct, kw_only=True):
     """Per-request facts a backend may route on; never cache state."""
 
@@ -59,6 +95,8 @@ class RequestContext(msgspec.Struct, kw_only=True):
     ``"shared"`` for models the policy shares; backends derive vLLM's ``cache_salt`` from it."""
     background: bool = False
     """A batch item: it runs on idle capacity and never makes batch work yield."""
+    usage: RequestUsage = msgspec.field(default_factory=RequestUsage)
+    """What the request used and saved, for the ledger, the limits and the request log."""
 
 
 class UpstreamResponse(msgspec.Struct, kw_only=True):

@@ -91,6 +91,7 @@ class PDRouter:
             lease: Lease, decode_body: dict[str, Any]
         ) -> UpstreamResponse | BackendError:
             server = lease.server
+            ctx.usage.servers.append(server.url)
             response = await self.http.post(
                 server.url + path, orjson.dumps(decode_body), hop_headers(ctx, stream=False)
             )
@@ -116,6 +117,7 @@ class PDRouter:
 
         async def attempt(lease: Lease, decode_body: dict[str, Any]) -> VllmStream | BackendError:
             server = lease.server
+            ctx.usage.servers.append(server.url)
             response = await self.http.post(
                 server.url + path, orjson.dumps(decode_body), hop_headers(ctx, stream=True)
             )

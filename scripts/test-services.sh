@@ -9,3 +9,6 @@ fi
 if [ -x scripts/nginx.sh ]; then
   bash scripts/nginx.sh install
 fi
+if [ -x scripts/chromium.sh ]; then
+  bash scripts/chromium.sh install
+fi

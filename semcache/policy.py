@@ -70,6 +70,8 @@ class CacheRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     """Only cache requests with temperature 0 (or greedy top_k=1) or a fixed seed."""
     semantic: SemanticRule = msgspec.field(default_factory=SemanticRule)
     prices: Prices = msgspec.field(default_factory=Prices)
+    log_bodies: bool = False
+    """The request log keeps this route's request and response bodies (off: never)."""
 
 
 # --------------------------------------------------------------------------- file schema
@@ -90,6 +92,7 @@ class _RulePatch(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     deterministic_only: bool | msgspec.UnsetType = msgspec.UNSET
     semantic: SemanticRule | msgspec.UnsetType = msgspec.UNSET
     prices: Prices | msgspec.UnsetType = msgspec.UNSET
+    log_bodies: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class MemoryTier(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -189,6 +192,8 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
     """Rule per route for models without their own table."""
     model_rules: dict[tuple[str, str], CacheRule]
     """Rule per (model id, route) for models named in the file."""
+    logs_bodies: bool = False
+    """Some rule asks the request log for bodies."""
 
     def rule(self, model_id: str, route: str) -> CacheRule:
         """The merged rule for a model (gateway model id, aliases resolved) and route.
@@ -307,6 +312,9 @@ def parse_policy(data: Mapping[str, Any], source: str = "<policy>") -> Policy:
         defaults=defaults,
         route_rules=route_rules,
         model_rules=model_rules,
+        logs_bodies=any(
+            r.log_bodies for r in (defaults, *route_rules.values(), *model_rules.values())
+        ),
     )
 
 

@@ -15,6 +15,7 @@ from litestar import Litestar
 from litestar.datastructures import State
 from prometheus_client import CollectorRegistry
 
+from backends.pool_metrics import BackendCollector
 from backends.registry import ModelRegistry, ModelSpec, build_registry
 from semcache.exact import open_exact_cache
 from semcache.policy import PolicyHolder
@@ -23,6 +24,9 @@ from semcache.semantic.service import SemanticService
 from server.apidoc.document import docs_router, openapi_config
 from server.auth import TokenAuth
 from server.config import GatewayConfig
+from server.dashboard.formats import template_config
+from server.dashboard.routes import DashboardState, dashboard_router
+from server.dashboard.series import CounterSeries
 from server.errors import handle_exception
 from server.metrics import GatewayMetrics
 from server.openai.batches import api_router as batches_routes
@@ -38,9 +42,12 @@ from server.openai.files.store import FileStore
 from server.openai.models import api_router as models
 from server.openai.pooling import api_router as pooling
 from server.openai.responses import api_router as responses
+from server.openai.responses.owners import ResponseOwners
 from server.openai.serving import OpenAIServing
 from server.routes import admin, cached_answer, health
 from server.speedups import write_bodies_eagerly
+from server.tenancy.middleware import Tenancy, tenancy_middleware
+from server.tenancy.request_log import RequestLog
 from server.workers_ai import api_router as workers_ai_routes
 from server.workers_ai.serving import open_workers_ai
 
@@ -91,6 +98,8 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
     """Build the gateway app for ``config``; backend clients are made here, models load at start."""
     registry = registry or registry_from_config(config)
     metrics = GatewayMetrics(CollectorRegistry())
+    # the vLLM servers: in-flight, health, errors, P/D hops, hand-off latency, their own counters
+    metrics.registry.register(BackendCollector(registry.generation.values()))
     policy = PolicyHolder(config.policy)  # invalid → PolicyError: the server refuses to start
     serving = OpenAIServing(registry, metrics, policy)
     # Built now, loaded on first use: the semantic cache and the classifiers' encoder.
@@ -115,10 +124,19 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         config.batch,
     )
     openai_items = OpenAIItemRunner(serving, batches.stop_reason)
+    serving.responses.owners = ResponseOwners(openai_dir / "responses")
+    auth = TokenAuth(config.auth, admin_token=lambda: policy.current.admin.resolve_token())
+    request_log = (
+        RequestLog(config.request_log, config.data_path()) if config.request_log.enabled else None
+    )
+    tenancy = Tenancy(auth=auth, metrics=metrics, policy=policy, request_log=request_log)
+    dashboard = DashboardState(CounterSeries(metrics.registry))
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
         write_bodies_eagerly(asyncio.get_running_loop())  # before any backend session opens
+        if request_log is not None:
+            request_log.start()
         for backend in registry.embedding.values():
             await backend.start()
         for classifier in registry.classifiers.values():
@@ -133,18 +151,25 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
             # Subscribe to the other gateways' entries now, not at the first request.
             serving.semantic.warm()
         app.state.workers_ai = await open_workers_ai(
-            config, serving, registry, metrics.registry, item_runners={PAYLOAD_KEY: openai_items}
+            config,
+            serving,
+            registry,
+            metrics.registry,
+            item_runners={PAYLOAD_KEY: openai_items},
+            accounting=tenancy.finish_item,
         )
         if app.state.workers_ai.batch is not None:
             batches.queue = app.state.workers_ai.batch.queue
         if app.state.workers_ai.workers is not None:  # live /v1 requests: batch work yields
             serving.state.live_request = app.state.workers_ai.workers.gates.live_request
         sweeper = asyncio.create_task(sweep_batches(batches), name="openai-batch-sweep")
+        sampler = asyncio.create_task(dashboard.series.run(), name="dashboard-series")
         try:
             yield
         finally:
             sweeper.cancel()
-            await asyncio.gather(sweeper, return_exceptions=True)
+            sampler.cancel()
+            await asyncio.gather(sweeper, sampler, return_exceptions=True)
             batches.queue = None
             serving.state.live_request = None
             await app.state.workers_ai.aclose()  # batch workers stop before the cache closes
@@ -154,6 +179,8 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
                 await serving.cache.aclose()
                 serving.cache = None
             await registry.aclose()
+            if request_log is not None:
+                request_log.stop()
 
     api_routes = [
         *models.ROUTES,
@@ -169,7 +196,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         *batches_routes.ROUTES,
     ]
     return Litestar(
-        route_handlers=[*api_routes, docs_router()],
+        route_handlers=[*api_routes, docs_router(), dashboard_router()],
         state=State(
             {
                 "registry": registry,
@@ -177,12 +204,16 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
                 "serving": serving,
                 "config": config,
                 "policy": policy,
-                "auth": TokenAuth(config.auth),
+                "auth": auth,
+                "tenancy": tenancy,
                 "files": FilesServing(file_store, files_settings.max_bytes),
                 "batches": batches,
+                "dashboard": dashboard,
             }
         ),
+        middleware=[tenancy_middleware(tenancy)],
         exception_handlers={Exception: handle_exception},
+        template_config=template_config(),
         lifespan=[lifespan],
         request_max_body_size=config.server.max_body_bytes,
         openapi_config=openapi_config(api_routes),

@@ -1,43 +1,68 @@
-"""API tokens: ``Authorization: Bearer <token>`` → the tenant that owns the request.
+"""API tokens: ``Authorization: Bearer <token>`` → the principal that sent the request.
 
-Tokens come from the gateway config (``[[auth.tokens]]``), either in clear (``token``, handy on a
-laptop) or as a SHA-256 hex digest (``token_sha256``, for config files that are shared).
-Lookups hash the presented token and compare digests, so the time taken does not depend
-on how much of a token matched. A token may be limited to some Cloudflare-style account ids.
+One authentication for every route (``server.tenancy.middleware`` applies it): the OpenAI
+routes, the Workers-AI routes, batch polling and the admin API. Tokens come from the
+gateway config (``[[auth.tokens]]``), either in clear (``token``, handy on a laptop) or as a
+SHA-256 hex digest (``token_sha256``, for config files that are shared). Lookups hash the
+presented token and compare digests, so the time taken does not depend on how much of a
+token matched; tokens are never logged, only the entry's ``name``.
 
 Example::
 
     [[auth.tokens]]
     token = "TOKEN"
     tenant = "default"
+    roles = ["admin"]
 
     [[auth.tokens]]
+    name = "acme-prod"
     token_sha256 = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"
     tenant = "acme"
     accounts = ["acme-prod"]
+    limits = { requests_per_minute = 600 }
 
-With no token configured (the embedded default) the gateway is open, as on the OpenAI
-routes: any bearer token is accepted and the tenant is a hash of it (``key:<hash>``), so
-each key only sees its own batches and cache entries. A request without a bearer token is
-still a 401.
+A token is one tenant on every route: the same cache scope, batches, files, semantic
+partitions and vLLM ``cache_salt``. The ``admin`` role may purge, reload the policy, read
+every tenant's usage and the request log; the policy's ``[admin] token`` keeps working as
+an admin principal of tenant ``admin``.
+
+With no token configured (the embedded default) the gateway is open: any bearer token is
+accepted and the tenant is a hash of it (``key:<hash>``), so each key only sees its own
+batches and cache entries; an OpenAI request without a key is tenant ``anonymous``, a
+Workers-AI request without one is a 401. ``semcache serve`` refuses to open a gateway on a
+non-loopback address unless the config says ``[auth] open = true``.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+import hmac
+import ipaddress
+from collections.abc import Callable, Mapping
+from typing import Literal
 
 import msgspec
 
 from server.errors import ApiError
+from server.tenancy.limits import LimitSettings
+
+Role = Literal["admin"]
+
+ANONYMOUS = "anonymous"
+"""The tenant of an OpenAI request without a key, on an open gateway."""
 
 
 class TokenEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     tenant: str
     token: str | None = None
     token_sha256: str | None = None
+    name: str | None = None
+    """How logs and limits name this token (default: the first 12 hex digits of its digest)."""
+    roles: list[Role] = msgspec.field(default_factory=list)
     accounts: list[str] = msgspec.field(default_factory=list)
     """Account ids this token may use in ``/client/v4/accounts/{id}/...``; empty: any."""
+    limits: LimitSettings | None = None
+    """Overrides of the ``[limits]`` defaults for this token."""
 
     def __post_init__(self) -> None:
         if (self.token is None) == (self.token_sha256 is None):
@@ -59,22 +84,35 @@ class TokenEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class AuthSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """The ``[auth]`` section of the gateway config (``/client/v4`` routes)."""
+    """The ``[auth]`` section of the gateway config."""
 
     tokens: list[TokenEntry] = msgspec.field(default_factory=list)
-    """Empty: any bearer token is accepted, its tenant is a hash of it (see the module doc)."""
+    """Empty: the gateway is open (see the module doc)."""
+    open: bool = False
+    """Allow an open gateway (no tokens) on a non-loopback address."""
 
     def __post_init__(self) -> None:
         digests = [t.digest() for t in self.tokens]
         for i, d in enumerate(digests):
             if d in digests[:i]:
                 raise ValueError(f"tokens[{i}]: the same token is configured twice")
+        names = [t.name for t in self.tokens if t.name is not None]
+        if len(names) != len(set(names)):
+            raise ValueError("two tokens have the same `name`")
 
 
 class Principal(msgspec.Struct, frozen=True, kw_only=True):
-    """Who sent a request: the tenant its token belongs to."""
+    """Who sent a request: a tenant, the token that names it, and its roles."""
 
     tenant: str
+    token_id: str
+    """The token's ``name`` (open gateway: the tenant): what logs and limits use."""
+    roles: frozenset[str] = frozenset()
+    limits: LimitSettings | None = None
+
+    @property
+    def admin(self) -> bool:
+        return "admin" in self.roles
 
 
 def token_digest(token: str) -> str:
@@ -92,7 +130,7 @@ def bearer_token(headers: Mapping[str, str]) -> str | None:
 
 
 def tenant_from(headers: Mapping[str, str]) -> str:
-    """The tenant scope of a request: a hash of its API key (never the key itself).
+    """An open gateway's tenant: a hash of the request's API key (never the key itself).
 
     The key is the bearer token, or the whole ``Authorization`` value when it names no
     ``Bearer`` scheme; without a key the tenant is ``anonymous``.
@@ -100,41 +138,111 @@ def tenant_from(headers: Mapping[str, str]) -> str:
     raw = headers.get("authorization") or ""
     token = (bearer_token(headers) or "") if raw[:7].lower() == "bearer " else raw.strip()
     if not token:
-        return "anonymous"
+        return ANONYMOUS
     return "key:" + hashlib.blake2b(token.encode(), digest_size=8).hexdigest()
 
 
-class TokenAuth:
-    """Resolves bearer tokens to principals (built once from the settings)."""
+def _unauthorized(message: str) -> ApiError:
+    return ApiError(
+        401,
+        message,
+        code="invalid_api_key",
+        type="invalid_request_error",
+        headers={"www-authenticate": "Bearer"},
+    )
 
-    def __init__(self, settings: AuthSettings) -> None:
-        self._by_digest: dict[str, TokenEntry] = {}
+
+class TokenAuth:
+    """Resolves bearer tokens to principals (built once from the settings and the policy's
+    admin token)."""
+
+    def __init__(
+        self, settings: AuthSettings, admin_token: Callable[[], str | None] | None = None
+    ) -> None:
+        self._by_digest: dict[str, tuple[Principal, TokenEntry]] = {}
         for entry in settings.tokens:
-            self._by_digest[entry.digest()] = entry
+            digest = entry.digest()
+            principal = Principal(
+                tenant=entry.tenant,
+                token_id=entry.name or digest[:12],
+                roles=frozenset(entry.roles),
+                limits=entry.limits,
+            )
+            self._by_digest[digest] = (principal, entry)
+        self._admin_token = admin_token
+
+    @property
+    def admin_token(self) -> str | None:
+        """The policy's admin token, read now (a policy reload may change it)."""
+        return self._admin_token() if self._admin_token is not None else None
 
     @property
     def open(self) -> bool:
         """No token configured: any bearer token is accepted, scoped by its hash."""
         return not self._by_digest
 
-    def authenticate(self, headers: Mapping[str, str], account_id: str | None = None) -> Principal:
-        """The principal of a request; ApiError 401 without a valid token."""
+    def authenticate(
+        self,
+        headers: Mapping[str, str],
+        account_id: str | None = None,
+        *,
+        key_required: bool = False,
+    ) -> Principal:
+        """The principal of a request; ApiError 401 without a valid token.
+
+        ``key_required``: an open gateway still wants some bearer token (Workers-AI routes).
+        """
         token = bearer_token(headers)
-        if token is None:
-            raise ApiError(
-                401,
-                "Authentication error: send `Authorization: Bearer <API token>`.",
-                code="authentication_error",
-            )
+        admin = self.admin_token
+        if token is not None and admin is not None:
+            if hmac.compare_digest(token.encode(), admin.encode()):
+                return Principal(tenant="admin", token_id="admin", roles=frozenset({"admin"}))
         if self.open:
-            return Principal(tenant=tenant_from(headers))
-        entry = self._by_digest.get(token_digest(token))
-        if entry is None:
-            raise ApiError(401, "Authentication error: invalid API token.", code="invalid_token")
+            if token is None and key_required:
+                raise _unauthorized("Send `Authorization: Bearer <API token>`.")
+            tenant = tenant_from(headers)
+            return Principal(tenant=tenant, token_id=tenant)
+        if token is None:
+            raise _unauthorized(
+                "You didn't provide an API key: send `Authorization: Bearer <API token>`."
+            )
+        found = self._by_digest.get(token_digest(token))
+        if found is None:
+            raise _unauthorized("Incorrect API key provided.")
+        principal, entry = found
         if account_id is not None and entry.accounts and account_id not in entry.accounts:
             raise ApiError(
-                401,
-                f"Authentication error: this API token may not use account `{account_id}`.",
-                code="authentication_error",
+                403,
+                f"This API token may not use account `{account_id}`.",
+                code="account_not_allowed",
             )
-        return Principal(tenant=entry.tenant)
+        return principal
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_problem(settings: AuthSettings, host: str) -> str | None:
+    """Why a gateway with these settings must not listen on ``host``; ``None`` if it may."""
+    if settings.tokens or settings.open or is_loopback(host):
+        return None
+    return (
+        f"no API tokens are configured and {host} is not a loopback address: anyone who "
+        "reaches it could use the gateway. Add [[auth.tokens]] to the config, or set "
+        "[auth] open = true to serve an open gateway on purpose."
+    )
+
+
+def describe(settings: AuthSettings) -> str:
+    """The start-up line's word on authentication."""
+    if not settings.tokens:
+        return "OPEN (no API tokens: each bearer key is a tenant of its own)"
+    admins = sum(1 for t in settings.tokens if "admin" in t.roles)
+    tenants = len({t.tenant for t in settings.tokens})
+    return f"{len(settings.tokens)} API tokens, {tenants} tenants, {admins} with the admin role"

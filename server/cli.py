@@ -32,6 +32,7 @@ from semcache.semantic.pairs import QQP_PAIRS
 from semcache.semantic.train_verifier import COSINE_ONLY_THRESHOLDS, train_verifier
 from semcache.semantic.verifier import DEFAULT_VERIFIER_DIR
 from server.app import create_app, registry_from_config
+from server.auth import describe, exposure_problem
 from server.config import DEFAULT_CONFIG, ConfigError, GatewayConfig, load_config
 from server.uvicorn_config import uvicorn_config
 
@@ -69,6 +70,7 @@ async def _serve(config: GatewayConfig, launch: bool) -> None:
         if server.started:
             settle_gc()
             say(f"ready: OpenAI API at http://{host}:{port}/v1 (Ctrl-C stops everything)")
+            say(f"authentication: {describe(config.auth)}")
         await task
         say("stopping")
 
@@ -116,6 +118,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config.server.host = args.host
     if args.port:
         config.server.port = args.port
+    problem = exposure_problem(config.auth, config.server.host)
+    if problem is not None:
+        print(f"semcache: not starting: {problem}", file=sys.stderr)
+        return 2
     try:
         run_loop(_serve(config, launch=not args.no_launch))
     except VllmStartError as exc:

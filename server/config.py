@@ -13,6 +13,7 @@ from backends.config import BackendConfig, VllmBackend
 from semcache.package_files import package_file
 from server.auth import AuthSettings
 from server.batch.settings import BatchSettings
+from server.tenancy.request_log import RequestLogSettings
 
 Task = Literal["chat", "embeddings", "classification"]
 
@@ -49,7 +50,9 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     models: list[ModelEntry] = msgspec.field(default_factory=list)
     backends: list[BackendConfig] = msgspec.field(default_factory=list)
     auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
-    """API tokens of the Workers-AI routes (``/client/v4``) and the tenants they belong to."""
+    """API tokens of every route and the tenants they belong to (server/auth.py)."""
+    request_log: RequestLogSettings = msgspec.field(default_factory=RequestLogSettings)
+    """One JSON line per request (server/tenancy/request_log.py)."""
     batch: BatchSettings = msgspec.field(default_factory=BatchSettings)
     """Asynchronous batches (Workers AI ``queueRequest``): the queue and its workers."""
 

@@ -43,6 +43,7 @@ class ApiError(Exception):
         code: str | None = None,
         type: str | None = None,
         retry_after_s: int | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -51,7 +52,11 @@ class ApiError(Exception):
         self.code = code
         self.type = type or _TYPES.get(status, "server_error" if status >= 500 else "api_error")
         self.retry_after_s = retry_after_s
+        self.headers = headers or {}
 
+
+ERROR_CODE_KEY = "semcache.error_code"
+"""Where the code of the error a request was answered with sits in its ``state``."""
 
 _PATH = re.compile(r" - at `\$\.?(?P<path>[^`]*)`$")
 
@@ -130,7 +135,7 @@ def workers_ai_error_body(err: ApiError) -> bytes:
 
 def error_response(err: ApiError, path: str) -> Response[bytes]:
     body = workers_ai_error_body(err) if path.startswith("/client/v4") else openai_error_body(err)
-    headers = {"cache-control": "no-store"}  # no cache downstream may keep an error
+    headers = {**err.headers, "cache-control": "no-store"}  # no cache may keep an error
     if err.retry_after_s is not None:
         headers["retry-after"] = str(err.retry_after_s)
     return Response(body, status_code=err.status, media_type=MediaType.JSON, headers=headers)
@@ -161,4 +166,5 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
     else:
         log.exception("unhandled error on %s", request.url.path)
         err = ApiError(500, "Internal error in the gateway.", code="internal_error")
+    request.state[ERROR_CODE_KEY] = err.code or err.type  # for the request log
     return error_response(err, request.url.path)

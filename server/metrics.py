@@ -28,6 +28,15 @@ class GatewayMetrics:
                 registry=registry,
             )
         )
+        self.tenant_requests = Labelled(
+            Counter(
+                "semcache_tenant_requests",
+                "HTTP requests by tenant, route, model and status code "
+                "(only with `[request_log] tenant_metrics = true`).",
+                ["tenant", "route", "model", "status"],
+                registry=registry,
+            )
+        )
         self.latency = Labelled(
             Histogram(
                 "semcache_request_duration_seconds",
@@ -59,6 +68,15 @@ class GatewayMetrics:
                 "semcache_tokens",
                 "Tokens in backend answers, by model and kind (prompt/completion).",
                 ["model", "kind"],
+                registry=registry,
+            )
+        )
+
+        self.semantic_hits = Labelled(
+            Counter(
+                "semcache_semantic_hits",
+                "Requests answered (all items, or some) from semantic matches, by model and route.",
+                ["model", "route"],
                 registry=registry,
             )
         )

@@ -27,6 +27,8 @@ from server.apidoc.operation import BEARER, REF_TEMPLATE, DocumentedOperation, P
 
 DOCUMENT_PATH = "/openapi.json"
 DOCS_PATH = "/docs"
+PUBLIC = {"auth": "public"}
+"""No token needed (``server.tenancy.middleware``)."""
 
 DESCRIPTION = """\
 An OpenAI-compatible gateway with exact and semantic caching in front of vLLM, and
@@ -105,11 +107,13 @@ def openapi_config(handlers: Iterable[HTTPRouteHandler]) -> OpenAPIConfig:
     # The router's own path is the document: Litestar's catch-all for unknown schema pages
     # then lives under /openapi.json/…, not at the root beside the API routes.
     plugin = DocumentWithComponents(components, path=["/", DOCUMENT_PATH])
+    # The document is public, like the docs UI: it says nothing a client could not try.
+    router = Router(DOCUMENT_PATH, route_handlers=[], include_in_schema=False, opt=PUBLIC)
     return OpenAPIConfig(
         title="Semcache",
         version=_version(),
         description=DESCRIPTION,
-        path=DOCUMENT_PATH,
+        openapi_router=router,
         render_plugins=[plugin],
         operation_id_creator=operation_id,
         components=Components(
@@ -132,4 +136,5 @@ def docs_router() -> Router:
         html_mode=True,
         name="docs",
         include_in_schema=False,
+        opt=PUBLIC,
     )

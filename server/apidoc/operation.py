@@ -145,6 +145,18 @@ def _leaves(value: Any) -> Iterator[Any]:
         yield value
 
 
+def query_fields(struct: type[msgspec.Struct]) -> tuple[Field, ...]:
+    """A query string validated as ``struct`` (``msgspec.convert(..., strict=False)``): one
+    parameter per field, with the field's schema."""
+    _, components = msgspec.json.schema_components([struct], ref_template=REF_TEMPLATE)
+    schema = components[struct.__name__]
+    required = set(schema.get("required", ()))
+    return tuple(
+        Field(name, prop, prop.get("description", f"`{name}`"), name in required)
+        for name, prop in schema["properties"].items()
+    )
+
+
 def schema_of(value: Any) -> dict[str, Any]:
     """The JSON schema of a type (components by reference), an ``AnyOf``, or a plain schema
     whose values may be any of these."""

@@ -53,8 +53,12 @@ class BatchWorkers:
         *,
         consumer: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        accounting: Callable[[RequestContext, bool], None] | None = None,
     ) -> None:
         self.queue = queue
+        self.accounting = accounting
+        """Told of each item this gateway finished first (its context, and whether it
+        succeeded): the usage ledger and the limits count batch items too."""
         self.runner = runner
         self.gates = gates
         self.settings = settings
@@ -202,6 +206,8 @@ class BatchWorkers:
                 usage=outcome.usage,
             )
             fresh = await self.queue.complete(item, msgspec.json.encode(stored))
+            if fresh and self.accounting is not None:
+                self.accounting(ctx, outcome.success)
             kind: Outcome = (
                 "duplicate" if not fresh else "success" if outcome.success else "failure"
             )

@@ -19,6 +19,7 @@ from server.openai.semantic_chat import Remember
 from server.openai.state import ServingState
 from server.openai.stream_format import StreamFormat, stream_format
 from server.openai.stream_relay import broken_stream_event, replayed
+from server.openai.usage import note_result
 
 
 async def refusal(up: UpstreamStream) -> CachedAnswer | None:
@@ -96,6 +97,7 @@ class CachedStreams:
         live = LiveAnswer(up, asyncio.get_running_loop().create_future())
         self._land_when_recorded(flight, live, remember)
         status = CacheStatus.BYPASS if creq.control.bypass_read else CacheStatus.MISS
+        call.ctx.usage.cache = "bypass" if status is CacheStatus.BYPASS else "miss"
         headers = {**SSE_HEADERS, **status_headers(status, creq.key.short_id)}
         relay = ClosingStream(self._live(call, live, include_usage, form), live.abandon)
         return Reply(200, stream=relay, media_type=MEDIA_TYPE, headers=headers)
@@ -122,6 +124,7 @@ class CachedStreams:
             raise BackendError("broken", "the backend gave no complete answer")
         if entry.status != 200:
             return Reply(entry.status, entry.body or b"")
+        note_result(call.ctx.usage, res)
         payloads = replay.as_stream(entry, call.route, include_usage=include_usage)
         headers = {**SSE_HEADERS, **result_headers(res, creq.rule.prices)}
         stream = replayed(payloads, form)

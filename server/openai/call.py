@@ -9,6 +9,7 @@ from typing import Any
 from backends.protocol import GenerationBackend, RequestContext
 from backends.registry import ModelInfo
 from server.metrics import GatewayMetrics
+from server.openai.usage import tokens_of
 
 
 @dataclass
@@ -37,3 +38,4 @@ class GenerationCall:
 
     def count_usage(self, usage: dict[str, Any] | None) -> None:
         self.metrics.count_usage(self.info.id, usage)
+        self.ctx.usage.add(*tokens_of(usage))

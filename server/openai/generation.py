@@ -26,6 +26,7 @@ from server.openai.reply import SSE_HEADERS, Reply
 from server.openai.semantic_chat import Remember, semantic_chat
 from server.openai.state import ServingState
 from server.openai.stream_relay import relay
+from server.openai.usage import note_result
 
 
 class Generation:
@@ -49,6 +50,7 @@ class Generation:
         backend = state.registry.generation_backend(info)
         shared = state.policy.current.rule(info.id, route).shared
         ctx.salt_scope = "shared" if shared else ctx.tenant
+        ctx.usage.model, ctx.usage.route = info.id, route
         call = GenerationCall(
             path=path,
             route=route,
@@ -113,6 +115,7 @@ class Generation:
                 call.metrics.count_tokens(
                     call.info.id, usage.prompt_tokens, usage.completion_tokens
                 )
+                call.ctx.usage.add(usage.prompt_tokens, usage.completion_tokens)
             return answer
 
         res = await self.state.cache.get_or_fill(creq, fill)
@@ -121,6 +124,7 @@ class Generation:
         if res.stored and remember is not None:
             await remember()
         call.observe_latency(stream=False)
+        note_result(call.ctx.usage, res)
         if entry.status == 200:
             headers = {**result_headers(res, creq.rule.prices), **edge_headers(res)}
         else:

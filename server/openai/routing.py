@@ -3,7 +3,6 @@ object, and a ``Reply`` sent as a Litestar response."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import orjson
@@ -11,12 +10,12 @@ from litestar import Request, Response
 from litestar.background_tasks import BackgroundTask
 
 from backends.protocol import RequestContext
-from server.auth import tenant_from
 from server.caching import NO_STORE, not_modified
 from server.errors import ApiError
 from server.openai.reply import Reply, aclose_stream
 from server.openai.serving import OpenAIServing
 from server.speedups import RelayStream
+from server.tenancy.record import RequestRecord, record_of
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -41,17 +40,26 @@ def serving(request: Request[Any, Any, Any]) -> OpenAIServing:
 
 
 def principal_tenant(request: Request[Any, Any, Any]) -> str:
-    """The tenant owning stored objects (files, batches): a configured token's tenant, or in
-    open mode a hash of the bearer key; a request without a valid token is a 401."""
-    return str(request.app.state.auth.authenticate(request.headers).tenant)
+    """The tenant owning stored objects (files, batches): the authenticated token's."""
+    return record(request).principal.tenant
+
+
+def record(request: Request[Any, Any, Any]) -> RequestRecord:
+    """The tenancy middleware's record of this request (every API route has one)."""
+    found = record_of(request.scope)
+    if found is None:
+        raise RuntimeError(f"{request.url.path} is public: it has no principal")
+    return found
 
 
 def context(request: Request[Any, Any, Any]) -> RequestContext:
-    headers = request.headers
+    """The request's context: its id, tenant and usage are the tenancy record's."""
+    rec = record(request)
     return RequestContext(
-        request_id=headers.get("x-request-id") or uuid.uuid4().hex,
-        session_affinity=headers.get("x-session-affinity"),
-        tenant=tenant_from(headers),
+        request_id=rec.request_id,
+        session_affinity=request.headers.get("x-session-affinity"),
+        tenant=rec.principal.tenant,
+        usage=rec.usage,
     )
 
 

@@ -16,6 +16,7 @@ from server.openai.reply import SSE_HEADERS, Reply
 from server.openai.state import ServingState
 from server.openai.stream_format import DataChunks
 from server.openai.stream_relay import replayed
+from server.openai.usage import note_semantic
 
 Remember = Callable[[], Awaitable[None]]
 """Adds a stored chat answer to the semantic index."""
@@ -76,7 +77,10 @@ async def semantic_chat(
     if not res.from_cache or entry is None or entry.status != 200:
         await semantic.remove(partition, [match.payload_ref])
         return None, remember
+    # also counted as an exact hit: the matched answer is read through the exact cache
+    call.metrics.semantic_hits.labels(call.info.id, call.route).inc()
     headers = semantic_headers(1, 1, match.similarity, creq.key.short_id, stored=False)
+    note_semantic(call.ctx.usage, 1, 1, entry.usage.prompt_tokens, entry.usage.completion_tokens)
     if match.verifier_prob is not None:
         headers["x-semcache-verifier-prob"] = f"{match.verifier_prob:.4f}"
     call.observe_latency(stream=stream)

@@ -1,24 +1,25 @@
-"""Admin API: cache purge and policy reload, behind the admin token of the policy."""
+"""Admin API: cache purge, policy reload and the request log, for the admin role."""
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 import orjson
-from litestar import Request, Response, post
+from litestar import Request, Response, get, post
 
 from semcache.keys import scope_for
 from semcache.policy import PolicyHolder
 from semcache.purge import PurgeResult
 from semcache.semantic.records import PartitionKey
-from server.apidoc.operation import SERVER_ERROR, Answer, RouteDoc, documented
-from server.auth import bearer_token
+from server.apidoc.operation import SERVER_ERROR, Answer, RouteDoc, documented, query_fields
+from server.auth import TokenAuth
 from server.errors import ApiError
 from server.openai.routing import parse_body
 from server.openai.serving import OpenAIServing
+from server.tenancy.middleware import Tenancy
+from server.tenancy.record import record_of
 
 PurgeKind = Literal["key", "model", "tenant", "scope", "tag", "all"]
 
@@ -52,26 +53,29 @@ def semantic_purge_predicate(kind: str, target: str) -> Callable[[PartitionKey],
 
 
 def _authorize(request: Request[Any, Any, Any]) -> None:
-    policy: PolicyHolder = request.app.state.policy
-    token = policy.current.admin.resolve_token()
-    given = bearer_token(request.headers)
-    if not given:
-        raise ApiError(401, "The admin API needs `Authorization: Bearer <admin token>`.")
-    if token is None:
-        raise ApiError(403, "The admin API is disabled: no admin token is configured.")
-    if not hmac.compare_digest(given.encode(), token.encode()):
-        raise ApiError(403, "Wrong admin token.")
+    """The request's principal has the admin role: the one the tenancy middleware resolved,
+    or on a route that authenticates itself (``auth="self"``: the dashboard, whose login
+    cookie a router middleware turns into a bearer token), the same ``TokenAuth``'s."""
+    record = record_of(request.scope)
+    if record is not None:
+        principal = record.principal
+    else:
+        auth: TokenAuth = request.app.state.auth
+        principal = auth.authenticate(request.headers, key_required=True)
+    if not principal.admin:
+        raise ApiError(403, "This route needs a token with the admin role.")
 
 
 @post(
     "/admin/cache/purge",
+    opt={"auth": "admin"},
     status_code=200,
     operation_class=documented(
         RouteDoc(
             summary="Purge the cache",
             tag="Admin",
             description="By key (digest or short id), model, tenant, scope, tag, or all. "
-            "Takes the policy's admin token.",
+            "Needs the admin role.",
             body=PurgeRequest,
             answers=(Answer(200, PurgeResult, "The purge is applied."),),
             errors=(*ADMIN_ERRORS, 409),
@@ -84,7 +88,12 @@ async def purge(request: Request[Any, Any, Any]) -> Response[bytes]:
     req = msgspec.convert(parse_body(await request.body()), PurgeRequest)
     if req.kind != "all" and not req.target:
         raise ApiError(400, f"Purge by {req.kind} needs a `target`.", param="target")
-    serving: OpenAIServing = request.app.state.serving
+    result = await purge_caches(request.app.state.serving, req)
+    return Response(orjson.dumps(msgspec.to_builtins(result)), media_type="application/json")
+
+
+async def purge_caches(serving: OpenAIServing, req: PurgeRequest) -> PurgeResult:
+    """The exact and semantic caches purged (the admin API's and the dashboard's purge)."""
     if serving.cache is None:
         raise ApiError(409, "The cache is disabled on this gateway.", code="cache_disabled")
     try:
@@ -97,18 +106,19 @@ async def purge(request: Request[Any, Any, Any]) -> Response[bytes]:
         # The purge already hides semantic entries (their partition and item keys carry the
         # purge epochs); dropping the partitions frees their memory at once.
         await serving.semantic.purge(semantic_purge_predicate(req.kind, req.target))
-    return Response(orjson.dumps(msgspec.to_builtins(result)), media_type="application/json")
+    return result
 
 
 @post(
     "/admin/policy/reload",
+    opt={"auth": "admin"},
     status_code=200,
     operation_class=documented(
         RouteDoc(
             summary="Reload the policy file",
             tag="Admin",
             description="An invalid file is a 400 and the current policy stays. "
-            "Takes the policy's admin token.",
+            "Needs the admin role.",
             answers=(Answer(200, PolicyReloaded, "The new policy is in force."),),
             errors=ADMIN_ERRORS,
         )
@@ -123,4 +133,55 @@ async def reload_policy(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(msgspec.json.encode(PolicyReloaded(True)), media_type="application/json")
 
 
-ROUTES = [purge, reload_policy]
+class LogQuery(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    tenant: str | None = None
+    status: int | None = None
+    model: str | None = None
+    since: float | None = None
+    """Seconds since the epoch."""
+    limit: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 100
+
+
+LOG_PAGE = {
+    "type": "object",
+    "required": ["object", "data"],
+    "properties": {
+        "object": {"const": "list"},
+        "data": {"type": "array", "items": {"type": "object"}},
+    },
+}
+
+
+@get(
+    "/admin/logs",
+    opt={"auth": "admin"},
+    operation_class=documented(
+        RouteDoc(
+            summary="Read the request log",
+            tag="Admin",
+            description="The newest lines first, filtered by tenant, status, model and time "
+            "(`since`: seconds since the epoch). Needs the admin role.",
+            query=query_fields(LogQuery),
+            answers=(Answer(200, LOG_PAGE, "The matching lines of the request log."),),
+            errors=(*ADMIN_ERRORS, 409),
+        )
+    ),
+)
+async def logs(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """The request log's newest lines, filtered by tenant, status, model and time."""
+    _authorize(request)
+    query = msgspec.convert(dict(request.query_params), LogQuery, strict=False)
+    tenancy: Tenancy = request.app.state.tenancy
+    if tenancy.request_log is None:
+        raise ApiError(409, "The request log is off on this gateway.", code="request_log_off")
+    lines = tenancy.request_log.query(
+        tenant=query.tenant,
+        status=query.status,
+        model=query.model,
+        since=query.since,
+        limit=query.limit,
+    )
+    return Response(orjson.dumps({"object": "list", "data": lines}), media_type="application/json")
+
+
+ROUTES = [purge, reload_policy, logs]

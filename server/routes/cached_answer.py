@@ -20,6 +20,7 @@ from server.caching import edge_headers, result_headers
 from server.errors import ApiError
 from server.openai.reply import Reply
 from server.openai.routing import context, respond, serving
+from server.openai.usage import note_result
 
 _HEX = frozenset("0123456789abcdef")
 
@@ -73,6 +74,8 @@ async def cached_answer(request: Request[Any, Any, Any]) -> Response[Any]:
             code="cache_miss",
         )
     body = replay.as_json(res.entry, res.entry.route)
+    note_result(ctx.usage, res)
+    ctx.usage.model = info.id
     headers = {**result_headers(res), **edge_headers(res)}
     reply = Reply(200, body, headers=headers)
     return respond(reply, ctx, if_none_match=request.headers.get("if-none-match"))

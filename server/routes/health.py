@@ -24,6 +24,7 @@ class Readiness(msgspec.Struct, kw_only=True):
 
 @get(
     "/health",
+    opt={"auth": "public"},
     sync_to_thread=False,
     operation_class=documented(
         RouteDoc(
@@ -41,6 +42,7 @@ def health() -> Response[bytes]:
 
 @get(
     "/ready",
+    opt={"auth": "public"},
     operation_class=documented(
         RouteDoc(
             summary="Readiness",
@@ -68,6 +70,7 @@ async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 @get(
     "/metrics",
+    opt={"auth": "public"},
     sync_to_thread=False,
     operation_class=documented(
         RouteDoc(

@@ -1,4 +1,4 @@
-"""The Workers-AI route: authenticate, read the body, hand it to the Workers-AI serving object."""
+"""The Workers-AI route: read the body, hand it to the Workers-AI serving object."""
 
 from __future__ import annotations
 
@@ -96,6 +96,7 @@ RUN_DOC = RouteDoc(
 
 @post(
     "/client/v4/accounts/{account_id:str}/ai/run/{model:path}",
+    opt={"auth": "key"},
     status_code=200,
     operation_class=documented(RUN_DOC),
 )
@@ -103,9 +104,7 @@ async def run_model(
     request: Request[Any, Any, Any], account_id: FromPath[str], model: FromPath[str]
 ) -> Response[Any]:
     svc = workers_ai(request)
-    principal = svc.auth.authenticate(request.headers, account_id)
     ctx = context(request)
-    ctx.tenant = principal.tenant
     body = parse_body(await request.body())
     reply = await svc.run(
         model.lstrip("/"),

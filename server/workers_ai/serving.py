@@ -5,7 +5,7 @@ serving object."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +15,6 @@ from prometheus_client import CollectorRegistry
 from backends.protocol import BackendError, RequestContext
 from backends.registry import ModelInfo, ModelRegistry
 from semcache.sse import MEDIA_TYPE
-from server.auth import TokenAuth
 from server.batch.dispatch import ItemDispatch
 from server.batch.gates import CapacityGates
 from server.batch.metrics import BatchMetrics
@@ -67,13 +66,11 @@ class WorkersAIServing:
         self,
         openai: OpenAIServing,
         registry: ModelRegistry,
-        auth: TokenAuth,
         *,
         batch: BatchService | None = None,
     ) -> None:
         self.openai = openai
         self.registry = registry
-        self.auth = auth
         self.batch = batch
         self.workers: BatchWorkers | None = None
         """This gateway's batch workers; live requests are announced to their gates."""
@@ -297,12 +294,12 @@ async def open_workers_ai(
     *,
     settings: BatchSettings | None = None,
     item_runners: Mapping[str, ItemRunner] | None = None,
+    accounting: Callable[[RequestContext, bool], None] | None = None,
 ) -> WorkersAIServing:
     """Build the Workers-AI surface for ``config`` and start this gateway's batch workers,
     which also run the items other APIs queue (``item_runners``, by payload key)."""
-    auth = TokenAuth(config.auth)
     settings = settings or config.batch
-    wai = WorkersAIServing(openai, registry, auth)
+    wai = WorkersAIServing(openai, registry)
     if settings.enabled:
         queue = await open_queue(settings.queue, config.data_path())
         wai.batch = BatchService(queue, settings)
@@ -313,6 +310,7 @@ async def open_workers_ai(
             CapacityGates(registry, settings),
             settings,
             BatchMetrics(metrics_registry),
+            accounting=accounting,
         )
         wai.workers.start()
     return wai

@@ -1,14 +1,20 @@
-"""What BackendCollector exposes: pools, servers, P/D hops and the scraped vLLM counters."""
+"""What ``/metrics`` of the app ``semcache serve`` builds says about its vLLM servers: pools,
+servers, P/D hops and the scraped vLLM counters (the servers' state set by hand, none runs)."""
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, generate_latest
+from pathlib import Path
+from typing import Any
+
+from litestar.testing import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from backends.pool_metrics import BackendCollector, BackendStats
+from backends.config import VllmBackend, VllmServer
 from backends.scraped_metrics import parse_upstream_metrics
 from backends.servers import ServerState
-from tests.backends.pools import make_pool
+from backends.vllm import VllmClient
+from server.app import create_app
+from server.config import GatewayConfig, ModelEntry
 
 VLLM_PAGE = """\
 # HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
@@ -33,24 +39,40 @@ vllm:generation_tokens_total{engine="0",model_name="tiny"} 5.0
 """
 
 
-class _Backend:
-    def __init__(self, stats: BackendStats) -> None:
-        self.stats = stats
+def _app(tmp_path: Path) -> Any:
+    urls = ["http://127.0.0.1:9", "http://127.0.0.1:10", "http://127.0.0.1:11"]
+    backend = VllmBackend(
+        name="tiny",
+        served_model="tiny",
+        max_inflight_per_server=4,
+        servers=[
+            VllmServer(url=urls[0], role="prefill"),
+            VllmServer(url=urls[1], role="decode"),
+            VllmServer(url=urls[2], role="decode"),
+        ],
+    )
+    config = GatewayConfig(
+        data_dir=str(tmp_path),
+        cache=False,
+        models=[ModelEntry(id="tiny-chat", backend="tiny")],
+        backends=[backend],
+    )
+    return create_app(config)
 
 
-def test_collector_exposes_servers_hops_and_scraped_vllm_counters() -> None:
-    pool = make_pool([4, 4])
+def test_metrics_expose_servers_hops_and_scraped_vllm_counters(tmp_path: Path) -> None:
+    app = _app(tmp_path)
+    client: VllmClient = app.state.registry.generation["tiny"]
+    pool = client.decode_pool
     a, b = pool.servers
     a.inflight, a.requests, a.errors["unreachable"] = 2, 10, 1
     pool.eject(b)
     a.upstream = parse_upstream_metrics(VLLM_PAGE)
-    stats = BackendStats("tiny", [pool])
-    stats.hops["prefill"] += 3
-    stats.prefill_skipped["short_prompt"] += 2
-    stats.handoff_seconds.observe(0.02)
-    registry = CollectorRegistry()
-    registry.register(BackendCollector([_Backend(stats), object()]))
-    page = generate_latest(registry).decode()
+    client.stats.hops["prefill"] += 3
+    client.stats.prefill_skipped["short_prompt"] += 2
+    client.stats.handoff_seconds.observe(0.02)
+    with TestClient(app) as http:
+        page = http.get("/metrics").text
     samples = {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in text_string_to_metric_families(page)
@@ -59,7 +81,7 @@ def test_collector_exposes_servers_hops_and_scraped_vllm_counters() -> None:
 
     def value(name: str, server: ServerState | None = None, **labels: str) -> float:
         if server is not None:
-            labels |= {"backend": "tiny", "server": server.url, "role": "decode"}
+            labels |= {"backend": "tiny", "server": server.url, "role": server.role}
         else:
             labels |= {"backend": "tiny"}
         return samples[(name, tuple(sorted(labels.items())))]
@@ -71,6 +93,9 @@ def test_collector_exposes_servers_hops_and_scraped_vllm_counters() -> None:
     assert value("semcache_backend_server_healthy", a) == 1
     assert value("semcache_backend_server_healthy", b) == 0
     assert value("semcache_backend_server_ejections_total", b) == 1
+    (prefill,) = client.prefill_pool.servers if client.prefill_pool else ()
+    assert value("semcache_backend_server_healthy", prefill) == 1
+    assert value("semcache_backend_queue_waiting", role="decode") == 0
     assert value("semcache_pd_hops_total", hop="prefill") == 3
     assert value("semcache_pd_prefill_skipped_total", reason="short_prompt") == 2
     assert value("semcache_pd_kv_handoff_seconds_count") == 1

@@ -33,6 +33,7 @@ def batches(request: Request[Any, Any, Any]) -> BatchesServing:
 
 @post(
     "/v1/batches",
+    opt={"auth": "key"},
     operation_class=documented(
         RouteDoc(
             summary="Create a batch",
@@ -61,6 +62,7 @@ async def create_batch(request: Request[Any, Any, Any]) -> Response[Any]:
 
 @get(
     "/v1/batches",
+    opt={"auth": "key"},
     operation_class=documented(
         RouteDoc(
             summary="List batches",
@@ -84,6 +86,7 @@ async def list_batches(request: Request[Any, Any, Any]) -> Response[Any]:
 
 @get(
     "/v1/batches/{batch_id:str}",
+    opt={"auth": "key"},
     operation_class=documented(
         RouteDoc(
             summary="Retrieve a batch",
@@ -99,6 +102,7 @@ async def retrieve_batch(request: Request[Any, Any, Any], batch_id: FromPath[str
 
 @post(
     "/v1/batches/{batch_id:str}/cancel",
+    opt={"auth": "key"},
     status_code=200,
     operation_class=documented(
         RouteDoc(

@@ -69,6 +69,17 @@ class BatchStore:
 
         return await asyncio.to_thread(scan)
 
+    async def recent(self, limit: int) -> list[BatchObject]:
+        """Every tenant's batches, newest first, at most ``limit`` (the dashboard)."""
+
+        def scan() -> list[BatchObject]:
+            found = (_decode(read_or_none(p)) for p in self.root.glob("*/*.json"))
+            return [b for b in found if b is not None]
+
+        batches = await asyncio.to_thread(scan)
+        batches.sort(key=lambda b: (b.created_at, b.id), reverse=True)
+        return batches[:limit]
+
     async def purge_expired(self) -> int:
         """Remove finished batch records older than the retention period."""
         horizon = self._clock() - self.retention_s

@@ -46,6 +46,7 @@ FILE_LINKS = {
 # read, from the declared length) does.
 @post(
     "/v1/files",
+    opt={"auth": "key"},
     request_max_body_size=None,
     operation_class=documented(
         RouteDoc(
@@ -88,6 +89,7 @@ async def create_file(request: Request[Any, Any, Any]) -> Response[Any]:
 
 @get(
     "/v1/files",
+    opt={"auth": "key"},
     operation_class=documented(
         RouteDoc(
             summary="List files",
@@ -117,6 +119,7 @@ async def list_files(request: Request[Any, Any, Any]) -> Response[Any]:
 
 @get(
     "/v1/files/{file_id:str}",
+    opt={"auth": "key"},
     operation_class=documented(
         RouteDoc(
             summary="Retrieve a file",
@@ -132,6 +135,7 @@ async def retrieve_file(request: Request[Any, Any, Any], file_id: FromPath[str])
 
 @get(
     "/v1/files/{file_id:str}/content",
+    opt={"auth": "key"},
     operation_class=documented(
         RouteDoc(
             summary="Retrieve a file's content",
@@ -147,6 +151,7 @@ async def file_content(request: Request[Any, Any, Any], file_id: FromPath[str]) 
 
 @delete(
     "/v1/files/{file_id:str}",
+    opt={"auth": "key"},
     status_code=200,
     operation_class=documented(
         RouteDoc(

@@ -30,6 +30,7 @@ from server.openai.pooling.protocol import (
 )
 from server.openai.reply import Reply
 from server.openai.state import ServingState
+from server.openai.usage import note_result, note_semantic
 
 Compute = Callable[[list[str]], Awaitable[tuple[list[bytes], list[int]]]]
 """Runs the backend on some texts: one stored payload and one token count per text."""
@@ -69,6 +70,7 @@ class PoolingServing:
         async def compute(todo: list[str]) -> tuple[list[bytes], list[int]]:
             result = await backend.embed(todo)
             self.state.metrics.count_usage(info.id, {"prompt_tokens": sum(result.token_counts)})
+            ctx.usage.add(sum(result.token_counts), 0)
             rows = as_float32(result.vectors)
             return [row.astype("<f4").tobytes() for row in rows], list(result.token_counts)
 
@@ -125,6 +127,7 @@ class PoolingServing:
             scored = await backend.classify(todo, ctx)
             tokens = await backend.count_tokens(todo)
             self.state.metrics.count_usage(info.id, {"prompt_tokens": sum(tokens)})
+            ctx.usage.add(sum(tokens), 0)
             labels = backend.labels
             payloads = [
                 orjson.dumps([dict(row).get(label, 0.0) for label in labels]) for row in scored
@@ -181,6 +184,7 @@ class PoolingServing:
         ``margin_of`` (classification) reads a stored answer's label margin: a match whose
         margin is under the rule's ``min_label_margin`` is treated as a miss.
         """
+        ctx.usage.model, ctx.usage.route = info.id, route
         creq = await self.state.cache_request(route, info, body, ctx, directives)
         if creq is None:
             payloads, tokens = await compute(texts)
@@ -222,13 +226,20 @@ class PoolingServing:
                     hit = look.hits[i]
                     assert hit is not None
                     payloads[i], tokens[i] = hit.payload, counts[n]
-            outcome.update(served=len(served), similarity=look.min_similarity)
+            outcome.update(
+                served=len(served),
+                similarity=look.min_similarity,
+                saved=sum(tokens[i] for i in served),
+            )
             return CachedAnswer.from_json(render(payloads, tokens), model_id=info.id)
 
         res = await self.state.cache.get_or_fill(creq, fill)
         assert res.entry is not None
         headers = result_headers(res, creq.rule.prices)
+        note_result(ctx.usage, res)
         if outcome.get("served") and not res.from_cache and not res.coalesced:
+            note_semantic(ctx.usage, outcome["served"], len(texts), outcome["saved"], 0)
+            self.state.metrics.semantic_hits.labels(info.id, route).inc()
             headers = semantic_headers(
                 outcome["served"],
                 len(texts),

@@ -9,6 +9,7 @@ made. Stateful requests go to the backend as they are.
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator, AsyncIterable
 from typing import Any
 from urllib.parse import quote
 
@@ -18,7 +19,8 @@ from backends.protocol import RequestContext, StoredResponses
 from server.caching import CacheDirectives
 from server.errors import ApiError
 from server.openai.generation import Generation
-from server.openai.reply import Reply
+from server.openai.reply import Reply, aclose_stream
+from server.openai.responses.owners import ResponseOwners, response_id_in
 from server.openai.responses.protocol import ResponsesRequest
 from server.openai.state import ServingState
 
@@ -38,19 +40,61 @@ class ResponsesServing:
     def __init__(self, state: ServingState, generation: Generation) -> None:
         self.state = state
         self.generation = generation
+        self.owners: ResponseOwners | None = None
+        """Set by the app factory: stored responses are then scoped by tenant."""
 
     async def create(
         self, body: dict[str, Any], ctx: RequestContext, cache: CacheDirectives | None = None
     ) -> Reply:
         req = msgspec.convert(body, ResponsesRequest)
         info = self.state.resolve(req.model, "chat")
+        previous = req.previous_response_id
+        if previous is not None and not await self._owned(ctx, previous):
+            raise ApiError(
+                404,
+                f"Previous response with id '{previous}' not found.",
+                param="previous_response_id",
+                type="invalid_request_error",
+            )
         directives = None if req.stateful else cache
-        return await self.generation.generate(
+        reply = await self.generation.generate(
             PATH, "responses", info, body, bool(req.stream), ctx, directives
         )
+        if req.store is False or self.owners is None or reply.status != 200:
+            return reply
+        if reply.stream is None:
+            response_id = response_id_in(reply.body)
+            if response_id is not None:
+                await self.owners.remember(ctx.tenant or "", response_id)
+            return reply
+        reply.stream = self._remembering(reply.stream, ctx.tenant or "")
+        return reply
+
+    async def _owned(self, ctx: RequestContext, response_id: str) -> bool:
+        return self.owners is None or await self.owners.owns(ctx.tenant or "", response_id)
+
+    async def _remembering(
+        self, stream: AsyncIterable[bytes], tenant: str
+    ) -> AsyncGenerator[bytes, None]:
+        """``stream``, recording its response's owner at its first event that names it."""
+        assert self.owners is not None
+        seen = False
+        try:
+            async for chunk in stream:
+                if not seen:
+                    response_id = response_id_in(chunk)
+                    if response_id is not None:
+                        seen = True
+                        await self.owners.remember(tenant, response_id)
+                yield chunk
+        finally:
+            await aclose_stream(stream)
 
     async def retrieve(self, response_id: str, ctx: RequestContext) -> Reply:
-        """The response a backend kept (vLLM with ``VLLM_ENABLE_RESPONSES_API_STORE=1``)."""
+        """The response a backend kept (vLLM with ``VLLM_ENABLE_RESPONSES_API_STORE=1``),
+        if this tenant made it."""
+        if not await self._owned(ctx, response_id):
+            raise response_not_found(response_id)
         registry = self.state.registry
         for backend in registry.generation.values():
             if not isinstance(backend, StoredResponses):

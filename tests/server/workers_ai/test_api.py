@@ -123,22 +123,22 @@ def test_tokens_resolve_to_tenants_and_respect_account_limits() -> None:
     assert tokens.authenticate({"authorization": "Bearer TOKEN"}, "ACC").tenant == "acme"
     assert tokens.authenticate({"authorization": f"bearer {OTHER_TOKEN}"}).tenant == "globex"
     assert tokens.authenticate({"authorization": f"Bearer {LIMITED_TOKEN}"}, "acc-1").tenant
-    for headers, account in [
-        ({}, "ACC"),
-        ({"authorization": "Bearer nope"}, "ACC"),
-        ({"authorization": "Basic TOKEN"}, "ACC"),
-        ({"authorization": f"Bearer {LIMITED_TOKEN}"}, "acc-2"),
+    for headers, account, status in [
+        ({}, "ACC", 401),
+        ({"authorization": "Bearer nope"}, "ACC", 401),
+        ({"authorization": "Basic TOKEN"}, "ACC", 401),
+        ({"authorization": f"Bearer {LIMITED_TOKEN}"}, "acc-2", 403),  # valid, not allowed
     ]:
         with pytest.raises(ApiError) as caught:
             tokens.authenticate(headers, account)
-        assert caught.value.status == 401
+        assert caught.value.status == status
     # No token configured (the embedded default): any bearer token, scoped by its hash.
     anyone = TokenAuth(AuthSettings())
     first = anyone.authenticate({"authorization": "Bearer a"}, "ACC").tenant
     assert first.startswith("key:") and "a" != first
     assert anyone.authenticate({"authorization": "Bearer b"}, "ACC").tenant != first
     with pytest.raises(ApiError) as caught:
-        anyone.authenticate({}, "ACC")
+        anyone.authenticate({}, "ACC", key_required=True)
     assert caught.value.status == 401
 
 
@@ -383,7 +383,9 @@ def test_embeddings_shape_and_data(gw: GatewayThread, http: httpx.Client) -> Non
     many = ok(http.post(url(gw.url, EMBED), headers=bearer(), json={"text": texts}))
     assert many["shape"] == [3, 384]
     openai = http.post(
-        f"{gw.url}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": texts}
+        f"{gw.url}/v1/embeddings",
+        json={"model": "all-MiniLM-L6-v2", "input": texts},
+        headers=bearer(),
     ).json()
     assert many["data"] == [d["embedding"] for d in openai["data"]]
     assert many["pooling"] == "mean"

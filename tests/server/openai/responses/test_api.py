@@ -56,13 +56,15 @@ def test_a_stateless_deterministic_request_is_cached(client: Client, fake: FakeG
     [
         pytest.param({"store": None}, id="store left to its default (true)"),
         pytest.param({"store": True}, id="store true"),
-        pytest.param({"previous_response_id": "resp_1"}, id="previous_response_id"),
+        pytest.param({"previous_response_id": "resp_fake1"}, id="previous_response_id"),
         pytest.param({"conversation": "conv_1"}, id="conversation"),
     ],
 )
 def test_a_stateful_request_passes_through_uncached(
     client: Client, fake: FakeGeneration, stateful: dict[str, Any]
 ) -> None:
+    create(client, {"model": "chat-model", "input": "earlier"})  # stored: resp_fake1
+    fake.calls.clear()
     body = {k: v for k, v in {**STATELESS, **stateful}.items() if v is not None}
     first, second = create(client, body), create(client, body)
     assert first.status_code == second.status_code == 200
@@ -137,6 +139,24 @@ def test_a_stored_response_is_fetched_by_id(client: Client, fake: FakeGeneration
     made = create(client, {"model": "chat-model", "input": "hi"}).json()
     got = client.get(f"{PATH}/{made['id']}", headers=AUTH)
     assert got.status_code == 200 and got.json() == made
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_another_tenants_response_is_404(
+    client: Client, fake: FakeGeneration, stream: bool
+) -> None:
+    made = create(client, {"model": "chat-model", "input": "hi", "stream": stream})
+    assert made.status_code == 200
+    rid = fake.stored.popitem()[0]
+    fake.stored[rid] = orjson.dumps({"id": rid, "object": "response"})
+    other = {"authorization": "Bearer key-b"}
+    assert client.get(f"{PATH}/{rid}", headers=AUTH).status_code == 200
+    theirs = client.get(f"{PATH}/{rid}", headers=other)
+    assert theirs.status_code == 404 and error_of(theirs)["param"] == "response_id"
+    follow = {"model": "chat-model", "input": "and?", "previous_response_id": rid}
+    refused = client.post(PATH, json=follow, headers=other)
+    assert refused.status_code == 404 and error_of(refused)["param"] == "previous_response_id"
+    assert create(client, follow).status_code == 200
 
 
 def test_an_unknown_response_id_is_404(client: Client, fake: FakeGeneration) -> None:

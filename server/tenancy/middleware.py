@@ -1,0 +1,195 @@
+"""The one place every API request is authenticated, admitted and accounted for.
+
+Before the route runs: the bearer token → a ``Principal`` (401/403 in the route's own error
+format otherwise), then the limits. While the answer goes out: its status, the time to its
+first body byte, whether it was sent whole. After: the ``semcache_requests`` metric, the
+request log, the usage ledger and the limits' reconciliation, from the ``RequestRecord``
+the serving path filled in (``record.usage`` is the request context's ``usage``).
+
+A route says what it needs in its ``opt``: ``auth="public"`` (health, metrics: no token),
+``auth="self"`` (the dashboard: it authenticates with the same ``TokenAuth`` itself, after
+its router has read the login cookie),
+``auth="key"`` (an open gateway still wants some bearer token: the Workers-AI routes),
+``auth="admin"`` (the admin role); anything else needs a token when tokens are configured.
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from backends.protocol import RequestContext
+from semcache.policy import PolicyHolder
+from server.auth import TokenAuth
+from server.errors import ERROR_CODE_KEY, ApiError
+from server.metrics import GatewayMetrics
+from server.tenancy.bodies import BodyCapture
+from server.tenancy.record import RECORD_KEY, RequestRecord, item_line, log_line
+from server.tenancy.request_log import RequestLog
+
+if TYPE_CHECKING:
+    from litestar.handlers import HTTPRouteHandler
+
+
+_WANTED = (b"authorization", b"x-request-id")
+
+
+def _wanted_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The two headers the middleware reads, from the ASGI scope's raw list."""
+    out: dict[str, str] = {}
+    for name, value in raw:
+        if len(name) in (13, 12) and name.lower() in _WANTED:
+            out[name.lower().decode()] = value.decode("latin-1")
+    return out
+
+
+class RequestIds:
+    """Request ids unique across gateways and restarts: a random prefix per process, then
+    a counter (cheaper than a UUID per request: no system call)."""
+
+    def __init__(self) -> None:
+        self._prefix = secrets.token_hex(8)
+        self._count = itertools.count()
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._count):016x}"
+
+
+@dataclass
+class Tenancy:
+    """What the middleware applies; built by the app factory."""
+
+    auth: TokenAuth
+    metrics: GatewayMetrics
+    policy: PolicyHolder
+    request_log: RequestLog | None = None
+    clock: Callable[[], float] = time.time
+    _routes: dict[int, tuple[str, str]] = field(default_factory=dict)
+    _ids: RequestIds = field(default_factory=lambda: RequestIds())
+
+    def route_of(self, handler: HTTPRouteHandler) -> tuple[str, str]:
+        """``(path template, auth need)`` of a route handler, read once per handler."""
+        found = self._routes.get(id(handler))
+        if found is None:
+            found = (min(handler.paths), str(handler.opt.get("auth", "token")))
+            self._routes[id(handler)] = found
+        return found
+
+    def begin(self, scope: Scope) -> RequestRecord | None:
+        """Authenticate the request of ``scope``; ``None`` for a public route."""
+        route, need = self.route_of(scope["route_handler"])  # type: ignore[arg-type]
+        if need in ("public", "self"):
+            return None
+        headers = _wanted_headers(scope["headers"])
+        principal = self.auth.authenticate(
+            headers, scope["path_params"].get("account_id"), key_required=need in ("key", "admin")
+        )
+        if need == "admin" and not principal.admin:
+            if self.auth.open and self.auth.admin_token is None:
+                raise ApiError(403, "The admin API is disabled: no admin token is configured.")
+            raise ApiError(403, "This route needs a token with the admin role.")
+        return RequestRecord(
+            request_id=headers.get("x-request-id") or self._ids.next(),
+            time=self.clock(),
+            started=time.perf_counter(),
+            principal=principal,
+            route=route,
+        )
+
+    def body_capture(self) -> BodyCapture | None:
+        """A capture of the next request's bodies, when some rule may want them logged."""
+        if self.request_log is None or not self.policy.current.logs_bodies:
+            return None
+        return BodyCapture(self.request_log.settings.max_body_bytes)
+
+    def logs_bodies_of(self, record: RequestRecord) -> bool:
+        """Whether the rule of the request's model and route says ``log_bodies``."""
+        usage = record.usage
+        if usage.model is None or usage.route is None:
+            return False
+        return self.policy.current.rule(usage.model, usage.route).log_bodies
+
+    def finish(self, record: RequestRecord) -> None:
+        """Account for a request that has ended, however it ended."""
+        model = record.usage.model or "-"
+        labels = (record.route, model, str(record.status))
+        if self.request_log is not None and self.request_log.settings.tenant_metrics:
+            self.metrics.tenant_requests.labels(record.principal.tenant, *labels).inc()
+        else:
+            self.metrics.requests.labels(*labels).inc()
+        if self.request_log is not None:
+            self.request_log.write(log_line(record))
+        # ledger: add a UsageRecord of ``record`` here.
+        # limits: settle the admission here.
+
+    def finish_item(self, ctx: RequestContext, success: bool) -> None:
+        """Account for a batch item this gateway finished (it never passed the middleware)."""
+        line = item_line(ctx, success, self.clock())
+        if self.request_log is not None:
+            self.request_log.write(line)
+        # ledger: add a UsageRecord of the item here (route "batch").
+        # limits: count the item's tokens against its tenant here (never refused).
+
+
+class TenancyMiddleware:
+    """ASGI middleware applying ``Tenancy`` to every HTTP request (see the module doc)."""
+
+    def __init__(self, app: ASGIApp, tenancy: Tenancy) -> None:
+        self.app = app
+        self.tenancy = tenancy
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        tenancy = self.tenancy
+        record = tenancy.begin(scope)
+        if record is None:
+            await self.app(scope, receive, send)
+            return
+        scope["state"][RECORD_KEY] = record
+        # limits: admit here (a 429 raised here is answered in the route's format).
+        extra: list[tuple[bytes, bytes]] = []
+        capture = tenancy.body_capture()
+        if capture is not None:
+            receive = capture.receiving(receive)
+
+        async def accounted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                record.status = message["status"]
+                if extra:
+                    message["headers"] = [*message.get("headers", ()), *extra]
+                if capture is not None:
+                    capture.wanted = tenancy.logs_bodies_of(record)
+            elif message["type"] == "http.response.body":
+                if record.ttft_s is None and message.get("body"):
+                    record.ttft_s = time.perf_counter() - record.started
+                if capture is not None:
+                    capture.sent(message.get("body", b""))
+                if not message.get("more_body", False):
+                    record.completed = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, accounted)
+        finally:
+            record.latency_s = time.perf_counter() - record.started
+            record.usage.error_code = scope["state"].get(ERROR_CODE_KEY)
+            if capture is not None and capture.wanted:
+                record.bodies = capture.fields()
+            tenancy.finish(record)
+
+
+def tenancy_middleware(tenancy: Tenancy) -> Callable[[ASGIApp], ASGIApp]:
+    """The middleware factory Litestar's ``middleware=[...]`` takes."""
+
+    def build(app: ASGIApp) -> ASGIApp:
+        return TenancyMiddleware(app, tenancy)
+
+    return build
