@@ -35,8 +35,8 @@ An OpenAI-compatible gateway with exact and semantic caching in front of vLLM, a
 Cloudflare's Workers AI REST API on the same models and caches.
 
 Errors on `/v1` and `/admin` are OpenAI's `{"error": {...}}`; on `/client/v4` they are
-Cloudflare's envelope with `success: false`. API routes take `Authorization: Bearer <token>`;
-`/health`, `/ready` and `/metrics` take none.
+Cloudflare's envelope with `success: false`. API routes take `Authorization: Bearer <token>`
+(see docs/tenants.md); `/health`, `/ready` and `/metrics` take none.
 """
 
 
@@ -121,7 +121,7 @@ def openapi_config(handlers: Iterable[HTTPRouteHandler]) -> OpenAPIConfig:
                 BEARER: SecurityScheme(
                     type="http",
                     scheme="bearer",
-                    description="An API token (the admin token on `/admin`).",
+                    description="An API token; `/admin` needs one with the admin role.",
                 )
             }
         ),
