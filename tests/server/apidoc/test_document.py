@@ -65,6 +65,9 @@ def test_every_registered_route_is_documented(app: Litestar, document: dict[str,
     for path, method, handler in routes:
         # A route without a RouteDoc would get Litestar's guesses (a 201, a body of `{}`).
         assert issubclass(handler.operation_class, DocumentedOperation), (method, path)
+        # The security the document declares is the one the tenancy middleware applies.
+        public = handler.opt.get("auth") == "public"
+        assert handler.operation_class.doc.auth is not public, (method, path)
         operation = document["paths"][path][method]
         assert "200" in operation["responses"], (method, path)
 
