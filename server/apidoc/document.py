@@ -9,6 +9,8 @@ schema registry, so the JSON render plugin here adds ours as it renders.
 
 from __future__ import annotations
 
+import copy
+import re
 from collections.abc import Iterable
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -71,20 +73,42 @@ def components_of(docs: Iterable[RouteDoc]) -> dict[str, Any]:
     return components
 
 
+SEGMENT = {"type": "string", "minLength": 1, "pattern": "^[^/]+$"}
+"""A ``{name:str}`` path parameter: one path segment (a ``{name:path}`` one may hold ``/``)."""
+
+
+def segment_parameters(handlers: Iterable[HTTPRouteHandler]) -> dict[str, set[str]]:
+    """The ``{name:str}`` parameters of each documented path (as the document spells it)."""
+    found: dict[str, set[str]] = {}
+    for handler in handlers:
+        for path in handler.paths:
+            spelled = re.sub(r"\{(\w+):\w+\}", r"{\1}", path)
+            found.setdefault(spelled, set()).update(re.findall(r"\{(\w+):str\}", path))
+    return found
+
+
 class DocumentWithComponents(JsonRenderPlugin):
     """Renders Litestar's document with our components added, once."""
 
-    def __init__(self, components: dict[str, Any], **kwargs: Any) -> None:
+    def __init__(
+        self, components: dict[str, Any], segments: dict[str, set[str]], **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.components = components
+        self.segments = segments
         self._rendered: bytes | None = None
 
     def render(self, request: Request[Any, Any, Any], openapi_schema: dict[str, Any]) -> bytes:
         if self._rendered is None:
-            document = dict(openapi_schema)
+            document = copy.deepcopy(openapi_schema)
             components = dict(document.get("components") or {})
             components["schemas"] = {**(components.get("schemas") or {}), **self.components}
             document["components"] = components
+            for path, item in document.get("paths", {}).items():
+                for operation in item.values():
+                    for param in operation.get("parameters") or ():
+                        if param["in"] == "path" and param["name"] in self.segments.get(path, ()):
+                            param["schema"] = SEGMENT
             self._rendered = orjson.dumps(document)
         return self._rendered
 
@@ -103,10 +127,13 @@ def _version() -> str:
 
 def openapi_config(handlers: Iterable[HTTPRouteHandler]) -> OpenAPIConfig:
     """The app's OpenAPI config: ``/openapi.json``, from the routes' ``RouteDoc``."""
+    handlers = list(handlers)
     components = components_of(route_docs(handlers))
     # The router's own path is the document: Litestar's catch-all for unknown schema pages
     # then lives under /openapi.json/…, not at the root beside the API routes.
-    plugin = DocumentWithComponents(components, path=["/", DOCUMENT_PATH])
+    plugin = DocumentWithComponents(
+        components, segment_parameters(handlers), path=["/", DOCUMENT_PATH]
+    )
     # The document is public, like the docs UI: it says nothing a client could not try.
     router = Router(DOCUMENT_PATH, route_handlers=[], include_in_schema=False, opt=PUBLIC)
     return OpenAPIConfig(

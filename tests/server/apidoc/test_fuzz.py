@@ -41,7 +41,7 @@ from server.harness import GatewayThread
 
 pytestmark = pytest.mark.slow
 
-RUNS = ((GenerationMode.POSITIVE, 25), (GenerationMode.NEGATIVE, 15))
+RUNS = ((GenerationMode.POSITIVE, 40), (GenerationMode.NEGATIVE, 20))
 """Generated requests per operation: valid ones (by the document), then invalid ones."""
 STATEFUL_EXAMPLES = 50
 """Chains of linked calls (each up to six steps)."""
