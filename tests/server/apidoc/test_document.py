@@ -107,6 +107,14 @@ def test_request_bodies_are_the_validating_structs(document: dict[str, Any]) -> 
     run = body("/client/v4/accounts/{account_id}/ai/run/{model}")
     names = {ref["$ref"].rsplit("/", 1)[1] for ref in run["anyOf"]}
     assert {"TextGenerationInput", "QueuedBatch", "PollRequest"} <= names
+
+    # An id is one path segment; a model (an alias such as @cf/test/tiny) may hold `/`.
+    def path_schema(path: str, name: str) -> Any:
+        params = document["paths"][path]["get"]["parameters"]
+        return next(p["schema"] for p in params if p["in"] == "path" and p["name"] == name)
+
+    assert path_schema("/v1/files/{file_id}", "file_id")["pattern"] == "^[^/]+$"
+    assert "pattern" not in path_schema("/v1/models/{model}", "model")
     # Stored records are answered without the gateway's own `tenant` field.
     assert "tenant" not in document["components"]["schemas"]["BatchObject"]["properties"]
 
