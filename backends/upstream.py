@@ -5,12 +5,19 @@ per socket read and costs several times more CPU per relayed request; on a share
 CPU delays the next request and splits vLLM's batches. Timeouts are socket-level
 (``sock_connect``, ``sock_read``: the longest silence between two reads), never a total, so a
 long stream is never cut while it makes progress.
+
+A server whose host vanishes (powered off, unplugged) sends nothing back, not even a reset:
+a request written on a pooled connection to it, or a stream waiting on it, would wait for the
+whole read timeout. Every upstream socket therefore gives up on a peer whose kernel
+acknowledges nothing for ``connect_timeout_s`` (Linux ``TCP_USER_TIMEOUT``) and probes an idle
+connection (TCP keepalive), which a live peer's kernel answers however busy its server is.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import socket
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 
@@ -32,6 +39,32 @@ def stream_timeout(read_s: float, connect_s: float) -> aiohttp.ClientTimeout:
     )
 
 
+SocketFactory = Callable[[tuple[int, int, int, str, tuple[str, int]]], socket.socket]
+
+
+def dead_peer_sockets(dead_after_s: float) -> SocketFactory:
+    """A socket factory for aiohttp whose TCP sockets fail once the peer's kernel has
+    acknowledged nothing for ``dead_after_s`` (data sent, or keepalive probes on an idle
+    connection). Platforms without these options get plain sockets."""
+    seconds = max(1, round(dead_after_s))
+
+    def make(addr_info: tuple[int, int, int, str, tuple[str, int]]) -> socket.socket:
+        family, kind, proto, _, _ = addr_info
+        sock = socket.socket(family=family, type=kind, proto=proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for name, value in (
+            ("TCP_USER_TIMEOUT", seconds * 1000),
+            ("TCP_KEEPIDLE", seconds),
+            ("TCP_KEEPINTVL", 1),
+            ("TCP_KEEPCNT", seconds),
+        ):
+            if hasattr(socket, name):
+                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+        return sock
+
+    return make
+
+
 class HttpSession:
     """One pooled ``aiohttp.ClientSession`` for a backend's servers.
 
@@ -42,13 +75,17 @@ class HttpSession:
     def __init__(self, *, max_connections: int, read_timeout_s: float, connect_timeout_s: float):
         self.max_connections = max_connections
         self.timeout = stream_timeout(read_timeout_s, connect_timeout_s)
+        self.connect_timeout_s = connect_timeout_s
         self._session: aiohttp.ClientSession | None = None
 
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(
-                limit=self.max_connections, limit_per_host=0, keepalive_timeout=KEEPALIVE_S
+                limit=self.max_connections,
+                limit_per_host=0,
+                keepalive_timeout=KEEPALIVE_S,
+                socket_factory=dead_peer_sockets(self.connect_timeout_s),
             )
             self._session = aiohttp.ClientSession(
                 connector=connector,

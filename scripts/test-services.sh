@@ -12,3 +12,6 @@ fi
 if [ -x scripts/chromium.sh ]; then
   bash scripts/chromium.sh install
 fi
+if [ -x scripts/haproxy.sh ]; then
+  bash scripts/haproxy.sh install
+fi

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from backends.pool_metrics import BackendCollector
 from backends.registry import ModelRegistry, ModelSpec, build_registry
 from semcache.exact import open_exact_cache
+from semcache.ledger import open_ledger
 from semcache.policy import PolicyHolder
 from semcache.semantic.encoder import load_encoder
 from semcache.semantic.service import SemanticService
@@ -44,7 +45,7 @@ from server.openai.pooling import api_router as pooling
 from server.openai.responses import api_router as responses
 from server.openai.responses.owners import ResponseOwners
 from server.openai.serving import OpenAIServing
-from server.routes import admin, cached_answer, health
+from server.routes import admin, cached_answer, health, usage
 from server.speedups import write_bodies_eagerly
 from server.tenancy.middleware import Tenancy, tenancy_middleware
 from server.tenancy.request_log import RequestLog
@@ -129,7 +130,16 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
     request_log = (
         RequestLog(config.request_log, config.data_path()) if config.request_log.enabled else None
     )
-    tenancy = Tenancy(auth=auth, metrics=metrics, policy=policy, request_log=request_log)
+    ledger = open_ledger(
+        config.ledger,
+        data_dir=config.data_path(),
+        redis_url=tiers.redis.url,
+        redis_prefix=tiers.redis.prefix,
+        clock=time.time,
+    )
+    tenancy = Tenancy(
+        auth=auth, metrics=metrics, policy=policy, request_log=request_log, ledger=ledger
+    )
     dashboard = DashboardState(CounterSeries(metrics.registry))
 
     @asynccontextmanager
@@ -137,6 +147,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         write_bodies_eagerly(asyncio.get_running_loop())  # before any backend session opens
         if request_log is not None:
             request_log.start()
+        await ledger.start()
         for backend in registry.embedding.values():
             await backend.start()
         for classifier in registry.classifiers.values():
@@ -179,6 +190,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
                 await serving.cache.aclose()
                 serving.cache = None
             await registry.aclose()
+            await ledger.aclose()  # after the batch workers: every usage is written
             if request_log is not None:
                 request_log.stop()
 
@@ -191,6 +203,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         *health.ROUTES,
         *admin.ROUTES,
         *cached_answer.ROUTES,
+        *usage.ROUTES,
         *workers_ai_routes.ROUTES,
         *files_routes.ROUTES,
         *batches_routes.ROUTES,
@@ -206,6 +219,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
                 "policy": policy,
                 "auth": auth,
                 "tenancy": tenancy,
+                "ledger": ledger,
                 "files": FilesServing(file_store, files_settings.max_bytes),
                 "batches": batches,
                 "dashboard": dashboard,

@@ -10,6 +10,7 @@ from typing import Literal
 import msgspec
 
 from backends.config import BackendConfig, VllmBackend
+from semcache.ledger.settings import LedgerSettings
 from semcache.package_files import package_file
 from server.auth import AuthSettings
 from server.batch.settings import BatchSettings
@@ -55,6 +56,8 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """One JSON line per request (server/tenancy/request_log.py)."""
     batch: BatchSettings = msgspec.field(default_factory=BatchSettings)
     """Asynchronous batches (Workers AI ``queueRequest``): the queue and its workers."""
+    ledger: LedgerSettings = msgspec.field(default_factory=LedgerSettings)
+    """The usage and cost ledger: SQLite under the data dir, or Redis counters."""
 
     def data_path(self) -> Path:
         """The data directory (prepared models, disk cache), created on demand."""

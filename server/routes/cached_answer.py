@@ -75,7 +75,7 @@ async def cached_answer(request: Request[Any, Any, Any]) -> Response[Any]:
         )
     body = replay.as_json(res.entry, res.entry.route)
     note_result(ctx.usage, res)
-    ctx.usage.model = info.id
+    ctx.usage.model, ctx.usage.route = info.id, res.entry.route
     headers = {**result_headers(res), **edge_headers(res)}
     reply = Reply(200, body, headers=headers)
     return respond(reply, ctx, if_none_match=request.headers.get("if-none-match"))

@@ -24,14 +24,16 @@ from typing import TYPE_CHECKING
 
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
-from backends.protocol import RequestContext
+from backends.protocol import RequestContext, RequestUsage
+from semcache.ledger import UsageLedger
 from semcache.policy import PolicyHolder
-from server.auth import TokenAuth
+from server.auth import ANONYMOUS, TokenAuth
 from server.errors import ERROR_CODE_KEY, ApiError
 from server.metrics import GatewayMetrics
 from server.tenancy.bodies import BodyCapture
 from server.tenancy.record import RECORD_KEY, RequestRecord, item_line, log_line
 from server.tenancy.request_log import RequestLog
+from server.tenancy.usage import BATCH_ROUTE, ledger_record
 
 if TYPE_CHECKING:
     from litestar.handlers import HTTPRouteHandler
@@ -69,6 +71,7 @@ class Tenancy:
     metrics: GatewayMetrics
     policy: PolicyHolder
     request_log: RequestLog | None = None
+    ledger: UsageLedger | None = None
     clock: Callable[[], float] = time.time
     _routes: dict[int, tuple[str, str]] = field(default_factory=dict)
     _ids: RequestIds = field(default_factory=lambda: RequestIds())
@@ -125,16 +128,37 @@ class Tenancy:
             self.metrics.requests.labels(*labels).inc()
         if self.request_log is not None:
             self.request_log.write(log_line(record))
-        # ledger: add a UsageRecord of ``record`` here.
+        self._count_usage(
+            record.principal.tenant, record.route, record.usage, record.status, record.time
+        )
         # limits: settle the admission here.
 
     def finish_item(self, ctx: RequestContext, success: bool) -> None:
         """Account for a batch item this gateway finished (it never passed the middleware)."""
-        line = item_line(ctx, success, self.clock())
+        now = self.clock()
+        line = item_line(ctx, success, now)
         if self.request_log is not None:
             self.request_log.write(line)
-        # ledger: add a UsageRecord of the item here (route "batch").
+        status = 200 if success else 500
+        self._count_usage(ctx.tenant or ANONYMOUS, BATCH_ROUTE, ctx.usage, status, now)
         # limits: count the item's tokens against its tenant here (never refused).
+
+    def _count_usage(
+        self, tenant: str, route: str, usage: RequestUsage, status: int, now: float
+    ) -> None:
+        """Add a request's usage to the ledger, priced at the current policy's prices."""
+        if self.ledger is None:
+            return
+        found = ledger_record(
+            tenant=tenant,
+            route=route,
+            usage=usage,
+            status=status,
+            now=now,
+            policy=self.policy.current,
+        )
+        if found is not None:
+            self.ledger.add(found)
 
 
 class TenancyMiddleware:

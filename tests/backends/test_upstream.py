@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
@@ -11,7 +12,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from backends.upstream import raw_chunks
+from backends.upstream import HttpSession, raw_chunks
 from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.asyncio
@@ -98,3 +99,38 @@ async def test_a_body_cut_short_is_relayed_up_to_the_cut_then_raises() -> None:
                 got.append(piece)
                 relayed.set()
         assert got == [event(0)]
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_USER_TIMEOUT"), reason="Linux socket options")
+async def test_upstream_sockets_give_up_on_a_peer_that_acknowledges_nothing() -> None:
+    """A vanished host sends no reset: the socket itself must time out (the cluster test
+    ``test_the_decode_host_stops_503_with_retry_after_never_a_hang`` unplugs one)."""
+
+    checked = asyncio.Event()
+
+    async def held(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        response.enable_chunked_encoding()
+        await response.prepare(request)  # the headers go out; the body waits for the check
+        await checked.wait()
+        await response.write(b"ok")
+        return response
+
+    app = web.Application()
+    app.router.add_post("/", held)
+    server = TestServer(app)
+    await server.start_server()
+    http = HttpSession(max_connections=4, read_timeout_s=600.0, connect_timeout_s=5.0)
+    try:
+        response = await http.post(str(server.make_url("/")), b"{}", {})
+        assert response.connection is not None
+        sock = response.connection.transport.get_extra_info("socket")  # type: ignore[union-attr]
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 5000
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 5
+        checked.set()
+        assert await response.text() == "ok"
+    finally:
+        checked.set()
+        await http.aclose()
+        await server.close()

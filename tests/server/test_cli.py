@@ -18,7 +18,7 @@ from backends.harness.ports import free_port
 from semcache.calibrate import CalibrationReport
 from semcache.policy import DEFAULT_POLICY
 from semcache.semantic.pairs import QQP_PAIRS, load_pairs, split_pairs
-from server.cli import ENVIRONMENT, build_parser, main
+from server.cli import ENVIRONMENT, build_parser, format_usage, main
 from server.config import DEFAULT_CONFIG
 from tests.support.waiting import wait_until
 
@@ -35,6 +35,7 @@ COMMANDS = [
     ["config", "check"],
     ["policy", "check"],
     ["cache", "purge"],
+    ["usage"],
     ["calibrate"],
     ["train-verifier"],
     ["train-classifier"],
@@ -73,6 +74,35 @@ def test_environment_sets_option_defaults(monkeypatch: pytest.MonkeyPatch) -> No
     assert build_parser().parse_args(["serve", "--port", "1"]).port == 1  # options win
     monkeypatch.delenv("SEMCACHE_URL")
     assert build_parser().parse_args(["cache", "purge", "all"]).url == "http://127.0.0.1:8080"
+
+
+def test_usage_table_has_the_grouped_fields_and_a_total() -> None:
+    sums = {
+        "requests": 2,
+        "prompt_tokens": 1_500_000,
+        "completion_tokens": 20,
+        "exact_hits": 1,
+        "semantic_hits": 0,
+        "tokens_saved": 10,
+        "cost_usd": 0.0675,
+        "saved_usd": 0.000001,
+    }
+    rows = [
+        {"tenant": "acme", "day": "2026-12-01", **sums},
+        {"tenant": "beta-team", "day": "2026-12-02", **sums},
+    ]
+    assert format_usage(rows).splitlines() == [
+        "tenant     day         requests     prompt  completion  exact  semantic  tok saved"
+        "    cost $   saved $",
+        "acme       2026-12-01         2  1,500,000          20      1         0         10"
+        "  0.067500  0.000001",
+        "beta-team  2026-12-02         2  1,500,000          20      1         0         10"
+        "  0.067500  0.000001",
+        "total                         4  3,000,000          40      2         0         20"
+        "  0.135000  0.000002",
+    ]
+    (header, line) = format_usage([sums]).splitlines()  # no group: one line, no total
+    assert header.split()[0] == "requests" and line.split()[:2] == ["2", "1,500,000"]
 
 
 def test_checks_default_to_the_shipped_files(
