@@ -22,6 +22,7 @@ from semcache.ledger import open_ledger
 from semcache.policy import PolicyHolder
 from semcache.semantic.encoder import load_encoder
 from semcache.semantic.service import SemanticService
+from server.apidoc.document import docs_router, openapi_config
 from server.auth import TokenAuth
 from server.config import GatewayConfig
 from server.dashboard.formats import template_config
@@ -196,22 +197,22 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
             if request_log is not None:
                 request_log.stop()
 
+    api_routes = [
+        *models.ROUTES,
+        *chat_completion.ROUTES,
+        *completion.ROUTES,
+        *responses.ROUTES,
+        *pooling.ROUTES,
+        *health.ROUTES,
+        *admin.ROUTES,
+        *cached_answer.ROUTES,
+        *usage.ROUTES,
+        *workers_ai_routes.ROUTES,
+        *files_routes.ROUTES,
+        *batches_routes.ROUTES,
+    ]
     return Litestar(
-        route_handlers=[
-            *models.ROUTES,
-            *chat_completion.ROUTES,
-            *completion.ROUTES,
-            *responses.ROUTES,
-            *pooling.ROUTES,
-            *health.ROUTES,
-            *admin.ROUTES,
-            *cached_answer.ROUTES,
-            *usage.ROUTES,
-            *workers_ai_routes.ROUTES,
-            *files_routes.ROUTES,
-            *batches_routes.ROUTES,
-            dashboard_router(),
-        ],
+        route_handlers=[*api_routes, docs_router(), dashboard_router()],
         state=State(
             {
                 "registry": registry,
@@ -233,6 +234,6 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         template_config=template_config(),
         lifespan=[lifespan],
         request_max_body_size=config.server.max_body_bytes,
-        openapi_config=None,
+        openapi_config=openapi_config(api_routes),
         logging_config=None,
     )

@@ -11,10 +11,9 @@ import errno
 import logging
 import re
 import sqlite3
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
-import orjson
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException
 
@@ -95,20 +94,44 @@ def from_backend(exc: BackendError) -> ApiError:
     )
 
 
+class OpenAIErrorDetail(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: str | int | None
+    """The gateway's codes are strings; an error relayed from vLLM carries its HTTP status."""
+
+
+class OpenAIError(msgspec.Struct):
+    """OpenAI's error body: the shape of every error on ``/v1`` (and the admin API)."""
+
+    error: OpenAIErrorDetail
+
+
+class WorkersAIErrorEntry(msgspec.Struct):
+    code: int
+    """The HTTP status times ten (Cloudflare's codes are four digits)."""
+    message: str
+
+
+class WorkersAIError(msgspec.Struct, kw_only=True):
+    """Cloudflare's envelope of a failed request: the shape of every error on ``/client/v4``."""
+
+    result: None = None
+    success: Literal[False] = False
+    errors: list[WorkersAIErrorEntry]
+    messages: list[str] = msgspec.field(default_factory=list)
+
+
 def openai_error_body(err: ApiError) -> bytes:
-    return orjson.dumps(
-        {"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}}
+    return msgspec.json.encode(
+        OpenAIError(OpenAIErrorDetail(err.message, err.type, err.param, err.code))
     )
 
 
 def workers_ai_error_body(err: ApiError) -> bytes:
-    return orjson.dumps(
-        {
-            "result": None,
-            "success": False,
-            "errors": [{"code": err.status * 10, "message": err.message}],
-            "messages": [],
-        }
+    return msgspec.json.encode(
+        WorkersAIError(errors=[WorkersAIErrorEntry(err.status * 10, err.message)])
     )
 
 
