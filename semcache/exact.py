@@ -32,6 +32,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from enum import StrEnum
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -230,6 +231,11 @@ class ExactCache:
         self._refreshing: dict[str, asyncio.Task[None]] = {}
         self._write_behind = write_behind
         self._closed = False
+        self._failing: set[tuple[str, str]] = set()
+        """(tier, operation) pairs failing now: logged once, until they work again."""
+        for store in self.lower:
+            if isinstance(store, DiskStore):
+                store.report_writes(partial(self._disk_wrote, store))
 
     @property
     def tier_names(self) -> list[str]:
@@ -315,6 +321,7 @@ class ExactCache:
         except Exception as exc:  # a broken tier is a miss, never a failed request
             self._tier_error(store, "get", exc)
             return None, None
+        self._tier_ok(store, "get")
         if blob is None:
             return None, None
         try:
@@ -331,17 +338,41 @@ class ExactCache:
             return self.memory if i == 0 else self.lower[i - 1]
         return self.lower[i]
 
-    def _tier_error(self, store: Store[Any], op: str, exc: Exception) -> None:
-        log.warning("cache tier %s failed on %s: %s: %s", store.tier, op, type(exc).__name__, exc)
+    def _tier_error(self, store: Store[Any], op: str, exc: Exception, count: int = 1) -> None:
+        """Count a failed tier operation (``count`` entries); log the first of a run only."""
+        if (store.tier, op) not in self._failing:
+            self._failing.add((store.tier, op))
+            log.warning(
+                "cache tier %s failed on %s: %s: %s; serving without it (every failure is "
+                "counted in semcache_exact_tier_errors_total; logged again once it recovers)",
+                store.tier,
+                op,
+                type(exc).__name__,
+                exc,
+            )
         if self.metrics:
-            self.metrics.tier_errors.labels(store.tier, op).inc()
+            self.metrics.tier_errors.labels(store.tier, op).inc(count)
+
+    def _tier_ok(self, store: Store[Any], op: str) -> None:
+        if self._failing and (store.tier, op) in self._failing:
+            self._failing.discard((store.tier, op))
+            log.warning("cache tier %s works again on %s", store.tier, op)
+
+    def _disk_wrote(self, store: DiskStore, count: int, exc: Exception | None) -> None:
+        """A batch of the disk tier was written (``exc`` None) or lost."""
+        if exc is None:
+            self._tier_ok(store, "set")
+        else:
+            self._tier_error(store, "set", exc, count)
 
     async def _set(self, store: Store[bytes], key: str, blob: bytes, ttl_s: float) -> None:
         try:
             await store.set(key, blob, ttl_s)
         except Exception as exc:
-            self._tier_error(store, "set", exc)
+            if not isinstance(store, DiskStore):  # the disk tier reports its own batches
+                self._tier_error(store, "set", exc)
             return
+        self._tier_ok(store, "set")
         if self.metrics:
             self.metrics.bytes_stored.labels(store.tier).inc(len(blob))
 

@@ -22,11 +22,13 @@ from semcache.ledger import open_ledger
 from semcache.policy import PolicyHolder
 from semcache.semantic.encoder import load_encoder
 from semcache.semantic.service import SemanticService
+from server.apidoc.document import docs_router, openapi_config
 from server.auth import TokenAuth
 from server.config import GatewayConfig
 from server.dashboard.formats import template_config
 from server.dashboard.routes import DashboardState, dashboard_router
 from server.dashboard.series import CounterSeries
+from server.draining import Drain, drain_middleware
 from server.errors import handle_exception
 from server.metrics import GatewayMetrics
 from server.openai.batches import api_router as batches_routes
@@ -112,6 +114,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         max_bytes=tiers.semantic.max_bytes,
         snapshot_interval_s=tiers.semantic.snapshot_interval_s,
         encoder_factory=partial(load_encoder, graph_dir=config.data_path() / "encoders"),
+        registry=metrics.registry,
     )
 
     files_settings = config.batch.files
@@ -154,6 +157,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         max_body_bytes=config.server.max_body_bytes,
     )
     dashboard = DashboardState(CounterSeries(metrics.registry))
+    drain = Drain()  # SIGTERM: `semcache serve` drains (server/draining.py)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -209,22 +213,22 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
             if limiter is not None:
                 await limiter.aclose()
 
+    api_routes = [
+        *models.ROUTES,
+        *chat_completion.ROUTES,
+        *completion.ROUTES,
+        *responses.ROUTES,
+        *pooling.ROUTES,
+        *health.ROUTES,
+        *admin.ROUTES,
+        *cached_answer.ROUTES,
+        *usage.ROUTES,
+        *workers_ai_routes.ROUTES,
+        *files_routes.ROUTES,
+        *batches_routes.ROUTES,
+    ]
     return Litestar(
-        route_handlers=[
-            *models.ROUTES,
-            *chat_completion.ROUTES,
-            *completion.ROUTES,
-            *responses.ROUTES,
-            *pooling.ROUTES,
-            *health.ROUTES,
-            *admin.ROUTES,
-            *cached_answer.ROUTES,
-            *usage.ROUTES,
-            *workers_ai_routes.ROUTES,
-            *files_routes.ROUTES,
-            *batches_routes.ROUTES,
-            dashboard_router(),
-        ],
+        route_handlers=[*api_routes, docs_router(), dashboard_router()],
         state=State(
             {
                 "registry": registry,
@@ -234,17 +238,18 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
                 "policy": policy,
                 "auth": auth,
                 "tenancy": tenancy,
+                "drain": drain,
                 "ledger": ledger,
                 "files": FilesServing(file_store, files_settings.max_bytes),
                 "batches": batches,
                 "dashboard": dashboard,
             }
         ),
-        middleware=[tenancy_middleware(tenancy)],
+        middleware=[drain_middleware(drain), tenancy_middleware(tenancy)],
         exception_handlers={Exception: handle_exception},
         template_config=template_config(),
         lifespan=[lifespan],
         request_max_body_size=config.server.max_body_bytes,
-        openapi_config=None,
+        openapi_config=openapi_config(api_routes),
         logging_config=None,
     )

@@ -20,7 +20,6 @@ from typing import Any, NamedTuple
 
 import httpx
 import msgspec
-import uvicorn
 
 from backends.classifier import DEFAULT_EXAMPLES, DEFAULT_HEAD, build_head, save_head
 from backends.classifier import load_classifier as embedded_classifier
@@ -34,6 +33,7 @@ from semcache.semantic.verifier import DEFAULT_VERIFIER_DIR
 from server.app import create_app, registry_from_config
 from server.auth import describe, exposure_problem
 from server.config import DEFAULT_CONFIG, ConfigError, GatewayConfig, load_config
+from server.draining import DrainingServer
 from server.uvicorn_config import uvicorn_config
 
 
@@ -63,7 +63,9 @@ async def _serve(config: GatewayConfig, launch: bool) -> None:
         say("loading models and computing revisions")
         registry = await asyncio.to_thread(registry_from_config, config)
         app = create_app(config, registry)
-        server = uvicorn.Server(uvicorn_config(app, host, port))
+        server = DrainingServer(
+            uvicorn_config(app, host, port), app.state.drain, config.server.drain_timeout_s
+        )
         task = asyncio.create_task(server.serve())
         while not server.started and not task.done():  # noqa: ASYNC110 (uvicorn has no event)
             await asyncio.sleep(0.05)

@@ -30,6 +30,8 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_body_bytes: int = 10 * 1024 * 1024
     ready_timeout_s: float = 900.0
     """How long `semcache serve` waits for launched backends to become healthy."""
+    drain_timeout_s: float = 30.0
+    """On SIGTERM, how long requests in flight may take to finish (server/draining.py)."""
 
 
 class ModelEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -7,12 +7,13 @@ returns a stack trace.
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
-from typing import Any
+import sqlite3
+from typing import Any, Literal
 
 import msgspec
-import orjson
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException
 
@@ -93,20 +94,44 @@ def from_backend(exc: BackendError) -> ApiError:
     )
 
 
+class OpenAIErrorDetail(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: str | int | None
+    """The gateway's codes are strings; an error relayed from vLLM carries its HTTP status."""
+
+
+class OpenAIError(msgspec.Struct):
+    """OpenAI's error body: the shape of every error on ``/v1`` (and the admin API)."""
+
+    error: OpenAIErrorDetail
+
+
+class WorkersAIErrorEntry(msgspec.Struct):
+    code: int
+    """The HTTP status times ten (Cloudflare's codes are four digits)."""
+    message: str
+
+
+class WorkersAIError(msgspec.Struct, kw_only=True):
+    """Cloudflare's envelope of a failed request: the shape of every error on ``/client/v4``."""
+
+    result: None = None
+    success: Literal[False] = False
+    errors: list[WorkersAIErrorEntry]
+    messages: list[str] = msgspec.field(default_factory=list)
+
+
 def openai_error_body(err: ApiError) -> bytes:
-    return orjson.dumps(
-        {"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}}
+    return msgspec.json.encode(
+        OpenAIError(OpenAIErrorDetail(err.message, err.type, err.param, err.code))
     )
 
 
 def workers_ai_error_body(err: ApiError) -> bytes:
-    return orjson.dumps(
-        {
-            "result": None,
-            "success": False,
-            "errors": [{"code": err.status * 10, "message": err.message}],
-            "messages": [],
-        }
+    return msgspec.json.encode(
+        WorkersAIError(errors=[WorkersAIErrorEntry(err.status * 10, err.message)])
     )
 
 
@@ -130,6 +155,19 @@ def _http_exception(exc: HTTPException) -> ApiError:
     return ApiError(status, detail)
 
 
+def disk_full(exc: BaseException) -> bool:
+    """A write refused for lack of space (``ENOSPC``, a quota, SQLite's ``SQLITE_FULL``),
+    raised directly or while handling another error."""
+    for e in (exc, exc.__cause__, exc.__context__):
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if isinstance(e, sqlite3.OperationalError) and (
+            getattr(e, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(e)
+        ):
+            return True
+    return False
+
+
 def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     """One handler for everything: API errors, Litestar HTTP errors, bugs (500, no trace)."""
     if isinstance(exc, ApiError):
@@ -140,6 +178,13 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
         err = from_backend(exc)
     elif isinstance(exc, HTTPException):
         err = _http_exception(exc)
+    elif disk_full(exc):  # what needs the disk (a batch, a file) is refused, plainly
+        log.warning("%s refused: the data dir's disk is full (%s)", request.url.path, exc)
+        err = ApiError(
+            507,
+            "The gateway's disk is full: the request could not be stored. Retry later.",
+            code="insufficient_storage",
+        )
     else:
         log.exception("unhandled error on %s", request.url.path)
         err = ApiError(500, "Internal error in the gateway.", code="internal_error")

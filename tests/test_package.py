@@ -29,6 +29,9 @@ SHIPPED = [
     "server/dashboard/static/uplot/uPlot.iife.min.js",
     "server/dashboard/static/uplot/LICENSE",
     "server/cli.py",
+    "server/apidoc/docs/index.html",
+    "server/apidoc/docs/swagger-ui-bundle.js",
+    "server/apidoc/docs/LICENSE",
 ]
 
 

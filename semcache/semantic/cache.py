@@ -81,6 +81,9 @@ class SemanticCache:
         self.clock = clock
         self.changes = 0
         """Counts inserts and removals, so a periodic snapshot can skip an unchanged index."""
+        self.on_persist_failure: Callable[[int], None] | None = None
+        """Told how many records a failed write lost (a full disk); the service counts them."""
+        self._persist_failing = False
         self._maintenance: asyncio.Task[None] | None = None
 
     @property
@@ -222,9 +225,29 @@ class SemanticCache:
         """Write records and forget evicted ones in the store (blocking; a worker thread)."""
         if self.store is None:
             return
-        self.store.put(records, now=now)
-        for key, refs in self.index.drain_evicted().items():
-            self.store.delete(key, refs)
+        try:
+            self.store.put(records, now=now)
+            for key, refs in self.index.drain_evicted().items():
+                self.store.delete(key, refs)
+        except Exception as exc:  # a full disk: the entries serve from memory until a restart
+            self._persist_failed(len(records), exc)
+            return
+        if self._persist_failing:
+            self._persist_failing = False
+            log.warning("semantic records are written again")
+
+    def _persist_failed(self, lost: int, exc: Exception) -> None:
+        """Log the first failure of a run, count every record lost."""
+        if not self._persist_failing:
+            self._persist_failing = True
+            log.warning(
+                "semantic records cannot be written (%s: %s): new entries serve from memory "
+                "and are dropped at the next start (counted; logged again once writes work)",
+                type(exc).__name__,
+                exc,
+            )
+        if self.on_persist_failure is not None:
+            self.on_persist_failure(lost)
 
     async def remove(self, partition: PartitionKey, payload_refs: Sequence[str]) -> int:
         """Delete entries by payload ref (e.g. after an exact-cache purge)."""

@@ -18,6 +18,8 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry, Counter
+
 from semcache.semantic.cache import SemanticCache
 from semcache.semantic.encoder import Encoder, load_encoder
 from semcache.semantic.feed import RedisEntryFeed
@@ -45,6 +47,7 @@ class SemanticService:
         encoder_factory: Callable[[], Encoder] = load_encoder,
         verifier_factory: Callable[[], PairVerifier | None] = load_verifier,
         settings: IndexSettings | None = None,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self.directory = directory
         """None: no persistence at all (the index lives in memory)."""
@@ -65,6 +68,16 @@ class SemanticService:
         self._background: asyncio.Task[None] | None = None
         self._warming: asyncio.Task[SemanticCache] | None = None
         self.snapshots_written = 0
+        self.write_failures = (
+            Counter(
+                "semcache_semantic_record_write_failures",
+                "Semantic records that could not be written (a full disk): served from "
+                "memory, dropped at the next start",
+                registry=registry,
+            )
+            if registry is not None
+            else None
+        )
 
     @property
     def snapshot_dir(self) -> Path | None:
@@ -123,6 +136,8 @@ class SemanticService:
             )
             self._feed = feed
         cache = SemanticCache(encoder, index, verifier=verifier, feed=feed, store=store)
+        if self.write_failures is not None:
+            cache.on_persist_failure = self.write_failures.inc
         if self.snapshot_dir is not None:
             report = await cache.load(self.snapshot_dir)
             log.warning(

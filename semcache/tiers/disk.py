@@ -8,7 +8,10 @@ a worker thread. Two things keep that thread off the common paths:
   together into the next transaction (one thread hop and one commit for all of them).
 
 A lock held too long by another process (``diskcache.Timeout``) counts as a miss or a
-skipped write rather than an error.
+skipped write rather than an error. A batch that fails to write (a full disk: SQLite's
+"database or disk is full", ``ENOSPC``) is rolled back whole and reported to ``on_write``
+(the exact cache logs it once and counts every entry not written); the answers stay served
+from the memory tier, and nothing half written is ever read back.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Self
 
@@ -28,6 +31,9 @@ from semcache.tiers.keyfilter import KeyFilter
 log = logging.getLogger(__name__)
 
 _Batch = dict[str, tuple[bytes, float | None]]
+
+WriteReport = Callable[[int, Exception | None], None]
+"""Called after each batch: how many writes it held, and the error that lost them (or None)."""
 
 MAX_BATCH = 256
 """A batch this large is written at once, without waiting for the linger time."""
@@ -51,6 +57,7 @@ class _Backend:
         self._writer: asyncio.Task[None] | None = None
         self.batches = 0
         """Transactions written so far (for tests and stats)."""
+        self.on_write: WriteReport = _log_failed_write
 
     def unwritten(self, key: str) -> bytes | None:
         item = self.pending.get(key) or self.writing.get(key)
@@ -89,12 +96,13 @@ class _Backend:
             await self._linger()
             if not self.pending:
                 break
-            self.writing, self.pending = self.pending, {}
+            batch = self.writing = self.pending
+            self.pending = {}
             done, self._pending_done = self._pending_done, None
             try:
                 before = await asyncio.to_thread(self._write, self.writing)
             except Exception as exc:  # the waiters see it; later batches still run
-                log.warning("disk tier write of %d items failed: %s", len(self.writing), exc)
+                self.on_write(len(batch), exc)
                 if done is not None and not done.done():
                     done.set_exception(exc)
                     done.exception()  # retrieved: nobody may be waiting
@@ -102,6 +110,7 @@ class _Backend:
             finally:
                 self.writing = {}
             self.batches += 1
+            self.on_write(len(batch), None)
             if before is not None and self.filter is not None:
                 self.filter.wrote(before)
             if done is not None and not done.done():
@@ -123,6 +132,11 @@ class _Backend:
         while self._writer is not None and not self._writer.done():
             self._urgent.set()
             await asyncio.shield(self._writer)
+
+
+def _log_failed_write(n: int, exc: Exception | None) -> None:
+    if exc is not None:
+        log.warning("disk tier write of %d items failed: %s", n, exc)
 
 
 class DiskStore(Store[bytes]):
@@ -166,6 +180,10 @@ class DiskStore(Store[bytes]):
     @property
     def key_filter(self) -> KeyFilter | None:
         return self._backend.filter
+
+    def report_writes(self, report: WriteReport) -> None:
+        """Tell ``report`` the outcome of every batch written (the store's owner counts)."""
+        self._backend.on_write = report
 
     def _get(self, key: str) -> bytes | None:
         try:

@@ -13,6 +13,7 @@ from semcache.keys import scope_for
 from semcache.policy import PolicyHolder
 from semcache.purge import PurgeResult
 from semcache.semantic.records import PartitionKey
+from server.apidoc.operation import SERVER_ERROR, Answer, RouteDoc, documented, query_fields
 from server.auth import TokenAuth
 from server.errors import ApiError
 from server.openai.routing import parse_body
@@ -26,6 +27,13 @@ PurgeKind = Literal["key", "model", "tenant", "scope", "tag", "all"]
 class PurgeRequest(msgspec.Struct, forbid_unknown_fields=True):
     kind: PurgeKind
     target: str = ""
+
+
+class PolicyReloaded(msgspec.Struct):
+    reloaded: bool
+
+
+ADMIN_ERRORS = (400, 401, 403, 413, *SERVER_ERROR)
 
 
 def semantic_purge_predicate(kind: str, target: str) -> Callable[[PartitionKey], bool]:
@@ -58,7 +66,22 @@ def _authorize(request: Request[Any, Any, Any]) -> None:
         raise ApiError(403, "This route needs a token with the admin role.")
 
 
-@post("/admin/cache/purge", status_code=200, opt={"auth": "admin"})
+@post(
+    "/admin/cache/purge",
+    opt={"auth": "admin"},
+    status_code=200,
+    operation_class=documented(
+        RouteDoc(
+            summary="Purge the cache",
+            tag="Admin",
+            description="By key (digest or short id), model, tenant, scope, tag, or all. "
+            "Needs the admin role.",
+            body=PurgeRequest,
+            answers=(Answer(200, PurgeResult, "The purge is applied."),),
+            errors=(*ADMIN_ERRORS, 409),
+        )
+    ),
+)
 async def purge(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Purge by key (digest or short id), model, tenant, scope, tag, or all."""
     _authorize(request)
@@ -73,7 +96,12 @@ async def purge_caches(serving: OpenAIServing, req: PurgeRequest) -> PurgeResult
     """The exact and semantic caches purged (the admin API's and the dashboard's purge)."""
     if serving.cache is None:
         raise ApiError(409, "The cache is disabled on this gateway.", code="cache_disabled")
-    result = await serving.cache.purge(req.kind, req.target)
+    try:
+        result = await serving.cache.purge(req.kind, req.target)
+    except ValueError as exc:  # a key that is no digest
+        raise ApiError(
+            400, f"Invalid `target`: {exc}.", param="target", code="invalid_value"
+        ) from None
     if serving.semantic is not None:
         # The purge already hides semantic entries (their partition and item keys carry the
         # purge epochs); dropping the partitions frees their memory at once.
@@ -81,14 +109,28 @@ async def purge_caches(serving: OpenAIServing, req: PurgeRequest) -> PurgeResult
     return result
 
 
-@post("/admin/policy/reload", status_code=200, opt={"auth": "admin"})
+@post(
+    "/admin/policy/reload",
+    opt={"auth": "admin"},
+    status_code=200,
+    operation_class=documented(
+        RouteDoc(
+            summary="Reload the policy file",
+            tag="Admin",
+            description="An invalid file is a 400 and the current policy stays. "
+            "Needs the admin role.",
+            answers=(Answer(200, PolicyReloaded, "The new policy is in force."),),
+            errors=ADMIN_ERRORS,
+        )
+    ),
+)
 async def reload_policy(request: Request[Any, Any, Any]) -> Response[bytes]:
     _authorize(request)
     policy: PolicyHolder = request.app.state.policy
     error = policy.reload()
     if error is not None:
         raise ApiError(400, f"The new policy is invalid; the current one stays: {error}")
-    return Response(b'{"reloaded":true}', media_type="application/json")
+    return Response(msgspec.json.encode(PolicyReloaded(True)), media_type="application/json")
 
 
 class LogQuery(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -100,7 +142,31 @@ class LogQuery(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     limit: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 100
 
 
-@get("/admin/logs", opt={"auth": "admin"})
+LOG_PAGE = {
+    "type": "object",
+    "required": ["object", "data"],
+    "properties": {
+        "object": {"const": "list"},
+        "data": {"type": "array", "items": {"type": "object"}},
+    },
+}
+
+
+@get(
+    "/admin/logs",
+    opt={"auth": "admin"},
+    operation_class=documented(
+        RouteDoc(
+            summary="Read the request log",
+            tag="Admin",
+            description="The newest lines first, filtered by tenant, status, model and time "
+            "(`since`: seconds since the epoch). Needs the admin role.",
+            query=query_fields(LogQuery),
+            answers=(Answer(200, LOG_PAGE, "The matching lines of the request log."),),
+            errors=(*ADMIN_ERRORS, 409),
+        )
+    ),
+)
 async def logs(request: Request[Any, Any, Any]) -> Response[bytes]:
     """The request log's newest lines, filtered by tenant, status, model and time."""
     _authorize(request)

@@ -14,6 +14,8 @@ from litestar import Request, Response, get
 
 from semcache import replay
 from semcache.keys import SHARED_SCOPE, CacheKey, scope_for
+from server.apidoc.operation import SERVER_ERROR, Answer, Field, RouteDoc, documented
+from server.apidoc.request_headers import CONTEXT_HEADERS, STRING
 from server.caching import edge_headers, result_headers
 from server.errors import ApiError
 from server.openai.reply import Reply
@@ -27,7 +29,25 @@ def _visible(key: CacheKey, tenant: str | None) -> bool:
     return key.scope in (SHARED_SCOPE, scope_for(tenant, shared=False))
 
 
-@get("/v1/cache/{digest:str}")
+@get(
+    "/v1/cache/{digest:str}",
+    operation_class=documented(
+        RouteDoc(
+            summary="Read a cached answer by its key",
+            tag="Cache",
+            description="The `Content-Location` every cacheable answer names: 64 hex digits.",
+            headers=(
+                *CONTEXT_HEADERS,
+                Field("if-none-match", STRING, "The answer's ETag: 304 when it still matches."),
+            ),
+            answers=(
+                Answer(200, {"type": "object"}, "The stored answer, as its route answered it."),
+                Answer(304, None, "Not modified: the answer still has this ETag."),
+            ),
+            errors=(400, 401, 404, 429, *SERVER_ERROR),
+        )
+    ),
+)
 async def cached_answer(request: Request[Any, Any, Any]) -> Response[Any]:
     digest = str(request.path_params["digest"]).lower()
     if len(digest) != 64 or not set(digest) <= _HEX:

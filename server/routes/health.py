@@ -2,21 +2,60 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-import orjson
+import msgspec
 from litestar import Request, Response, get
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from backends.registry import ModelRegistry
+from server.apidoc.operation import Answer, RouteDoc, documented
 
 
-@get("/health", sync_to_thread=False, opt={"auth": "public"})
+class Health(msgspec.Struct):
+    status: Literal["ok"] = "ok"
+
+
+class Readiness(msgspec.Struct, kw_only=True):
+    status: Literal["ready", "not_ready"]
+    backends: dict[str, bool]
+    """Each backend: whether it answers."""
+
+
+@get(
+    "/health",
+    opt={"auth": "public"},
+    sync_to_thread=False,
+    operation_class=documented(
+        RouteDoc(
+            summary="Liveness",
+            tag="Health",
+            auth=False,
+            answers=(Answer(200, Health, "The gateway is up."),),
+            errors=(),
+        )
+    ),
+)
 def health() -> Response[bytes]:
-    return Response(b'{"status":"ok"}', media_type="application/json")
+    return Response(msgspec.json.encode(Health()), media_type="application/json")
 
 
-@get("/ready", opt={"auth": "public"})
+@get(
+    "/ready",
+    opt={"auth": "public"},
+    operation_class=documented(
+        RouteDoc(
+            summary="Readiness",
+            tag="Health",
+            auth=False,
+            answers=(
+                Answer(200, Readiness, "Every backend answers."),
+                Answer(503, Readiness, "Some backend does not answer."),
+            ),
+            errors=(500,),
+        )
+    ),
+)
 async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
     registry: ModelRegistry = request.app.state.registry
     status: dict[str, bool] = {}
@@ -25,11 +64,31 @@ async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
     for name, e in registry.embedding.items():
         status[name] = await e.ready()
     ok = all(status.values())
-    body = orjson.dumps({"status": "ready" if ok else "not_ready", "backends": status})
+    body = msgspec.json.encode(Readiness(status="ready" if ok else "not_ready", backends=status))
     return Response(body, status_code=200 if ok else 503, media_type="application/json")
 
 
-@get("/metrics", sync_to_thread=False, opt={"auth": "public"})
+@get(
+    "/metrics",
+    opt={"auth": "public"},
+    sync_to_thread=False,
+    operation_class=documented(
+        RouteDoc(
+            summary="Prometheus metrics",
+            tag="Health",
+            auth=False,
+            answers=(
+                Answer(
+                    200,
+                    {"type": "string"},
+                    "The Prometheus text format.",
+                    media_type="text/plain",
+                ),
+            ),
+            errors=(),
+        )
+    ),
+)
 def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(
         generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST

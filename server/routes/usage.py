@@ -15,13 +15,59 @@ import orjson
 from litestar import Request, Response, get
 
 from semcache.ledger import LedgerUnavailable, UsageLedger, utc_day
+from semcache.ledger.records import FLOAT_FIELDS, INT_FIELDS, KEY_FIELDS, SUM_FIELDS
+from server.apidoc.operation import SERVER_ERROR, Answer, Field, RouteDoc, documented
 from server.errors import ApiError
 from server.openai.routing import record
 
 DEFAULT_GROUP_BY = "tenant,model,day"
 
 
-@get("/v1/usage")
+USAGE_PAGE = {
+    "type": "object",
+    "required": ["object", "data"],
+    "properties": {
+        "object": {"const": "list"},
+        "data": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "description": "One group: the fields grouped by, then every sum.",
+                "required": list(SUM_FIELDS),
+                "properties": {
+                    **{f: {"type": "string"} for f in KEY_FIELDS},
+                    **{f: {"type": "integer"} for f in INT_FIELDS},
+                    **{f: {"type": "number"} for f in FLOAT_FIELDS},
+                },
+            },
+        },
+    },
+}
+DAY = {"type": "string", "description": "A UTC day, `YYYY-MM-DD`."}
+
+
+@get(
+    "/v1/usage",
+    operation_class=documented(
+        RouteDoc(
+            summary="Usage and cost, grouped",
+            tag="Usage",
+            description="A token sees its own tenant's rows; an admin's sees every tenant's.",
+            query=(
+                Field("start", DAY, "First day (included); default the 1st of this month."),
+                Field("end", DAY, "Last day (included); default today."),
+                Field(
+                    "group_by",
+                    {"type": "string"},
+                    "Comma-separated: any of " + ", ".join(KEY_FIELDS) + "; empty: one total.",
+                ),
+                Field("tenant", {"type": "string"}, "Admin only: one tenant's rows."),
+            ),
+            answers=(Answer(200, USAGE_PAGE, "One row per group, sorted by group."),),
+            errors=(400, 401, 403, 429, *SERVER_ERROR, 503),
+        )
+    ),
+)
 async def usage(request: Request[Any, Any, Any]) -> Response[bytes]:
     principal = record(request).principal
     query = request.query_params

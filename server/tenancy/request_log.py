@@ -20,6 +20,8 @@ import orjson
 
 from semcache.config_types import NonNegInt, PosInt
 
+log = logging.getLogger("semcache.request_log")
+
 
 class RequestLogSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """The ``[request_log]`` section of the gateway config."""
@@ -51,9 +53,7 @@ class RequestLog:
             self.path = (data_dir / settings.file).expanduser()
             self.path.parent.mkdir(parents=True, exist_ok=True)
             handlers.append(
-                logging.handlers.RotatingFileHandler(
-                    self.path, maxBytes=settings.max_bytes, backupCount=settings.backups
-                )
+                _LogFile(self.path, maxBytes=settings.max_bytes, backupCount=settings.backups)
             )
         if settings.stdout:
             handlers.append(logging.StreamHandler(sys.stdout))
@@ -111,3 +111,19 @@ class _LineWriter(logging.handlers.QueueListener):
     def prepare(self, record: Any) -> logging.LogRecord:
         text = orjson.dumps(record).decode()
         return logging.makeLogRecord({"msg": text, "levelno": logging.INFO})
+
+
+class _LogFile(logging.handlers.RotatingFileHandler):
+    """The log file; a failed write (a full disk) is reported once, not with a traceback
+    per line."""
+
+    failed = False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            self.failed = True
+            log.warning(
+                "cannot write the request log %s (%s); lines are lost until it can",
+                self.baseFilename,
+                sys.exc_info()[1],
+            )

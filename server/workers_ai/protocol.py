@@ -45,6 +45,60 @@ class ClassificationInput(msgspec.Struct, kw_only=True):
     text: NonEmptyStr
 
 
+class QueuedBatch(msgspec.Struct, kw_only=True):
+    """A batch submission (``?queueRequest=true``): the items, each its task's input plus an
+    optional ``external_reference`` (checked by ``BatchService.submit``)."""
+
+    requests: Annotated[list[dict[str, Any]], msgspec.Meta(min_length=1)]
+    queueRequest: bool | None = None  # Cloudflare's name
+    options: dict[str, Any] | None = None
+
+
+class PollRequest(msgspec.Struct, kw_only=True):
+    """A poll of a queued batch: its ``request_id``."""
+
+    request_id: NonEmptyStr
+
+
+class Usage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class TextGenerationResult(msgspec.Struct, kw_only=True):
+    response: str
+    usage: Usage
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class EmbeddingResult(msgspec.Struct, kw_only=True):
+    shape: list[int]
+    data: list[list[float]]
+    pooling: str
+    usage: Usage
+
+
+class LabelScore(msgspec.Struct, kw_only=True):
+    label: str
+    score: float
+
+
+class Queued(msgspec.Struct, kw_only=True):
+    """The answer to a batch submission, and to a poll while the batch runs."""
+
+    status: str
+    request_id: str
+    model: str | None = None
+
+
+class BatchResponses(msgspec.Struct, kw_only=True):
+    """The answer to a poll once the batch is done: one response object per item."""
+
+    responses: list[dict[str, Any]]
+    usage: Usage
+
+
 def input_schema(task: str) -> type[Any]:
     """The input struct of a model's task."""
     if task == "chat":

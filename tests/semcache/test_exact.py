@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import sqlite3
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -736,6 +737,47 @@ async def test_a_failing_tier_is_a_miss_not_an_error(
         assert (await cache.lookup(req)).status is CacheStatus.MISS
         assert metric(registry, "semcache_exact_tier_errors_total", tier="disk", op="set") == 1
         assert metric(registry, "semcache_exact_tier_errors_total", tier="disk", op="get") == 2
+    finally:
+        await cache.aclose()
+
+
+async def test_a_full_disk_is_logged_once_and_every_lost_write_counted(
+    tmp_path: Path,
+    clock: FakeClock,
+    registry: CollectorRegistry,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    disk = DiskStore(tmp_path / "l2", linger_s=0.0)
+    cache = ExactCache(
+        memory=MemoryStore[CachedAnswer](1 << 20, sizeof=CachedAnswer.memory_size),
+        lower=[disk],
+        metrics=CacheMetrics(registry),
+        clock=clock,
+        write_behind=True,
+    )
+    real_set = disk.cache.set
+
+    def full(*args: Any, **kwargs: Any) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    try:
+        monkeypatch.setattr(disk.cache, "set", full)
+        for i in range(5):
+            res = await cache.get_or_fill(await prep(cache, f"q{i}"), Backend().fill_for("a"))
+            assert res.stored  # in memory: still served
+            await cache.flush()
+        await cache.store(
+            await prep(cache, "through"), CachedAnswer.from_json(b"{}"), write_through=True
+        )
+        assert metric(registry, "semcache_exact_tier_errors_total", tier="disk", op="set") == 6
+        failed = [r for r in caplog.records if "cache tier disk failed on set" in r.message]
+        assert len(failed) == 1
+        monkeypatch.setattr(disk.cache, "set", real_set)
+        await cache.get_or_fill(await prep(cache, "after"), Backend().fill_for("a"))
+        await cache.flush()
+        assert any("cache tier disk works again on set" in r.message for r in caplog.records)
+        assert await disk.get((await prep(cache, "q0")).key.digest) is None  # nothing half-kept
     finally:
         await cache.aclose()
 

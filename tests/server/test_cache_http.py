@@ -307,6 +307,9 @@ def test_admin_purge(gw: GatewayThread) -> None:
     auth = {"authorization": f"Bearer {ADMIN}"}
     bad = httpx.post(url, json={"kind": "model"}, headers=auth)
     assert bad.status_code == 400
+    not_a_key = httpx.post(url, json={"kind": "key", "target": "\u00e9t\u00e9"}, headers=auth)
+    assert not_a_key.status_code == 400  # was a 500
+    assert not_a_key.json()["error"]["param"] == "target"
     tagged = chat_body(f"purge tag {random.random()}")
     plain = chat_body(f"purge model {random.random()}")
     post(gw, tagged, **{"cf-aig-cache-key": "campaign-1"})

@@ -5,10 +5,25 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Request, Response, get, post
+from litestar.openapi.spec import Link
 from litestar.params import FromPath
 
+from server.apidoc.operation import (
+    CLIENT_ERRORS,
+    SERVER_ERROR,
+    Answer,
+    Field,
+    Public,
+    RouteDoc,
+    documented,
+)
+from server.apidoc.request_headers import STRING
+from server.openai.batches.protocol import BatchCreate, BatchObject
 from server.openai.batches.serving import BatchesServing
+from server.openai.protocol import ListPage
 from server.openai.routing import parse_body, principal_tenant, respond
+
+BATCH_ID = {"batch_id": "$response.body#/id"}
 
 
 def batches(request: Request[Any, Any, Any]) -> BatchesServing:
@@ -16,14 +31,51 @@ def batches(request: Request[Any, Any, Any]) -> BatchesServing:
     return svc
 
 
-@post("/v1/batches", opt={"auth": "key"})
+@post(
+    "/v1/batches",
+    opt={"auth": "key"},
+    operation_class=documented(
+        RouteDoc(
+            summary="Create a batch",
+            tag="OpenAI batches",
+            body=BatchCreate,
+            answers=(
+                Answer(
+                    200,
+                    Public(BatchObject),
+                    "The batch, validating or failed.",
+                    links={
+                        "retrieve": Link(operation_id="retrieve_batch", parameters=BATCH_ID),
+                        "cancel": Link(operation_id="cancel_batch", parameters=BATCH_ID),
+                    },
+                ),
+            ),
+            errors=(*CLIENT_ERRORS, 404, *SERVER_ERROR),
+        )
+    ),
+)
 async def create_batch(request: Request[Any, Any, Any]) -> Response[Any]:
     tenant = principal_tenant(request)
     body = parse_body(await request.body())
     return respond(await batches(request).create(tenant, body))
 
 
-@get("/v1/batches", opt={"auth": "key"})
+@get(
+    "/v1/batches",
+    opt={"auth": "key"},
+    operation_class=documented(
+        RouteDoc(
+            summary="List batches",
+            tag="OpenAI batches",
+            query=(
+                Field("after", STRING, "A batch id: the page after it."),
+                Field("limit", {"type": "integer", "minimum": 1, "maximum": 100}, "Page size."),
+            ),
+            answers=(Answer(200, ListPage, "One page of batches, newest first."),),
+            errors=(400, 401, 429, *SERVER_ERROR),
+        )
+    ),
+)
 async def list_batches(request: Request[Any, Any, Any]) -> Response[Any]:
     q = request.query_params
     reply = await batches(request).list_batches(
@@ -32,12 +84,35 @@ async def list_batches(request: Request[Any, Any, Any]) -> Response[Any]:
     return respond(reply)
 
 
-@get("/v1/batches/{batch_id:str}", opt={"auth": "key"})
+@get(
+    "/v1/batches/{batch_id:str}",
+    opt={"auth": "key"},
+    operation_class=documented(
+        RouteDoc(
+            summary="Retrieve a batch",
+            tag="OpenAI batches",
+            answers=(Answer(200, Public(BatchObject), "The batch."),),
+            errors=(401, 404, 429, *SERVER_ERROR),
+        )
+    ),
+)
 async def retrieve_batch(request: Request[Any, Any, Any], batch_id: FromPath[str]) -> Response[Any]:
     return respond(await batches(request).retrieve(principal_tenant(request), batch_id))
 
 
-@post("/v1/batches/{batch_id:str}/cancel", status_code=200, opt={"auth": "key"})
+@post(
+    "/v1/batches/{batch_id:str}/cancel",
+    opt={"auth": "key"},
+    status_code=200,
+    operation_class=documented(
+        RouteDoc(
+            summary="Cancel a batch",
+            tag="OpenAI batches",
+            answers=(Answer(200, Public(BatchObject), "The batch, cancelling or cancelled."),),
+            errors=(401, 404, 409, 429, *SERVER_ERROR),
+        )
+    ),
+)
 async def cancel_batch(request: Request[Any, Any, Any], batch_id: FromPath[str]) -> Response[Any]:
     return respond(await batches(request).cancel(principal_tenant(request), batch_id))
 

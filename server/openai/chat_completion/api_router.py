@@ -6,11 +6,40 @@ from typing import Any
 
 from litestar import Request, Response, post
 
+from server.apidoc.operation import (
+    BACKEND_ERRORS,
+    CLIENT_ERRORS,
+    SERVER_ERROR,
+    Answer,
+    RouteDoc,
+    documented,
+)
+from server.apidoc.request_headers import CACHE_HEADERS
 from server.caching import directives_from
+from server.openai.chat_completion.protocol import ChatCompletion, ChatCompletionRequest
 from server.openai.routing import context, parse_body, respond, serving
 
 
-@post("/v1/chat/completions")
+@post(
+    "/v1/chat/completions",
+    operation_class=documented(
+        RouteDoc(
+            summary="Create a chat completion",
+            tag="OpenAI",
+            body=ChatCompletionRequest,
+            headers=CACHE_HEADERS,
+            answers=(
+                Answer(
+                    200,
+                    ChatCompletion,
+                    "The completion; with `stream: true`, server-sent events.",
+                    also=("text/event-stream",),
+                ),
+            ),
+            errors=(*CLIENT_ERRORS, 404, *SERVER_ERROR, *BACKEND_ERRORS),
+        )
+    ),
+)
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     ctx = context(request)
     body = parse_body(await request.body())

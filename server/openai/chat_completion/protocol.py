@@ -26,3 +26,15 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
+
+
+class ChatCompletion(msgspec.Struct, kw_only=True):
+    """The answer as documented (vLLM's, relayed or replayed from the cache): the fields every
+    answer carries; the rest pass through."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[dict[str, Any]]
+    usage: dict[str, Any] | None = None

@@ -6,11 +6,40 @@ from typing import Any
 
 from litestar import Request, Response, post
 
+from server.apidoc.operation import (
+    BACKEND_ERRORS,
+    CLIENT_ERRORS,
+    SERVER_ERROR,
+    Answer,
+    RouteDoc,
+    documented,
+)
+from server.apidoc.request_headers import CACHE_HEADERS
 from server.caching import directives_from
+from server.openai.completion.protocol import Completion, CompletionRequest
 from server.openai.routing import context, parse_body, respond, serving
 
 
-@post("/v1/completions")
+@post(
+    "/v1/completions",
+    operation_class=documented(
+        RouteDoc(
+            summary="Create a completion",
+            tag="OpenAI",
+            body=CompletionRequest,
+            headers=CACHE_HEADERS,
+            answers=(
+                Answer(
+                    200,
+                    Completion,
+                    "The completion; with `stream: true`, server-sent events.",
+                    also=("text/event-stream",),
+                ),
+            ),
+            errors=(*CLIENT_ERRORS, 404, *SERVER_ERROR, *BACKEND_ERRORS),
+        )
+    ),
+)
 async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
     ctx = context(request)
     body = parse_body(await request.body())

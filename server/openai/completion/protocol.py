@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -16,3 +16,15 @@ class CompletionRequest(SamplingFields, kw_only=True):
     echo: bool | None = None
     best_of: PosInt | None = None
     suffix: str | None = None
+
+
+class Completion(msgspec.Struct, kw_only=True):
+    """The answer as documented (vLLM's, relayed or replayed from the cache): the fields every
+    answer carries; the rest pass through."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[dict[str, Any]]
+    usage: dict[str, Any] | None = None

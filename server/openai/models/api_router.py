@@ -7,15 +7,40 @@ from typing import Any
 from litestar import Request, Response, get
 from litestar.params import FromPath
 
+from server.apidoc.operation import SERVER_ERROR, Answer, RouteDoc, documented
+from server.openai.models.protocol import ModelCard, ModelList
 from server.openai.routing import respond, serving
 
 
-@get("/v1/models", sync_to_thread=False)
+@get(
+    "/v1/models",
+    sync_to_thread=False,
+    operation_class=documented(
+        RouteDoc(
+            summary="List models",
+            tag="OpenAI",
+            answers=(Answer(200, ModelList, "Every model the gateway serves."),),
+            errors=(401, 429, *SERVER_ERROR),
+        )
+    ),
+)
 def list_models(request: Request[Any, Any, Any]) -> Response[Any]:
     return respond(serving(request).models.list_models())
 
 
-@get("/v1/models/{model:path}", sync_to_thread=False)
+@get(
+    "/v1/models/{model:path}",
+    sync_to_thread=False,
+    operation_class=documented(
+        RouteDoc(
+            summary="Retrieve a model",
+            tag="OpenAI",
+            description="`model` is an id or an alias; aliases may contain `/`.",
+            answers=(Answer(200, ModelCard, "The model."),),
+            errors=(401, 404, 429, *SERVER_ERROR),
+        )
+    ),
+)
 def get_model(request: Request[Any, Any, Any], model: FromPath[str]) -> Response[Any]:
     return respond(serving(request).models.get_model(model.lstrip("/")))
 

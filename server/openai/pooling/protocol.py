@@ -73,3 +73,37 @@ def classification_inputs(value: str | list[Any]) -> list[str]:
         if not v:
             raise InputError(f"input[{i}]", "Input strings must not be empty.")
     return list(value)
+
+
+class Embedding(msgspec.Struct, kw_only=True):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str
+    """Floats, or their little-endian float32 bytes in base64 (``encoding_format``)."""
+
+
+class EmbeddingList(msgspec.Struct, kw_only=True):
+    """The answer of ``/v1/embeddings`` as ``serving._embedding_body`` writes it (or vLLM)."""
+
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: dict[str, Any]
+
+
+class Classification(msgspec.Struct, kw_only=True):
+    index: int
+    label: str | None
+    probs: list[float]
+    num_classes: int
+
+
+class ClassificationList(msgspec.Struct, kw_only=True):
+    """The answer of ``/v1/classify`` as ``serving._classification_body`` writes it (or vLLM)."""
+
+    id: str
+    object: Literal["list"]
+    created: int
+    model: str
+    data: list[Classification]
+    usage: dict[str, Any]

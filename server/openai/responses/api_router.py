@@ -7,11 +7,42 @@ from typing import Any
 from litestar import Request, Response, get, post
 from litestar.params import FromPath
 
+from server.apidoc.operation import (
+    BACKEND_ERRORS,
+    CLIENT_ERRORS,
+    SERVER_ERROR,
+    Answer,
+    RouteDoc,
+    documented,
+)
+from server.apidoc.request_headers import CACHE_HEADERS
 from server.caching import directives_from
+from server.openai.responses.protocol import ResponseObject, ResponsesRequest
 from server.openai.routing import context, parse_body, respond, serving
 
 
-@post("/v1/responses")
+@post(
+    "/v1/responses",
+    operation_class=documented(
+        RouteDoc(
+            summary="Create a response",
+            tag="OpenAI",
+            description="Cached only when stateless: `store: false`, no `previous_response_id`, "
+            "no `conversation`, not `background`.",
+            body=ResponsesRequest,
+            headers=CACHE_HEADERS,
+            answers=(
+                Answer(
+                    200,
+                    ResponseObject,
+                    "The response; with `stream: true`, server-sent events.",
+                    also=("text/event-stream",),
+                ),
+            ),
+            errors=(*CLIENT_ERRORS, 404, *SERVER_ERROR, *BACKEND_ERRORS),
+        )
+    ),
+)
 async def create_response(request: Request[Any, Any, Any]) -> Response[Any]:
     ctx = context(request)
     body = parse_body(await request.body())
@@ -19,7 +50,17 @@ async def create_response(request: Request[Any, Any, Any]) -> Response[Any]:
     return respond(await svc.create(body, ctx, directives_from(request.headers)), ctx)
 
 
-@get("/v1/responses/{response_id:str}")
+@get(
+    "/v1/responses/{response_id:str}",
+    operation_class=documented(
+        RouteDoc(
+            summary="Retrieve a stored response",
+            tag="OpenAI",
+            answers=(Answer(200, ResponseObject, "The response the backend stored."),),
+            errors=(400, 401, 404, 429, *SERVER_ERROR, *BACKEND_ERRORS),
+        )
+    ),
+)
 async def retrieve_response(
     request: Request[Any, Any, Any], response_id: FromPath[str]
 ) -> Response[Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -38,3 +38,15 @@ class ResponsesRequest(msgspec.Struct, kw_only=True):
             or self.conversation is not None
             or bool(self.background)
         )
+
+
+class ResponseObject(msgspec.Struct, kw_only=True):
+    """A response as documented (vLLM's, relayed or replayed from the cache): the fields every
+    answer carries; the rest pass through."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int | float
+    model: str
+    status: str
+    output: list[dict[str, Any]]

