@@ -172,6 +172,11 @@ class TokenAuth:
         self._admin_token = admin_token
 
     @property
+    def principals(self) -> list[Principal]:
+        """The principal of every configured token (none on an open gateway)."""
+        return [principal for principal, _ in self._by_digest.values()]
+
+    @property
     def admin_token(self) -> str | None:
         """The policy's admin token, read now (a policy reload may change it)."""
         return self._admin_token() if self._admin_token is not None else None

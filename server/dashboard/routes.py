@@ -30,6 +30,7 @@ from server.dashboard.series import WINDOWS, CounterSeries
 from server.errors import ApiError
 from server.openai.routing import parse_body
 from server.routes.admin import PurgeRequest, _authorize, purge_caches
+from server.tenancy.middleware import Tenancy
 
 PAGES = ("overview", "tenants", "backends", "cache", "batches", "requests")
 COOKIE = "semcache_admin"
@@ -223,8 +224,23 @@ async def tenants(request: Request[Any, Any, Any]) -> dict[str, Any]:
         "ledger": usage["data"] if usage is not None else None,
         "note": None if usage is not None else LEDGER_NOTE,
         "models": models,
+        "limits": await _limits(request),
         "query": query,
     }
+
+
+async def _limits(request: Request[Any, Any, Any]) -> list[dict[str, Any]]:
+    """Each configured token's limits and what remains of them."""
+    tenancy: Tenancy = request.app.state.tenancy
+    if tenancy.limiter is None:
+        return []
+    out = []
+    for principal in tenancy.auth.principals:
+        status = await tenancy.limiter.status(
+            principal.token_id, principal.tenant, principal.limits
+        )
+        out.append(msgspec.to_builtins(status))
+    return out
 
 
 async def requests(request: Request[Any, Any, Any]) -> dict[str, Any]:

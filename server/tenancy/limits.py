@@ -171,6 +171,28 @@ class Window:
     storage_key: str
 
 
+class BudgetStatus(msgspec.Struct, kw_only=True):
+    period: str
+    tokens: int | None
+    tokens_spent: int
+    usd: float | None
+    usd_spent: float
+
+
+class TokenStatus(msgspec.Struct, kw_only=True):
+    """One token's limits and what remains of them (``None``: no such limit)."""
+
+    token: str
+    tenant: str
+    in_flight: int
+    concurrent_requests: int | None
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    requests_remaining: int | None
+    tokens_remaining: int | None
+    budgets: list[BudgetStatus] = msgspec.field(default_factory=list)
+
+
 @dataclass(slots=True, eq=False)
 class Admission:
     """What :meth:`TenantLimiter.admit` decided for one request; settled once at its end."""
@@ -186,6 +208,11 @@ class Admission:
     """Tokens this request added to its tokens-per-minute window so far."""
     holds_slot: bool = False
     settled: bool = False
+
+
+def _tokens_spent(spend: Spend, settings: LimitSettings) -> int:
+    """The tokens a budget counts: cache hits' only when ``hits_spend_tokens``."""
+    return spend.tokens if settings.hits_spend_tokens else spend.tokens - spend.tokens_saved
 
 
 def _period_end(now: float, period: Period) -> float:
@@ -337,6 +364,46 @@ class TenantLimiter:
         timer = getattr(self.storage, "timer", None)  # the memory storage's expiry task
         if isinstance(timer, asyncio.Task) and not timer.done():
             timer.cancel()
+
+    async def status(self, key: str, tenant: str, override: LimitSettings | None) -> TokenStatus:
+        """What token ``key`` may still do now, without counting anything (the dashboard)."""
+        settings = self.defaults.merged(override)
+        admission = Admission(key, tenant, settings, 0)
+        await self._peek(admission)
+        status = TokenStatus(
+            token=key,
+            tenant=tenant,
+            in_flight=self._in_flight.get(key, 0),
+            concurrent_requests=settings.concurrent_requests,
+            requests_per_minute=settings.requests_per_minute,
+            tokens_per_minute=settings.tokens_per_minute,
+            requests_remaining=admission.requests.remaining if admission.requests else None,
+            tokens_remaining=admission.tokens.remaining if admission.tokens else None,
+        )
+        if settings.budgets and self.spent is not None:
+            periods: tuple[tuple[Period, int | None, float | None], ...] = (
+                ("day", settings.daily_tokens, settings.daily_usd),
+                ("month", settings.monthly_tokens, settings.monthly_usd),
+            )
+            for period, tokens, usd in periods:
+                if tokens is None and usd is None:
+                    continue
+                spend = await self.spent(tenant, period, self.clock())
+                used = (
+                    spend.tokens
+                    if settings.hits_spend_tokens
+                    else spend.tokens - spend.tokens_saved
+                )
+                status.budgets.append(
+                    BudgetStatus(
+                        period=period,
+                        tokens=tokens,
+                        tokens_spent=used,
+                        usd=usd,
+                        usd_spent=round(spend.usd, 6),
+                    )
+                )
+        return status
 
     # --- admission steps ---------------------------------------------------------------
 
@@ -508,7 +575,7 @@ class TenantLimiter:
                 continue
             reached: str | None = None
             adjective = "daily" if period == "day" else "monthly"
-            used = spend.tokens if settings.hits_spend_tokens else spend.tokens - spend.tokens_saved
+            used = _tokens_spent(spend, settings)
             if tokens is not None and used >= tokens:
                 reached = f"{adjective} budget of {tokens} tokens (spent {used})"
             elif usd is not None and spend.usd >= usd:
