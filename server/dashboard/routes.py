@@ -171,7 +171,10 @@ async def batches(request: Request[Any, Any, Any]) -> dict[str, Any]:
     counts = [b.request_counts for b in unfinished]
     shown = request.query_params.get("batch")
     chosen = next((b for b in recent if b.id == shown), recent[0] if recent else None)
+    wai = request.app.state.workers_ai
+    depth = await wai.batch.queue.depth() if wai.batch is not None else None
     return {
+        "queue": msgspec.to_builtins(depth) if depth is not None else None,
         "running": fig.total(samples, "semcache_batch_running"),
         "items": fig.by_label(samples, "semcache_batch_items_total", "outcome"),
         "retries": fig.total(samples, "semcache_batch_retries_total"),

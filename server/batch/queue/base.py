@@ -57,8 +57,23 @@ class ItemResult(msgspec.Struct, frozen=True, kw_only=True):
     body: bytes
 
 
+class QueueDepth(msgspec.Struct, frozen=True, kw_only=True):
+    """Items not finished yet, across every job and gateway."""
+
+    items: int
+    """Waiting or leased."""
+    leased: int
+    """Held by a worker now."""
+    oldest_age_s: float | None
+    """Age of the oldest unfinished item (``None``: none)."""
+
+
 class BatchQueue(Protocol):
     """A durable queue of batch items with leases and exactly-once results."""
+
+    async def depth(self) -> QueueDepth:
+        """How much work is queued (the dashboard's batches page)."""
+        ...
 
     async def submit(self, job_id: str, tenant: str, model: str, payloads: Sequence[bytes]) -> None:
         """Store a job and all its items atomically (all or nothing)."""

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from server.batch.queue.base import ItemResult, JobState, WorkItem
+from server.batch.queue.base import ItemResult, JobState, QueueDepth, WorkItem
 
 T = TypeVar("T")
 
@@ -119,6 +119,24 @@ class DiskQueue:
         return self._db
 
     # -- BatchQueue -----------------------------------------------------------------
+
+    async def depth(self) -> QueueDepth:
+        now = self._clock()
+
+        def run() -> QueueDepth:
+            items, leased, oldest = (
+                self._read()
+                .execute(
+                    "SELECT count(*), coalesce(sum(lease_until > ?), 0), min(jobs.created_at) "
+                    "FROM items JOIN jobs ON jobs.id = items.job_id",
+                    (now,),
+                )
+                .fetchone()
+            )
+            age = None if oldest is None else max(now - oldest, 0.0)
+            return QueueDepth(items=items, leased=leased, oldest_age_s=age)
+
+        return await self._call(run)
 
     async def submit(self, job_id: str, tenant: str, model: str, payloads: Sequence[bytes]) -> None:
         now = self._clock()

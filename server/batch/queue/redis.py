@@ -25,7 +25,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from server.batch.queue.base import ItemResult, JobState, WorkItem
+from server.batch.queue.base import ItemResult, JobState, QueueDepth, WorkItem
 
 _COMPLETE = """
 redis.call('XACK', KEYS[2], ARGV[3], ARGV[4])
@@ -112,6 +112,20 @@ class RedisQueue:
         return max(1, int(seconds * 1000))
 
     # -- BatchQueue -----------------------------------------------------------------
+
+    async def depth(self) -> QueueDepth:
+        # Finished entries are deleted from the stream: what is left is waiting or leased.
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.xlen(self.stream)
+            pipe.xpending(self.stream, self.group)
+            pipe.xrange(self.stream, count=1)
+            items, pending, first = await pipe.execute()
+        oldest = None
+        if first:
+            first_ms = int(_text(first[0][0]).split("-")[0])
+            oldest = max(self._clock() - first_ms / 1000.0, 0.0)
+        leased = int(pending["pending"]) if isinstance(pending, dict) else 0
+        return QueueDepth(items=int(items), leased=leased, oldest_age_s=oldest)
 
     async def submit(self, job_id: str, tenant: str, model: str, payloads: Sequence[bytes]) -> None:
         job = self._job_key(job_id)

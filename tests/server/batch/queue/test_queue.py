@@ -158,6 +158,20 @@ async def test_life_cycle_queued_running_done(make_queue: QueueFactory) -> None:
     assert await q.claim("w1", 5, wait_s=0.05) == []
 
 
+async def test_depth_counts_unfinished_items(make_queue: QueueFactory, clock: Clock) -> None:
+    q = await make_queue()
+    empty = await q.depth()
+    assert (empty.items, empty.leased, empty.oldest_age_s) == (0, 0, None)
+    await q.submit("job1", "acme", "@cf/test/tiny", payloads(3))
+    clock.advance(2.0)
+    (item,) = await q.claim("w1", 1, wait_s=0.1)
+    depth = await q.depth()
+    assert (depth.items, depth.leased) == (3, 1)
+    assert depth.oldest_age_s is not None and depth.oldest_age_s >= 0.0
+    assert await q.complete(item, b"r0")
+    assert (await q.depth()).items == 2
+
+
 async def test_unknown_job_is_none(make_queue: QueueFactory) -> None:
     q = await make_queue()
     assert await q.job("nope") is None

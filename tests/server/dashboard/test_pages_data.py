@@ -1,4 +1,4 @@
-"""The Tenants page lists each token's limits and what remains of them."""
+"""The Tenants page lists each token's limits and what remains; the Batches page the queue."""
 
 from __future__ import annotations
 
@@ -49,3 +49,26 @@ def test_the_tenants_page_shows_what_remains(tmp_path: Path) -> None:
         ]
         html = client.get("/dashboard/tenants", headers={"authorization": "Bearer tok-ops"}).text
         assert "3 of 5" in html and "4 of 1,000 tokens" in html
+
+
+def test_the_batches_page_shows_the_queue(tmp_path: Path) -> None:
+    reg = ModelRegistry()
+    reg.generation["fake"] = FakeGeneration()
+    reg.add(ModelInfo("chat-model", "chat", ("@cf/test/chat",), "t", "fake", "rev1", "tpl"))
+    tokens = [TokenEntry(token="tok-ops", tenant="ops", roles=["admin"], name="ops")]
+    config = GatewayConfig(data_dir=str(tmp_path), auth=AuthSettings(tokens=tokens))
+    ops = {"authorization": "Bearer tok-ops"}
+    with TestClient(create_app(config, registry=reg)) as client:
+        run = "/client/v4/accounts/a/ai/run/@cf/test/chat?queueRequest=true"
+        queued = client.post(
+            run, json={"requests": [{"prompt": "a"}, {"prompt": "b"}]}, headers=ops
+        )
+        assert queued.status_code == 200, queued.text
+
+        def queue() -> dict[str, Any]:
+            data: dict[str, Any] = client.get("/dashboard/api/batches", headers=ops).json()["queue"]
+            return data
+
+        wait_until(lambda: queue()["items"] == 0)  # both items ran: nothing left unfinished
+        assert queue() == {"items": 0, "leased": 0, "oldest_age_s": None}
+        assert "Queue: unfinished items" in client.get("/dashboard/batches", headers=ops).text
