@@ -274,7 +274,7 @@ async def test_without_the_admin_token_pages_are_refused(
         assert "tiny-chat" not in body and 'id="data"' not in body
     await page.fill("input[name=token]", "not-the-token")
     await page.click("button[type=submit]")
-    assert await page.locator("#refused").inner_text() == "Wrong admin token."
+    assert "admin role" in await page.locator("#refused").inner_text()
     answer = await page.goto(f"{gw.url}/dashboard/api/overview")
     assert answer.status == 403
     # the browser logs refused loads as console errors: expected here
