@@ -9,20 +9,24 @@ Issue 17 adds (a2): the gateway with tenancy on (a listed token, limits, the usa
 the request log), which must also serve >= 0.7x the bare endpoint's requests/s; (a) runs with
 all of that off.
 
-Each server runs in its own process: a tiny vLLM (pinned to one core; only the first request
-of each cache reaches it), (a) the gateway (``python -m server.cli serve --no-launch``), (b)
-the bare app (this script with ``--serve-bare``, run exactly as the gateway runs: uvicorn's
-``Server.serve`` under ``asyncio.run``, log level warning) and (c) LiteLLM's proxy, installed in
-a bench-only virtualenv outside the project's (``--setup``). One fixed temperature-0 chat
-request, non-stream and stream, is sent with one ``httpx.AsyncClient`` per target at
-concurrency 1, 16 and 64. Each round runs one batch per cell and target, the targets' order
-rotating every round, so drift on this shared machine hits all of them. Every answer is
-checked (200, complete, a hit: ``cf-aig-cache-status: HIT`` / LiteLLM's
-``x-litellm-cache-key``), and vLLM's prompt-token counter must not move while measuring.
+Each server runs in its own process, all of them pinned to core 0: a tiny vLLM (on core 1;
+only the first request of each cache reaches it), (a) the gateway (``python -m server.cli
+serve --no-launch``), (b) the bare app (this script with ``--serve-bare``, run exactly as the
+gateway runs: uvicorn's ``Server.serve`` under ``asyncio.run``, log level warning) and (c)
+LiteLLM's proxy, installed in a bench-only virtualenv outside the project's (``--setup``).
+The load generator is ``wrk`` (Debian package), one thread pinned to core 1, POSTing one fixed
+temperature-0 chat request, non-stream and stream (SSE replay), from a Lua script, at 1, 16
+and 64 connections. Each round runs one wrk run per cell and target, the targets' order
+reversed every other round, so drift on this shared machine hits all of them. Before
+measuring, each target is primed and checked with one request of each kind (200, complete,
+a hit: ``cf-aig-cache-status: HIT`` / LiteLLM's ``x-litellm-cache-key``); while measuring,
+wrk must see no non-2xx answer nor socket error, and vLLM's prompt-token counter must not
+move (a miss would reach it). wrk's own CPU share of its core is printed beside each figure:
+near 100 % the figure would be wrk's, not the server's.
 
     .venv/bin/python bench/exact_hit.py --setup    # once: LiteLLM into .data/bench-venv-litellm
-    .venv/bin/python bench/exact_hit.py --quick    # smoke check, a few minutes
-    .venv/bin/python bench/exact_hit.py [--requests 2000] [--rounds 8]
+    .venv/bin/python bench/exact_hit.py --quick    # 2 s runs, 3 rounds: a few minutes
+    .venv/bin/python bench/exact_hit.py [--seconds 5] [--rounds 6] [--connections 1 16 64]
     .venv/bin/python bench/exact_hit.py --vllm-url http://127.0.0.1:8100   # a running vLLM
     .venv/bin/python bench/exact_hit.py --profile-gateway /tmp/gw.txt   # + py-spy on the gateway
     .venv/bin/python bench/exact_hit.py --no-tenancy --no-litellm    # (a) and (b) only
@@ -35,6 +39,7 @@ import asyncio
 import contextlib
 import importlib.metadata
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -92,8 +97,6 @@ LITELLM_VENV = REPO / ".data" / "bench-venv-litellm"
 MASTER_KEY = "sk-bench-exact-hit-0123456789abcdef"
 """LiteLLM's proxy refuses to start without one; loopback only. All targets get the header."""
 VLLM_TOKENS = "vllm:prompt_tokens_total"
-POOL = 8
-"""Connections per httpx.AsyncClient: its pool's CPU cost per request grows with its size."""
 MESSAGES = [
     {"role": "system", "content": "You are a concise assistant."},
     {"role": "user", "content": "What is the capital of France? Answer in one sentence."},
@@ -263,18 +266,18 @@ def litellm_config(vllm_url: str, served: str) -> bytes:
 @dataclass(frozen=True)
 class Cell:
     stream: bool
-    concurrency: int
+    connections: int
 
     @property
     def label(self) -> str:
-        return f"{'stream' if self.stream else 'non-stream'} c={self.concurrency}"
+        return f"{'stream' if self.stream else 'non-stream'} c={self.connections}"
 
 
 def thread_cpu_ns(pid: int) -> int:
     """Time on CPU of every live thread of ``pid`` (``/proc/PID/task/*/schedstat``, in ns).
 
-    ``cpu_times()`` counts in 10 ms clock ticks, too coarse for batches of sub-ms requests;
-    the servers' threads (event loop, thread pool) live as long as the process.
+    ``cpu_times()`` counts in 10 ms clock ticks, too coarse for short runs; the servers'
+    threads (event loop, thread pool) live as long as the process.
     """
     total = 0
     for task in os.scandir(f"/proc/{pid}/task"):
@@ -288,8 +291,8 @@ def thread_cpu_ns(pid: int) -> int:
 class Target:
     name: str
     url: str
-    clients: list[httpx.AsyncClient]
-    """Worker i uses client i % ceil(concurrency / POOL): httpx's pool slows down as it grows."""
+    client: httpx.AsyncClient
+    """For priming and checking only; the load is wrk's."""
     pid: int
     hit_header: str | None
     """A response header that must be present (and not MISS) on a cache hit; None: no cache."""
@@ -322,21 +325,10 @@ class Target:
         return None
 
 
-@dataclass
-class Batch:
-    requests: int
-    wall_s: float
-    client_cpu_s: float
-    server_cpu_s: float
-    latencies_s: list[float]
-    errors: list[str]
-    retries: int
-
-
-async def one_request(target: Target, stream: bool, worker: int = 0) -> tuple[str | None, int]:
+async def one_request(target: Target, stream: bool) -> tuple[str | None, int]:
     """Send the request once; returns (what was wrong or None, response bytes)."""
     url = f"{target.url}/v1/chat/completions"
-    client = target.clients[worker]
+    client = target.client
     if not stream:
         r = await client.post(url, content=BODIES[False], headers=REQUEST_HEADERS)
         if r.status_code != 200:
@@ -355,108 +347,154 @@ async def one_request(target: Target, stream: bool, worker: int = 0) -> tuple[st
         return target.miss_reason(r.headers), len(raw)
 
 
-async def run_batch(target: Target, cell: Cell, n: int) -> Batch:
-    """``n`` requests from ``cell.concurrency`` workers, each sending its next one at once."""
-    remaining = n
-    latencies: list[float] = []
-    errors: list[str] = []
+def wrk_script(stream: bool) -> str:
+    """A wrk Lua script sending the one request (every target gets the same headers)."""
+    lines = ['wrk.method = "POST"', f"wrk.body = [==[{BODIES[stream].decode()}]==]"]
+    lines += [f'wrk.headers["{k.title()}"] = "{v}"' for k, v in REQUEST_HEADERS.items()]
+    return "\n".join(lines) + "\n"
 
-    retries = 0
 
-    async def worker(client: int) -> None:
-        nonlocal remaining, retries
-        while remaining > 0:
-            remaining -= 1
-            t0 = time.perf_counter()
-            for attempt in range(2):
-                try:
-                    problem, _ = await one_request(target, cell.stream, client)
-                    break
-                except httpx.TransportError as exc:
-                    # e.g. a kept-alive connection the server closed just as it was reused:
-                    # sent again once (the latency includes both tries), and counted
-                    problem = f"{type(exc).__name__}: {exc}"
-                    retries += attempt == 0
-            latencies.append(time.perf_counter() - t0)
-            if problem:
-                errors.append(problem)
+@dataclass
+class WrkRun:
+    """One wrk run against one target."""
 
-    server_cpu = target.cpu_s()
-    client_cpu = time.process_time()
-    started = time.perf_counter()
-    pools = -(-cell.concurrency // POOL)
-    await asyncio.gather(*(worker(i % pools) for i in range(cell.concurrency)))
-    return Batch(
-        requests=n,
-        wall_s=time.perf_counter() - started,
-        client_cpu_s=time.process_time() - client_cpu,
-        server_cpu_s=target.cpu_s() - server_cpu,
-        latencies_s=latencies,
-        errors=errors,
-        retries=retries,
+    requests: int
+    wall_s: float
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    non_2xx: int
+    socket_errors: int
+    wrk_cpu: float
+    """Share of one core wrk used (its own rusage over the run's wall time)."""
+    server_cpu_s: float
+
+    @property
+    def errors(self) -> int:
+        return self.non_2xx + self.socket_errors
+
+
+_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0, "m": 60_000.0}
+
+
+def _ms(text: str) -> float:
+    m = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
+    return float(m.group(1)) * _UNITS[m.group(2)] if m else float("nan")
+
+
+def parse_wrk(out: str) -> tuple[int, float, float, float, int, int]:
+    """(requests, req/s, p50 ms, p99 ms, non-2xx, socket errors) from wrk's ``--latency`` text."""
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    total = re.search(r"(\d+) requests in", out)
+    p50 = re.search(r"\s50%\s+(\S+)", out)
+    p99 = re.search(r"\s99%\s+(\S+)", out)
+    if rps is None or p50 is None or p99 is None or total is None:
+        raise RuntimeError(f"unexpected wrk output:\n{out}")
+    bad = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    return (
+        int(total.group(1)),
+        float(rps.group(1)),
+        _ms(p50.group(1)),
+        _ms(p99.group(1)),
+        int(bad.group(1)) if bad else 0,
+        sum(int(g) for g in sock.groups()) if sock else 0,
     )
 
 
-Results = dict[tuple[Cell, str], list[Batch]]
+def run_wrk(
+    target: Target, script: Path, connections: int, seconds: int, core: str | None
+) -> WrkRun:
+    """wrk, one thread, ``connections`` connections for ``seconds``, pinned to ``core``."""
+    cmd = ["taskset", "-c", core] if core is not None else []
+    cmd += ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s", "--latency"]
+    cmd += ["-s", str(script), f"{target.url}/v1/chat/completions"]
+    server_before = target.cpu_s()
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)  # wrk's own CPU time (taskset execs it)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.monotonic() - started
+    server_cpu = target.cpu_s() - server_before
+    if proc.returncode != 0:
+        raise RuntimeError(f"wrk exited {proc.returncode}:\n{out}")
+    requests, rps, p50, p99, non_2xx, socket_errors = parse_wrk(out)
+    return WrkRun(
+        requests=requests,
+        wall_s=wall,
+        rps=rps,
+        p50_ms=p50,
+        p99_ms=p99,
+        non_2xx=non_2xx,
+        socket_errors=socket_errors,
+        wrk_cpu=(usage.ru_utime + usage.ru_stime) / wall,
+        server_cpu_s=server_cpu,
+    )
+
+
+def wrk_version() -> str:
+    done = subprocess.run(["wrk", "-v"], capture_output=True, text=True, check=False)
+    return " ".join(done.stdout.split()[:2]) or "wrk"
+
+
+Results = dict[tuple[Cell, str], list[WrkRun]]
 
 
 async def run_rounds(
-    targets: list[Target], cells: Sequence[Cell], args: argparse.Namespace
+    targets: list[Target], cells: Sequence[Cell], args: argparse.Namespace, tmp: Path
 ) -> Results:
-    """``args.rounds`` rounds; in each, one batch per cell and target, the order rotating.
+    """``args.rounds`` rounds; in each, one wrk run per cell and target, the targets' order
+    reversed every other round. Before them, a short unmeasured run per target and stream."""
+    scripts = {}
+    for stream in (False, True):
+        scripts[stream] = tmp / f"{'stream' if stream else 'json'}.lua"
+        scripts[stream].write_text(wrk_script(stream))
+    core = None if args.wrk_core == "none" else args.wrk_core
 
-    A batch is ``args.requests / args.rounds`` requests (LiteLLM's: ``args.litellm_share`` of
-    that, it is so much slower), at least two per worker; warm-up batches are short.
-    """
+    async def one(target: Target, cell: Cell, seconds: int) -> WrkRun:
+        run = await asyncio.to_thread(
+            run_wrk, target, scripts[cell.stream], cell.connections, seconds, core
+        )
+        await asyncio.sleep(0.2)  # let the answers wrk left in flight finish
+        return run
+
+    if args.warmup_s > 0:
+        for target in targets:
+            for stream in (False, True):
+                warm = await one(target, Cell(stream, max(args.connections)), args.warmup_s)
+                if warm.errors:
+                    raise RuntimeError(
+                        f"warm-up of {target.name}: {warm.non_2xx} non-2xx answers, "
+                        f"{warm.socket_errors} socket errors"
+                    )
     results: Results = {(cell, t.name): [] for cell in cells for t in targets}
-    for rnd in range(-args.warmup, args.rounds):
-        shift = rnd % len(targets)
-        order = targets[shift:] + targets[:shift]
+    for rnd in range(args.rounds):
+        order = targets if rnd % 2 == 0 else targets[::-1]
         for cell in cells:
             for target in order:
-                share = args.litellm_share if target.name == "litellm" else 1.0
-                n = max(round(share * args.requests / args.rounds), 2 * cell.concurrency)
-                if rnd < 0:
-                    n = min(n, max(2 * cell.concurrency, 20))
-                batch = await run_batch(target, cell, n)
-                if rnd >= 0:
-                    results[cell, target.name].append(batch)
-                elif batch.errors:
-                    raise RuntimeError(f"warm-up of {target.name} failed: {batch.errors[0]}")
-        if rnd >= 0:
-            say(f"round {rnd + 1}/{args.rounds} done")
+                run = await one(target, cell, args.seconds)
+                results[cell, target.name].append(run)
+        say(f"round {rnd + 1}/{args.rounds} done")
     return results
 
 
 # -- statistics and the report ------------------------------------------------------------------
 
 
-def rps(batches: Sequence[Batch]) -> float:
-    return sum(b.requests for b in batches) / sum(b.wall_s for b in batches)
+def rps(runs: Sequence[WrkRun]) -> float:
+    return sum(r.requests for r in runs) / sum(r.wall_s for r in runs)
 
 
-def ratio_ci(num: Sequence[Batch], den: Sequence[Batch], n: int = 2000) -> tuple[float, float]:
-    """95 % interval of rps(num)/rps(den), resampling rounds in pairs (a round shares drift)."""
-    k = min(len(num), len(den))
-    rng = np.random.default_rng(0)
-    idx = rng.integers(0, k, (n, k))
-    nr = np.array([b.requests for b in num[:k]], float)
-    nw = np.array([b.wall_s for b in num[:k]])
-    dr = np.array([b.requests for b in den[:k]], float)
-    dw = np.array([b.wall_s for b in den[:k]])
-    ratios = (nr[idx].sum(1) / nw[idx].sum(1)) / (dr[idx].sum(1) / dw[idx].sum(1))
-    low, high = np.percentile(ratios, [2.5, 97.5])
-    return float(low), float(high)
+def ratio_range(num: Sequence[WrkRun], den: Sequence[WrkRun]) -> tuple[float, float]:
+    """Lowest and highest ratio of the rounds' req/s (each round's runs were side by side)."""
+    ratios = [a.rps / b.rps for a, b in zip(num, den, strict=False)]
+    return min(ratios), max(ratios)
 
 
-def latency_ms(batches: Sequence[Batch], p: float) -> float:
-    values = np.array([s for b in batches for s in b.latencies_s]) * 1e3
-    return float(np.percentile(values, p)) if values.size else float("nan")
-
-
-def cpu_us(batches: Sequence[Batch], attr: str) -> float:
-    total = sum(getattr(b, attr) for b in batches)
-    return 1e6 * total / max(1, sum(b.requests for b in batches))
+def cpu_us(runs: Sequence[WrkRun]) -> float:
+    return 1e6 * sum(r.server_cpu_s for r in runs) / max(1, sum(r.requests for r in runs))
 
 
 def verdict(ok: bool) -> str:
@@ -470,102 +508,82 @@ LABEL = {
     "litellm": "(c) LiteLLM hit",
 }
 W = 18
+WRK_BOUND = 0.9
+"""wrk's share of its core above which a figure may be wrk's rather than the server's."""
 
 
 def throughput_table(results: Results, cells: Sequence[Cell], names: list[str]) -> list[str]:
     """Print requests/s side by side with the ratios; returns the verdict lines."""
     has_ll, has_tn = "litellm" in names, "tenancy" in names
-    print("requests/s (higher is better); ratios [95% CI, rounds resampled in pairs]")
-    head = f"{'':<16}" + "".join(f"{LABEL[n]:>{W}}" for n in names) + f"{'hit/bare':>24}{'':>9}"
-    head += f"{'tenancy/bare':>24}{'':>9}" if has_tn else ""
-    print(head + (f"{'hit/LiteLLM':>24}" if has_ll else ""))
+    print("requests/s (higher is better); ratios of the totals [lowest, highest round]")
+    head = f"{'':<16}" + "".join(f"{LABEL[n]:>{W}}" for n in names) + f"{'(a)/(b)':>24}{'':>9}"
+    head += f"{'(a2)/(b)':>24}{'':>9}" if has_tn else ""
+    print(head + (f"{'(a)/(c)':>24}" if has_ll else ""))
     verdicts = []
     for cell in cells:
-        row = f"{cell.label:<16}" + "".join(f"{rps(results[cell, n]):{W}.0f}" for n in names)
+        row = f"{cell.label:<16}" + "".join(f"{rps(results[cell, n]):{W},.0f}" for n in names)
         gw, bare = results[cell, "gateway"], results[cell, "bare"]
-        r, (lo, hi) = rps(gw) / rps(bare), ratio_ci(gw, bare)
+        r, (lo, hi) = rps(gw) / rps(bare), ratio_range(gw, bare)
         ok = r >= HIT_VS_BARE_TARGET
         row += f"{r:9.2f} [{lo:5.2f},{hi:5.2f}]{verdict(ok):>9}"
         line = f"  {cell.label:<15} hit/bare {r:.2f} {verdict(ok)}"
         if has_tn:
             tn = results[cell, "tenancy"]
-            r3, (lo3, hi3) = rps(tn) / rps(bare), ratio_ci(tn, bare)
+            r3, (lo3, hi3) = rps(tn) / rps(bare), ratio_range(tn, bare)
             ok3 = r3 >= TENANCY_VS_BARE_TARGET
             row += f"{r3:9.2f} [{lo3:5.2f},{hi3:5.2f}]{verdict(ok3):>9}"
             line += f"; tenancy/bare {r3:.2f} {verdict(ok3)} (tenancy/hit {rps(tn) / rps(gw):.2f})"
             ok &= ok3
         if has_ll:
             ll = results[cell, "litellm"]
-            r2, (lo2, hi2) = rps(gw) / rps(ll), ratio_ci(gw, ll)
+            r2, (lo2, hi2) = rps(gw) / rps(ll), ratio_range(gw, ll)
             ok2 = r2 >= HIT_VS_LITELLM_TARGET
             row += f"{r2:9.1f} [{lo2:5.1f},{hi2:5.1f}]{verdict(ok2):>9}"
             line += f"; hit/LiteLLM {r2:.1f} {verdict(ok2)}"
             ok &= ok2
-        if all(cpu_us(b, "client_cpu_s") > cpu_us(b, "server_cpu_s") for b in (gw, bare)):
-            line += " (client-bound: this client spent more CPU per request than the servers)"
+        bound = [n for n in names if max(x.wrk_cpu for x in results[cell, n]) >= WRK_BOUND]
+        if bound:
+            line += f" (wrk near its core's limit for {', '.join(bound)}: a floor, not a figure)"
         print(row)
         verdicts.append(line if ok else line + "  <--")
     return verdicts
 
 
 def latency_table(results: Results, cells: Sequence[Cell], names: list[str]) -> None:
-    print("latency per request, ms: p50 / p99")
+    print("latency per request (wrk), ms: p50 (median of the rounds) / p99 (highest round)")
     print(f"{'':<16}" + "".join(f"{LABEL[n]:>{W + 2}}" for n in names))
     for cell in cells:
         row = f"{cell.label:<16}"
         for n in names:
-            b = results[cell, n]
-            row += f"{latency_ms(b, 50):>{W - 7}.2f} /{latency_ms(b, 99):7.2f}"
+            runs = results[cell, n]
+            p50 = float(np.median([x.p50_ms for x in runs]))
+            row += f"{p50:>{W - 7}.3f} /{max(x.p99_ms for x in runs):7.2f}"
         print(row)
-
-
-def net_cpu_us(batches: Sequence[Batch], idle_cpu: float) -> float:
-    """Server CPU per request less what the server burns with no requests at all."""
-    busy = sum(b.server_cpu_s - idle_cpu * b.wall_s for b in batches)
-    return 1e6 * busy / max(1, sum(b.requests for b in batches))
 
 
 def cpu_table(
     results: Results, cells: Sequence[Cell], names: list[str], idle: Mapping[str, float]
-) -> list[str]:
-    """Print the servers' CPU per request; returns the capacity verdict lines."""
-    has_ll = "litellm" in names
+) -> None:
+    """Print the servers' CPU per request and both cores' shares."""
     print(
-        "CPU per request, µs: each server's process(es), all / net of its idle load (one core "
-        "serves 1e6/µs requests/s, whatever the client manages); then this client's"
+        "server CPU per request, µs (one core serves 1e6/µs requests/s) | share of a core: "
+        "server (mean) / wrk (highest run)"
     )
     print(
         "idle load, CPU ms per s with no requests: "
         + ", ".join(f"{LABEL[n]} {1e3 * idle[n]:.1f}" for n in names)
     )
-    head = f"{'':<16}" + "".join(f"{LABEL[n]:>{W}}" for n in names)
-    head += f"{'bare/hit (net)':>16}" + (f"{'LiteLLM/hit':>13}" if has_ll else "")
-    print(head + "".join(f"{'client ' + n[:4]:>12}" for n in names))
-    verdicts = []
+    head = f"{'':<16}" + "".join(f"{LABEL[n]:>{W}}" for n in names) + f"{'bare/hit CPU':>14}"
+    print(head + "".join(f"{'core ' + n[:7]:>16}" for n in names))
     for cell in cells:
-        cpu = {n: cpu_us(results[cell, n], "server_cpu_s") for n in names}
-        net = {n: net_cpu_us(results[cell, n], idle[n]) for n in names}
-        row = f"{cell.label:<16}" + "".join(f"{f'{cpu[n]:.0f} / {net[n]:.0f}':>{W}}" for n in names)
-        r, r_net = cpu["bare"] / cpu["gateway"], net["bare"] / net["gateway"]
-        row += f"{r:9.2f} ({r_net:.2f})"
-        line = (
-            f"  {cell.label:<15} bare/hit CPU {r:.2f} {verdict(r >= HIT_VS_BARE_TARGET)}"
-            f" (net of idle load {r_net:.2f} {verdict(r_net >= HIT_VS_BARE_TARGET)})"
-        )
-        if "tenancy" in names:
-            r3, r3_net = cpu["bare"] / cpu["tenancy"], net["bare"] / net["tenancy"]
-            line += (
-                f"; bare/tenancy CPU {r3:.2f} {verdict(r3 >= TENANCY_VS_BARE_TARGET)}"
-                f" (net {r3_net:.2f} {verdict(r3_net >= TENANCY_VS_BARE_TARGET)})"
-            )
-        if has_ll:
-            r2 = cpu["litellm"] / cpu["gateway"]
-            row += f"{r2:13.1f}"
-            line += f"; LiteLLM/hit CPU {r2:.1f} {verdict(r2 >= HIT_VS_LITELLM_TARGET)}"
-        row += "".join(f"{cpu_us(results[cell, n], 'client_cpu_s'):12.0f}" for n in names)
+        cpu = {n: cpu_us(results[cell, n]) for n in names}
+        row = f"{cell.label:<16}" + "".join(f"{cpu[n]:{W}.0f}" for n in names)
+        row += f"{cpu['bare'] / cpu['gateway']:14.2f}"
+        for n in names:
+            runs = results[cell, n]
+            server = sum(x.server_cpu_s for x in runs) / sum(x.wall_s for x in runs)
+            row += f"{f'{server:.0%} / {max(x.wrk_cpu for x in runs):.0%}':>16}"
         print(row)
-        verdicts.append(line)
-    return verdicts
 
 
 def report(
@@ -576,40 +594,29 @@ def report(
     print()
     latency_table(results, cells, names)
     print()
-    cpu_verdicts = cpu_table(results, cells, names, idle)
+    cpu_table(results, cells, names, idle)
     print()
-
-    def count(attr: str) -> dict[str, int]:
-        def size(b: Batch) -> int:
-            value = getattr(b, attr)
-            return value if isinstance(value, int) else len(value)
-
-        return {n: sum(size(b) for c in cells for b in results[c, n]) for n in names}
-
-    total, errors, retries = count("requests"), count("errors"), count("retries")
+    total = {n: sum(x.requests for c in cells for x in results[c, n]) for n in names}
+    bad = {n: sum(x.non_2xx for c in cells for x in results[c, n]) for n in names}
+    sock = {n: sum(x.socket_errors for c in cells for x in results[c, n]) for n in names}
     print(
-        "requests (errors, connection retries): "
-        + ", ".join(f"{LABEL[n]} {total[n]} ({errors[n]}, {retries[n]})" for n in names)
+        "requests (non-2xx, socket errors): "
+        + ", ".join(f"{LABEL[n]} {total[n]:,} ({bad[n]}, {sock[n]})" for n in names)
     )
     goal = f"hit >= {HIT_VS_BARE_TARGET:g} x bare"
     goal += f"; hit >= {HIT_VS_LITELLM_TARGET:g} x LiteLLM" if "litellm" in names else ""
     if "tenancy" in names:
         goal += f"; tenancy hit >= {TENANCY_VS_BARE_TARGET:g} x bare (issue 17)"
-    print(f"Targets (issue 3): {goal}, in requests/s")
+    print(f"Targets (issues 3, 16): {goal}, in requests/s")
     print("\n".join(rps_verdicts))
-    print("The same targets in server CPU per request (capacity, not bound by the client):")
-    print("\n".join(cpu_verdicts))
     met = not any("<--" in line for line in rps_verdicts)
-    clean = not any(errors.values())
+    clean = not any(bad.values()) and not any(sock.values())
     if not clean:
-        print("ERRORS: some answers were wrong or not hits (first ones below); verdicts void")
+        print("ERRORS: wrk saw non-2xx answers or socket errors; verdicts void")
     print(
         f"Overall (requests/s): {'all targets met' if met and clean else 'NOT all targets met'}"
         + ("" if "litellm" in names else " (LiteLLM not measured: see above)")
     )
-    for (cell, n), batches in results.items():
-        for err in [e for b in batches for e in b.errors][:2]:
-            print(f"error: {n} {cell.label}: {err}")
     return met and clean
 
 
@@ -646,7 +653,7 @@ async def canned_replies(gateway: Target) -> CannedReplies:
     def kept(headers: httpx.Headers) -> dict[str, str]:
         return {k: v for k, v in headers.items() if k.lower() not in DROPPED_HEADERS}
 
-    client, url = gateway.clients[0], f"{gateway.url}/v1/chat/completions"
+    client, url = gateway.client, f"{gateway.url}/v1/chat/completions"
     r = await client.post(url, content=BODIES[False], headers=REQUEST_HEADERS)
     json_reply = CannedReply(headers=kept(r.headers), chunks=[r.content])
     async with client.stream("POST", url, content=BODIES[True], headers=REQUEST_HEADERS) as s:
@@ -677,15 +684,13 @@ class Bench:
 
     def __init__(self, args: argparse.Namespace, stack: contextlib.AsyncExitStack, tmp: Path):
         self.args, self.stack, self.tmp = args, stack, tmp
-        self.pools = -(-max(args.concurrency) // POOL)
+        self.server_cores = None if args.server_core == "none" else parse_cores(args.server_core)
 
-    def clients(self) -> list[httpx.AsyncClient]:
-        limits = httpx.Limits(max_connections=POOL, max_keepalive_connections=POOL)
-        timeout = httpx.Timeout(120.0, connect=10.0)
-        clients = [httpx.AsyncClient(limits=limits, timeout=timeout) for _ in range(self.pools)]
-        for client in clients:
-            self.stack.push_async_callback(client.aclose)
-        return clients
+    def client(self) -> httpx.AsyncClient:
+        """For priming and checks only (wrk sends the load)."""
+        client = httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=10.0))
+        self.stack.push_async_callback(client.aclose)
+        return client
 
     def child(self, name: str, argv: list[str], url: str, cwd: Path, **env: str) -> ServerProcess:
         log = self.tmp / f"{name.split()[0].lower()}.log"
@@ -694,7 +699,8 @@ class Bench:
         return child
 
     def start(self, child: ServerProcess) -> None:
-        child.start()
+        with affinity(self.server_cores):  # every server on the same core(s)
+            child.start()
         self.stack.push_async_callback(child.stop)
 
     async def start_vllm(self) -> Backend:
@@ -743,7 +749,7 @@ class Bench:
         self.start(child)
         await child.wait_ready(300.0)
         say(f"{name} gateway ready at {child.url}")
-        target = Target(name, child.url, self.clients(), child.pid, "cf-aig-cache-status", "HIT")
+        target = Target(name, child.url, self.client(), child.pid, "cf-aig-cache-status", "HIT")
         await prime(target)
         return target
 
@@ -756,7 +762,7 @@ class Bench:
         url = f"http://127.0.0.1:{port}"
         child = self.child("bare app", argv, url, REPO, PYTHONPATH=str(REPO))
         await child.wait_ready(120.0)
-        return Target("bare", url, self.clients(), child.pid, None)
+        return Target("bare", url, self.client(), child.pid, None)
 
     def start_litellm(self, vllm: Backend) -> tuple[ServerProcess, str]:
         """LiteLLM's proxy from its own venv, 1 uvicorn worker (its default); not yet ready."""
@@ -773,7 +779,7 @@ class Bench:
     async def litellm_target(self, child: ServerProcess, url: str) -> Target:
         waited = await child.wait_ready(600.0, "/health/liveliness")
         say(f"LiteLLM proxy ready at {url} after {waited:.0f} s")
-        target = Target("litellm", url, self.clients(), child.pid, "x-litellm-cache-key")
+        target = Target("litellm", url, self.client(), child.pid, "x-litellm-cache-key")
         await prime(target)
         return target
 
@@ -792,7 +798,9 @@ class Run:
 
 
 async def measure(args: argparse.Namespace, litellm_missing: str | None) -> Run:
-    cells = [Cell(stream, c) for stream in (False, True) for c in args.concurrency]
+    cells = [Cell(stream, c) for stream in (False, True) for c in args.connections]
+    if args.wrk_core != "none":  # this process (idle while wrk runs) off the servers' core
+        os.sched_setaffinity(0, parse_cores(args.wrk_core))
     async with contextlib.AsyncExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="semcache-exact-hit-")))
         bench = Bench(args, stack, tmp)
@@ -827,10 +835,10 @@ async def measure(args: argparse.Namespace, litellm_missing: str | None) -> Run:
         load_before = os.getloadavg()[0]
         started = time.monotonic()
         say(
-            f"measuring {len(cells)} cells x {len(targets)} targets, {args.requests} requests "
-            f"each, {args.rounds} rounds (+{args.warmup} warm-up)"
+            f"measuring {len(cells)} cells x {len(targets)} targets, wrk {args.seconds} s each, "
+            f"{args.rounds} rounds (after {args.warmup_s} s of warm-up per target and stream)"
         )
-        results = await run_rounds(targets, cells, args)
+        results = await run_rounds(targets, cells, args, tmp)
         elapsed = time.monotonic() - started
         load_after = os.getloadavg()[0]
         tokens = await metric_value(vllm.url, VLLM_TOKENS) - tokens_before
@@ -839,7 +847,7 @@ async def measure(args: argparse.Namespace, litellm_missing: str | None) -> Run:
             say(f"py-spy profile of the gateway: {args.profile_gateway}")
 
     versions = ", ".join(
-        f"{pkg} {importlib.metadata.version(pkg)}" for pkg in ("litestar", "uvicorn", "httpx")
+        f"{pkg} {importlib.metadata.version(pkg)}" for pkg in ("litestar", "uvicorn")
     )
     pinned = args.vllm_cores if vllm.process is not None else "(not started here)"
     notes = [
@@ -857,14 +865,14 @@ async def measure(args: argparse.Namespace, litellm_missing: str | None) -> Run:
         f"answers {sizes['litellm']}"
         if "litellm" in sizes
         else f"(c) LiteLLM: NOT MEASURED: {litellm_missing}",
-        f"client: this process; per target, one httpx.AsyncClient per {POOL} concurrent "
-        f"requests (its pool gets slow when large); {versions}",
+        f"load: {wrk_version()}, 1 thread, pinned to core(s) {args.wrk_core}, a Lua script POSTing "
+        f"the request with its headers; servers pinned to core(s) {args.server_core}; "
+        f"{versions}",
         f"machine: {os.cpu_count()} cores SHARED WITH OTHER WORK (load average 1 min "
-        f"{load_before:.1f} before, {load_after:.1f} after); vLLM pinned to core(s) {pinned}; "
-        "gateway, bare app, LiteLLM and client not pinned",
+        f"{load_before:.1f} before, {load_after:.1f} after); vLLM pinned to core(s) {pinned}",
         "workload: one chat request (temperature 0, max_tokens 48), non-stream and stream; "
-        f"{args.requests} requests per cell and target in {args.rounds} rounds, the target "
-        f"order rotating each round; {elapsed:.0f} s"
+        f"one {args.seconds} s wrk run per cell and target in each of {args.rounds} rounds, "
+        f"the targets' order reversed every other round; {elapsed:.0f} s"
         + ("; py-spy attached to the gateway (its figures are perturbed)" if profiler else ""),
     ]
     names = [t.name for t in targets]
@@ -915,20 +923,23 @@ def stop_profiler(proc: subprocess.Popen[bytes]) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    ap.add_argument("--requests", type=int, default=2000, help="per cell and target")
-    ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--warmup", type=int, default=1, help="warm-up rounds (not measured)")
-    ap.add_argument("--idle-s", type=float, default=10.0, help="idle-load window, seconds")
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
-    ap.add_argument("--quick", action="store_true", help="120 requests per cell, 3 rounds")
+    ap.add_argument("--seconds", type=int, default=5, help="one wrk run per cell and target")
+    ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument(
-        "--litellm-share",
-        type=float,
-        default=0.25,
-        help="LiteLLM's batches are this share of the others' (it is much slower)",
+        "--warmup-s", type=int, default=2, help="unmeasured wrk run per target and stream (0: none)"
     )
+    ap.add_argument("--idle-s", type=float, default=10.0, help="idle-load window, seconds")
+    ap.add_argument("--connections", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--quick", action="store_true", help="2 s runs, 3 rounds")
+    ap.add_argument("--server-core", default="0", help="cores for every server ('none')")
+    ap.add_argument("--wrk-core", default="1", help="core for wrk and this script ('none')")
     ap.add_argument("--vllm-url", help="use this running vLLM server instead of starting one")
-    ap.add_argument("--vllm-cores", default="1", help="cores for the vLLM started here ('none')")
+    ap.add_argument(
+        "--vllm-cores",
+        default="1",
+        help="cores for the vLLM started here ('none'); it serves "
+        "only the first request of each cache, so it may share wrk's core",
+    )
     ap.add_argument("--data-dir", default=str(test_data_dir()), help="models and vLLM logs")
     ap.add_argument("--litellm-venv", default=str(LITELLM_VENV), help="LiteLLM's own virtualenv")
     ap.add_argument("--no-litellm", action="store_true", help="do not measure (c)")
@@ -952,7 +963,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(problem or f"{LITELLM_SPEC} is installed in {args.litellm_venv}")
         return 1 if problem else 0
     if args.quick:
-        args.requests, args.rounds, args.idle_s = 120, 3, 5.0
+        args.seconds, args.rounds, args.warmup_s, args.idle_s = 2, 3, 1, 5.0
+    if shutil.which("wrk") is None:
+        say("wrk is missing: apt-get install -y wrk")
+        return 1
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     litellm_missing = "--no-litellm" if args.no_litellm else setup_litellm(args.litellm_venv)
     if litellm_missing:
