@@ -10,7 +10,9 @@
   the paraphrase pairs;
 - embeddings: fidelity (cosine between the served vector and the backend's true vector for
   the new text) at several thresholds on the paraphrase pairs and QQP test texts;
-- the verifier's cost per lookup.
+- the verifier's cost per lookup;
+- with ``--stream``: only the stream evaluation of chat (``semcache.semantic.stream_eval``):
+  verified caching at several max_error values beside the best static thresholds.
 
 Uses the same code as ``semcache calibrate``; embeddings are cached under .data/embeddings.
 """
@@ -23,6 +25,7 @@ import os
 import re
 import time
 
+import msgspec
 import numpy as np
 
 from backends.classifier import TextClassifier, load_classifier
@@ -46,6 +49,13 @@ from semcache.semantic.pairs import (
     split_pairs,
     unique_texts,
 )
+from semcache.semantic.stream_eval import (
+    Outcome,
+    best_static,
+    build_stream,
+    run_verified,
+)
+from semcache.semantic.verified import VerifiedParams
 from semcache.semantic.verifier import PairVerifier, load_verifier, pair_features
 
 HEADER = (
@@ -263,6 +273,91 @@ def verifier_cost(verifier: PairVerifier, candidates: int = 4, rounds: int = 200
     )
 
 
+STREAM_DELTAS = (0.01, 0.02, 0.05, 0.10)
+
+
+def stream_section(
+    encoder: Encoder,
+    verifier: PairVerifier,
+    pairs: list[Pair],
+    *,
+    split: str,
+    limit: int,
+    seed: int,
+    params: VerifiedParams,
+    floor: float,
+) -> None:
+    stream = build_stream(pairs, limit=limit, seed=seed)
+    vectors = embed_texts(encoder, sorted(set(stream.texts)), cache_dir=EMBEDDING_CACHE_DIR).of(
+        stream.texts
+    )
+    sims = vectors @ vectors.T
+    memo: dict[tuple[int, int], float] = {}
+
+    def cosine(i: int, j: int) -> float:
+        return float(sims[i, j])
+
+    def verified_prob(i: int, j: int) -> float:
+        if (i, j) not in memo:
+            prob = verifier.probabilities(
+                vectors[[i]], vectors[[j]], [stream.texts[i]], [stream.texts[j]]
+            )
+            memo[(i, j)] = float(prob[0])
+        return memo[(i, j)]
+
+    clusters = len(set(stream.cluster))
+    print(
+        f"\n== chat stream: QQP {split} split, {len(stream.texts)} questions in {clusters} "
+        f"clusters (seed {seed}); verified: candidate floor {floor}, min_observations "
+        f"{params.min_observations}, prior_weight {params.prior_weight}, audit_rate "
+        f"{params.audit_rate} =="
+    )
+    print(
+        f"{'policy':<34}{'max_error':>10}{'error':>8}{'error<=':>9}{'hit rate':>10}"
+        f"{'hits':>7}{'explores':>10}{'vs static':>11}"
+    )
+    cos_grid = [round(x, 3) for x in np.arange(0.80, 1.0001, 0.005)]
+    prob_grid = [round(x, 3) for x in np.arange(0.50, 1.0001, 0.01)]
+    shipped = verifier.recommended
+    assert shipped is not None
+
+    def gated(i: int, j: int) -> float:
+        return verified_prob(i, j) if sims[i, j] >= shipped.threshold else 0.0
+
+    for delta in STREAM_DELTAS:
+        p = msgspec.structs.replace(params, max_error=delta)
+        static = best_static(stream, sims, cosine, cos_grid, delta)
+
+        static_v = best_static(stream, sims, gated, prob_grid, delta)
+        runs = [
+            ("verified (cosine)", run_verified(stream, sims, cosine, p, floor=floor, seed=seed)),
+            (
+                "verified (verifier prob)",
+                run_verified(stream, sims, verified_prob, p, floor=floor, seed=seed),
+            ),
+        ]
+        best = max((o.hits for o in (static, static_v) if o is not None), default=0)
+        for name, out in runs:
+            print(stream_row(name, delta, out, best))
+        for name, maybe in (("best static cosine", static), ("best static cos+verifier", static_v)):
+            if maybe is None:
+                print(f"{name:<34}{delta:>10.2f}   (no threshold meets it)")
+            else:
+                print(stream_row(f"{name} ({maybe.policy.split()[-1]})", delta, maybe, None))
+
+
+def stream_row(name: str, delta: float, out: Outcome, static_hits: int | None) -> str:
+    ratio = (
+        ""
+        if static_hits is None
+        else (f"{out.hits / static_hits:>10.2f}x" if static_hits else f"{'-':>11}")
+    )
+    return (
+        f"{name:<34}{delta:>10.2f}{out.error_rate:>8.3f}{out.error_upper:>9.3f}"
+        f"{out.hit_rate:>10.3f}{out.hits:>7}{out.explores:>10}{ratio}"
+    )
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -274,11 +369,45 @@ async def main() -> None:
         help="print the test pairs labelled different among the verifier's best-scored "
         "10 %% of matches (the wrong answers that decide the chat target)",
     )
+    parser.add_argument(
+        "--stream",
+        action="store_true",
+        help="only the chat stream evaluation: verified caching vs static thresholds",
+    )
+    parser.add_argument("--split", choices=("val", "test"), default="test")
+    parser.add_argument("--limit", type=int, default=3000, help="questions in the stream")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--floor", type=float, default=0.7, help="verified: candidate floor")
+    parser.add_argument("--min-observations", type=int, default=10)
+    parser.add_argument("--prior-weight", type=float, default=20.0)
+    parser.add_argument("--audit-rate", type=float, default=0.02)
     args = parser.parse_args()
     started = time.time()
     encoder = load_encoder(threads=args.threads)
     verifier = load_verifier()
     parts = split_pairs(load_pairs(QQP_PAIRS))
+    if args.stream:
+        params = VerifiedParams(
+            max_error=0.05,
+            min_observations=args.min_observations,
+            prior_weight=args.prior_weight,
+            audit_rate=args.audit_rate,
+        )
+        try:
+            stream_section(
+                encoder,
+                verifier,
+                parts[args.split],
+                split=args.split,
+                limit=args.limit,
+                seed=args.seed,
+                params=params,
+                floor=args.floor,
+            )
+        finally:
+            await encoder.aclose()
+        print(f"\n({time.time() - started:.0f} s; load average {os.getloadavg()[0]:.1f})")
+        return
     paraphrases = load_pairs(PARAPHRASE_PAIRS)
     print(
         f"encoder {encoder.version}, verifier {verifier.version}; {os.cpu_count()} cores, "
