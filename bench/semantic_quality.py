@@ -309,7 +309,8 @@ def stream_section(
     print(
         f"\n== chat stream: QQP {split} split, {len(stream.texts)} questions in {clusters} "
         f"clusters (seed {seed}); verified: candidate floor {floor}, min_observations "
-        f"{params.min_observations}, prior_weight {params.prior_weight}, audit_rate "
+        f"{params.min_observations}, prior_weight {params.prior_weight}, prior_bandwidth "
+        f"{params.prior_bandwidth}, audit_rate "
         f"{params.audit_rate} =="
     )
     print(
@@ -381,6 +382,9 @@ async def main() -> None:
     parser.add_argument("--min-observations", type=int, default=10)
     parser.add_argument("--prior-weight", type=float, default=20.0)
     parser.add_argument("--audit-rate", type=float, default=0.02)
+    parser.add_argument(
+        "--prior-bandwidth", type=float, default=0.02, help="0: the prior weighs all alike"
+    )
     args = parser.parse_args()
     started = time.time()
     encoder = load_encoder(threads=args.threads)
@@ -391,6 +395,7 @@ async def main() -> None:
             max_error=0.05,
             min_observations=args.min_observations,
             prior_weight=args.prior_weight,
+            prior_bandwidth=args.prior_bandwidth or None,
             audit_rate=args.audit_rate,
         )
         try:

@@ -206,6 +206,7 @@ class SemanticCache:
             max_error=rule.max_error,
             min_observations=rule.min_observations,
             prior_weight=rule.prior_weight,
+            prior_bandwidth=rule.prior_bandwidth,
             audit_rate=rule.audit_rate,
         )
         uniform = self.uniform()

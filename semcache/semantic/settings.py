@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-from semcache.config_types import Fraction, NonNegFloat, PosInt, Unit
+from semcache.config_types import Fraction, NonNegFloat, PosFloat, PosInt, Unit
 
 
 class SemanticRule(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -41,6 +41,9 @@ class SemanticRule(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Verified: judged explores a partition needs before it serves anything."""
     prior_weight: NonNegFloat = 20.0
     """Verified: how many observations the partition's prior weighs in an entry's curve."""
+    prior_bandwidth: PosFloat = 0.02
+    """Verified: the prior weighs the partition's observations by a Gaussian kernel of this
+    width around the request's score (the partition's curve need not be one sigmoid)."""
     audit_rate: Unit = 0.02
     """Verified: the share of servable requests explored anyway, to keep checking."""
     explores_per_minute: PosInt = 60

@@ -10,9 +10,10 @@ request's fresh answer, judged against the cached one, adds an observation to th
 Here the curve is a Bayesian posterior over a fixed grid of ``(t, gamma)`` rather than a
 logistic-regression fit with a delta-method variance: it is exact for the model, needs no
 special case when the observations separate perfectly, and takes a prior naturally. The
-prior is the partition's: the observations of all its entries, tempered to weigh as
-``prior_weight`` observations (a power prior), so a new entry starts from what its
-partition has learned and its own observations take over as they come.
+prior is the partition's: the observations of all its entries near the request's score
+(a Gaussian kernel), tempered to weigh as ``prior_weight`` observations (a power prior), so
+a new entry starts from what its partition has learned about such scores, and its own
+observations take over as they come.
 
 The decision bounds the share of wrong answers among the answers served: with ``alpha`` a
 lower bound on the posterior probability that the entry's answer is right at this
@@ -80,9 +81,14 @@ class VerifiedParams(msgspec.Struct, frozen=True, kw_only=True):
     max_error: float
     """delta: the bound on the probability that a request is served a wrong answer."""
     min_observations: int = 10
-    """A partition serves nothing before it holds this many judged observations."""
+    """Judged observations needed at about the request's score (the entry's own plus its
+    partition's within the prior's kernel) before the entry is served."""
     prior_weight: float = 5.0
     """How many observations the partition's prior weighs in an entry's curve."""
+    prior_bandwidth: float | None = 0.02
+    """The prior weighs the partition's observations by a Gaussian kernel of this width
+    around the request's score (None: all alike): the partition's curve need not be one
+    sigmoid over the whole range."""
     audit_rate: float = 0.02
     """The share of servable requests explored anyway."""
 
@@ -99,53 +105,87 @@ def log_likelihood(observations: Iterable[Observation]) -> np.ndarray:
     return -np.logaddexp(0.0, -sign * z).sum(axis=0)
 
 
+_BINS = 201
+_BIN_CENTRES = np.linspace(0.0, 1.0, _BINS)
+_Z_BINS = _GAMMA_FLAT[None, :] * (_BIN_CENTRES[:, None] - _T_FLAT[None, :])
+_LL_RIGHT = -np.logaddexp(0.0, -_Z_BINS)
+_LL_WRONG = -np.logaddexp(0.0, _Z_BINS)
+"""log P(right) and log P(wrong) of an observation at each bin centre, on the grid."""
+
+
+def _bin(similarity: float) -> int:
+    return round(min(1.0, max(0.0, similarity)) * (_BINS - 1))
+
+
 class PartitionPrior:
-    """The pooled observations of one partition, as a log-likelihood on the grid.
+    """The pooled observations of one partition, counted per score bin (0.005 wide).
 
     Not thread-safe on its own: its partition calls it under the partition's lock.
     """
 
     def __init__(self) -> None:
-        self.loglik = np.zeros(_T_FLAT.shape)
-        self.count = 0
+        self.right = np.zeros(_BINS)
+        self.wrong = np.zeros(_BINS)
 
-    def add(self, observations: Sequence[Observation]) -> None:
-        if observations:
-            self.loglik += log_likelihood(observations)
-            self.count += len(observations)
+    @property
+    def count(self) -> int:
+        return round(float(self.right.sum() + self.wrong.sum()))
+
+    def add(self, observations: Sequence[Observation], sign: float = 1.0) -> None:
+        for obs in observations:
+            counts = self.right if obs.correct else self.wrong
+            counts[_bin(obs.similarity)] += sign
+        np.maximum(self.right, 0.0, out=self.right)
+        np.maximum(self.wrong, 0.0, out=self.wrong)
 
     def remove(self, observations: Sequence[Observation]) -> None:
-        if observations:
-            self.loglik -= log_likelihood(observations)
-            self.count = max(0, self.count - len(observations))
-            if self.count == 0:
-                self.loglik[:] = 0.0  # no drift left behind
+        self.add(observations, -1.0)
 
     def log_prior(
-        self, weight: float, own: np.ndarray | None = None, own_count: int = 0
-    ) -> np.ndarray:
-        """The prior of an entry: the partition's observations but its own, tempered to
-        weigh as ``weight`` observations at most."""
-        pooled = self.loglik - own if own is not None else self.loglik
-        n = self.count - own_count
-        if n <= 0 or weight <= 0:
-            return np.zeros(_T_FLAT.shape)
-        return pooled * min(1.0, weight / n)
+        self,
+        similarity: float,
+        weight: float,
+        bandwidth: float | None,
+        own: Sequence[Observation] = (),
+    ) -> tuple[np.ndarray, float]:
+        """The prior of an entry asked at ``similarity``: the partition's observations but
+        its own, each weighed by a Gaussian kernel of ``bandwidth`` around ``similarity``
+        (None: all alike), tempered to weigh as ``weight`` observations at most; and how
+        many observations the kernel holds (the evidence about such scores)."""
+        right, wrong = self.right.copy(), self.wrong.copy()
+        for obs in own:
+            counts = right if obs.correct else wrong
+            counts[_bin(obs.similarity)] -= 1.0
+        np.maximum(right, 0.0, out=right)
+        np.maximum(wrong, 0.0, out=wrong)
+        if bandwidth is not None:
+            kernel = np.exp(-0.5 * ((_BIN_CENTRES - similarity) / bandwidth) ** 2)
+            right *= kernel
+            wrong *= kernel
+        n = float(right.sum() + wrong.sum())
+        if n <= 1e-9 or weight <= 0:
+            return np.zeros(_T_FLAT.shape), n
+        return min(1.0, weight / n) * (right @ _LL_RIGHT + wrong @ _LL_WRONG), n
 
 
 def posterior(
-    observations: Sequence[Observation], prior: PartitionPrior, prior_weight: float
-) -> np.ndarray:
-    """The normalised posterior of an entry over the flattened ``(t, gamma)`` grid.
+    similarity: float,
+    observations: Sequence[Observation],
+    prior: PartitionPrior,
+    prior_weight: float,
+    bandwidth: float | None = None,
+) -> tuple[np.ndarray, float]:
+    """The normalised posterior of an entry asked at ``similarity``, over the flattened
+    ``(t, gamma)`` grid, and the partition's evidence near ``similarity``.
 
     ``prior`` holds the entry's own observations too (its partition adds every one); they
     are taken out of it, so that they count once, at full weight.
     """
-    own = log_likelihood(observations)
-    log_post = own + prior.log_prior(prior_weight, own, len(observations))
+    log_prior, evidence = prior.log_prior(similarity, prior_weight, bandwidth, observations)
+    log_post = log_likelihood(observations) + log_prior
     log_post -= log_post.max()
     weights = np.exp(log_post)
-    return weights / weights.sum()
+    return weights / weights.sum(), evidence
 
 
 def correctness(similarity: float, weights: np.ndarray) -> tuple[float, float]:
@@ -171,9 +211,13 @@ def decide(
     ``uniform`` is a draw from U[0, 1) (the caller's RNG): the request is explored when it
     falls below the exploration probability.
     """
-    weights = posterior(observations, prior, params.prior_weight)
+    weights, evidence = posterior(
+        similarity, observations, prior, params.prior_weight, params.prior_bandwidth
+    )
     mean, lower = correctness(similarity, weights)
-    servable = prior.count >= params.min_observations and mean >= 1.0 - params.max_error
+    # Enough judged requests at about this score, the entry's own or its partition's.
+    known = evidence + len(observations) >= params.min_observations
+    servable = known and mean >= 1.0 - params.max_error
     tau = params.audit_rate if servable else 1.0
     action = Action.EXPLORE if uniform < tau else Action.EXPLOIT
     return Decision(action=action, explore_probability=tau, p_correct=mean, lower_bound=lower)

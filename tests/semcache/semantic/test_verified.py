@@ -140,4 +140,4 @@ def test_removing_every_observation_empties_the_prior() -> None:
     obs = judged(random.Random(1), 30, t=0.8, gamma=50)
     prior = prior_of(obs)
     prior.remove(obs)
-    assert prior.count == 0 and not prior.loglik.any()
+    assert prior.count == 0 and not prior.right.any() and not prior.wrong.any()
