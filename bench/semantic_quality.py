@@ -53,6 +53,7 @@ from semcache.semantic.stream_eval import (
     Outcome,
     best_static,
     build_stream,
+    run_static,
     run_verified,
 )
 from semcache.semantic.verified import VerifiedParams
@@ -325,11 +326,13 @@ def stream_section(
     def gated(i: int, j: int) -> float:
         return verified_prob(i, j) if sims[i, j] >= shipped.threshold else 0.0
 
+    static_cos = [run_static(stream, sims, cosine, t) for t in cos_grid]
+    static_ver = [run_static(stream, sims, gated, t) for t in prob_grid]
     for delta in STREAM_DELTAS:
         p = msgspec.structs.replace(params, max_error=delta)
-        static = best_static(stream, sims, cosine, cos_grid, delta)
+        static = best_static(static_cos, delta)
 
-        static_v = best_static(stream, sims, gated, prob_grid, delta)
+        static_v = best_static(static_ver, delta)
         runs = [
             ("verified (cosine)", run_verified(stream, sims, cosine, p, floor=floor, seed=seed)),
             (

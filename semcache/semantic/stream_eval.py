@@ -179,14 +179,11 @@ def run_verified(
     )
 
 
-def best_static(
-    stream: Stream, sims: np.ndarray, score: Score, thresholds: Sequence[float], max_error: float
-) -> Outcome | None:
-    """The static threshold with the highest hit rate whose realized error is <= max_error
-    on this very stream (tuned after the fact: the most favourable static setting)."""
+def best_static(outcomes: Sequence[Outcome], max_error: float) -> Outcome | None:
+    """Of static runs on one stream, the one with the most hits whose realized error is at
+    most max_error (tuned after the fact: the most favourable static setting)."""
     best: Outcome | None = None
-    for threshold in thresholds:
-        out = run_static(stream, sims, score, threshold)
+    for out in outcomes:
         if out.hits and out.error_rate <= max_error and (best is None or out.hits > best.hits):
             best = out
     return best
