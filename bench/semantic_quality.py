@@ -25,7 +25,6 @@ import os
 import re
 import time
 
-import msgspec
 import numpy as np
 
 from backends.classifier import TextClassifier, load_classifier
@@ -49,13 +48,7 @@ from semcache.semantic.pairs import (
     split_pairs,
     unique_texts,
 )
-from semcache.semantic.stream_eval import (
-    Outcome,
-    best_static,
-    build_stream,
-    run_static,
-    run_verified,
-)
+from semcache.semantic.stream_eval import build_stream, compare, format_comparison
 from semcache.semantic.verified import VerifiedParams
 from semcache.semantic.verifier import PairVerifier, load_verifier, pair_features
 
@@ -274,9 +267,6 @@ def verifier_cost(verifier: PairVerifier, candidates: int = 4, rounds: int = 200
     )
 
 
-STREAM_DELTAS = (0.01, 0.02, 0.05, 0.10)
-
-
 def stream_section(
     encoder: Encoder,
     verifier: PairVerifier,
@@ -289,77 +279,23 @@ def stream_section(
     floor: float,
 ) -> None:
     stream = build_stream(pairs, limit=limit, seed=seed)
-    vectors = embed_texts(encoder, sorted(set(stream.texts)), cache_dir=EMBEDDING_CACHE_DIR).of(
-        stream.texts
-    )
-    sims = vectors @ vectors.T
-    memo: dict[tuple[int, int], float] = {}
-
-    def cosine(i: int, j: int) -> float:
-        return float(sims[i, j])
-
-    def verified_prob(i: int, j: int) -> float:
-        if (i, j) not in memo:
-            prob = verifier.probabilities(
-                vectors[[i]], vectors[[j]], [stream.texts[i]], [stream.texts[j]]
-            )
-            memo[(i, j)] = float(prob[0])
-        return memo[(i, j)]
-
+    embedded = embed_texts(encoder, sorted(set(stream.texts)), cache_dir=EMBEDDING_CACHE_DIR)
     clusters = len(set(stream.cluster))
     print(
         f"\n== chat stream: QQP {split} split, {len(stream.texts)} questions in {clusters} "
         f"clusters (seed {seed}); verified: candidate floor {floor}, min_observations "
         f"{params.min_observations}, prior_weight {params.prior_weight}, prior_bandwidth "
-        f"{params.prior_bandwidth}, audit_rate "
-        f"{params.audit_rate} =="
+        f"{params.prior_bandwidth}, audit_rate {params.audit_rate} =="
     )
-    print(
-        f"{'policy':<34}{'max_error':>10}{'error':>8}{'error<=':>9}{'hit rate':>10}"
-        f"{'hits':>7}{'explores':>10}{'vs static':>11}"
+    rows = compare(
+        stream,
+        embedded.of(stream.texts),
+        params,
+        verifier=verifier,
+        floor=floor,
+        seed=seed,
     )
-    cos_grid = [round(x, 3) for x in np.arange(0.80, 1.0001, 0.005)]
-    prob_grid = [round(x, 3) for x in np.arange(0.50, 1.0001, 0.01)]
-    shipped = verifier.recommended
-    assert shipped is not None
-
-    def gated(i: int, j: int) -> float:
-        return verified_prob(i, j) if sims[i, j] >= shipped.threshold else 0.0
-
-    static_cos = [run_static(stream, sims, cosine, t) for t in cos_grid]
-    static_ver = [run_static(stream, sims, gated, t) for t in prob_grid]
-    for delta in STREAM_DELTAS:
-        p = msgspec.structs.replace(params, max_error=delta)
-        static = best_static(static_cos, delta)
-
-        static_v = best_static(static_ver, delta)
-        runs = [
-            ("verified (cosine)", run_verified(stream, sims, cosine, p, floor=floor, seed=seed)),
-            (
-                "verified (verifier prob)",
-                run_verified(stream, sims, verified_prob, p, floor=floor, seed=seed),
-            ),
-        ]
-        best = max((o.hits for o in (static, static_v) if o is not None), default=0)
-        for name, out in runs:
-            print(stream_row(name, delta, out, best))
-        for name, maybe in (("best static cosine", static), ("best static cos+verifier", static_v)):
-            if maybe is None:
-                print(f"{name:<34}{delta:>10.2f}   (no threshold meets it)")
-            else:
-                print(stream_row(f"{name} ({maybe.policy.split()[-1]})", delta, maybe, None))
-
-
-def stream_row(name: str, delta: float, out: Outcome, static_hits: int | None) -> str:
-    ratio = (
-        ""
-        if static_hits is None
-        else (f"{out.hits / static_hits:>10.2f}x" if static_hits else f"{'-':>11}")
-    )
-    return (
-        f"{name:<34}{delta:>10.2f}{out.error_rate:>8.3f}{out.error_upper:>9.3f}"
-        f"{out.hit_rate:>10.3f}{out.hits:>7}{out.explores:>10}{ratio}"
-    )
+    print(format_comparison(rows))
 
 
 async def main() -> None:
@@ -386,7 +322,7 @@ async def main() -> None:
     parser.add_argument("--prior-weight", type=float, default=20.0)
     parser.add_argument("--audit-rate", type=float, default=0.02)
     parser.add_argument(
-        "--prior-bandwidth", type=float, default=0.02, help="0: the prior weighs all alike"
+        "--prior-bandwidth", type=float, default=0.01, help="0: the prior weighs all alike"
     )
     args = parser.parse_args()
     started = time.time()

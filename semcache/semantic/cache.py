@@ -25,7 +25,7 @@ import numpy as np
 from semcache.semantic.encoder import Encoder
 from semcache.semantic.feed import EntryFeed
 from semcache.semantic.index import LoadReport, SemanticIndex
-from semcache.semantic.partition import Hit, Limits
+from semcache.semantic.partition import Hit, Limits, PartitionIndex
 from semcache.semantic.records import PartitionKey, SemanticRecord, vector_bytes
 from semcache.semantic.settings import SemanticRule
 from semcache.semantic.store import RecordStore
@@ -439,9 +439,7 @@ class SemanticCache:
         observed = [
             (digest, ref)
             for digest, ref in self.store.observed()
-            if (key := by_digest.get(digest)) is not None
-            and (part := self.index.get(key)) is not None
-            and part.has_ref(ref)
+            if (holder := self._holder(by_digest.get(digest))) is not None and holder.has_ref(ref)
         ]
         if observed:
             self.index.add_records(self.store.get_many(observed), now=now)
@@ -458,6 +456,9 @@ class SemanticCache:
             self.store.delete(key, evicted)
         self.index.remove_partitions(lambda key: (p := self.index.get(key)) is None or not len(p))
         return report
+
+    def _holder(self, key: PartitionKey | None) -> PartitionIndex | None:
+        return self.index.get(key) if key is not None else None
 
     async def _maintain_loop(self) -> None:
         while True:

@@ -41,7 +41,7 @@ class SemanticRule(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Verified: judged explores a partition needs before it serves anything."""
     prior_weight: NonNegFloat = 20.0
     """Verified: how many observations the partition's prior weighs in an entry's curve."""
-    prior_bandwidth: PosFloat = 0.02
+    prior_bandwidth: PosFloat = 0.01
     """Verified: the prior weighs the partition's observations by a Gaussian kernel of this
     width around the request's score (the partition's curve need not be one sigmoid)."""
     audit_rate: Unit = 0.02

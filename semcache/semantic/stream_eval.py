@@ -19,8 +19,10 @@ nearest entry by cosine. Error rate is the share of wrong answers among those se
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import msgspec
 import numpy as np
@@ -35,6 +37,7 @@ from semcache.semantic.verified import (
     decide,
     observed,
 )
+from semcache.semantic.verifier import PairVerifier
 
 Score = Callable[[int, int], float]
 """Score of (request, entry), both as positions in the stream."""
@@ -194,3 +197,138 @@ def _nearest(sims: np.ndarray, i: int, entries: list[int]) -> int | None:
         return None
     row = sims[i, entries]
     return entries[int(np.argmax(row))]
+
+
+DELTAS = (0.01, 0.02, 0.05, 0.10)
+COSINE_THRESHOLDS = tuple(round(0.80 + 0.005 * i, 3) for i in range(41))
+PROB_THRESHOLDS = tuple(round(0.50 + 0.01 * i, 2) for i in range(51))
+
+
+class Comparison(msgspec.Struct, kw_only=True):
+    """Verified caching beside the best static thresholds, for one max_error."""
+
+    max_error: float
+    verified_cosine: Outcome
+    verified_verifier: Outcome | None
+    static_cosine: Outcome | None
+    static_verifier: Outcome | None
+
+
+def compare(
+    stream: Stream,
+    vectors: np.ndarray,
+    params: VerifiedParams,
+    *,
+    verifier: PairVerifier | None,
+    floor: float,
+    seed: int,
+    deltas: Sequence[float] = DELTAS,
+) -> list[Comparison]:
+    """Run every policy on one stream (``vectors``: the texts' unit vectors, in order)."""
+    sims = vectors @ vectors.T
+    memo: dict[tuple[int, int], float] = {}
+
+    def cosine(i: int, j: int) -> float:
+        return float(sims[i, j])
+
+    def probability(i: int, j: int) -> float:
+        assert verifier is not None
+        if (i, j) not in memo:
+            prob = verifier.probabilities(
+                vectors[[i]], vectors[[j]], [stream.texts[i]], [stream.texts[j]]
+            )
+            memo[(i, j)] = float(prob[0])
+        return memo[(i, j)]
+
+    static_cos = [run_static(stream, sims, cosine, t) for t in COSINE_THRESHOLDS]
+    static_ver: list[Outcome] = []
+    shipped = verifier.recommended if verifier is not None else None
+    if shipped is not None:
+        gate = shipped.threshold
+
+        def gated(i: int, j: int) -> float:
+            return probability(i, j) if sims[i, j] >= gate else 0.0
+
+        static_ver = [run_static(stream, sims, gated, t) for t in PROB_THRESHOLDS]
+    rows = []
+    for delta in deltas:
+        p = msgspec.structs.replace(params, max_error=delta)
+        rows.append(
+            Comparison(
+                max_error=delta,
+                verified_cosine=run_verified(stream, sims, cosine, p, floor=floor, seed=seed),
+                verified_verifier=(
+                    run_verified(stream, sims, probability, p, floor=floor, seed=seed)
+                    if verifier is not None
+                    else None
+                ),
+                static_cosine=best_static(static_cos, delta),
+                static_verifier=best_static(static_ver, delta),
+            )
+        )
+    return rows
+
+
+def format_comparison(rows: Sequence[Comparison]) -> str:
+    lines = [
+        f"{'policy':<34}{'max_error':>10}{'error':>8}{'error<=':>9}{'hit rate':>10}"
+        f"{'hits':>7}{'explores':>10}{'vs static':>11}"
+    ]
+    for row in rows:
+        statics = [o for o in (row.static_cosine, row.static_verifier) if o is not None]
+        best = max((o.hits for o in statics), default=0)
+        for name, out in (
+            ("verified (cosine)", row.verified_cosine),
+            ("verified (verifier prob)", row.verified_verifier),
+        ):
+            if out is not None:
+                ratio = f"{out.hits / best:>10.2f}x" if best else f"{'-':>11}"
+                lines.append(_row(name, row.max_error, out) + ratio)
+        for name, maybe in (
+            ("best static cosine", row.static_cosine),
+            ("best static cos+verifier", row.static_verifier),
+        ):
+            if maybe is None:
+                lines.append(f"{name:<34}{row.max_error:>10.2f}   (no threshold meets it)")
+            else:
+                label = f"{name} ({maybe.policy.split()[-1]})"
+                lines.append(_row(label, row.max_error, maybe))
+    lines.append(
+        "error: wrong answers / answers served; error<=: its one-sided 95 % Wilson bound; "
+        "explores: requests judged (backend calls a static threshold would have served or "
+        "missed alike)"
+    )
+    return "\n".join(lines)
+
+
+def _row(name: str, delta: float, out: Outcome) -> str:
+    return (
+        f"{name:<34}{delta:>10.2f}{out.error_rate:>8.3f}{out.error_upper:>9.3f}"
+        f"{out.hit_rate:>10.3f}{out.hits:>7}{out.explores:>10}"
+    )
+
+
+def compare_file(
+    pairs: Path,
+    params: VerifiedParams,
+    *,
+    limit: int | None = None,
+    seed: int = 0,
+    floor: float = 0.7,
+    use_verifier: bool = True,
+) -> list[Comparison]:
+    """``compare`` on a pairs file with the cache's own encoder (and verifier); blocking."""
+    from semcache.semantic.encoder import load_encoder
+    from semcache.semantic.pairs import embed_texts, load_pairs
+    from semcache.semantic.verifier import load_verifier
+
+    stream = build_stream(load_pairs(pairs), limit=limit, seed=seed)
+    encoder = load_encoder()
+    try:
+        embedded = embed_texts(encoder, sorted(set(stream.texts)), cache_dir=None)
+    finally:
+        asyncio.run(encoder.aclose())
+    verifier = load_verifier() if use_verifier else None
+    return compare(
+        stream, embedded.of(stream.texts), params, verifier=verifier, floor=floor, seed=seed
+    )

@@ -37,8 +37,11 @@ from enum import Enum
 import msgspec
 import numpy as np
 
-T_GRID = np.linspace(0.3, 1.0, 141)
-"""Candidate thresholds (the similarity at which the entry's answer is right half the time)."""
+T_GRID = np.linspace(0.3, 1.3, 201)
+"""Candidate thresholds (the similarity at which the entry's answer is right half the time).
+Those above 1 stand for entries that are not right even for an identical text: without them
+the flat prior over the grid would expect answers near similarity 1 to be right before any
+observation says so."""
 GAMMA_GRID = np.geomspace(5.0, 500.0, 9)
 """Candidate steepnesses of the curve (1/gamma is the width of its transition)."""
 _T, _GAMMA = np.meshgrid(T_GRID, GAMMA_GRID, indexing="ij")
@@ -85,7 +88,7 @@ class VerifiedParams(msgspec.Struct, frozen=True, kw_only=True):
     partition's within the prior's kernel) before the entry is served."""
     prior_weight: float = 5.0
     """How many observations the partition's prior weighs in an entry's curve."""
-    prior_bandwidth: float | None = 0.02
+    prior_bandwidth: float | None = 0.01
     """The prior weighs the partition's observations by a Gaussian kernel of this width
     around the request's score (None: all alike): the partition's curve need not be one
     sigmoid over the whole range."""

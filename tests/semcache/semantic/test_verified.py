@@ -76,7 +76,7 @@ def test_the_lower_bound_never_exceeds_the_posterior_mean() -> None:
 
 def test_a_new_entry_starts_from_its_partitions_prior() -> None:
     rng = random.Random(11)
-    others = judged(rng, 200, t=0.8, gamma=80)
+    others = judged(rng, 600, t=0.8, gamma=80)
     prior = prior_of(others)
     leaning = VerifiedParams(max_error=0.05, prior_weight=50.0)
     fresh = decide(0.97, [], prior, leaning, uniform=0.5)
@@ -89,7 +89,7 @@ def test_a_new_entry_starts_from_its_partitions_prior() -> None:
 
 def test_an_entrys_own_observations_override_a_misleading_prior() -> None:
     rng = random.Random(5)
-    others = judged(rng, 200, t=0.8, gamma=80)
+    others = judged(rng, 600, t=0.8, gamma=80)
     own = [Observation(similarity=0.95 + i * 0.004, correct=False, at=1000.0 + i) for i in range(8)]
     prior = prior_of(others + own)
     leaning = VerifiedParams(max_error=0.05, prior_weight=50.0)
