@@ -7,8 +7,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from semcache import replay
 from semcache.entry import CachedAnswer
 from semcache.exact import CacheRequest
@@ -108,7 +106,7 @@ async def semantic_chat(
             events.labels(call.info.id, "capped").inc()
             return SemanticPlan(remember=remember)
         events.labels(call.info.id, "explore").inc()
-        judged = _judged(state, call, creq, semantic, partition, match, entry, remember, vectors)
+        judged = _judged(state, call, creq, semantic, partition, match, entry, remember)
         return SemanticPlan(remember=judged, headers={"x-semcache-semantic": "explore"})
     if verdict is not None:
         call.metrics.semantic_verified.labels(call.info.id, "exploit").inc()
@@ -139,7 +137,6 @@ def _judged(
     match: Match,
     cached: CachedAnswer,
     remember: Remember,
-    vectors: np.ndarray,
 ) -> Remember:
     """Once the explored request's answer is stored: judge the cached answer against it,
     add the observation to the entry, and index the request as an entry of its own when
