@@ -10,7 +10,9 @@
   the paraphrase pairs;
 - embeddings: fidelity (cosine between the served vector and the backend's true vector for
   the new text) at several thresholds on the paraphrase pairs and QQP test texts;
-- the verifier's cost per lookup.
+- the verifier's cost per lookup;
+- with ``--stream``: only the stream evaluation of chat (``semcache.semantic.stream_eval``):
+  verified caching at several max_error values beside the best static thresholds.
 
 Uses the same code as ``semcache calibrate``; embeddings are cached under .data/embeddings.
 """
@@ -46,6 +48,8 @@ from semcache.semantic.pairs import (
     split_pairs,
     unique_texts,
 )
+from semcache.semantic.stream_eval import build_stream, compare, format_comparison
+from semcache.semantic.verified import VerifiedParams
 from semcache.semantic.verifier import PairVerifier, load_verifier, pair_features
 
 HEADER = (
@@ -263,6 +267,37 @@ def verifier_cost(verifier: PairVerifier, candidates: int = 4, rounds: int = 200
     )
 
 
+def stream_section(
+    encoder: Encoder,
+    verifier: PairVerifier,
+    pairs: list[Pair],
+    *,
+    split: str,
+    limit: int,
+    seed: int,
+    params: VerifiedParams,
+    floor: float,
+) -> None:
+    stream = build_stream(pairs, limit=limit, seed=seed)
+    embedded = embed_texts(encoder, sorted(set(stream.texts)), cache_dir=EMBEDDING_CACHE_DIR)
+    clusters = len(set(stream.cluster))
+    print(
+        f"\n== chat stream: QQP {split} split, {len(stream.texts)} questions in {clusters} "
+        f"clusters (seed {seed}); verified: candidate floor {floor}, min_observations "
+        f"{params.min_observations}, prior_weight {params.prior_weight}, prior_bandwidth "
+        f"{params.prior_bandwidth}, audit_rate {params.audit_rate} =="
+    )
+    rows = compare(
+        stream,
+        embedded.of(stream.texts),
+        params,
+        verifier=verifier,
+        floor=floor,
+        seed=seed,
+    )
+    print(format_comparison(rows))
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -274,11 +309,49 @@ async def main() -> None:
         help="print the test pairs labelled different among the verifier's best-scored "
         "10 %% of matches (the wrong answers that decide the chat target)",
     )
+    parser.add_argument(
+        "--stream",
+        action="store_true",
+        help="only the chat stream evaluation: verified caching vs static thresholds",
+    )
+    parser.add_argument("--split", choices=("val", "test"), default="test")
+    parser.add_argument("--limit", type=int, default=3000, help="questions in the stream")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--floor", type=float, default=0.7, help="verified: candidate floor")
+    parser.add_argument("--min-observations", type=int, default=10)
+    parser.add_argument("--prior-weight", type=float, default=20.0)
+    parser.add_argument("--audit-rate", type=float, default=0.02)
+    parser.add_argument(
+        "--prior-bandwidth", type=float, default=0.01, help="0: the prior weighs all alike"
+    )
     args = parser.parse_args()
     started = time.time()
     encoder = load_encoder(threads=args.threads)
     verifier = load_verifier()
     parts = split_pairs(load_pairs(QQP_PAIRS))
+    if args.stream:
+        params = VerifiedParams(
+            max_error=0.05,
+            min_observations=args.min_observations,
+            prior_weight=args.prior_weight,
+            prior_bandwidth=args.prior_bandwidth or None,
+            audit_rate=args.audit_rate,
+        )
+        try:
+            stream_section(
+                encoder,
+                verifier,
+                parts[args.split],
+                split=args.split,
+                limit=args.limit,
+                seed=args.seed,
+                params=params,
+                floor=args.floor,
+            )
+        finally:
+            await encoder.aclose()
+        print(f"\n({time.time() - started:.0f} s; load average {os.getloadavg()[0]:.1f})")
+        return
     paraphrases = load_pairs(PARAPHRASE_PAIRS)
     print(
         f"encoder {encoder.version}, verifier {verifier.version}; {os.cpu_count()} cores, "

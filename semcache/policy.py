@@ -249,7 +249,10 @@ def _check_layer(table: Mapping[str, Any], source: str, path: str) -> dict[str, 
     return dict(table)
 
 
-def _resolve(merged: dict[str, Any], source: str, path: str) -> CacheRule:
+def _resolve(merged: dict[str, Any], source: str, path: str, route: str | None = None) -> CacheRule:
+    table = merged.get("semantic")
+    if isinstance(table, Mapping) and table.get("mode") == "verified" and "enabled" not in table:
+        merged = {**merged, "semantic": {**table, "enabled": True}}  # the mode turns it on
     rule = _convert(merged, CacheRule, source, path)
     if rule.ttl_s > rule.max_ttl_s:
         raise PolicyError(
@@ -261,6 +264,16 @@ def _resolve(merged: dict[str, Any], source: str, path: str) -> CacheRule:
         raise PolicyError(
             f"{source}: {path}.semantic.min_threshold: {sem.min_threshold} is above threshold "
             f"({sem.threshold}); expected min_threshold <= threshold"
+        )
+    if sem.mode == "verified" and route != "chat":
+        raise PolicyError(
+            f'{source}: {path}.semantic.mode: "verified" applies to the chat route only; '
+            "expected it under routes.chat.semantic"
+        )
+    if sem.mode == "verified" and sem.max_error >= 0.5:
+        raise PolicyError(
+            f"{source}: {path}.semantic.max_error: {sem.max_error} is not a bound on wrong "
+            "answers; expected max_error < 0.5"
         )
     return rule
 
@@ -283,7 +296,7 @@ def parse_policy(data: Mapping[str, Any], source: str = "<policy>") -> Policy:
     _check_routes(head.routes, source, "routes")
     route_tables = {r: _check_layer(t, source, f"routes.{r}") for r, t in head.routes.items()}
     route_merged = {r: _merge(base, route_tables.get(r, {})) for r in ROUTES}
-    route_rules = {r: _resolve(route_merged[r], source, f"routes.{r}") for r in ROUTES}
+    route_rules = {r: _resolve(route_merged[r], source, f"routes.{r}", r) for r in ROUTES}
 
     model_rules: dict[tuple[str, str], CacheRule] = {}
     for model_id, table in head.models.items():
@@ -302,7 +315,7 @@ def parse_policy(data: Mapping[str, Any], source: str = "<policy>") -> Policy:
             _check_layer(top, source, rpath)
             merged = _merge(_merge(route_merged[r], own), top)
             model_rules[(model_id, r)] = _resolve(
-                merged, source, rpath if r in per_route else mpath
+                merged, source, rpath if r in per_route else mpath, r
             )
 
     return Policy(

@@ -270,6 +270,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if not args.pairs.is_file():
         print(f"semcache: cannot calibrate: no pairs file {args.pairs}", file=sys.stderr)
         return 2
+    if args.stream:
+        return _calibrate_stream(args)
     try:
         report = calibrate_file(
             args.pairs,
@@ -285,6 +287,29 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(report)).decode() + "\n")
     else:
         print(format_report(report))
+    return 0
+
+
+def _calibrate_stream(args: argparse.Namespace) -> int:
+    """``calibrate --stream``: verified caching vs static thresholds on a replayed stream."""
+    from semcache.semantic.stream_eval import compare_file, format_comparison
+    from semcache.semantic.verified import VerifiedParams
+
+    if args.task != "chat":
+        print("semcache: cannot calibrate: --stream is for --task chat", file=sys.stderr)
+        return 2
+    params = VerifiedParams(max_error=0.05)  # the rule's defaults; each max_error is run
+    try:
+        rows = compare_file(
+            args.pairs, params, limit=args.limit, seed=args.seed, use_verifier=not args.no_verifier
+        )
+    except (OSError, ValueError) as exc:
+        print(f"semcache: cannot calibrate: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(rows)).decode() + "\n")
+    else:
+        print(format_comparison(rows))
     return 0
 
 
@@ -467,6 +492,14 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--target-precision", type=float, default=0.95)
     calibrate.add_argument("--no-verifier", action="store_true", help="cosine alone")
     calibrate.add_argument("--json", action="store_true", help="print the full report as JSON")
+    calibrate.add_argument(
+        "--stream",
+        action="store_true",
+        help="chat: replay the pairs' questions as a stream (duplicate clusters from the pairs "
+        'labelled 1) and compare mode = "verified" with the best static thresholds',
+    )
+    calibrate.add_argument("--limit", type=int, default=None, help="--stream: questions at most")
+    calibrate.add_argument("--seed", type=int, default=0, help="--stream: order of the stream")
     calibrate.set_defaults(func=cmd_calibrate)
 
     verifier = sub.add_parser(

@@ -81,6 +81,18 @@ class GatewayMetrics:
             )
         )
 
+        self.semantic_verified = Labelled(
+            Counter(
+                "semcache_semantic_verified",
+                "Verified chat semantic cache decisions by model and event: exploit (served), "
+                "explore (sent to the backend and judged), judged_wrong (an explore whose "
+                "cached answer was judged wrong), capped (an explore over the per-minute cap, "
+                "sent to the backend unjudged).",
+                ["model", "event"],
+                registry=registry,
+            )
+        )
+
     def count_usage(self, model: str, usage: Mapping[str, object] | None) -> None:
         if not usage:
             return

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -24,10 +25,11 @@ import numpy as np
 from semcache.semantic.encoder import Encoder
 from semcache.semantic.feed import EntryFeed
 from semcache.semantic.index import LoadReport, SemanticIndex
-from semcache.semantic.partition import Hit, Limits
+from semcache.semantic.partition import Hit, Limits, PartitionIndex
 from semcache.semantic.records import PartitionKey, SemanticRecord, vector_bytes
 from semcache.semantic.settings import SemanticRule
 from semcache.semantic.store import RecordStore
+from semcache.semantic.verified import Decision, Observation, VerifiedParams
 from semcache.semantic.verifier import PairVerifier
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,7 @@ class SemanticCache:
         store: RecordStore | None = None,
         maintenance_interval_s: float = 5.0,
         clock: Callable[[], float] = time.time,
+        uniform: Callable[[], float] = random.random,
     ) -> None:
         self.encoder = encoder
         self.index = index
@@ -79,11 +82,15 @@ class SemanticCache:
         """The durable records (None: the index lives in memory and snapshots only)."""
         self.maintenance_interval_s = maintenance_interval_s
         self.clock = clock
+        self.uniform = uniform
+        """Draws from U[0, 1) for the verified decisions (seeded in tests)."""
         self.changes = 0
         """Counts inserts and removals, so a periodic snapshot can skip an unchanged index."""
         self.on_persist_failure: Callable[[int], None] | None = None
         """Told how many records a failed write lost (a full disk); the service counts them."""
         self._persist_failing = False
+        self._explores: dict[PartitionKey, tuple[int, int]] = {}
+        """Judged explores per partition in the current minute: (minute, count)."""
         self._maintenance: asyncio.Task[None] | None = None
 
     @property
@@ -177,6 +184,97 @@ class SemanticCache:
         for owner, (prob, hit) in best.items():
             results[owner] = _match(hit, prob)
         return results
+
+    async def verified_lookup(
+        self,
+        partition: PartitionKey,
+        text: str,
+        rule: SemanticRule,
+        tighten_threshold: float | None = None,
+        *,
+        vectors: np.ndarray | None = None,
+    ) -> tuple[Match, Decision] | None:
+        """The nearest candidate of a verified partition and whether to serve or explore it.
+
+        Candidates are the nearest entries at or above the threshold (which is a floor here);
+        with the verifier on, the score the entry's curve is learned over is the verifier's
+        probability instead of the cosine.
+        """
+        if vectors is None:
+            vectors = await self.encoder.encode([text])
+        threshold = effective_threshold(rule, tighten_threshold)
+        use_verifier = rule.verifier and self.verifier is not None
+        now = self.clock()
+        params = VerifiedParams(
+            max_error=rule.max_error,
+            min_observations=rule.min_observations,
+            prior_weight=rule.prior_weight,
+            prior_bandwidth=rule.prior_bandwidth,
+            audit_rate=rule.audit_rate,
+        )
+        uniform = self.uniform()
+
+        def decide() -> tuple[Match, Decision] | None:
+            part = self.index.get(partition)
+            if part is None:
+                return None
+            (row,) = part.search(vectors, 1, now=now)
+            if not row or row[0].similarity < threshold - _SLACK:
+                return None
+            hit = row[0]
+            prob: float | None = None
+            if use_verifier:
+                assert self.verifier is not None
+                prob = float(
+                    self.verifier.probabilities(
+                        vectors, part.vectors_of([hit.entry.id]), [text], [hit.entry.text]
+                    )[0]
+                )
+            score = prob if prob is not None else hit.similarity
+            decision = part.decide(hit.entry.payload_ref, score, params, uniform)
+            return (_match(hit, prob), decision) if decision is not None else None
+
+        return await asyncio.to_thread(decide)
+
+    def take_explore(self, partition: PartitionKey, per_minute: int) -> bool:
+        """Count one judged explore of the partition, unless its minute's cap is reached."""
+        minute = int(self.clock() // 60)
+        start, count = self._explores.get(partition, (minute, 0))
+        if start != minute:
+            count = 0
+        if count >= per_minute:
+            return False
+        self._explores[partition] = (minute, count + 1)
+        if len(self._explores) > 10_000:  # forget partitions idle since an earlier minute
+            self._explores = {k: v for k, v in self._explores.items() if v[0] == minute}
+        return True
+
+    async def observe(
+        self, partition: PartitionKey, payload_ref: str, observation: Observation
+    ) -> bool:
+        """Add a judged observation to an entry, durably and for the other gateways
+        (False: the entry is gone)."""
+        part = self.index.get(partition)
+        if part is None:
+            return False
+        now = self.clock()
+
+        def add() -> SemanticRecord | None:
+            record = part.observe(payload_ref, observation)
+            if record is not None:
+                self._persist([record], now)
+            return record
+
+        record = await asyncio.to_thread(add)
+        if record is None:
+            return False
+        self.changes += 1
+        if self.feed is not None:
+            try:
+                await self.feed.publish([record])
+            except Exception:
+                log.exception("publishing an observation failed")
+        return True
 
     async def insert(
         self,
@@ -360,6 +458,14 @@ class SemanticCache:
             missing.extend(
                 (digest, ref) for ref in stored if found is None or not found.has_ref(ref)
             )
+        # Observations judged after the snapshot was written: merged into its entries.
+        observed = [
+            (digest, ref)
+            for digest, ref in self.store.observed()
+            if (holder := self._holder(by_digest.get(digest))) is not None and holder.has_ref(ref)
+        ]
+        if observed:
+            self.index.add_records(self.store.get_many(observed), now=now)
         records = [r for r in self.store.get_many(missing) if r.partition.matcher == matcher]
         records.sort(key=lambda r: r.created_at)
         rebuilt = {r.partition for r in records} - set(by_digest.values())
@@ -373,6 +479,9 @@ class SemanticCache:
             self.store.delete(key, evicted)
         self.index.remove_partitions(lambda key: (p := self.index.get(key)) is None or not len(p))
         return report
+
+    def _holder(self, key: PartitionKey | None) -> PartitionIndex | None:
+        return self.index.get(key) if key is not None else None
 
     async def _maintain_loop(self) -> None:
         while True:

@@ -123,6 +123,7 @@ class SemanticIndex:
                 [r.payload_ref for r in group],
                 [r.expires_at for r in group],
                 created_at=[r.created_at for r in group],
+                observations=[r.observations for r in group],
                 now=now,
             )
             added += sum(1 for i in ids if i)

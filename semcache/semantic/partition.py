@@ -24,6 +24,14 @@ import msgspec
 import numpy as np
 
 from semcache.semantic.records import IndexEntry, PartitionKey, SemanticRecord, vector_bytes
+from semcache.semantic.verified import (
+    Decision,
+    Observation,
+    PartitionPrior,
+    VerifiedParams,
+    decide,
+    observed,
+)
 
 # FAISS's SWIG classes are typed loosely (and differ between CPU and GPU builds).
 faiss: Any = _faiss
@@ -121,6 +129,8 @@ class PartitionIndex:
         self._rebuild_thread: threading.Thread | None = None
         self._gpu_res: Any = None
         self._gpu_index: Any = None
+        self.prior = PartitionPrior()
+        """Every entry's observations (verified partitions); kept in step with the entries."""
         want_gpu = settings.use_gpu
         self._use_gpu = bool(faiss.get_num_gpus() > 0 if want_gpu is None else want_gpu)
 
@@ -161,9 +171,11 @@ class PartitionIndex:
         expires_at: Sequence[float],
         *,
         created_at: Sequence[float] | None = None,
+        observations: Sequence[Sequence[Observation]] | None = None,
         now: float | None = None,
     ) -> list[int]:
-        """Add entries; an existing ``payload_ref`` only has its expiry extended.
+        """Add entries; an existing ``payload_ref`` only has its expiry extended and the
+        given observations merged into its own.
 
         Returns the entry id of each item. Expired items are skipped (id 0).
         """
@@ -182,11 +194,14 @@ class PartitionIndex:
                     ids.append(0)
                     continue
                 existing = self._by_ref.get(ref)
+                seen = observations[row] if observations is not None else ()
                 if existing is not None:
                     entry = self._entries[existing]
                     if expiry > entry.expires_at:
                         entry.expires_at = expiry
                         heapq.heappush(self._expiry, (expiry, existing))
+                    for obs in seen:
+                        self._observe_locked(entry, obs)
                     ids.append(existing)
                     continue
                 entry_id = self._next_id
@@ -195,6 +210,8 @@ class PartitionIndex:
                 entry = IndexEntry(
                     id=entry_id, text=text, payload_ref=ref, expires_at=expiry, created_at=born
                 )
+                for obs in seen:
+                    self._observe_locked(entry, obs)
                 self._entries[entry_id] = entry
                 self._by_ref[ref] = entry_id
                 heapq.heappush(self._expiry, (expiry, entry_id))
@@ -262,6 +279,41 @@ class PartitionIndex:
                 self._index.reconstruct_batch(np.asarray(ids, dtype=np.int64)), dtype=np.float32
             )
 
+    def decide(
+        self, payload_ref: str, similarity: float, params: VerifiedParams, uniform: float
+    ) -> Decision | None:
+        """Serve or explore the entry of ``payload_ref`` (None: it is gone)."""
+        with self._lock:
+            entry_id = self._by_ref.get(payload_ref)
+            if entry_id is None:
+                return None
+            entry = self._entries[entry_id]
+            return decide(similarity, entry.observations, self.prior, params, uniform)
+
+    def observe(self, payload_ref: str, observation: Observation) -> SemanticRecord | None:
+        """Add a judged observation to an entry; its record as it now is (None: gone)."""
+        with self._lock:
+            entry_id = self._by_ref.get(payload_ref)
+            if entry_id is None:
+                return None
+            entry = self._entries[entry_id]
+            self._observe_locked(entry, observation)
+            vector = self.vectors_of([entry_id])[0]
+            return _record(self.key, entry, vector)
+
+    def observations_of(self, payload_ref: str) -> list[Observation]:
+        with self._lock:
+            entry_id = self._by_ref.get(payload_ref)
+            return list(self._entries[entry_id].observations) if entry_id is not None else []
+
+    def _observe_locked(self, entry: IndexEntry, observation: Observation) -> None:
+        if observation in entry.observations:
+            return  # already known (a feed's copy)
+        kept, dropped = observed(entry.observations, observation)
+        entry.observations = kept
+        self.prior.add([observation])
+        self.prior.remove(dropped)
+
     def remove_refs(self, payload_refs: Iterable[str], *, now: float | None = None) -> int:
         """Delete the entries of these payload refs (e.g. a purge); returns how many."""
         with self._lock:
@@ -296,15 +348,7 @@ class PartitionIndex:
             entries = list(self._entries.values())
             vectors = self.vectors_of([entry.id for entry in entries])
         return [
-            SemanticRecord(
-                partition=self.key,
-                text=entry.text,
-                payload_ref=entry.payload_ref,
-                expires_at=entry.expires_at,
-                created_at=entry.created_at,
-                vector=vector_bytes(vector),
-            )
-            for entry, vector in zip(entries, vectors, strict=True)
+            _record(self.key, entry, vector) for entry, vector in zip(entries, vectors, strict=True)
         ]
 
     # -- removal, expiry, eviction ------------------------------------------------------
@@ -313,6 +357,7 @@ class PartitionIndex:
         entry = self._entries.pop(entry_id, None)
         if entry is None:
             return
+        self.prior.remove(entry.observations)
         if self._by_ref.get(entry.payload_ref) == entry_id:
             del self._by_ref[entry.payload_ref]
         self._hidden.add(entry_id)
@@ -470,10 +515,23 @@ class PartitionIndex:
             part._entries[entry.id] = entry
             part._by_ref[entry.payload_ref] = entry.id
             part._expiry.append((entry.expires_at, entry.id))
+            part.prior.add(entry.observations)
         heapq.heapify(part._expiry)
         with part._lock:
             part._maintain_locked(now)
         return part
+
+
+def _record(key: PartitionKey, entry: IndexEntry, vector: np.ndarray) -> SemanticRecord:
+    return SemanticRecord(
+        partition=key,
+        text=entry.text,
+        payload_ref=entry.payload_ref,
+        expires_at=entry.expires_at,
+        created_at=entry.created_at,
+        vector=vector_bytes(vector),
+        observations=list(entry.observations),
+    )
 
 
 def as_matrix(vectors: np.ndarray, dimensions: int) -> np.ndarray:

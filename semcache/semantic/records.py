@@ -7,6 +7,8 @@ import hashlib
 import msgspec
 import numpy as np
 
+from semcache.semantic.verified import Observation
+
 
 class PartitionKey(msgspec.Struct, frozen=True, kw_only=True):
     """One hard partition of the semantic index; a search never crosses partitions.
@@ -38,6 +40,8 @@ class IndexEntry(msgspec.Struct, kw_only=True, gc=False):
     expires_at: float
     """Unix time after which the entry is never served and is removed."""
     created_at: float
+    observations: list[Observation] = []
+    """Judged explores of a verified partition (``semcache.semantic.verified``)."""
 
 
 class SemanticRecord(msgspec.Struct, kw_only=True):
@@ -52,6 +56,8 @@ class SemanticRecord(msgspec.Struct, kw_only=True):
     """float32, little-endian, L2-normalised."""
     origin: str = ""
     """Which gateway wrote it (a feed ignores its own records)."""
+    observations: list[Observation] = []
+    """The entry's judged explores; a record read again merges them into the entry's."""
 
     def vector_array(self) -> np.ndarray:
         return np.frombuffer(self.vector, dtype="<f4").astype(np.float32, copy=False)

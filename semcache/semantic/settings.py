@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
-from semcache.config_types import NonNegFloat, Unit
+from semcache.config_types import Fraction, NonNegFloat, PosFloat, PosInt, Unit
 
 
 class SemanticRule(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -28,3 +30,32 @@ class SemanticRule(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Classification only: serve a cached answer only when its top label beats the next by
     at least this log-odds margin (a label near the boundary flips under a tiny change of
     the text); 0 serves every match."""
+    mode: Literal["static", "verified"] = "static"
+    """``static``: serve every match past the threshold (and verifier). ``verified`` (chat
+    only): each entry learns from judged explores when its answer is right, and is served
+    only while the share of wrong answers served stays under ``max_error``
+    (``semcache.semantic.verified``); ``threshold`` is then the floor of candidates."""
+    max_error: Fraction = 0.05
+    """Verified: the bound on the share of wrong answers among those served."""
+    min_observations: PosInt = 10
+    """Verified: judged explores a partition needs before it serves anything."""
+    prior_weight: NonNegFloat = 20.0
+    """Verified: how many observations the partition's prior weighs in an entry's curve."""
+    prior_bandwidth: PosFloat = 0.01
+    """Verified: the prior weighs the partition's observations by a Gaussian kernel of this
+    width around the request's score (the partition's curve need not be one sigmoid)."""
+    audit_rate: Unit = 0.02
+    """Verified: the share of servable requests explored anyway, to keep checking."""
+    explores_per_minute: PosInt = 60
+    """Verified: judged explores per partition per minute; past it a request that would
+    explore is a plain miss (sent to the backend, not judged)."""
+    judge: Literal["exact", "embedding"] = "exact"
+    """Verified: how an explored request's fresh answer is compared with the cached one:
+    ``exact`` (equal after normalising case and spacing: temperature-0 answers of a
+    deterministic model) or ``embedding`` (cosine of the answers' vectors at least
+    ``judge_min_similarity``)."""
+    judge_min_similarity: Unit = 0.95
+
+    @property
+    def verified(self) -> bool:
+        return self.enabled and self.mode == "verified"

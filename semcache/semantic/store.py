@@ -11,7 +11,9 @@ entries are never resurrected.
 
 Keys: ``r/<partition digest>/<payload ref>`` → a msgpack ``SemanticRecord``;
 ``p/<partition digest>`` → its ``PartitionKey`` (purges select partitions by key without
-decoding every record); ``feed/cursor`` → the last Redis stream id this gateway applied.
+decoding every record); ``o/<partition digest>/<payload ref>`` → a marker that the record
+holds observations (verified partitions), so a restore merges them into the snapshot's
+entry; ``feed/cursor`` → the last Redis stream id this gateway applied.
 
 All methods block (SQLite); async callers run them in a worker thread.
 """
@@ -66,6 +68,8 @@ class RecordStore:
                 self._cache.set(
                     f"r/{digest}/{record.payload_ref}", self._encode(record), expire=ttl
                 )
+                if record.observations:
+                    self._cache.set(f"o/{digest}/{record.payload_ref}", b"", expire=ttl)
                 written += 1
         return written
 
@@ -74,6 +78,7 @@ class RecordStore:
         with self._cache.transact():
             for ref in payload_refs:
                 self._cache.delete(f"r/{digest}/{ref}")
+                self._cache.delete(f"o/{digest}/{ref}")
 
     def delete_partitions(self, predicate: Callable[[PartitionKey], bool]) -> int:
         """Delete every record of the partitions the predicate selects; returns how many."""
@@ -81,9 +86,12 @@ class RecordStore:
         if not doomed:
             return 0
         keys = [k for k in self._record_keys() if k[0] in doomed]
+        observed = [k for k in self._record_keys("o/") if k[0] in doomed]
         with self._cache.transact():
             for digest, ref in keys:
                 self._cache.delete(f"r/{digest}/{ref}")
+            for digest, ref in observed:
+                self._cache.delete(f"o/{digest}/{ref}")
             for digest in doomed:
                 self._cache.delete(f"p/{digest}")
                 self._known.discard(digest)
@@ -105,6 +113,10 @@ class RecordStore:
         for digest, ref in self._record_keys():
             out.setdefault(digest, set()).add(ref)
         return out
+
+    def observed(self) -> list[tuple[str, str]]:
+        """(partition digest, payload ref) of the records that hold observations."""
+        return list(self._record_keys("o/"))
 
     def get_many(self, keys: Iterable[tuple[str, str]]) -> Iterator[SemanticRecord]:
         """The live records of (partition digest, payload ref) keys; missing ones skipped."""
@@ -131,8 +143,8 @@ class RecordStore:
     def close(self) -> None:
         self._cache.close()
 
-    def _record_keys(self) -> Iterator[tuple[str, str]]:
+    def _record_keys(self, prefix: str = "r/") -> Iterator[tuple[str, str]]:
         for key in self._cache.iterkeys():
-            if isinstance(key, str) and key.startswith("r/"):
-                digest, _, ref = key[2:].partition("/")
+            if isinstance(key, str) and key.startswith(prefix):
+                digest, _, ref = key[len(prefix) :].partition("/")
                 yield digest, ref

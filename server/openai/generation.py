@@ -64,16 +64,20 @@ class Generation:
         creq = await state.cache_request(route, info, body, ctx, directives)
         if creq is None:
             return await self._forward(call, stream)
-        hit, remember = await semantic_chat(state, call, creq, body, stream, directives)
-        if hit is not None:
-            return hit
+        plan = await semantic_chat(state, call, creq, body, stream, directives)
+        if plan.hit is not None:
+            return plan.hit
+        remember = plan.remember
         if remember is not None:
             # The semantic record written after the store points to this answer: no record
             # may outlive its answer on disk after a crash.
             creq = msgspec.structs.replace(creq, write_through=True)
         if not stream:
-            return await self._cached_json(call, creq, remember)
-        return await self.streams.reply(call, creq, remember)
+            reply = await self._cached_json(call, creq, remember)
+        else:
+            reply = await self.streams.reply(call, creq, remember)
+        reply.headers.update(plan.headers)
+        return reply
 
     async def _forward(self, call: GenerationCall, stream: bool) -> Reply:
         """No cache: relay the backend's bytes as they are."""

@@ -4,11 +4,17 @@ the answer once the exact cache has stored it."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from semcache import replay
+from semcache.entry import CachedAnswer
 from semcache.exact import CacheRequest
+from semcache.semantic.cache import Match, SemanticCache
 from semcache.semantic.chat import chat_partition, chat_query, with_query
+from semcache.semantic.judge import chat_text, judge_for
+from semcache.semantic.records import PartitionKey
+from semcache.semantic.verified import Action, Observation
 from semcache.sse import MEDIA_TYPE
 from server.caching import CacheDirectives, semantic_headers
 from server.openai.call import GenerationCall
@@ -19,7 +25,18 @@ from server.openai.stream_relay import replayed
 from server.openai.usage import note_semantic
 
 Remember = Callable[[], Awaitable[None]]
-"""Adds a stored chat answer to the semantic index."""
+"""Adds a stored chat answer to the semantic index (and judges an explored request)."""
+
+
+@dataclass
+class SemanticPlan:
+    """What the semantic cache made of a chat request."""
+
+    hit: Reply | None = None
+    remember: Remember | None = None
+    """Run once the backend's answer is stored (None: nothing to do)."""
+    headers: dict[str, str] = field(default_factory=dict)
+    """Headers for the backend's answer (an explored request says so)."""
 
 
 async def semantic_chat(
@@ -29,12 +46,14 @@ async def semantic_chat(
     body: dict[str, Any],
     stream: bool,
     directives: CacheDirectives | None,
-) -> tuple[Reply | None, Remember | None]:
+) -> SemanticPlan:
     """A semantic hit for a qualifying chat request, or how to index its answer later.
 
     Opt-in per model in the policy; temperature 0, single-turn requests only (see
     ``semcache.semantic.chat``). The matched request's answer is looked up under its own
-    exact key, so purges and expiry apply.
+    exact key, so purges and expiry apply. A verified rule (``mode = "verified"``) serves
+    the nearest entry or explores: the request goes to the backend, and its answer, judged
+    against the entry's, adds an observation to the entry.
     """
     rule = creq.rule.semantic
     if (
@@ -45,10 +64,10 @@ async def semantic_chat(
         or not creq.cacheable
         or (directives is not None and directives.custom_key is not None)
     ):
-        return None, None
+        return SemanticPlan()
     query = chat_query(body)
     if query is None:
-        return None, None
+        return SemanticPlan()
     index, text = query
     semantic = await state.semantic.get()
     partition = chat_partition(semantic, creq.key, body, index)
@@ -63,11 +82,16 @@ async def semantic_chat(
         )
 
     if control.bypass_read:
-        return None, remember
+        return SemanticPlan(remember=remember)
     tighten = directives.semantic_threshold if directives is not None else None
-    (match,) = await semantic.lookup(partition, [text], rule, tighten, vectors=vectors)
+    if rule.verified:
+        verdict = await semantic.verified_lookup(partition, text, rule, tighten, vectors=vectors)
+        match = verdict[0] if verdict is not None else None
+    else:
+        verdict = None
+        (match,) = await semantic.lookup(partition, [text], rule, tighten, vectors=vectors)
     if match is None or match.text == text:
-        return None, remember  # an identical text is the exact cache's job
+        return SemanticPlan(remember=remember)  # an identical text is the exact cache's job
     other = await state.cache_request(
         call.route, call.info, with_query(body, index, match.text), call.ctx, directives
     )
@@ -76,7 +100,17 @@ async def semantic_chat(
     entry = res.entry
     if not res.from_cache or entry is None or entry.status != 200:
         await semantic.remove(partition, [match.payload_ref])
-        return None, remember
+        return SemanticPlan(remember=remember)
+    if verdict is not None and verdict[1].action is Action.EXPLORE:
+        events = call.metrics.semantic_verified
+        if not semantic.take_explore(partition, rule.explores_per_minute):
+            events.labels(call.info.id, "capped").inc()
+            return SemanticPlan(remember=remember)
+        events.labels(call.info.id, "explore").inc()
+        judged = _judged(state, call, creq, semantic, partition, match, entry, remember)
+        return SemanticPlan(remember=judged, headers={"x-semcache-semantic": "explore"})
+    if verdict is not None:
+        call.metrics.semantic_verified.labels(call.info.id, "exploit").inc()
     # also counted as an exact hit: the matched answer is read through the exact cache
     call.metrics.semantic_hits.labels(call.info.id, call.route).inc()
     headers = semantic_headers(1, 1, match.similarity, creq.key.short_id, stored=False)
@@ -85,15 +119,48 @@ async def semantic_chat(
         headers["x-semcache-verifier-prob"] = f"{match.verifier_prob:.4f}"
     call.observe_latency(stream=stream)
     if not stream:
-        return Reply(200, replay.as_json(entry, call.route), headers=headers), None
+        return SemanticPlan(hit=Reply(200, replay.as_json(entry, call.route), headers=headers))
     include_usage = replay.wants_usage(call.upstream)
     payloads = replay.as_stream(entry, call.route, include_usage=include_usage)
-    return (
-        Reply(
+    return SemanticPlan(
+        hit=Reply(
             200,
             stream=replayed(payloads, DataChunks()),
             media_type=MEDIA_TYPE,
             headers={**SSE_HEADERS, **headers},
-        ),
-        None,
+        )
     )
+
+
+def _judged(
+    state: ServingState,
+    call: GenerationCall,
+    creq: CacheRequest,
+    semantic: SemanticCache,
+    partition: PartitionKey,
+    match: Match,
+    cached: CachedAnswer,
+    remember: Remember,
+) -> Remember:
+    """Once the explored request's answer is stored: judge the cached answer against it,
+    add the observation to the entry, and index the request as an entry of its own when
+    the cached answer was wrong for it (a right one already answers its neighbours)."""
+    score = match.verifier_prob if match.verifier_prob is not None else match.similarity
+    rule = creq.rule.semantic
+
+    async def judge() -> None:
+        assert state.cache is not None
+        res = await state.cache.lookup(creq)
+        fresh = chat_text(res.entry) if res.entry is not None else None
+        old = chat_text(cached)
+        if fresh is None or old is None:
+            await remember()
+            return
+        right = await judge_for(rule, semantic.encoder).same(old, fresh)
+        observation = Observation(similarity=score, correct=right, at=semantic.clock())
+        await semantic.observe(partition, match.payload_ref, observation)
+        if not right:
+            call.metrics.semantic_verified.labels(call.info.id, "judged_wrong").inc()
+            await remember()
+
+    return judge

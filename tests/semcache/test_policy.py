@@ -104,6 +104,20 @@ def test_layers_override_field_by_field(tmp_path: Path) -> None:
         ("[admin]\ntokn = 'x'", "admin", "`tokn`"),
         ("cache = true", "(top level)", "`cache`"),
         ("[defaults.semantic]\nthreshold = 0.5", "defaults.semantic.min_threshold", "threshold"),
+        ('[models.m.semantic]\nmode = "verified"', "models.m.semantic.mode", "chat route only"),
+        ('[routes.chat.semantic]\nmode = "exact"', "routes.chat.semantic.mode", "enum value"),
+        (
+            '[routes.chat.semantic]\nmode = "verified"\nmax_error = 0.6',
+            "routes.chat.semantic.max_error",
+            "< 0.5",
+        ),
+        ("[routes.chat.semantic]\nmax_error = 0", "routes.chat.semantic.max_error", "> 0"),
+        ('[routes.chat.semantic]\njudge = "llm"', "routes.chat.semantic.judge", "enum value"),
+        (
+            "[routes.chat.semantic]\nexplores_per_minute = 0",
+            "routes.chat.semantic.explores_per_minute",
+            ">= 1",
+        ),
     ],
 )
 def test_errors_name_file_field_and_expectation(
@@ -164,3 +178,18 @@ def test_prices_compute_cost() -> None:
         tomllib.loads("[defaults.prices]\ninput_per_m = 0.045\noutput_per_m = 0.384")
     ).defaults
     assert priced.prices.cost_usd(2_000_000, 500_000) == pytest.approx(0.09 + 0.192)
+
+
+def test_verified_mode_turns_chat_semantic_caching_on(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        '[models."m".routes.chat.semantic]\nmode = "verified"\nmax_error = 0.02\n'
+        'judge = "embedding"\n',
+    )
+    policy = load_policy(path)
+    sem = policy.rule("m", "chat").semantic
+    assert sem.enabled and sem.verified and sem.max_error == 0.02 and sem.judge == "embedding"
+    assert not policy.rule("m", "embeddings").semantic.verified
+    assert not policy.rule("other", "chat").semantic.enabled
+    off = write(tmp_path, '[models."m".routes.chat.semantic]\nmode = "verified"\nenabled = false\n')
+    assert not load_policy(off).rule("m", "chat").semantic.verified

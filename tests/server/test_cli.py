@@ -18,6 +18,7 @@ from backends.harness.ports import free_port
 from semcache.calibrate import CalibrationReport
 from semcache.policy import DEFAULT_POLICY
 from semcache.semantic.pairs import QQP_PAIRS, load_pairs, split_pairs
+from semcache.semantic.stream_eval import Comparison
 from server.cli import ENVIRONMENT, build_parser, format_usage, main
 from server.config import DEFAULT_CONFIG
 from tests.support.waiting import wait_until
@@ -135,6 +136,27 @@ def test_calibrate_prints_a_json_report(tmp_path: Path, capsys: pytest.CaptureFi
     assert report.task == "chat" and report.pairs == 40 and report.verified is not None
     assert main(["calibrate", "--pairs", str(path), "--task", "classification"]) == 0
     assert capsys.readouterr().out.startswith("task classification: 40 pairs")
+
+
+def test_calibrate_stream_compares_verified_with_static_thresholds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    test = split_pairs(load_pairs(QQP_PAIRS))["test"]
+    pairs = [p for p in test if p.label == 1][:40] + [p for p in test if p.label == 0][:40]
+    path = tmp_path / "pairs.jsonl"
+    path.write_bytes(b"".join(msgspec.json.encode(p) + b"\n" for p in pairs))
+    args = ["calibrate", "--pairs", str(path), "--stream", "--no-verifier"]
+    assert main([*args, "--json"]) == 0
+    rows = msgspec.json.decode(capsys.readouterr().out, type=list[Comparison])
+    assert [row.max_error for row in rows] == [0.01, 0.02, 0.05, 0.10]
+    for row in rows:
+        out = row.verified_cosine
+        assert out.requests == len({t for p in pairs for t in (p.text_a, p.text_b)})
+        assert out.hits + out.explores < out.requests and row.verified_verifier is None
+    assert main(args) == 0
+    assert "best static cosine" in capsys.readouterr().out
+    assert main([*args, "--task", "embeddings"]) == 2
+    assert "--stream is for --task chat" in capsys.readouterr().err
 
 
 def test_calibrate_names_a_missing_pairs_file(

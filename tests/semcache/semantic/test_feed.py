@@ -15,7 +15,9 @@ from semcache.semantic.index import SemanticIndex
 from semcache.semantic.partition import IndexSettings
 from semcache.semantic.records import PartitionKey
 from semcache.semantic.settings import SemanticRule
+from semcache.semantic.verified import Observation
 from tests.semcache.conftest import RedisServer
+from tests.support.waiting import wait_until_async
 
 RULE = SemanticRule(enabled=True, threshold=0.85)
 
@@ -111,4 +113,37 @@ async def test_a_restarted_gateway_resumes_after_its_saved_cursor(
         assert tuple(map(int, feed.last_id.split("-"))) > tuple(map(int, cursor.split("-")))
     finally:
         await restarted.aclose()
+        await client.aclose()
+
+
+@pytest.mark.slow
+async def test_observations_reach_the_other_gateway_and_merge(
+    encoder: Encoder, redis_server: RedisServer
+) -> None:
+    """A judged observation travels with its entry's record; each side keeps both its own
+    and the other's."""
+    client = redis_asyncio.Redis.from_url(redis_server.url)
+    stream = f"semantic-observations-{time.time_ns()}"
+    first, second = gateway(encoder, client, stream), gateway(encoder, client, stream)
+    await first.start()
+    await second.start()
+    try:
+        key = first.partition_key(scope="t", model_revision="r", task="chat", template="x")
+        await first.insert(key, ["What is the capital of France?"], ["ref-1"], 60, rule=RULE)
+        assert await wait_for_hit(second, key, "what is the capital of france", 5.0) is not None
+        mine = Observation(similarity=0.93, correct=True, at=1.0)
+        theirs = Observation(similarity=0.88, correct=False, at=2.0)
+        assert await first.observe(key, "ref-1", mine)
+        assert await second.observe(key, "ref-1", theirs)
+
+        def both(cache: SemanticCache) -> bool:
+            part = cache.index.get(key)
+            return part is not None and part.observations_of("ref-1") == [mine, theirs]
+
+        await wait_until_async(lambda: both(first) and both(second), timeout_s=5.0)
+        part = second.index.get(key)
+        assert part is not None and part.prior.count == 2
+    finally:
+        await first.aclose()
+        await second.aclose()
         await client.aclose()

@@ -1,0 +1,334 @@
+"""A stream evaluation of chat semantic caching on labelled pairs: verified vs static.
+
+Labelled duplicate pairs become duplicate clusters (connected components of the pairs
+labelled 1; a question in no such pair is a cluster of its own). The clusters' questions are
+replayed once each, in a seeded random order, as requests to one cache partition; a cached
+answer is right for a request when both questions are in one cluster (the label is the
+judge). Each policy sees the same stream:
+
+- static: the nearest entry is served when its score reaches a fixed threshold, else the
+  request is a miss and its question becomes an entry;
+- verified (``semcache.semantic.verified``): the nearest entry at or above the candidate
+  floor is served or explored; an explored request is judged, the observation is added to
+  the entry, and its question becomes an entry of its own when the judge says the cached
+  answer was wrong.
+
+The score is the cosine of the encoder's vectors, or the pair verifier's probability of the
+nearest entry by cosine. Error rate is the share of wrong answers among those served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from semcache.calibrate import wilson_lower
+from semcache.semantic.pairs import Pair
+from semcache.semantic.verified import (
+    Action,
+    Observation,
+    PartitionPrior,
+    VerifiedParams,
+    decide,
+    observed,
+)
+from semcache.semantic.verifier import PairVerifier
+
+Score = Callable[[int, int], float]
+"""Score of (request, entry), both as positions in the stream."""
+
+
+class Stream(msgspec.Struct, kw_only=True):
+    texts: list[str]
+    cluster: list[int]
+    """Cluster id of each text (same id: the same question)."""
+
+
+class Outcome(msgspec.Struct, kw_only=True):
+    policy: str
+    requests: int
+    hits: int
+    wrong: int
+    explores: int
+    """Requests sent to the backend although an entry was a candidate (judged)."""
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.requests if self.requests else 0.0
+
+    @property
+    def error_rate(self) -> float:
+        return self.wrong / self.hits if self.hits else 0.0
+
+    @property
+    def error_upper(self) -> float:
+        """Upper end of the error rate's Wilson interval (one-sided 95 %)."""
+        return 1.0 - wilson_lower(self.hits - self.wrong, self.hits)
+
+    @property
+    def explore_rate(self) -> float:
+        return self.explores / self.requests if self.requests else 0.0
+
+
+def build_stream(pairs: Sequence[Pair], *, limit: int | None, seed: int) -> Stream:
+    """The questions of the pairs in a seeded random order, with their clusters.
+
+    With ``limit``, whole components of the pairs (any label) are drawn until ``limit``
+    questions are reached, so duplicates and hard negatives stay together.
+    """
+    everything = _components(pairs, lambda p: True)
+    duplicates = _components(pairs, lambda p: p.label == 1)
+    rng = random.Random(seed)
+    groups: dict[str, list[str]] = {}
+    for text, root in everything.items():
+        groups.setdefault(root, []).append(text)
+    roots = sorted(groups)
+    rng.shuffle(roots)
+    texts: list[str] = []
+    for root in roots:
+        if limit is not None and len(texts) >= limit:
+            break
+        texts.extend(sorted(groups[root]))
+    rng.shuffle(texts)
+    ids: dict[str, int] = {}
+    cluster = [ids.setdefault(duplicates.get(t, t), len(ids)) for t in texts]
+    return Stream(texts=texts, cluster=cluster)
+
+
+def _components(pairs: Sequence[Pair], keep: Callable[[Pair], bool]) -> dict[str, str]:
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for pair in pairs:
+        a, b = find(pair.text_a), find(pair.text_b)
+        if keep(pair) and a != b:
+            low, high = sorted((a, b))
+            parent[high] = low
+    return {text: find(text) for text in list(parent)}
+
+
+def run_static(stream: Stream, sims: np.ndarray, score: Score, threshold: float) -> Outcome:
+    """A fixed threshold on the nearest entry's score (``sims``: the cosine matrix)."""
+    entries: list[int] = []
+    hits = wrong = 0
+    for i in range(len(stream.texts)):
+        j = _nearest(sims, i, entries)
+        if j is not None and score(i, j) >= threshold:
+            hits += 1
+            wrong += stream.cluster[i] != stream.cluster[j]
+            continue
+        entries.append(i)
+    return Outcome(
+        policy=f"static {threshold:.3f}",
+        requests=len(stream.texts),
+        hits=hits,
+        wrong=wrong,
+        explores=0,
+    )
+
+
+def run_verified(
+    stream: Stream,
+    sims: np.ndarray,
+    score: Score,
+    params: VerifiedParams,
+    *,
+    floor: float,
+    seed: int,
+) -> Outcome:
+    """The verified policy, its candidates the nearest entries with a cosine >= ``floor``."""
+    rng = random.Random(seed)
+    entries: list[int] = []
+    observations: dict[int, list[Observation]] = {}
+    prior = PartitionPrior()
+    hits = wrong = explores = 0
+    for i in range(len(stream.texts)):
+        j = _nearest(sims, i, entries)
+        if j is None or sims[i, j] < floor:
+            entries.append(i)
+            continue
+        s = score(i, j)
+        own = observations.get(j, [])
+        decision = decide(s, own, prior, params, rng.random())
+        correct = stream.cluster[i] == stream.cluster[j]
+        if decision.action is Action.EXPLOIT:
+            hits += 1
+            wrong += not correct
+            continue
+        explores += 1
+        kept, dropped = observed(own, Observation(similarity=s, correct=correct, at=float(i)))
+        observations[j] = kept
+        prior.add([kept[-1]])
+        prior.remove(dropped)
+        if not correct:
+            entries.append(i)
+    return Outcome(
+        policy=f"verified {params.max_error:.2f}",
+        requests=len(stream.texts),
+        hits=hits,
+        wrong=wrong,
+        explores=explores,
+    )
+
+
+def best_static(outcomes: Sequence[Outcome], max_error: float) -> Outcome | None:
+    """Of static runs on one stream, the one with the most hits whose realized error is at
+    most max_error (tuned after the fact: the most favourable static setting)."""
+    best: Outcome | None = None
+    for out in outcomes:
+        if out.hits and out.error_rate <= max_error and (best is None or out.hits > best.hits):
+            best = out
+    return best
+
+
+def _nearest(sims: np.ndarray, i: int, entries: list[int]) -> int | None:
+    if not entries:
+        return None
+    row = sims[i, entries]
+    return entries[int(np.argmax(row))]
+
+
+DELTAS = (0.01, 0.02, 0.05, 0.10)
+COSINE_THRESHOLDS = tuple(round(0.80 + 0.005 * i, 3) for i in range(41))
+PROB_THRESHOLDS = tuple(round(0.50 + 0.01 * i, 2) for i in range(51))
+
+
+class Comparison(msgspec.Struct, kw_only=True):
+    """Verified caching beside the best static thresholds, for one max_error."""
+
+    max_error: float
+    verified_cosine: Outcome
+    verified_verifier: Outcome | None
+    static_cosine: Outcome | None
+    static_verifier: Outcome | None
+
+
+def compare(
+    stream: Stream,
+    vectors: np.ndarray,
+    params: VerifiedParams,
+    *,
+    verifier: PairVerifier | None,
+    floor: float,
+    seed: int,
+    deltas: Sequence[float] = DELTAS,
+) -> list[Comparison]:
+    """Run every policy on one stream (``vectors``: the texts' unit vectors, in order)."""
+    sims = vectors @ vectors.T
+    memo: dict[tuple[int, int], float] = {}
+
+    def cosine(i: int, j: int) -> float:
+        return float(sims[i, j])
+
+    def probability(i: int, j: int) -> float:
+        assert verifier is not None
+        if (i, j) not in memo:
+            prob = verifier.probabilities(
+                vectors[[i]], vectors[[j]], [stream.texts[i]], [stream.texts[j]]
+            )
+            memo[(i, j)] = float(prob[0])
+        return memo[(i, j)]
+
+    static_cos = [run_static(stream, sims, cosine, t) for t in COSINE_THRESHOLDS]
+    static_ver: list[Outcome] = []
+    shipped = verifier.recommended if verifier is not None else None
+    if shipped is not None:
+        gate = shipped.threshold
+
+        def gated(i: int, j: int) -> float:
+            return probability(i, j) if sims[i, j] >= gate else 0.0
+
+        static_ver = [run_static(stream, sims, gated, t) for t in PROB_THRESHOLDS]
+    rows = []
+    for delta in deltas:
+        p = msgspec.structs.replace(params, max_error=delta)
+        rows.append(
+            Comparison(
+                max_error=delta,
+                verified_cosine=run_verified(stream, sims, cosine, p, floor=floor, seed=seed),
+                verified_verifier=(
+                    run_verified(stream, sims, probability, p, floor=floor, seed=seed)
+                    if verifier is not None
+                    else None
+                ),
+                static_cosine=best_static(static_cos, delta),
+                static_verifier=best_static(static_ver, delta),
+            )
+        )
+    return rows
+
+
+def format_comparison(rows: Sequence[Comparison]) -> str:
+    lines = [
+        f"{'policy':<34}{'max_error':>10}{'error':>8}{'error<=':>9}{'hit rate':>10}"
+        f"{'hits':>7}{'explores':>10}{'vs static':>11}"
+    ]
+    for row in rows:
+        statics = [o for o in (row.static_cosine, row.static_verifier) if o is not None]
+        best = max((o.hits for o in statics), default=0)
+        for name, out in (
+            ("verified (cosine)", row.verified_cosine),
+            ("verified (verifier prob)", row.verified_verifier),
+        ):
+            if out is not None:
+                ratio = f"{out.hits / best:>10.2f}x" if best else f"{'-':>11}"
+                lines.append(_row(name, row.max_error, out) + ratio)
+        for name, maybe in (
+            ("best static cosine", row.static_cosine),
+            ("best static cos+verifier", row.static_verifier),
+        ):
+            if maybe is None:
+                lines.append(f"{name:<34}{row.max_error:>10.2f}   (no threshold meets it)")
+            else:
+                label = f"{name} ({maybe.policy.split()[-1]})"
+                lines.append(_row(label, row.max_error, maybe))
+    lines.append(
+        "error: wrong answers / answers served; error<=: its one-sided 95 % Wilson bound; "
+        "explores: requests judged (backend calls a static threshold would have served or "
+        "missed alike)"
+    )
+    return "\n".join(lines)
+
+
+def _row(name: str, delta: float, out: Outcome) -> str:
+    return (
+        f"{name:<34}{delta:>10.2f}{out.error_rate:>8.3f}{out.error_upper:>9.3f}"
+        f"{out.hit_rate:>10.3f}{out.hits:>7}{out.explores:>10}"
+    )
+
+
+def compare_file(
+    pairs: Path,
+    params: VerifiedParams,
+    *,
+    limit: int | None = None,
+    seed: int = 0,
+    floor: float = 0.7,
+    use_verifier: bool = True,
+) -> list[Comparison]:
+    """``compare`` on a pairs file with the cache's own encoder (and verifier); blocking."""
+    from semcache.semantic.encoder import load_encoder
+    from semcache.semantic.pairs import embed_texts, load_pairs
+    from semcache.semantic.verifier import load_verifier
+
+    stream = build_stream(load_pairs(pairs), limit=limit, seed=seed)
+    encoder = load_encoder()
+    try:
+        embedded = embed_texts(encoder, sorted(set(stream.texts)), cache_dir=None)
+    finally:
+        asyncio.run(encoder.aclose())
+    verifier = load_verifier() if use_verifier else None
+    return compare(
+        stream, embedded.of(stream.texts), params, verifier=verifier, floor=floor, seed=seed
+    )

@@ -1,0 +1,48 @@
+"""The stream evaluation (semcache.semantic.stream_eval) on a small hand-made stream."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from semcache.semantic.pairs import Pair
+from semcache.semantic.stream_eval import best_static, build_stream, run_static, run_verified
+from semcache.semantic.verified import VerifiedParams
+
+PAIRS = [
+    Pair("a1", "a2", 1),
+    Pair("a2", "a3", 1),  # a1, a2, a3: one cluster through a2
+    Pair("a1", "b1", 0),  # b1: a hard negative, a cluster of its own
+    Pair("c1", "c2", 1),
+]
+
+
+def test_clusters_are_the_components_of_the_duplicate_pairs() -> None:
+    stream = build_stream(PAIRS, limit=None, seed=1)
+    assert sorted(stream.texts) == ["a1", "a2", "a3", "b1", "c1", "c2"]
+    cluster = dict(zip(stream.texts, stream.cluster, strict=True))
+    assert cluster["a1"] == cluster["a2"] == cluster["a3"]
+    assert len({cluster["a1"], cluster["b1"], cluster["c1"]}) == 3
+    assert cluster["c1"] == cluster["c2"]
+    assert build_stream(PAIRS, limit=None, seed=1) == stream  # seeded
+    # A limit draws whole components (here the a/b one or the c one first).
+    assert len(build_stream(PAIRS, limit=1, seed=1).texts) in (2, 4)
+
+
+def test_static_and_verified_runs_count_hits_errors_and_explores() -> None:
+    stream = build_stream(PAIRS, limit=None, seed=3)
+    n = len(stream.texts)
+    same = np.equal.outer(stream.cluster, stream.cluster)
+    sims = np.where(same, 0.95, 0.9).astype(np.float32)  # b1 sits close to the a's
+
+    def score(i: int, j: int) -> float:
+        return float(sims[i, j])
+
+    loose = run_static(stream, sims, score, 0.85)
+    assert loose.requests == n and loose.hits > 0 and loose.wrong > 0
+    strict = run_static(stream, sims, score, 0.93)
+    assert strict.wrong == 0
+    assert best_static([loose, strict], 0.05) == strict
+    params = VerifiedParams(max_error=0.05, min_observations=100)
+    verified = run_verified(stream, sims, score, params, floor=0.5, seed=0)
+    assert verified.hits == 0  # too little evidence to serve: every candidate is explored
+    assert verified.explores == n - 1

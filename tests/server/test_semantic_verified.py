@@ -1,0 +1,124 @@
+"""Verified chat semantic caching through the gateway (real tiny vLLM, HTTP).
+
+The tiny model has random weights, so its answers to two paraphrases seldom agree: the
+``embedding`` judge with a bound of 0 accepts every answer (the partition learns that its
+entries are always right), the ``exact`` judge compares the answers as they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from backends.harness.vllm_process import TINY_MODEL_NAME
+from backends.launch import VllmProcess
+from server.config import ModelEntry
+from server.harness import GatewayThread
+from tests.conftest import gateway_config
+from tests.server.test_semantic_http import chat
+
+pytestmark = pytest.mark.slow
+
+ADMIN = "admin-secret"
+POLICY = f"""
+version = 1
+[tiers.disk]
+dir = "cache/exact"
+[admin]
+token = "{ADMIN}"
+[models."tiny-learns".routes.chat.semantic]
+mode = "verified"
+threshold = 0.6
+min_threshold = 0.6
+min_observations = 3
+prior_weight = 50
+audit_rate = 0.0
+judge = "embedding"
+judge_min_similarity = 0.0
+[models."tiny-exact".routes.chat.semantic]
+mode = "verified"
+threshold = 0.6
+min_threshold = 0.6
+explores_per_minute = 2
+"""
+QUESTION = "What is the capital of France?"
+PARAPHRASES = [
+    "what is the capital of france",
+    "What's the capital of France?",
+    "what is the capital city of france?",
+    "Which city is the capital of France?",
+    "tell me the capital of France",
+    "What is France's capital?",
+    "capital of france?",
+    "What is the capital of France, please?",
+]
+
+
+@pytest.fixture(scope="module")
+def gw(
+    tmp_path_factory: pytest.TempPathFactory, data_dir: Path, tiny_vllm: VllmProcess
+) -> Iterator[GatewayThread]:
+    tmp = tmp_path_factory.mktemp("semantic-verified")
+    (tmp / "policy.toml").write_text(POLICY)
+    model = data_dir / "models" / TINY_MODEL_NAME
+    cfg = gateway_config(tmp, tiny_vllm.url, model, policy=str(tmp / "policy.toml"))
+    cfg.models += [
+        ModelEntry(id="tiny-learns", backend="tiny", task="chat"),
+        ModelEntry(id="tiny-exact", backend="tiny", task="chat"),
+    ]
+    gw = GatewayThread(cfg).start()
+    try:
+        yield gw
+    finally:
+        gw.stop()
+
+
+def decision(r: httpx.Response) -> str | None:
+    return r.headers.get("x-semcache-semantic")
+
+
+def counter(gw: GatewayThread, model: str, event: str) -> float:
+    text = httpx.get(f"{gw.url}/metrics", timeout=30).text
+    prefix = f'semcache_semantic_verified_total{{event="{event}",model="{model}"}} '
+    for line in text.splitlines():
+        if line.startswith(prefix):
+            return float(line.removeprefix(prefix))
+    return 0.0
+
+
+def test_a_verified_partition_explores_learns_then_serves_and_forgets_on_purge(
+    gw: GatewayThread,
+) -> None:
+    first = chat(gw, "tiny-learns", QUESTION)
+    assert decision(first) is None  # nothing cached yet: a plain miss
+    seen = [decision(chat(gw, "tiny-learns", text)) for text in PARAPHRASES[:3]]
+    assert seen == ["explore"] * 3  # below min_observations: every candidate is explored
+    hit = chat(gw, "tiny-learns", PARAPHRASES[3])
+    assert decision(hit) == "hit"
+    assert hit.json()["id"] == first.json()["id"]  # the cached answer itself
+    assert counter(gw, "tiny-learns", "explore") == 3
+    assert counter(gw, "tiny-learns", "exploit") == 1
+    assert counter(gw, "tiny-learns", "judged_wrong") == 0
+
+    r = httpx.post(
+        f"{gw.url}/admin/cache/purge",
+        json={"kind": "model", "target": "tiny-learns"},
+        headers={"authorization": f"Bearer {ADMIN}"},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    chat(gw, "tiny-learns", QUESTION)  # cached again, in a partition that knows nothing
+    assert decision(chat(gw, "tiny-learns", PARAPHRASES[4])) == "explore"
+
+
+def test_exact_judge_and_the_explore_cap(gw: GatewayThread) -> None:
+    chat(gw, "tiny-exact", QUESTION)
+    seen = [decision(chat(gw, "tiny-exact", text)) for text in PARAPHRASES[:4]]
+    # Two judged explores a minute; then the partition's requests are plain misses.
+    assert seen[:2] == ["explore", "explore"]
+    assert counter(gw, "tiny-exact", "explore") == 2
+    assert counter(gw, "tiny-exact", "capped") >= 1
+    assert "hit" not in seen  # min_observations (10) is far away
