@@ -66,6 +66,7 @@ class RedisEntryFeed:
         self._encoder = msgspec.msgpack.Encoder()
         self._decoder = msgspec.msgpack.Decoder(SemanticRecord)
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
         self.delivered = 0
 
     async def publish(self, records: Sequence[SemanticRecord]) -> None:
@@ -94,10 +95,18 @@ class RedisEntryFeed:
 
     async def aclose(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        self._closing = True
+        if task is None:
+            return
+        task.cancel()
+        # A read cancelled inside redis-py can wait on the client's shared connection
+        # machinery (another reader of the same client); do not wait for it forever.
+        done, _ = await asyncio.wait({task}, timeout=self.block_ms / 1000.0 * 4 + 1.0)
+        if not done:
+            log.warning("semantic feed: the reader did not stop in time; left to finish")
+            return
+        with contextlib.suppress(asyncio.CancelledError):
+            task.result()
 
     async def _tail_id(self) -> str:
         newest = await self.redis.xrevrange(self.stream, count=1)
@@ -116,6 +125,10 @@ class RedisEntryFeed:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # connection loss: retry from the same id
+                if self._closing:
+                    # redis-py may turn the cancellation of a blocked read into a connection
+                    # error: retrying would outlive aclose, which waits for this task.
+                    return
                 log.warning("semantic feed read failed (%s); retrying in %.1fs", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
