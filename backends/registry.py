@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -63,6 +65,17 @@ class ModelRegistry:
         for info in list(self.models.values()):
             if info.backend_name == backend_name and info.revision != revision:
                 self.add(dataclasses.replace(info, revision=revision))
+
+    async def check_revisions(self) -> None:
+        """Ask the vLLM backends versioned by their servers for their revision now (start-up;
+        the health checks keep asking)."""
+        await asyncio.gather(
+            *(
+                g.monitor.check_all()
+                for g in self.generation.values()
+                if isinstance(g, VllmClient) and g.monitor.served_model is not None
+            )
+        )
 
     def classifier_backend(self, info: ModelInfo) -> TextClassifierBackend:
         return self.classifiers[info.backend_name]
@@ -142,12 +155,15 @@ def build_registry(
         elif path is not None:
             rev = model_revision(path)
         else:
+            # no files to hash: until its servers report one (backends.remote_revision)
             rev = f"unversioned:{b.name}"
         template_fp = chat_template_fingerprint(path) if path is not None else "none"
         revisions[b.name] = (rev, template_fp)
         if isinstance(b, VllmBackend):
             defaults[b.name] = backend_sampling_defaults(b, path)
             client = VllmClient(b)
+            if client.monitor.served_model is not None:
+                client.monitor.on_revision = partial(reg.set_revision, b.name)
             reg.generation[b.name] = client
             if b.task == "classify":
                 reg.classifiers[b.name] = VllmClassifier(client, revision=rev, model_dir=path)

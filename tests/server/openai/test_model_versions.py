@@ -143,3 +143,31 @@ def test_omitted_temperature_and_openai_default_share_a_key_only_when_defaults_m
     assert same_key is shared
     assert (spelled.headers["cf-aig-cache-status"] == "HIT") is shared
     assert fake.calls == (1 if shared else 2)
+
+
+@pytest.mark.parametrize("pinned", [None, "v1"])
+def test_a_model_swapped_behind_a_remote_server_serves_no_old_answer(
+    fake: FakeVllm, tmp_path: Path, pinned: str | None
+) -> None:
+    # no model_path: the revision is what the server reports, unless the config pins one
+    cfg = config(tmp_path, fake.url, revision=pinned, health_interval_s=3600)
+    with TestClient(create_app(cfg)) as client:
+        before = client.post("/v1/chat/completions", json=chat())
+        assert (
+            client.post("/v1/chat/completions", json=chat()).headers["cf-aig-cache-status"] == "HIT"
+        )
+        fake.root = "/models/b"  # the server restarted on other weights, same served name
+        assert client.get("/ready").status_code == 200  # a health check round, now
+        after = client.post("/v1/chat/completions", json=chat())
+        again = client.post("/v1/chat/completions", json=chat())
+    old = before.json()["choices"][0]["message"]["content"]
+    new = after.json()["choices"][0]["message"]["content"]
+    if pinned is None:
+        assert after.headers["cf-aig-cache-status"] == "MISS" and new != old
+        assert after.headers["x-semcache-key"] != before.headers["x-semcache-key"]
+        assert again.headers["cf-aig-cache-status"] == "HIT"
+        assert again.json()["choices"][0]["message"]["content"] == new
+        assert fake.calls == 2
+    else:  # the operator's pin wins: same key, the stored answer
+        assert after.headers["cf-aig-cache-status"] == "HIT" and new == old
+        assert fake.calls == 1
