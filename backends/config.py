@@ -63,7 +63,9 @@ class VllmBackend(
     model_path: str | None = None
     """HF folder of the weights; ``prepared:NAME`` names a model the gateway prepares itself."""
     revision: str | None = None
-    """Explicit revision; by default a hash of the files under ``model_path``."""
+    """A pinned revision (part of every cache key of the backend's models). By default a hash
+    of the files under ``model_path``; without a ``model_path``, what the servers report of
+    the model (``backends.remote_revision``, re-read by every health check)."""
     servers: list[VllmServer] = msgspec.field(default_factory=list)
     """``role = "both"`` servers form a monolithic pool; ``prefill`` + ``decode`` servers a
     disaggregated one (any number of each). A backend is one or the other."""

@@ -1,7 +1,9 @@
 """Health checks: every server's ``/health`` periodically, ejecting and re-admitting servers.
 
 With ``scrape_metrics`` each passed check also copies the server's own ``/metrics``
-(``backends.scraped_metrics``).
+(``backends.scraped_metrics``). With ``served_model`` each passed check also reads what the
+server reports of the model (``backends.remote_revision``), and a changed revision is told to
+``on_revision``.
 """
 
 from __future__ import annotations
@@ -9,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import aiohttp
 
 from backends.pool import Pool
+from backends.remote_revision import remote_revision, reported_identity
 from backends.scraped_metrics import parse_upstream_metrics
 from backends.servers import ServerState
 from backends.upstream import HTTP_ERRORS, HttpSession
@@ -34,7 +37,10 @@ class HealthMonitor:
         interval_s: float,
         timeout_s: float,
         scrape_metrics: bool,
+        served_model: str | None = None,
     ) -> None:
+        """``served_model``: read each server's report of it (the backend's revision comes
+        from its servers)."""
         self.http = http
         self.pools = list(pools)
         self.interval_s = interval_s
@@ -42,6 +48,11 @@ class HealthMonitor:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.scrape_metrics = scrape_metrics
         self.last_check = 0.0
+        self.served_model = served_model
+        self.revision: str | None = None
+        """The revision the servers last reported (``served_model`` only)."""
+        self.on_revision: Callable[[str], None] | None = None
+        self._reported: dict[str, str] = {}
         self._task: asyncio.Task[None] | None = None
 
     def ensure_running(self) -> None:
@@ -58,6 +69,18 @@ class HealthMonitor:
         """One round of checks over every server, concurrently."""
         await asyncio.gather(*(self._check(p, s) for p in self.pools for s in p.servers))
         self.last_check = time.monotonic()
+        self._update_revision()
+
+    def _update_revision(self) -> None:
+        healthy = {s.url for p in self.pools for s in p.servers if s.healthy}
+        reported = [r for url, r in self._reported.items() if url in healthy]
+        if not reported:
+            return  # nothing answers: the last revision stands
+        revision = remote_revision(reported)
+        if revision != self.revision:
+            self.revision = revision
+            if self.on_revision is not None:
+                self.on_revision(revision)
 
     async def _check(self, pool: Pool, server: ServerState) -> None:
         session = self.http.session
@@ -76,6 +99,14 @@ class HealthMonitor:
                 pool.eject(server)
             return
         pool.readmit(server)
+        if self.served_model is not None:
+            identity = await reported_identity(
+                session, server.url, self.served_model, self._timeout
+            )
+            if identity is None:
+                self._reported.pop(server.url, None)
+            else:
+                self._reported[server.url] = identity
         if self.scrape_metrics:
             with contextlib.suppress(*HTTP_ERRORS, ValueError):
                 async with session.get(f"{server.url}/metrics", timeout=self._timeout) as page:

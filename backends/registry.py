@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from backends.classifier import DEFAULT_HEAD, ClassifierBackend, TextClassifierBackend
 from backends.config import EmbeddedClassifierBackend, VllmBackend
 from backends.config import LocalEmbeddingBackend as LocalEmbeddingConfig
+from backends.generation_defaults import launch_defaults
 from backends.local import LocalEmbeddingBackend
 from backends.models import chat_template_fingerprint, model_revision, prepare_model
 from backends.protocol import EmbeddingBackend, GenerationBackend
@@ -33,6 +36,9 @@ class ModelInfo:
     """Hash of the weights/config files: part of every cache key for this model."""
     chat_template_fp: str
     created: int = 0
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
+    """What the backend fills omitted sampling fields with (``backends.generation_defaults``):
+    part of the canonical request bytes, so of every key."""
 
 
 @dataclass
@@ -59,6 +65,17 @@ class ModelRegistry:
         for info in list(self.models.values()):
             if info.backend_name == backend_name and info.revision != revision:
                 self.add(dataclasses.replace(info, revision=revision))
+
+    async def check_revisions(self) -> None:
+        """Ask the vLLM backends versioned by their servers for their revision now (start-up;
+        the health checks keep asking)."""
+        await asyncio.gather(
+            *(
+                g.monitor.check_all()
+                for g in self.generation.values()
+                if isinstance(g, VllmClient) and g.monitor.served_model is not None
+            )
+        )
 
     def classifier_backend(self, info: ModelInfo) -> TextClassifierBackend:
         return self.classifiers[info.backend_name]
@@ -95,6 +112,25 @@ def _resolve_path(spec: str | None, data_dir: Path) -> Path | None:
     return prepare_model(spec, data_dir, progress=lambda _msg: None)
 
 
+def backend_sampling_defaults(config: VllmBackend, model_dir: Path | None) -> dict[str, Any]:
+    """The sampling defaults every server of a vLLM backend applies: read from the checkpoint
+    with each launched server's ``--generation-config`` / ``--override-generation-config``
+    (a server run elsewhere: vLLM's default, ``auto``). Servers that disagree are refused:
+    one key cannot stand for two answers."""
+    found: list[dict[str, Any]] = []
+    launch_args = [s.launch.extra_args if s.launch else [] for s in config.servers] or [[]]
+    for args in launch_args:
+        each = launch_defaults(model_dir, args)
+        if each not in found:
+            found.append(each)
+    if len(found) > 1:
+        raise ValueError(
+            f"backend {config.name!r}: its servers apply different sampling defaults "
+            f"({found}); launch them with the same --generation-config"
+        )
+    return found[0]
+
+
 def build_registry(
     models: list[ModelSpec],
     backends: list[VllmBackend | LocalEmbeddingConfig | EmbeddedClassifierBackend],
@@ -104,6 +140,7 @@ def build_registry(
     """Create the backend clients and compute each model's revision (cached on disk)."""
     reg = ModelRegistry()
     revisions: dict[str, tuple[str, str]] = {}
+    defaults: dict[str, dict[str, Any]] = {}
     for b in backends:
         if isinstance(b, EmbeddedClassifierBackend):
             head = Path(b.head_path) if b.head_path else DEFAULT_HEAD
@@ -118,11 +155,15 @@ def build_registry(
         elif path is not None:
             rev = model_revision(path)
         else:
+            # no files to hash: until its servers report one (backends.remote_revision)
             rev = f"unversioned:{b.name}"
         template_fp = chat_template_fingerprint(path) if path is not None else "none"
         revisions[b.name] = (rev, template_fp)
         if isinstance(b, VllmBackend):
+            defaults[b.name] = backend_sampling_defaults(b, path)
             client = VllmClient(b)
+            if client.monitor.served_model is not None:
+                client.monitor.on_revision = partial(reg.set_revision, b.name)
             reg.generation[b.name] = client
             if b.task == "classify":
                 reg.classifiers[b.name] = VllmClassifier(client, revision=rev, model_dir=path)
@@ -148,6 +189,7 @@ def build_registry(
                 revision=rev,
                 chat_template_fp=template_fp,
                 created=created,
+                sampling_defaults=defaults.get(m.backend, {}),
             )
         )
     return reg

@@ -9,8 +9,12 @@ schemas:
   handles, ``user``/``metadata``/``store``... are bookkeeping).
 * ``null`` means "default" in these APIs, so top-level and message-level ``null`` are
   dropped, and a parameter equal to its documented default is dropped too (the same as
-  filling defaults in, but shorter). A model's own generation defaults (vLLM reads
-  ``generation_config.json``) can be passed as ``sampling_defaults``.
+  filling defaults in, but shorter).
+* A model's own generation defaults (what vLLM fills omitted fields with, from the
+  checkpoint's ``generation_config.json``: ``sampling_defaults``) are filled in where the
+  request leaves a field out, before that comparison: a request that omits ``temperature``
+  and one that spells out the model's default share a key; one that spells out OpenAI's
+  default does not, unless the model's default is OpenAI's.
 * A Responses API request keeps ``stream`` in its bytes: its streamed and JSON answers are
   cached apart (an event stream is not rebuilt from a JSON answer).
 * Aliases are unified: ``max_completion_tokens``/``max_tokens``; ``stop`` as a string or a
@@ -121,6 +125,32 @@ ROUTE_DEFAULTS: Final[dict[str, dict[str, Any]]] = {
     "classification": {},
 }
 
+# The model's defaults each route takes for omitted fields (vLLM's request schemas): a
+# completions request's omitted max_tokens is 16 whatever the model says; the Responses API
+# names it max_output_tokens.
+_MODEL_DEFAULTS: Final[dict[str, dict[str, str]]] = {
+    "chat": {
+        k: k
+        for k in (
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "repetition_penalty",
+            "presence_penalty",
+            "frequency_penalty",
+            "max_tokens",
+        )
+    },
+}
+_MODEL_DEFAULTS["completions"] = {
+    k: v for k, v in _MODEL_DEFAULTS["chat"].items() if k != "max_tokens"
+}
+_MODEL_DEFAULTS["responses"] = {
+    **_MODEL_DEFAULTS["completions"],
+    "max_tokens": "max_output_tokens",
+}
+
 # Map-like parameters whose key order cannot matter (sorted like the top level).
 _UNORDERED_MAPS: Final[frozenset[str]] = frozenset(
     {"logit_bias", "chat_template_kwargs", "mm_processor_kwargs"}
@@ -193,12 +223,10 @@ def canonical_request(
     """Canonical bytes of an OpenAI-style request body for ``route``.
 
     ``route`` is one of chat, completions, responses, embeddings, classification; it is
-    part of the bytes. ``sampling_defaults`` overrides the documented defaults for one model
-    (for example the temperature from its ``generation_config.json``).
+    part of the bytes. ``sampling_defaults`` are the model's own defaults for omitted fields
+    (for example the temperature from its ``generation_config.json``): filled in.
     """
-    defaults = dict(ROUTE_DEFAULTS.get(route, {}))
-    if sampling_defaults:
-        defaults.update(sampling_defaults)
+    defaults = ROUTE_DEFAULTS.get(route, {})
     params: dict[str, Any] = {}
     for k, v in body.items():
         if k in DROPPED_FIELDS or v is None:
@@ -208,6 +236,11 @@ def canonical_request(
     # Aliases.
     if "max_completion_tokens" in params:
         params["max_tokens"] = params.pop("max_completion_tokens")
+    if sampling_defaults:
+        for name, field in _MODEL_DEFAULTS.get(route, {}).items():
+            value = sampling_defaults.get(name)
+            if value is not None and field not in params:
+                params[field] = _norm_number(value)
     for k in _SET_PARAMS:
         v = params.get(k)
         if isinstance(v, str):

@@ -165,6 +165,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         if request_log is not None:
             request_log.start()
         await ledger.start()
+        await registry.check_revisions()  # models versioned by what their servers report
         for backend in registry.embedding.values():
             await backend.start()
         for classifier in registry.classifiers.values():

@@ -82,4 +82,5 @@ class ServingState:
             tags=directives.tags,
             chat_template_fp=info.chat_template_fp,
             custom_key=directives.custom_key,
+            sampling_defaults=info.sampling_defaults,
         )

@@ -343,3 +343,25 @@ def test_integral_floats_beyond_64_bits_stay_floats(route: str, value: float) ->
     wide = canonical_request(route, {**body, "logit_bias": value, "extra": value})
     assert canonical_request(route, {**body, "logit_bias": value, "extra": value}) == wide
     assert wide != small
+
+
+def test_model_defaults_are_filled_in_per_route() -> None:
+    gen = {"temperature": 0.6, "max_tokens": 64}
+    bare = {k: v for k, v in chat().items() if k not in ("temperature", "max_tokens")}
+    # omitted → the model's default; spelled out as OpenAI's default → a different request
+    assert canonical_request("chat", bare, sampling_defaults=gen) != canonical_request(
+        "chat", {**bare, "temperature": 1}, sampling_defaults=gen
+    )
+    assert canonical_request("chat", bare, sampling_defaults=gen) == canonical_request(
+        "chat", {**bare, "temperature": 0.6, "max_tokens": 64}, sampling_defaults=gen
+    )
+    # a completions request's omitted max_tokens is 16 whatever the model says
+    prompt = {"model": "m", "prompt": "p"}
+    assert canonical_request("completions", prompt, sampling_defaults=gen) == canonical_request(
+        "completions", {**prompt, "temperature": 0.6}
+    )
+    # pooling routes take no sampling defaults
+    embed = {"model": "m", "input": "x"}
+    assert canonical_request("embeddings", embed, sampling_defaults=gen) == canonical_request(
+        "embeddings", embed
+    )
