@@ -44,6 +44,7 @@ def _app(tmp_path: Path) -> Any:
     backend = VllmBackend(
         name="tiny",
         served_model="tiny",
+        revision="pinned",  # no start-up probe of these unreachable addresses
         max_inflight_per_server=4,
         servers=[
             VllmServer(url=urls[0], role="prefill"),
