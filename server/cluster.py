@@ -349,6 +349,9 @@ class Cluster:
                 "    timeout check 5s",  # /ready asks every vLLM server: slow on a busy box
                 "    retries 3",
                 "    option redispatch 1",  # a refused connection is retried on the other gateway
+                # No idle connection to a gateway is reused: after a gateway dies, a request
+                # is never sent on its dead connection, it is refused and redispatched.
+                "    http-reuse never",
                 # No gateway ready (e.g. the decode pool is down): the gateways' own answer.
                 "    http-error status 503 content-type application/json hdr retry-after 2"
                 f" string '{NO_GATEWAY_BODY}'",

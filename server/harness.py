@@ -29,7 +29,10 @@ class GatewayThread:
         self.url = f"http://127.0.0.1:{self.port}"
         self.app = create_app(config, registry)
         self._server = uvicorn.Server(uvicorn_config(self.app, "127.0.0.1", self.port))
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve()))
+        # A daemon: a gateway that never stops fails its test (``stop``), not the whole run.
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._server.serve()), daemon=True
+        )
 
     def start(self, timeout_s: float = 240.0) -> GatewayThread:
         self._thread.start()
@@ -43,6 +46,8 @@ class GatewayThread:
     def stop(self) -> None:
         self._server.should_exit = True
         self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            raise RuntimeError(f"the gateway on {self.url} did not stop within 30 s")
 
 
 class GatewayProcess:

@@ -90,7 +90,9 @@ def test_disk_full_keeps_answering_counts_once_and_serves_nothing_corrupt(
     tiny_vllm: VllmProcess,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    (small_disk / "encoders").symlink_to(data_dir / "encoders")  # the exported graph: shared
+    # The exported encoder graph is shared with the other tests (and made on first use).
+    (data_dir / "encoders").mkdir(parents=True, exist_ok=True)
+    (small_disk / "encoders").symlink_to(data_dir / "encoders")
     policy = write_policy(tmp_path / "policy.toml")
     config = gateway_config(
         small_disk, tiny_vllm.url, data_dir / "models" / TINY_MODEL_NAME, policy=str(policy)

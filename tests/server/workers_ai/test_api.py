@@ -412,7 +412,7 @@ def test_authentication_errors(gw: GatewayThread, http: httpx.Client) -> None:
     body = {"prompt": "hi", "max_tokens": 2}
     assert "Bearer" in failed(http.post(url(gw.url, CHAT), json=body), 401)
     failed(http.post(url(gw.url, CHAT), json=body, headers=bearer("wrong")), 401)
-    failed(http.post(url(gw.url, CHAT, "acc-2"), json=body, headers=bearer(LIMITED_TOKEN)), 401)
+    failed(http.post(url(gw.url, CHAT, "acc-2"), json=body, headers=bearer(LIMITED_TOKEN)), 403)
     ok(http.post(url(gw.url, CHAT, "acc-1"), json=body, headers=bearer(LIMITED_TOKEN)))
     ok(http.post(url(gw.url, CHAT), json=body, headers=bearer(OTHER_TOKEN)))
 
