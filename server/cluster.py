@@ -349,9 +349,10 @@ class Cluster:
                 "    timeout check 5s",  # /ready asks every vLLM server: slow on a busy box
                 "    retries 3",
                 "    option redispatch 1",  # a refused connection is retried on the other gateway
-                # No idle connection to a gateway is reused: after a gateway dies, a request
-                # is never sent on its dead connection, it is refused and redispatched.
-                "    http-reuse never",
+                # A gateway killed while a request reaches it (its socket still open, the
+                # process gone) closes without a byte of answer: that request is sent again
+                # to the other gateway rather than lost (a dead gateway answered nothing).
+                "    retry-on conn-failure empty-response",
                 # No gateway ready (e.g. the decode pool is down): the gateways' own answer.
                 "    http-error status 503 content-type application/json hdr retry-after 2"
                 f" string '{NO_GATEWAY_BODY}'",
