@@ -74,6 +74,9 @@ REDIS_PORT = 6379
 VLLM_PORT = 8000
 NIXL_PORT = 5600
 TOKEN = "cluster-admin-token"
+METERED_TOKEN = "cluster-metered-token"
+"""A second tenant's token with a per-minute request limit, counted in the Redis host."""
+METERED_RPM = 8
 """The bearer token of the gateways' one tenant (``cluster``, admin role)."""
 MODEL_ID = "tiny-chat"
 SEMANTIC_MODEL_ID = "tiny-semantic"
@@ -279,6 +282,10 @@ class Cluster:
                 f"token = {q(TOKEN)}",
                 'tenant = "cluster"',
                 'roles = ["admin"]',
+                "[[auth.tokens]]",
+                f"token = {q(METERED_TOKEN)}",
+                'tenant = "metered"',
+                f"limits = {{ requests_per_minute = {METERED_RPM} }}",
                 "[batch.queue]",
                 'kind = "redis"',
                 f"redis_url = {q(self.redis_url)}",
@@ -341,8 +348,11 @@ class Cluster:
                 "global",
                 "    maxconn 4096",
                 f"    stats socket {self.run_dir / 'haproxy.sock'} mode 600 level admin",
+                "    log stdout format raw local0 info",  # into the lb's log: one line a request
                 "defaults",
                 "    mode http",
+                "    log global",
+                "    option httplog",
                 "    timeout connect 1s",
                 "    timeout client 300s",
                 "    timeout server 300s",
@@ -353,6 +363,11 @@ class Cluster:
                 # process gone) closes without a byte of answer: that request is sent again
                 # to the other gateway rather than lost (a dead gateway answered nothing).
                 "    retry-on conn-failure empty-response",
+                # A retry needs the whole request in HAProxy's buffer: without this, a POST
+                # already streaming to a dying gateway is answered 502, and a request on a
+                # reused keep-alive connection to it is dropped by closing the client's
+                # connection (HAProxy's "let the client retry", which POST clients do not).
+                "    option http-buffer-request",
                 # No gateway ready (e.g. the decode pool is down): the gateways' own answer.
                 "    http-error status 503 content-type application/json hdr retry-after 2"
                 f" string '{NO_GATEWAY_BODY}'",

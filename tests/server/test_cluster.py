@@ -26,6 +26,8 @@ import pytest
 from backends.harness.metrics import metric_value
 from server.cluster import (
     HOST_HEADER,
+    METERED_RPM,
+    METERED_TOKEN,
     MODEL_ID,
     SEMANTIC_MODEL_ID,
     TOKEN,
@@ -281,6 +283,54 @@ async def test_a_semantic_entry_made_on_gw1_serves_on_gw2(
         assert time.monotonic() < deadline, "gw1's semantic entry never served on gw2"
         await asyncio.sleep(0.5)
     assert hit.json()["id"] == first.json()["id"]  # gw1's answer
+
+
+async def test_rate_limits_and_the_ledger_count_once_across_both_gateways(
+    cluster: Cluster, client: httpx.AsyncClient
+) -> None:
+    """The metered token's requests alternate between gw1 and gw2: the shared window (in the
+    Redis host) admits exactly its limit in all, and both gateways' usage reads say the same."""
+    metered = {"Authorization": f"Bearer {METERED_TOKEN}"}
+    day = time.strftime("%Y-%m-%d", time.gmtime())
+    # Read by the admin (every authenticated request takes from its token's window).
+    usage_query = {"start": day, "end": day, "group_by": "", "tenant": "metered"}
+
+    async def requests_counted(host: str) -> int:
+        r = await client.get(
+            f"{cluster.gateway_url(host)}/v1/usage", params=usage_query, headers=AUTH
+        )
+        assert r.status_code == 200, r.text
+        rows = r.json()["data"]
+        return int(rows[0]["requests"]) if rows else 0
+
+    before = await requests_counted("gw1")  # a kept cluster's Redis may hold earlier runs
+    body = chat(unique())
+    statuses: dict[str, list[int]] = {"gw1": [], "gw2": []}
+    for i in range(METERED_RPM + 4):  # within one minute: hits after the first answer
+        host = ("gw1", "gw2")[i % 2]
+        r = await client.post(
+            f"{cluster.gateway_url(host)}/v1/chat/completions",
+            json=body,
+            headers=metered,
+            timeout=TIMEOUT_S,
+        )
+        statuses[host].append(r.status_code)
+        if r.status_code == 429:
+            assert r.json()["error"]["code"] == "rate_limit_exceeded", r.text
+            assert int(r.headers["retry-after"]) > 0
+    every = statuses["gw1"] + statuses["gw2"]
+    assert every.count(200) == METERED_RPM, statuses
+    assert every.count(429) == 4, statuses
+    assert 200 in statuses["gw1"] and 200 in statuses["gw2"], statuses
+
+    # Each gateway flushes its sums to the Redis host every second: both read one total.
+    deadline = time.monotonic() + 30
+    while True:
+        totals = [await requests_counted(host) - before for host in ("gw1", "gw2")]
+        if totals == [METERED_RPM, METERED_RPM]:
+            break
+        assert time.monotonic() < deadline, f"usage never settled on both gateways: {totals}"
+        await asyncio.sleep(0.5)
 
 
 KILL_GRACE_S = 0.5
