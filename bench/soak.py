@@ -192,7 +192,9 @@ async def drive(url: str, pid: int, args: argparse.Namespace) -> tuple[Tally, st
     rng = random.Random(args.seed)
     kinds, weights = zip(*MIX, strict=True)
     stop = asyncio.Event()
-    limits = httpx.Limits(max_connections=64)
+    # Idle connections are dropped before uvicorn's 5 s keep-alive closes them: reusing one
+    # as the server closes it is a client-side race (an httpx ReadError), not a lost answer.
+    limits = httpx.Limits(max_connections=64, keepalive_expiry=2.0)
     async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
         traffic = Traffic(client, tally, rng)
         sampler = asyncio.create_task(sample(psutil.Process(pid), tally, args.sample_s, stop))

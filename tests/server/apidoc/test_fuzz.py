@@ -155,8 +155,10 @@ def api(fuzzed_gateway: GatewayThread) -> schemathesis.BaseSchema:
     return schema
 
 
-def fuzz(operation: Any, mode: GenerationMode, examples: int) -> None:
-    """``examples`` requests of ``mode`` to one operation, each answer checked."""
+def fuzz(operation: Any, mode: GenerationMode, examples: int) -> int:
+    """``examples`` requests of ``mode`` to one operation, each answer checked; how many
+    requests were sent."""
+    sent = 0
 
     @given(case=operation.as_strategy(mode))
     @settings(
@@ -168,23 +170,30 @@ def fuzz(operation: Any, mode: GenerationMode, examples: int) -> None:
         phases=[Phase.explicit, Phase.generate],  # no shrinking: the first failure is reported
     )
     def run(case: schemathesis.Case) -> None:
+        nonlocal sent
+        sent += 1
         case.call_and_validate(checks=CHECKS, timeout=60)
 
     run()
+    return sent
 
 
 def test_every_operation(api: schemathesis.BaseSchema) -> None:
     failures: list[str] = []
     operations = [result.ok() for result in api.get_all_operations()]
     assert len(operations) >= 26
+    sent = {mode: 0 for mode, _ in RUNS}
     for operation in operations:
         for mode, examples in RUNS:
             if mode == GenerationMode.NEGATIVE and not (operation.body or operation.query):
                 continue  # only strings (path, headers): nothing can be invalid
             try:
-                fuzz(operation, mode, examples)
+                sent[mode] += fuzz(operation, mode, examples)
             except (Exception, BaseExceptionGroup) as exc:  # every operation's, not the first's
                 failures.append(f"{operation.label} ({mode.value}): {exc}")
+    counts = ", ".join(f"{n} {mode.value}" for mode, n in sent.items())
+    print(f"FIGURE fuzz: {len(operations)} operations, {counts} requests, {len(failures)} failed")
+    assert all(sent.values()), sent
     assert not failures, "\n\n".join(failures)
 
 
