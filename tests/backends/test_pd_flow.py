@@ -351,7 +351,7 @@ async def test_a_handoff_past_the_bound_with_no_attempt_left_is_an_error(upstrea
     up = await upstream({PREFILL: prefill_ok, DECODE_1: stuck})
     c = client(up, kv_lease_s=1, handoff_bound_s=0.2, decode_attempts=1)
     try:
-        with pytest.raises(BackendError, match="KV hand-off .* passed 0.2 s") as caught:
+        with pytest.raises(BackendError, match=r"KV hand-off .* passed 0\.2 s") as caught:
             await c.post(CHAT, chat(), ctx())
         assert caught.value.kind == "timeout"
         assert c.stats.handoff_over_bound == {"json": 1}
