@@ -341,6 +341,14 @@ class VllmProcess:
         if self._popen is not None:
             self._popen.wait()
 
+    def pause(self) -> None:
+        """SIGSTOP every process of the server: it accepts connections and answers nothing
+        (a stalled server, in tests); ``resume`` lets it go on."""
+        self._signal_all(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal_all(signal.SIGCONT)
+
     async def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM the process group, wait up to ``grace_s``, then SIGKILL what is left."""
         if self._popen is None:
