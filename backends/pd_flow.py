@@ -38,7 +38,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import orjson
 
@@ -228,7 +228,7 @@ class DecodeHop:
         attempt: Callable[[Lease, dict[str, Any]], Awaitable[T | BackendError]],
         *,
         prefilled_at: float | None = None,
-        answer: str = "json",
+        answer: Literal["json", "stream"] = "json",
     ) -> T:
         """``attempt`` on ``first``'s server, then on others until one answers.
 
