@@ -34,7 +34,8 @@ from backends.launch import Launcher, VllmProcess
 from server.config import GatewayConfig, ModelEntry
 from server.harness import GatewayThread
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+# Starting the two vLLM servers counts towards the first test's time limit (minutes on a busy box).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 LEASE_S = 4
 BLOCK = 32
