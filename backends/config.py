@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 import orjson
@@ -87,6 +87,16 @@ class VllmBackend(
     """A prefill hop slower than this is given up; decode then computes the prompt alone."""
     decode_attempts: PosInt = 2
     """Decode servers tried for one request when one fails before the first byte."""
+    kv_lease_s: PosInt = 30
+    """NixlConnector's KV lease (vLLM's ``kv_lease_duration``): a prefill server frees a
+    request's KV blocks when no decode server has read them within it, and a later read gets
+    whatever the blocks hold by then. Written into every launched prefill/decode server's
+    ``--kv-transfer-config``; servers run elsewhere must be started with the same value."""
+    handoff_bound_s: PosFloat | None = None
+    """Longest KV hand-off: from the prefill answer to the decode server's first byte (for a
+    JSON answer: the whole answer). Past it the decode attempt is abandoned and decode computes
+    the prompt alone, so no answer is built from blocks whose lease may have run out. At most
+    half of ``kv_lease_s`` (the default), leaving the rest for the prefill answer's way back."""
 
     # -- placement
     chars_per_token: PosFloat = 4.0
@@ -148,6 +158,12 @@ class VllmBackend(
                 check_profile_for_model(profile, model_dir)
             if role not in roles and self.servers:
                 raise ValueError(f"backend {self.name!r}: profile for absent pool {role!r}")
+        if self.handoff_bound_s is not None and self.handoff_bound_s > self.kv_lease_s / 2:
+            raise ValueError(
+                f"backend {self.name!r}: handoff_bound_s={self.handoff_bound_s:g} must be at "
+                f"most half of kv_lease_s={self.kv_lease_s} (a hand-off must end well inside "
+                "the prefill's KV lease)"
+            )
         prefill, decode = self.profiles.get("prefill"), self.profiles.get("decode")
         if (prefill.kv_cache_dtype if prefill else "auto") != (
             decode.kv_cache_dtype if decode else "auto"
@@ -159,7 +175,27 @@ class VllmBackend(
         for server in self.servers:
             if server.launch is not None:
                 self._check_gpus(server)
+                self._check_lease(server.launch.extra_args)
                 server.launch = self._launch_with_profile(server)
+
+    @property
+    def handoff_deadline_s(self) -> float:
+        """``handoff_bound_s``, or half the KV lease."""
+        return self.handoff_bound_s if self.handoff_bound_s is not None else self.kv_lease_s / 2
+
+    def _check_lease(self, extra_args: list[str]) -> None:
+        """A NixlConnector ``--kv-transfer-config`` in ``extra_args`` must name our lease."""
+        transfer = kv_transfer_config(extra_args)
+        if transfer is None or transfer.get("kv_connector") != "NixlConnector":
+            return
+        extra = transfer.get("kv_connector_extra_config") or {}
+        lease = extra.get("kv_lease_duration") if isinstance(extra, dict) else None
+        if lease != self.kv_lease_s:
+            raise ValueError(
+                f"backend {self.name!r}: the --kv-transfer-config in extra_args sets "
+                f"kv_lease_duration={lease!r}; it must be kv_lease_s={self.kv_lease_s} "
+                "(the hand-off bound is derived from it)"
+            )
 
     def _check_gpus(self, server: VllmServer) -> None:
         profile = self.profiles.get(server.role)
@@ -200,6 +236,23 @@ class VllmBackend(
             flags.append(("--kv-transfer-config", orjson.dumps(transfer).decode()))
         extra = merge_flags(server.launch.extra_args, flags)
         return msgspec.structs.replace(server.launch, extra_args=extra)
+
+
+def kv_transfer_config(args: list[str]) -> dict[str, Any] | None:
+    """The JSON of a ``--kv-transfer-config`` flag in ``args`` (None when absent)."""
+    for i, arg in enumerate(args):
+        if arg.startswith("--kv-transfer-config="):
+            raw = arg.partition("=")[2]
+        elif arg == "--kv-transfer-config" and i + 1 < len(args):
+            raw = args[i + 1]
+        else:
+            continue
+        try:
+            parsed = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise ValueError(f"--kv-transfer-config is not JSON: {raw!r}") from exc
+        return parsed if isinstance(parsed, dict) else None
+    return None
 
 
 class LocalEmbeddingBackend(

@@ -87,8 +87,13 @@ def build_command(
     server: VllmServer,
     device: Device,
     python: str,
+    kv_lease_s: int = 30,
 ) -> tuple[list[str], dict[str, str]]:
-    """The argv and the extra environment that start ``server`` (nothing is run)."""
+    """The argv and the extra environment that start ``server`` (nothing is run).
+
+    A prefill/decode server gets NixlConnector with ``kv_lease_s`` as its KV lease, always
+    spelled out (vLLM's default is 30 s): the gateway's hand-off bound is derived from it.
+    """
     launch = server.launch or VllmLaunch()
     host, port = _host_port(server.url)
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server"]
@@ -116,6 +121,7 @@ def build_command(
         kv_transfer: dict[str, Any] = {
             "kv_connector": "NixlConnector",
             "kv_role": "kv_producer" if server.role == "prefill" else "kv_consumer",
+            "kv_connector_extra_config": {"kv_lease_duration": kv_lease_s},
         }
         if device == "cpu":
             kv_transfer["kv_buffer_device"] = "cpu"
@@ -183,6 +189,7 @@ class VllmProcess:
         device: Device | None = None,
         python: str | None = None,
         log_name: str | None = None,
+        kv_lease_s: int = 30,
     ) -> None:
         self.server = server
         self.url = server.url.rstrip("/")
@@ -193,6 +200,7 @@ class VllmProcess:
             server=server,
             device=self.device,
             python=python or sys.executable,
+            kv_lease_s=kv_lease_s,
         )
         host, port = _host_port(server.url)
         name = log_name or re.sub(r"[^A-Za-z0-9_.-]+", "_", served_model)
@@ -333,6 +341,14 @@ class VllmProcess:
         if self._popen is not None:
             self._popen.wait()
 
+    def pause(self) -> None:
+        """SIGSTOP every process of the server: it accepts connections and answers nothing
+        (a stalled server, in tests); ``resume`` lets it go on."""
+        self._signal_all(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        self._signal_all(signal.SIGCONT)
+
     async def stop(self, grace_s: float = 20.0) -> None:
         """SIGTERM the process group, wait up to ``grace_s``, then SIGKILL what is left."""
         if self._popen is None:
@@ -414,6 +430,7 @@ class Launcher:
                         device=self.device,
                         python=self.python,
                         log_name=backend.name,
+                        kv_lease_s=backend.kv_lease_s,
                     )
                     self.progress(f"starting vLLM {backend.name} ({server.role}) at {server.url}")
                     process.start()

@@ -20,14 +20,25 @@ fails before the first byte is replaced by another (with the same KV parameters 
 unreachable, without them if it answered an error — e.g. the KV pull failed); after bytes
 were relayed a failure ends the stream with ``BackendError``, which the server turns into an
 error event.
+
+The KV hand-off is bounded (``handoff_bound_s``, at most half of the prefill's KV lease
+``kv_lease_s``): vLLM's prefill server frees blocks no decode server has read within the lease,
+and a decode server that reads them later answers HTTP 200 from whatever they hold by then
+(vLLM only logs "Potentially invalid KV blocks"). A decode attempt with KV parameters that has
+not given its first byte (a JSON answer: the whole answer) by the bound, counted from the
+prefill answer, is abandoned (its connection closed, so vLLM aborts it) and the next attempt
+goes without the parameters: decode computes the prompt itself. The first byte of a stream
+comes after the first generated token, hence after the KV pull; an answer relayed with KV
+parameters was therefore pulled inside the lease.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import orjson
 
@@ -191,6 +202,8 @@ class DecodeHop:
         self, config: VllmBackend, pool: Pool, stats: BackendStats, placement: Placement
     ) -> None:
         self.attempts = config.decode_attempts
+        self.bound_s = config.handoff_deadline_s
+        self.lease_s = config.kv_lease_s
         self.pool = pool
         self.stats = stats
         self.placement = placement
@@ -213,6 +226,9 @@ class DecodeHop:
         first: Lease,
         params: dict[str, Any] | None,
         attempt: Callable[[Lease, dict[str, Any]], Awaitable[T | BackendError]],
+        *,
+        prefilled_at: float | None = None,
+        answer: Literal["json", "stream"] = "json",
     ) -> T:
         """``attempt`` on ``first``'s server, then on others until one answers.
 
@@ -220,6 +236,9 @@ class DecodeHop:
         or the ``BackendError`` of a server that answered but failed (retried elsewhere without
         KV parameters); it raises ``HTTP_ERRORS`` for an unreachable one (retried elsewhere with
         the same KV parameters). An answer owns the lease; a failure leaves it to this loop.
+        With KV parameters, an attempt must return by the hand-off bound counted from
+        ``prefilled_at`` (``time.perf_counter()`` at the prefill answer); past it the next
+        attempt, on any server, goes without them.
         """
         lease: Lease | None = first
         excluded: set[ServerState] = set()
@@ -229,9 +248,33 @@ class DecodeHop:
                 break
             server = lease.server
             self.stats.hops["decode" if n == 0 else "decode_retry"] += 1
+            limit: float | None = None
+            if params is not None and prefilled_at is not None:
+                limit = self.bound_s - (time.perf_counter() - prefilled_at)
+                if limit <= 0:  # e.g. a retry after an unreachable server came too late
+                    self.stats.handoff_over_bound[answer] += 1
+                    params, limit = None, None
+            deadline = asyncio.timeout(limit)
             try:
-                outcome = await attempt(lease, with_params(plan.body, params))
+                async with deadline:
+                    outcome = await attempt(lease, with_params(plan.body, params))
             except HTTP_ERRORS as exc:
+                if deadline.expired():
+                    # Not the server's fault (it may just be busy): no ejection, and it may
+                    # take the next attempt, which computes the prompt itself.
+                    self.stats.handoff_over_bound[answer] += 1
+                    failure = BackendError(
+                        "timeout",
+                        f"KV hand-off to {server.url} passed {self.bound_s:g} s "
+                        f"(the prefill's KV lease is {self.lease_s} s)",
+                        retry_after_s=1,
+                    )
+                    params = None
+                    lease.release()
+                    lease = None
+                    if n + 1 < self.attempts:
+                        lease = await self._next_lease(plan, excluded)
+                    continue
                 failure = http_failure(exc, server.url)
                 excluded.add(server)
             except BaseException:

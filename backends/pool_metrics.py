@@ -68,6 +68,9 @@ class BackendStats:
     prefill_seconds: Histogram = field(default_factory=lambda: _latency(*_PREFILL_SECONDS))
     handoff_seconds: Histogram = field(default_factory=lambda: _latency(*_HANDOFF_SECONDS))
     """From the prefill answer to the decode server's first byte: KV pull + first step."""
+    handoff_over_bound: Counter[str] = field(default_factory=Counter)
+    """Hand-offs abandoned past ``handoff_bound_s`` (decode then computed the prompt alone),
+    by answer shape: ``stream``, ``json``."""
 
 
 class BackendCollector:
@@ -135,6 +138,12 @@ class BackendCollector:
         )
         prefill_s = HistogramMetricFamily(*_PREFILL_SECONDS, labels=["backend"])
         handoff_s = HistogramMetricFamily(*_HANDOFF_SECONDS, labels=["backend"])
+        over_bound = CounterMetricFamily(
+            "semcache_pd_handoff_over_bound",
+            "KV hand-offs abandoned past the bound set inside the prefill's KV lease "
+            "(the decode server then computed the prompt alone).",
+            labels=["backend", "answer"],
+        )
         upstream: dict[str, Metric] = {}
         for stats in self._stats():
             for pool in stats.pools:
@@ -158,8 +167,10 @@ class BackendCollector:
                 skipped.add_metric([stats.name, reason], n)
             prefill_s.add_metric([stats.name], *histogram_buckets(stats.prefill_seconds))
             handoff_s.add_metric([stats.name], *histogram_buckets(stats.handoff_seconds))
+            for answer in ("stream", "json"):
+                over_bound.add_metric([stats.name, answer], stats.handoff_over_bound[answer])
         yield from (inflight, limit, healthy, requests, errors, ejections, waiting, refused)
-        yield from (hops, skipped, prefill_s, handoff_s)
+        yield from (hops, skipped, prefill_s, handoff_s, over_bound)
         yield from upstream.values()
 
 

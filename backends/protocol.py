@@ -73,6 +73,8 @@ class RequestUsage(msgspec.Struct, kw_only=True):
     """The backend servers that took part, in order (prefill then decode on a P/D hop)."""
     pd_hop: bool = False
     """A prefill server computed the prompt and handed its KV to the decode server."""
+    pd_handoff_s: float | None = None
+    """Seconds from the prefill answer to the decode server's first streamed event."""
     error_code: str | None = None
 
     def add(self, prompt_tokens: int, completion_tokens: int) -> None:

@@ -68,10 +68,11 @@ class PDRouter:
 
     async def _begin(
         self, path: str, body: dict[str, Any], ctx: RequestContext
-    ) -> tuple[Plan, Lease, bool, dict[str, Any] | None]:
+    ) -> tuple[Plan, Lease, float | None, dict[str, Any] | None]:
         """Plan the request, reserve its first decode slot, then run the prefill hop.
 
-        Returns the plan, the decode lease, whether prefill ran, and the KV parameters.
+        Returns the plan, the decode lease, when the prefill answered (``perf_counter``; None
+        when no prefill ran), and the KV parameters.
         """
         self.monitor.ensure_running()
         plan = self.plan(path, body, ctx)
@@ -82,10 +83,10 @@ class PDRouter:
         except BaseException:
             first.release()
             raise
-        return plan, first, prefilled, params
+        return plan, first, time.perf_counter() if prefilled else None, params
 
     async def post(self, path: str, body: dict[str, Any], ctx: RequestContext) -> UpstreamResponse:
-        plan, first, _, params = await self._begin(path, body, ctx)
+        plan, first, prefilled_at, params = await self._begin(path, body, ctx)
 
         async def attempt(
             lease: Lease, decode_body: dict[str, Any]
@@ -109,11 +110,12 @@ class PDRouter:
             lease.release()
             return answer
 
-        return await self.decode_hop.run(plan, first, params, attempt)
+        return await self.decode_hop.run(
+            plan, first, params, attempt, prefilled_at=prefilled_at, answer="json"
+        )
 
     async def open_stream(self, path: str, body: dict[str, Any], ctx: RequestContext) -> VllmStream:
-        plan, first, prefilled, params = await self._begin(path, body, ctx)
-        handoff_from = time.perf_counter()
+        plan, first, prefilled_at, params = await self._begin(path, body, ctx)
 
         async def attempt(lease: Lease, decode_body: dict[str, Any]) -> VllmStream | BackendError:
             server = lease.server
@@ -127,8 +129,10 @@ class PDRouter:
                     head, rest = await read_first_event(response)
                     if head and not is_server_error_event(head):
                         self.decode_pool.answered(server)
-                        if prefilled:
-                            self.stats.handoff_seconds.observe(time.perf_counter() - handoff_from)
+                        if prefilled_at is not None:
+                            handoff_s = time.perf_counter() - prefilled_at
+                            self.stats.handoff_seconds.observe(handoff_s)
+                            ctx.usage.pd_handoff_s = handoff_s
                         relayed = True
                         return self._stream(response, lease, head, rest)
                     return BackendError("broken", f"backend {server.url} failed early")
@@ -141,7 +145,9 @@ class PDRouter:
                 if not relayed:
                     response.release()
 
-        return await self.decode_hop.run(plan, first, params, attempt)
+        return await self.decode_hop.run(
+            plan, first, params, attempt, prefilled_at=prefilled_at, answer="stream"
+        )
 
     def _stream(
         self,

@@ -75,16 +75,30 @@ class VllmStream:
         self._response.release()
 
 
+_BEFORE_GENERATION = (b'"type":"response.created"', b'"type":"response.in_progress"')
+"""Responses API events vLLM sends before its engine has produced anything."""
+
+
+def _generated(payload: bytes) -> bool:
+    return not any(kind in payload for kind in _BEFORE_GENERATION)
+
+
 async def read_first_event(
     response: aiohttp.ClientResponse,
 ) -> tuple[bytes, AsyncIterator[bytes]]:
-    """Bytes up to the end of the first data event (or of the stream), and the rest."""
+    """Bytes up to the end of the first data event the engine produced (or of the stream),
+    and the rest.
+
+    A Responses API stream's ``response.created`` and ``response.in_progress`` come before
+    the engine ran; the head goes on to the next event, so that it always follows the first
+    generated token (after a P/D hand-off: after the KV pull).
+    """
     rest = raw_chunks(response)
     head = b""
     reader = SSEReader()
     async for chunk in rest:
         head += chunk
-        if reader.feed(chunk):
+        if any(_generated(payload) for payload in reader.feed(chunk)):
             break
     return head, rest
 
@@ -92,10 +106,12 @@ async def read_first_event(
 def is_server_error_event(head: bytes) -> bool:
     """The first event is vLLM's ``{"error": {..., "code": 5xx}}`` (e.g. a failed KV pull)."""
     payloads = SSEReader().feed(head + b"\n\n")  # a stream may end without the blank line
-    if not payloads:
-        return False
+    return any(_is_server_error(payload) for payload in payloads)
+
+
+def _is_server_error(raw: bytes) -> bool:
     try:
-        payload = orjson.loads(payloads[0])
+        payload = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return False
     error = payload.get("error") if isinstance(payload, dict) else None

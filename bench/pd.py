@@ -15,7 +15,10 @@ streamed chat requests, ``--long-share`` of them with ~``--long-tokens`` prompt 
 rest ~``--short-tokens``, sent ``--concurrency`` at a time; every prompt starts with a unique
 number (no prefix-cache help), ``max_tokens`` is fixed with ``ignore_eos``. TTFT: time to the
 first event carrying content. ITL: gaps between the following content events. p50/p99 per
-setup and prompt class are printed side by side.
+setup and prompt class are printed side by side. For 1P1D, the KV hand-off (from the prefill
+answer to the decode server's first event) is printed as p50/p99/max over the prefilled
+requests, with the hand-offs abandoned past the bound (``--kv-lease``: the prefill's NIXL
+lease; the bound is half of it) as the gateway's ``/metrics`` counts them.
 
     .venv/bin/python bench/pd.py --quick                          # smoke check, ~5 min here
     .venv/bin/python bench/pd.py --quick --nixl-progress-delay-us 0 --nixl-progress-delay-us 1000
@@ -83,6 +86,7 @@ class Sample:
     ttft_s: float
     gaps_s: list[float]
     tokens: int
+    handoff_s: float | None = None
 
 
 @dataclass
@@ -134,9 +138,10 @@ async def one(client: VllmClient, kind: str, text: str, args: argparse.Namespace
         buffer += chunk
         *events, buffer = buffer.split(b"\n\n")
         stamps += [now for event in events if FIRST_CONTENT.search(event)]
+    handoff = ctx.usage.pd_handoff_s
     if not stamps:  # a random-weight model may emit only tokens that decode to no text
-        return Sample(kind, float("nan"), [], 0)
-    return Sample(kind, stamps[0] - started, list(np.diff(stamps)), len(stamps))
+        return Sample(kind, float("nan"), [], 0, handoff)
+    return Sample(kind, stamps[0] - started, list(np.diff(stamps)), len(stamps), handoff)
 
 
 async def measure(setup: str, client: VllmClient, args: argparse.Namespace) -> Result:
@@ -163,13 +168,17 @@ async def measure(setup: str, client: VllmClient, args: argparse.Namespace) -> R
     result.wall_s = time.perf_counter() - started
     stats = client.stats
     result.notes = f"hops {dict(stats.hops)}, prefill skipped {dict(stats.prefill_skipped)}"
-    for label, hist in (
-        ("prefill hop", stats.prefill_seconds),
-        ("KV hand-off", stats.handoff_seconds),
-    ):
-        count, total = histogram_totals(hist)
-        if count:
-            result.notes += f"; {label} mean {total / count * 1000:.0f} ms (n={count})"
+    count, total = histogram_totals(stats.prefill_seconds)
+    if count:
+        result.notes += f"; prefill hop mean {total / count * 1000:.0f} ms (n={count})"
+    handoffs = [s.handoff_s for s in result.samples if s.handoff_s is not None]
+    if handoffs:
+        result.notes += (
+            f"\n{'':<12}KV hand-off p50 {pct_ms(handoffs, 50):.0f} ms, "
+            f"p99 {pct_ms(handoffs, 99):.0f} ms, max {max(handoffs) * 1000:.0f} ms "
+            f"(n={len(handoffs)}); over the {client.config.handoff_deadline_s:g} s bound "
+            f"(lease {client.config.kv_lease_s} s): {sum(stats.handoff_over_bound.values())}"
+        )
     return result
 
 
@@ -236,6 +245,7 @@ def backend(args: argparse.Namespace, name: str, servers: list[VllmServer]) -> V
         max_inflight_per_server=max(256, args.concurrency),
         health_interval_s=5.0,
         cache_salt_secret="bench",
+        kv_lease_s=args.kv_lease,
         profiles={r: profile for r in roles} if profile else {},
     )
 
@@ -310,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--mono-url", action="append", help="running monolithic servers")
     ap.add_argument("--prefill-url", help="a running prefill server (kv_producer)")
     ap.add_argument("--decode-url", help="a running decode server (kv_consumer)")
+    ap.add_argument("--kv-lease", type=int, default=30, help="the prefill's NIXL KV lease, seconds")
     ap.add_argument("--data-dir", default=str(test_data_dir()))
     ap.add_argument("--quick", action="store_true", help="24 requests, 4 concurrent")
     ap.add_argument(

@@ -55,6 +55,7 @@ def test_cpu_prefill_command_carries_the_cpu_flags_and_producer_role() -> None:
         "kv_connector": "NixlConnector",
         "kv_role": "kv_producer",
         "kv_buffer_device": "cpu",
+        "kv_connector_extra_config": {"kv_lease_duration": 30},  # spelled out, vLLM's default
     }
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "2"
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
@@ -64,10 +65,13 @@ def test_cpu_prefill_command_carries_the_cpu_flags_and_producer_role() -> None:
 
 def test_gpu_decode_command_leaves_out_the_cpu_only_flags() -> None:
     srv = server("decode", cpu_cores="0", kv_cache_gib=2)
-    cmd, env = build_command(model=MODEL, served_model="m", server=srv, device="cuda", python="p")
+    cmd, env = build_command(
+        model=MODEL, served_model="m", server=srv, device="cuda", python="p", kv_lease_s=12
+    )
     assert orjson.loads(flag_value(cmd, "--kv-transfer-config")) == {
         "kv_connector": "NixlConnector",
         "kv_role": "kv_consumer",
+        "kv_connector_extra_config": {"kv_lease_duration": 12},
     }
     for flag in ("--enforce-eager", "--block-size", "--kv-cache-memory-bytes"):
         assert flag not in cmd

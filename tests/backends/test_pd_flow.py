@@ -286,6 +286,81 @@ async def test_a_decode_error_before_the_first_byte_is_retried_without_kv_params
     await c.aclose()
 
 
+CREATED = b'event: response.created\ndata: {"type":"response.created","response":{}}\n\n'
+
+
+@pytest.mark.parametrize("shape", ["json", "stream", "responses-stream"])
+async def test_a_handoff_past_the_bound_is_abandoned_and_decode_computes_the_prompt(
+    shape: str, upstream: Make
+) -> None:
+    """A decode server that does not answer a KV pull by the bound (half the prefill's lease)
+    may read blocks the prefill server already freed: its attempt is dropped, and the next one,
+    on the same server, computes the prompt without the KV parameters."""
+    stalled = asyncio.Event()
+    released = asyncio.Event()
+
+    async def stuck_on_the_kv_pull(
+        request: web.Request, body: dict[str, Any]
+    ) -> web.StreamResponse:
+        if "kv_transfer_params" not in body:
+            if shape == "responses-stream":
+                done = b'event: response.completed\ndata: {"type":"response.completed"}\n\n'
+                return await sse(request, CREATED, done)
+            return await decode_ok(request, body)
+        if shape == "responses-stream":  # sent before the engine runs: proves nothing
+            response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+            await response.prepare(request)
+            await response.write(CREATED)
+        stalled.set()
+        await released.wait()
+        return json_answer(200, {"choices": [{"message": {"content": "from freed blocks"}}]})
+
+    up = await upstream({PREFILL: prefill_ok, DECODE_1: stuck_on_the_kv_pull})
+    c = client(up, kv_lease_s=1)  # bound: 0.5 s
+    try:
+        if shape == "json":
+            answer = await c.post(CHAT, chat(), ctx())
+            assert orjson.loads(answer.body) == {"choices": [{"message": {"content": "Hi"}}]}
+        elif shape == "stream":
+            stream = await c.open_stream(CHAT, chat(stream=True), ctx())
+            assert b'"Hi"' in await stream.read_all()
+        else:
+            stream = await c.open_stream("/v1/responses", {"input": LONG, "stream": True}, ctx())
+            assert b"response.completed" in await stream.read_all()
+        assert stalled.is_set()
+        first, second = up.bodies(DECODE_1)
+        assert first["kv_transfer_params"] == PARAMS
+        assert "kv_transfer_params" not in second
+        kind = "json" if shape == "json" else "stream"
+        assert c.stats.handoff_over_bound == {kind: 1}
+        assert c.stats.hops == {"prefill": 1, "decode": 1, "decode_retry": 1}
+        assert c.decode_pool.servers[0].healthy  # busy is not broken: no ejection
+        assert c.inflight() == 0
+    finally:
+        released.set()
+        await c.aclose()
+
+
+async def test_a_handoff_past_the_bound_with_no_attempt_left_is_an_error(upstream: Make) -> None:
+    released = asyncio.Event()
+
+    async def stuck(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        await released.wait()
+        return json_answer(200, {"choices": [{"message": {"content": "from freed blocks"}}]})
+
+    up = await upstream({PREFILL: prefill_ok, DECODE_1: stuck})
+    c = client(up, kv_lease_s=1, handoff_bound_s=0.2, decode_attempts=1)
+    try:
+        with pytest.raises(BackendError, match=r"KV hand-off .* passed 0\.2 s") as caught:
+            await c.post(CHAT, chat(), ctx())
+        assert caught.value.kind == "timeout"
+        assert c.stats.handoff_over_bound == {"json": 1}
+        assert c.inflight() == 0
+    finally:
+        released.set()
+        await c.aclose()
+
+
 async def test_a_client_error_is_relayed_not_retried(upstream: Make) -> None:
     up = await upstream({PREFILL: prefill_ok, DECODE_1: answering(400, {"error": "bad"})})
     c = client(up)

@@ -72,6 +72,7 @@ def test_metrics_expose_servers_hops_and_scraped_vllm_counters(tmp_path: Path) -
     client.stats.hops["prefill"] += 3
     client.stats.prefill_skipped["short_prompt"] += 2
     client.stats.handoff_seconds.observe(0.02)
+    client.stats.handoff_over_bound["stream"] += 1
     with TestClient(app) as http:
         page = http.get("/metrics").text
     samples = {
@@ -102,6 +103,8 @@ def test_metrics_expose_servers_hops_and_scraped_vllm_counters(tmp_path: Path) -
     assert value("semcache_pd_kv_handoff_seconds_count") == 1
     assert value("semcache_pd_kv_handoff_seconds_bucket", le="0.025") == 1
     assert value("semcache_pd_kv_handoff_seconds_bucket", le="0.01") == 0
+    assert value("semcache_pd_handoff_over_bound_total", answer="stream") == 1
+    assert value("semcache_pd_handoff_over_bound_total", answer="json") == 0
     assert value("semcache_upstream_vllm_prefix_cache_hits_total", a) == 96
     tokens = "semcache_upstream_vllm_prompt_tokens_by_source_total"
     assert value(tokens, a, source="local_compute") == 12

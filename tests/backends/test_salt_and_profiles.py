@@ -114,6 +114,38 @@ def test_example_connector_mode_configures_both_servers() -> None:
         }
 
 
+def test_the_kv_lease_is_explicit_and_bounds_the_handoff() -> None:
+    backend = pd_backend(kv_lease_s=12)
+    assert backend.handoff_deadline_s == 6  # half the lease by default
+    assert pd_backend(kv_lease_s=12, handoff_bound_s=2.5).handoff_deadline_s == 2.5
+    with pytest.raises(msgspec.ValidationError, match="at most half of kv_lease_s"):
+        pd_backend(kv_lease_s=12, handoff_bound_s=6.5)
+    with pytest.raises(msgspec.ValidationError, match="at most half of kv_lease_s=30"):
+        pd_backend(handoff_bound_s=20)
+    mine = {"kv_connector": "NixlConnector", "kv_role": "kv_consumer"}
+    decode = {"url": "http://127.0.0.1:8101", "role": "decode"}
+    for extra, lease in (({}, None), ({"kv_lease_duration": 30}, 30)):
+        transfer = orjson.dumps({**mine, "kv_connector_extra_config": extra}).decode()
+        settings = {
+            "servers": [
+                {"url": "http://127.0.0.1:8100", "role": "prefill"},
+                {**decode, "launch": {"extra_args": ["--kv-transfer-config", transfer]}},
+            ],
+            "kv_lease_s": 12,
+        }
+        with pytest.raises(msgspec.ValidationError, match=f"kv_lease_duration={lease}"):
+            pd_backend(**settings)
+    matching = orjson.dumps({**mine, "kv_connector_extra_config": {"kv_lease_duration": 12}})
+    backend = pd_backend(
+        servers=[
+            {"url": "http://127.0.0.1:8100", "role": "prefill"},
+            {**decode, "launch": {"extra_args": [f"--kv-transfer-config={matching.decode()}"]}},
+        ],
+        kv_lease_s=12,
+    )
+    assert backend.servers[1].launch is not None
+
+
 @pytest.mark.parametrize(
     ("servers", "message"),
     [
