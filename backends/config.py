@@ -159,7 +159,7 @@ class VllmBackend(
         for server in self.servers:
             if server.launch is not None:
                 self._check_gpus(server)
-                server.launch = self._launch_with_profile(server)
+                server.launch = self.launch_with_profile(server)
 
     def _check_gpus(self, server: VllmServer) -> None:
         profile = self.profiles.get(server.role)
@@ -180,7 +180,7 @@ class VllmBackend(
             return os.path.expanduser(self.shared_storage_path)
         return str(Path(tempfile.gettempdir()) / f"semcache-kv-{self.name}")
 
-    def _launch_with_profile(self, server: VllmServer) -> VllmLaunch:
+    def launch_with_profile(self, server: VllmServer) -> VllmLaunch:
         """The server's launch options plus its pool's profile and connector flags."""
         assert server.launch is not None
         flags: list[tuple[str, str | None]] = []
