@@ -101,11 +101,17 @@ class VllmClient:
         return server
 
     def drain_server(self, role: ServerRole, url: str) -> tuple[Pool, ServerState]:
-        """The server at ``url`` takes nothing new; ``Pool.wait_drained`` waits for it.
+        """The server at ``url`` takes nothing new; ``Pool.wait_drained`` waits for it
+        (draining one that already drains finds it again).
 
         The last server of the answering pool cannot leave (every request would be a 503);
         the last prefill server can (decode then computes prompts alone)."""
         pool = self.pool(role)
+        if pool is not None:
+            url = url.rstrip("/")
+            leaving = next((s for s in pool.leaving() if s.url == url), None)
+            if leaving is not None:
+                return pool, leaving
         server = pool.find(url) if pool is not None else None
         if pool is None or server is None:
             raise LookupError(f"no {role} server {url} in backend {self.name!r}")

@@ -181,7 +181,8 @@ async def add_server(
             tag="Admin",
             description="The server takes no new request; those it runs finish there, then it "
             "leaves. With `wait` (the default) the answer comes once it has left or after "
-            "`timeout_s`. The last server of the answering pool cannot leave (409). "
+            "`timeout_s`; asked again while it drains, it waits again. The last server of the "
+            "answering pool cannot leave (409). "
             "Needs the admin role.",
             query=(
                 Field("url", {"type": "string"}, "The server's URL.", required=True),

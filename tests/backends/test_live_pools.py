@@ -234,8 +234,9 @@ async def test_a_drained_decode_server_finishes_its_requests_there(fakes: Fakes)
         pool, server = client.drain_server("decode", urls[0])
         with pytest.raises(ValueError, match="last decode server"):
             client.drain_server("decode", urls[1])
+        assert client.drain_server("decode", urls[0]) == (pool, server)  # it drains already
         with pytest.raises(LookupError):
-            client.drain_server("decode", urls[0])
+            client.drain_server("decode", "http://127.0.0.1:9")
         fakes.hold = False
         more = [await client.post(CHAT, chat(), ctx()) for _ in range(3)]
         assert fakes.seen == {"d1": held, "d2": 7 - held}  # nothing new on the draining one

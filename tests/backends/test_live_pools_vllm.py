@@ -11,6 +11,7 @@ loop must answer 200.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -22,10 +23,14 @@ import pytest
 
 from backends.harness.metrics import metric_value
 from backends.harness.ports import free_port
-from backends.harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm, tiny_llama
+from backends.harness.vllm_process import (
+    REPO_ROOT,
+    TINY_MODEL_NAME,
+    start_tiny_vllm,
+    tiny_llama,
+)
 from backends.launch import VllmProcess
 from backends.scale import ScaleRecords, stop_server
-from server.cli import main
 from server.config import load_config
 from server.harness import GatewayThread
 from tests.support.waiting import wait_until_async
@@ -69,7 +74,11 @@ class Load:
             self.done.append((time.monotonic(), r.status_code))
 
     async def run(self) -> None:
-        async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
+        # A connection per request: a kept-alive one that the gateway closes as idle while a
+        # request is being sent fails in the client (a race of HTTP/1.1 keep-alive that no
+        # server avoids), and the request never reaches the pools under test.
+        no_keepalive = httpx.Limits(max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=no_keepalive) as client:
             await asyncio.gather(*(self.worker(client, w) for w in range(WORKERS)))
 
     def between(self, start: float, end: float) -> int:
@@ -165,9 +174,14 @@ async def prefill_servers(gw: GatewayThread) -> dict[str, dict[str, Any]]:
     return {s["url"]: s for s in pool["servers"]}
 
 
-def scale(config: Path, gw: GatewayThread, delta: str) -> int:
+async def scale(config: Path, gw: GatewayThread, delta: str) -> int:
+    """``semcache backends scale tiny/prefill DELTA`` as a command of its own."""
     argv = ["backends", "scale", "tiny/prefill", delta, "--config", str(config)]
-    return main([*argv, "--url", gw.url, "--token", ADMIN, "--drain-timeout", "300"])
+    argv += ["--url", gw.url, "--token", ADMIN, "--drain-timeout", "300"]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "server.cli", *argv, cwd=REPO_ROOT
+    )
+    return await proc.wait()
 
 
 async def test_a_prefill_server_added_under_load_takes_traffic_and_drains_losing_nothing(
@@ -184,7 +198,7 @@ async def test_a_prefill_server_added_under_load_takes_traffic_and_drains_losing
         await wait_until_async(lambda: len(load.done) >= 2 * WORKERS, timeout_s=600)
         assert (await prefill_servers(gw))[prefill.url]["requests"] > 0
 
-        assert await asyncio.to_thread(scale, config, gw, "+1") == 0
+        assert await scale(config, gw, "+1") == 0
         (record,) = ScaleRecords(load_config(config).data_path(), "tiny", "prefill").read()
         added = record.url
         servers = await prefill_servers(gw)
@@ -198,7 +212,7 @@ async def test_a_prefill_server_added_under_load_takes_traffic_and_drains_losing
         assert await metric_value(added, "vllm:request_success_total") > 0  # it computed them
 
         drain_start = time.monotonic()
-        assert await asyncio.to_thread(scale, config, gw, "-1") == 0
+        assert await scale(config, gw, "-1") == 0
         drain_end = time.monotonic()
         assert set(await prefill_servers(gw)) == {prefill.url}
         assert ScaleRecords(load_config(config).data_path(), "tiny", "prefill").read() == []
@@ -210,10 +224,10 @@ async def test_a_prefill_server_added_under_load_takes_traffic_and_drains_losing
         await wait_until_async(lambda: len(load.done) >= after + WORKERS, timeout_s=600)
     finally:
         load.stop.set()
-        await loop
         records = ScaleRecords(load_config(config).data_path(), "tiny", "prefill")
         for left in records.read():  # a failed test leaves no server behind
             await stop_server(left)
             records.remove(left.url)
+        await loop
     statuses = [status for _, status in load.done]
     assert statuses == [200] * len(statuses)
