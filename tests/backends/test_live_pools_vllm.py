@@ -211,6 +211,7 @@ async def test_a_prefill_server_added_under_load_takes_traffic_and_drains_losing
         await wait_until_async(takes_prefill_hops, timeout_s=600, interval_s=0.5)
         assert await metric_value(added, "vllm:request_success_total") > 0  # it computed them
 
+        hops = (await prefill_servers(gw))[added]["requests"]
         drain_start = time.monotonic()
         assert await scale(config, gw, "-1") == 0
         drain_end = time.monotonic()
@@ -219,7 +220,12 @@ async def test_a_prefill_server_added_under_load_takes_traffic_and_drains_losing
         with pytest.raises(httpx.ConnectError):
             async with httpx.AsyncClient() as client:
                 await client.get(f"{added}/health")
-        assert load.between(drain_start, drain_end) > 0  # the drain ran under load
+        during = load.between(drain_start, drain_end)
+        assert during > 0  # the drain ran under load
+        print(
+            f"\nscale: {len(load.done)} requests so far, {hops} prefill hops on the added "
+            f"server, drained in {drain_end - drain_start:.1f} s with {during} answered meanwhile"
+        )
         after = len(load.done)
         await wait_until_async(lambda: len(load.done) >= after + WORKERS, timeout_s=600)
     finally:
