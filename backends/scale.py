@@ -12,6 +12,8 @@ API, ``server.routes.pools``): this module never talks to a gateway.
 from __future__ import annotations
 
 import asyncio
+import errno
+import random
 import socket
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -49,15 +51,25 @@ def pool_of(backends: list[VllmBackend], name: str) -> tuple[VllmBackend, Server
     raise ValueError(f"no vLLM backend {backend_name!r} in the config")
 
 
+PORTS = range(20000, 32768)
+"""Where new servers listen: below Linux's ephemeral range (32768-60999), which the kernel
+hands to every ``bind(port 0)`` and outgoing connection, so that a port found free is not
+taken by one of those before vLLM binds it."""
+
+
 def _free_port(host: str) -> int:
-    with socket.socket() as sock:
-        try:
-            sock.bind((host, 0))
-        except OSError as exc:
-            raise ValueError(
-                f"cannot listen on {host} here ({exc}): scale runs on its host"
-            ) from None
-        return int(sock.getsockname()[1])
+    for port in random.sample(PORTS, 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    continue
+                raise ValueError(
+                    f"cannot listen on {host} here ({exc}): scale runs on its host"
+                ) from None
+            return port
+    raise ValueError(f"no free port on {host} in {PORTS.start}-{PORTS.stop - 1}")
 
 
 def new_server(backend: VllmBackend, role: ServerRole) -> VllmServer:
