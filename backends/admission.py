@@ -135,6 +135,8 @@ class Admission:
     def release(self, server: ServerState) -> None:
         """A slot on ``server`` is free again (called by ``Lease.release``)."""
         server.inflight -= 1
+        if server.idle is not None and not server.inflight:
+            server.idle.set()  # a draining server's last request: it may leave
         self.wake_one()
 
     def wake_one(self) -> None:

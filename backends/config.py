@@ -176,7 +176,7 @@ class VllmBackend(
             if server.launch is not None:
                 self._check_gpus(server)
                 self._check_lease(server.launch.extra_args)
-                server.launch = self._launch_with_profile(server)
+                server.launch = self.launch_with_profile(server)
 
     @property
     def handoff_deadline_s(self) -> float:
@@ -216,7 +216,7 @@ class VllmBackend(
             return os.path.expanduser(self.shared_storage_path)
         return str(Path(tempfile.gettempdir()) / f"semcache-kv-{self.name}")
 
-    def _launch_with_profile(self, server: VllmServer) -> VllmLaunch:
+    def launch_with_profile(self, server: VllmServer) -> VllmLaunch:
         """The server's launch options plus its pool's profile and connector flags."""
         assert server.launch is not None
         flags: list[tuple[str, str | None]] = []

@@ -67,7 +67,7 @@ class HealthMonitor:
 
     async def check_all(self) -> None:
         """One round of checks over every server, concurrently."""
-        await asyncio.gather(*(self._check(p, s) for p in self.pools for s in p.servers))
+        await asyncio.gather(*(self.check(p, s) for p in self.pools for s in p.servers))
         self.last_check = time.monotonic()
         self._update_revision()
 
@@ -82,7 +82,8 @@ class HealthMonitor:
             if self.on_revision is not None:
                 self.on_revision(revision)
 
-    async def _check(self, pool: Pool, server: ServerState) -> None:
+    async def check(self, pool: Pool, server: ServerState) -> None:
+        """Check one server now: eject, re-admit, read its revision and metrics."""
         session = self.http.session
         try:
             async with session.get(f"{server.url}/health", timeout=self._timeout) as response:
@@ -112,7 +113,8 @@ class HealthMonitor:
                 async with session.get(f"{server.url}/metrics", timeout=self._timeout) as page:
                     text = await page.text() if page.status == 200 else None
                 if text is not None:
-                    server.upstream = await asyncio.to_thread(parse_upstream_metrics, text)
+                    samples = await asyncio.to_thread(parse_upstream_metrics, text)
+                    server.previous_upstream, server.upstream = server.upstream, samples
 
     async def aclose(self) -> None:
         if self._task is not None:

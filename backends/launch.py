@@ -176,6 +176,19 @@ def process_group_members(pgid: int) -> list[psutil.Process]:
     return _living(members)
 
 
+async def stop_process_group(pgid: int, grace_s: float = 20.0) -> None:
+    """SIGTERM a process group another process started, wait up to ``grace_s``, then SIGKILL
+    what is left (``backends.scale`` stops the servers an earlier command started)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if not process_group_members(pgid):
+                return
+            await asyncio.sleep(0.2)
+
+
 class VllmProcess:
     """One vLLM OpenAI server started from a ``VllmServer`` entry (and its ``launch``)."""
 
@@ -190,8 +203,11 @@ class VllmProcess:
         python: str | None = None,
         log_name: str | None = None,
         kv_lease_s: int = 30,
+        die_with_parent: bool = True,
     ) -> None:
+        """``die_with_parent=False``: the server outlives this process (``backends.scale``)."""
         self.server = server
+        self.die_with_parent = die_with_parent
         self.url = server.url.rstrip("/")
         self.device: Device = device or detect_device()
         self.command, self.extra_env = build_command(
@@ -246,7 +262,7 @@ class VllmProcess:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=die_with_parent_hook(),
+                preexec_fn=die_with_parent_hook() if self.die_with_parent else None,
             )
 
     def log_tail(self, lines: int = 40) -> str:

@@ -99,7 +99,7 @@ class PrefillHop:
 
     def skip_reason(self, body: dict[str, Any], shape: PromptShape) -> str | None:
         """Why this request goes to decode alone, or None to prefill it."""
-        if self.pool is None:
+        if self.pool is None or not self.pool.servers:
             return "no_prefill_pool"
         if not shape.single or (body.get("n") or 1) > 1 or (body.get("best_of") or 1) > 1:
             return "unsupported"
@@ -130,7 +130,7 @@ class PrefillHop:
     async def run(self, plan: Plan, ctx: RequestContext) -> tuple[bool, dict[str, Any] | None]:
         """Run the prefill hop: ``(done, kv_transfer_params)``; not done → decode alone."""
         pool = self.pool
-        if pool is None:
+        if pool is None or plan.skip_reason == "no_prefill_pool":
             return False, None  # monolithic pool, or decode servers only
         if not plan.prefill:
             self._skip(plan.skip_reason or "unknown")

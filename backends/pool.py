@@ -5,10 +5,16 @@ get a slot on one of them through the pool's ``admission`` (``backends.admission
 a bounded wait queue, 429/503 refusals). A server is ejected when it refuses connections, or
 fails three health checks in a row without answering any request in between
 (``backends.health``); the first health check it passes re-admits it.
+
+Servers join (``add``) and leave (``drain``) a pool while it serves. A draining server leaves
+the pool's list at once, so placement and admission (which read that list) send it nothing
+new; the requests it runs keep their lease and finish there, and the release of its last one
+sets its ``idle`` event.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 from collections.abc import Sequence
@@ -40,6 +46,9 @@ class Pool:
         self.backend = backend
         self.role = role
         self.servers = list(servers)
+        """The serving servers (admitted or ejected); shared with ``admission``: edited in
+        place."""
+        self._leaving: list[ServerState] = []
         self.admission = Admission(
             backend,
             role,
@@ -49,6 +58,55 @@ class Pool:
             retry_after_s=retry_after_s,
             unavailable_retry_after_s=unavailable_retry_after_s,
         )
+
+    def find(self, url: str) -> ServerState | None:
+        """The serving server at ``url``."""
+        url = url.rstrip("/")
+        return next((s for s in self.servers if s.url == url), None)
+
+    def leaving(self) -> list[ServerState]:
+        """Draining servers that still run requests."""
+        self._leaving = [s for s in self._leaving if s.inflight]
+        return list(self._leaving)
+
+    def add(self, server: ServerState) -> None:
+        """``server`` takes requests from now on (a health check may still eject it)."""
+        if server.role != self.role:
+            raise ValueError(f"a {server.role} server cannot join the {self.role} pool")
+        if self.find(server.url) is not None:
+            raise ValueError(f"{server.url} already serves in this pool")
+        if any(s.url == server.url for s in self.leaving()):
+            raise ValueError(f"{server.url} is still draining; add it again once it has left")
+        self.servers.append(server)
+        log.warning("backend %s: %s server %s added", self.backend, self.role, server.url)
+        self.admission.wake_all()  # waiters re-rank: a free server came
+
+    def drain(self, server: ServerState) -> None:
+        """Send ``server`` nothing new; what it runs finishes there (see ``wait_drained``)."""
+        self.servers.remove(server)
+        if server.inflight:
+            server.idle = asyncio.Event()
+            self._leaving.append(server)
+        log.warning(
+            "backend %s: %s server %s drains (%d in flight)",
+            self.backend,
+            self.role,
+            server.url,
+            server.inflight,
+        )
+        self.admission.wake_all()  # waiters re-check: maybe nothing is left
+
+    async def wait_drained(self, server: ServerState, timeout_s: float) -> bool:
+        """Wait until a draining ``server`` runs nothing; False if it still does after
+        ``timeout_s`` (it stays draining)."""
+        if server.idle is None or not server.inflight:
+            return True
+        try:
+            async with asyncio.timeout(timeout_s):
+                await server.idle.wait()
+        except TimeoutError:
+            return False
+        return True
 
     def healthy(self) -> list[ServerState]:
         return [s for s in self.servers if s.healthy]
@@ -111,6 +169,6 @@ def build_pools(config: VllmBackend) -> tuple[Pool | None, Pool]:
         if not both:
             raise ValueError(f"backend {config.name!r} has no servers")
         return None, Pool(config.name, "both", both, **common)  # type: ignore[arg-type]
-    prefill_servers = states("prefill")
-    prefill = Pool(config.name, "prefill", prefill_servers, **common) if prefill_servers else None  # type: ignore[arg-type]
+    # Empty when the config names no prefill server: servers may join it while serving.
+    prefill = Pool(config.name, "prefill", states("prefill"), **common)  # type: ignore[arg-type]
     return prefill, Pool(config.name, "decode", decode_servers, **common)  # type: ignore[arg-type]

@@ -1,7 +1,8 @@
 """What the gateway exposes about its vLLM backends to Prometheus.
 
 ``BackendStats`` holds one backend's P/D counters and hop latencies; ``BackendCollector``
-reads them, its pools (load, health, refusals) and a copy of each server's own ``vllm:``
+reads them, its pools (load, health, refusals, the signals of ``backends.pool_signals``)
+and a copy of each server's own ``vllm:``
 prefix-cache and KV counters (``backends.scraped_metrics``) at every scrape.
 """
 
@@ -17,9 +18,11 @@ from prometheus_client.core import (
     GaugeMetricFamily,
     HistogramMetricFamily,
     Metric,
+    SummaryMetricFamily,
 )
 
 from backends.pool import Pool
+from backends.pool_signals import pool_signals
 from backends.scraped_metrics import UpstreamSample
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -136,6 +139,7 @@ class BackendCollector:
             "Requests decoded without a prefill hop, by reason.",
             labels=["backend", "reason"],
         )
+        pools = PoolFamilies()
         prefill_s = HistogramMetricFamily(*_PREFILL_SECONDS, labels=["backend"])
         handoff_s = HistogramMetricFamily(*_HANDOFF_SECONDS, labels=["backend"])
         over_bound = CounterMetricFamily(
@@ -150,7 +154,8 @@ class BackendCollector:
                 waiting.add_metric([stats.name, pool.role], pool.admission.waiting)
                 for kind, n in pool.admission.refused.items():
                     refused.add_metric([stats.name, pool.role, kind], n)
-                for s in pool.servers:
+                pools.add(pool)
+                for s in (*pool.servers, *pool.leaving()):
                     key = [stats.name, s.url, s.role]
                     inflight.add_metric(key, s.inflight)
                     limit.add_metric(key, s.limit)
@@ -171,7 +176,81 @@ class BackendCollector:
                 over_bound.add_metric([stats.name, answer], stats.handoff_over_bound[answer])
         yield from (inflight, limit, healthy, requests, errors, ejections, waiting, refused)
         yield from (hops, skipped, prefill_s, handoff_s, over_bound)
+        yield from pools.families()
         yield from upstream.values()
+
+
+class PoolFamilies:
+    """The ``semcache_pool_*`` families: each pool's signals (``backends.pool_signals``)."""
+
+    def __init__(self) -> None:
+        labels = ["backend", "role"]
+        self.servers = GaugeMetricFamily(
+            "semcache_pool_servers",
+            "Servers of a pool by state (serving, ejected, draining).",
+            labels=[*labels, "state"],
+        )
+        self.queue_depth = GaugeMetricFamily(
+            "semcache_pool_queue_depth",
+            "Requests waiting: in the gateway's admission queue plus inside the vLLM servers.",
+            labels=labels,
+        )
+        self.inflight = GaugeMetricFamily(
+            "semcache_pool_inflight", "Requests open on the pool's servers.", labels=labels
+        )
+        self.limit = GaugeMetricFamily(
+            "semcache_pool_limit", "Sum of the serving servers' concurrency limits.", labels=labels
+        )
+        self.kv_usage = GaugeMetricFamily(
+            "semcache_pool_kv_cache_usage",
+            "Mean KV-cache usage (0..1) of the pool's serving servers, as last scraped.",
+            labels=labels,
+        )
+        self.kv_usage_max = GaugeMetricFamily(
+            "semcache_pool_kv_cache_usage_max",
+            "Highest KV-cache usage (0..1) of one serving server, as last scraped.",
+            labels=labels,
+        )
+        self.queue_time = SummaryMetricFamily(
+            "semcache_pool_queue_time_seconds",
+            "Time requests waited inside the pool's vLLM servers (summed over the servers).",
+            labels=labels,
+        )
+        self.ttft = SummaryMetricFamily(
+            "semcache_pool_ttft_seconds",
+            "Time to first token of the pool's vLLM servers (summed over the servers).",
+            labels=labels,
+        )
+
+    def add(self, pool: Pool) -> None:
+        sig = pool_signals(pool)
+        key = [sig.backend, sig.role]
+        for state, n in (
+            ("serving", sig.serving),
+            ("ejected", sig.ejected),
+            ("draining", sig.draining),
+        ):
+            self.servers.add_metric([*key, state], n)
+        self.queue_depth.add_metric(key, sig.queue_depth)
+        self.inflight.add_metric(key, sig.inflight)
+        self.limit.add_metric(key, sig.limit)
+        if sig.kv_cache_usage is not None and sig.kv_cache_usage_max is not None:
+            self.kv_usage.add_metric(key, sig.kv_cache_usage)
+            self.kv_usage_max.add_metric(key, sig.kv_cache_usage_max)
+        self.queue_time.add_metric(key, int(sig.queue_time.count), sig.queue_time.sum)
+        self.ttft.add_metric(key, int(sig.ttft.count), sig.ttft.sum)
+
+    def families(self) -> list[Metric]:
+        return [
+            self.servers,
+            self.queue_depth,
+            self.inflight,
+            self.limit,
+            self.kv_usage,
+            self.kv_usage_max,
+            self.queue_time,
+            self.ttft,
+        ]
 
 
 def _add_upstream(families: dict[str, Metric], sample: UpstreamSample, key: list[str]) -> None:

@@ -1,8 +1,9 @@
 """The parts of a vLLM server's own ``/metrics`` page that the gateway copies.
 
-The health checks scrape each server's page; ``parse_upstream_metrics`` keeps its prefix-cache
-and KV families (histograms as their ``_sum`` and ``_count`` only), without vLLM's per-engine
-labels, for ``backends.pool_metrics.BackendCollector`` to re-expose.
+The health checks scrape each server's page; ``parse_upstream_metrics`` keeps its prefix-cache,
+KV, queue and time-to-first-token families (histograms as their ``_sum`` and ``_count`` only),
+without vLLM's per-engine labels, for ``backends.pool_metrics.BackendCollector`` to re-expose
+and ``backends.pool_signals`` to read.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ _SCRAPED_FAMILIES = (
     "vllm:kv_cache_usage_perc",
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
+    "vllm:time_to_first_token_seconds",
+    "vllm:request_queue_time_seconds",
 )
 _SCRAPED_PREFIXES = ("vllm:nixl_",)
 """Histograms of these families are copied as their ``_sum`` and ``_count`` only."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -22,6 +23,10 @@ class ServerState:
     ejections: int = 0
     errors: Counter[str] = field(default_factory=Counter)
     upstream: list[UpstreamSample] = field(default_factory=list)
+    previous_upstream: list[UpstreamSample] = field(default_factory=list)
+    """The scrape before ``upstream``: the two give recent averages of vLLM's histograms."""
+    idle: asyncio.Event | None = None
+    """Set while the server drains, by the release of its last request."""
 
     @property
     def url(self) -> str:

@@ -12,14 +12,14 @@ from typing import Any
 import aiohttp
 import orjson
 
-from backends.config import VllmBackend
+from backends.config import ServerRole, VllmBackend, VllmServer
 from backends.health import HealthMonitor
-from backends.pool import build_pools
+from backends.pool import Pool, build_pools
 from backends.pool_metrics import BackendStats
 from backends.protocol import RequestContext, UpstreamResponse
 from backends.router import PDRouter
 from backends.salt import CacheSalter
-from backends.servers import ServerLoad
+from backends.servers import ServerLoad, ServerState
 from backends.upstream import HTTP_ERRORS, HttpSession
 from backends.vllm_stream import VllmStream
 
@@ -74,8 +74,51 @@ class VllmClient:
 
     @property
     def disaggregated(self) -> bool:
-        """True when the backend has a prefill pool."""
+        """True when the backend has prefill and decode pools (the prefill one maybe empty)."""
         return self.prefill_pool is not None
+
+    @property
+    def pools(self) -> list[Pool]:
+        return self.stats.pools
+
+    def pool(self, role: ServerRole) -> Pool | None:
+        return next((p for p in self.stats.pools if p.role == role), None)
+
+    async def add_server(
+        self, role: ServerRole, url: str, max_inflight: int | None = None
+    ) -> ServerState:
+        """A server joins the ``role`` pool while the backend serves, health-checked first
+        (one that fails the check joins ejected; the next check that passes admits it)."""
+        pool = self.pool(role)
+        if pool is None:
+            raise ValueError(f"backend {self.name!r} has no {role} pool")
+        server = ServerState(
+            VllmServer(url=url.rstrip("/"), role=role, max_inflight=max_inflight),
+            max_inflight or self.config.max_inflight_per_server,
+        )
+        pool.add(server)
+        await self.monitor.check(pool, server)
+        return server
+
+    def drain_server(self, role: ServerRole, url: str) -> tuple[Pool, ServerState]:
+        """The server at ``url`` takes nothing new; ``Pool.wait_drained`` waits for it
+        (draining one that already drains finds it again).
+
+        The last server of the answering pool cannot leave (every request would be a 503);
+        the last prefill server can (decode then computes prompts alone)."""
+        pool = self.pool(role)
+        if pool is not None:
+            url = url.rstrip("/")
+            leaving = next((s for s in pool.leaving() if s.url == url), None)
+            if leaving is not None:
+                return pool, leaving
+        server = pool.find(url) if pool is not None else None
+        if pool is None or server is None:
+            raise LookupError(f"no {role} server {url} in backend {self.name!r}")
+        if pool is self.decode_pool and len(pool.servers) == 1:
+            raise ValueError(f"{url} is the last {role} server of backend {self.name!r}")
+        pool.drain(server)
+        return pool, server
 
     async def post(self, path: str, body: dict[str, Any], ctx: RequestContext) -> UpstreamResponse:
         return await self.router.post(path, body, ctx)

@@ -46,7 +46,7 @@ from server.openai.pooling import api_router as pooling
 from server.openai.responses import api_router as responses
 from server.openai.responses.owners import ResponseOwners
 from server.openai.serving import OpenAIServing
-from server.routes import admin, cached_answer, health, usage
+from server.routes import admin, cached_answer, health, pools, usage
 from server.speedups import write_bodies_eagerly
 from server.tenancy.limits import build_limiter
 from server.tenancy.middleware import Tenancy, tenancy_middleware
@@ -222,6 +222,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         *pooling.ROUTES,
         *health.ROUTES,
         *admin.ROUTES,
+        *pools.ROUTES,
         *cached_answer.ROUTES,
         *usage.ROUTES,
         *workers_ai_routes.ROUTES,
