@@ -12,7 +12,9 @@
   the new text) at several thresholds on the paraphrase pairs and QQP test texts;
 - the verifier's cost per lookup;
 - with ``--stream``: only the stream evaluation of chat (``semcache.semantic.stream_eval``):
-  verified caching at several max_error values beside the best static thresholds.
+  verified caching at several max_error values beside the best static thresholds; with
+  ``--repeated N`` as well, on N requests whose questions repeat (Zipf-like popularity over
+  ``--clusters`` duplicate clusters, surface variants of their questions).
 
 Uses the same code as ``semcache calibrate``; embeddings are cached under .data/embeddings.
 """
@@ -48,7 +50,13 @@ from semcache.semantic.pairs import (
     split_pairs,
     unique_texts,
 )
-from semcache.semantic.stream_eval import build_stream, compare, format_comparison
+from semcache.semantic.stream_eval import (
+    Stream,
+    build_repeated_stream,
+    build_stream,
+    compare,
+    format_comparison,
+)
 from semcache.semantic.verified import VerifiedParams
 from semcache.semantic.verifier import PairVerifier, load_verifier, pair_features
 
@@ -277,13 +285,28 @@ def stream_section(
     seed: int,
     params: VerifiedParams,
     floor: float,
+    repeated: int = 0,
+    clusters: int = 500,
+    zipf_s: float = 1.0,
 ) -> None:
-    stream = build_stream(pairs, limit=limit, seed=seed)
+    stream: Stream
+    if repeated:
+        drawn = build_repeated_stream(
+            pairs, requests=repeated, clusters=clusters, seed=seed, zipf_s=zipf_s
+        )
+        stream = drawn.stream
+        what = (
+            f"{drawn.drawn} requests drawn from {drawn.clusters} clusters (Zipf s={zipf_s}), "
+            f"{len(stream.texts)} after leaving exact repeats to the exact cache, asked of "
+            f"{len(set(stream.cluster))} clusters"
+        )
+    else:
+        stream = build_stream(pairs, limit=limit, seed=seed)
+        what = f"{len(stream.texts)} questions in {len(set(stream.cluster))} clusters"
     embedded = embed_texts(encoder, sorted(set(stream.texts)), cache_dir=EMBEDDING_CACHE_DIR)
-    clusters = len(set(stream.cluster))
     print(
-        f"\n== chat stream: QQP {split} split, {len(stream.texts)} questions in {clusters} "
-        f"clusters (seed {seed}); verified: candidate floor {floor}, min_observations "
+        f"\n== chat stream: QQP {split} split, {what} "
+        f"(seed {seed}); verified: candidate floor {floor}, min_observations "
         f"{params.min_observations}, prior_weight {params.prior_weight}, prior_bandwidth "
         f"{params.prior_bandwidth}, audit_rate {params.audit_rate} =="
     )
@@ -316,6 +339,14 @@ async def main() -> None:
     )
     parser.add_argument("--split", choices=("val", "test"), default="test")
     parser.add_argument("--limit", type=int, default=3000, help="questions in the stream")
+    parser.add_argument(
+        "--repeated",
+        type=int,
+        default=0,
+        help="--stream on this many requests whose questions repeat (0: each asked once)",
+    )
+    parser.add_argument("--clusters", type=int, default=500, help="--repeated: clusters asked")
+    parser.add_argument("--zipf", type=float, default=1.0, help="--repeated: popularity skew")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--floor", type=float, default=0.7, help="verified: candidate floor")
     parser.add_argument("--min-observations", type=int, default=10)
@@ -347,6 +378,9 @@ async def main() -> None:
                 seed=args.seed,
                 params=params,
                 floor=args.floor,
+                repeated=args.repeated,
+                clusters=args.clusters,
+                zipf_s=args.zipf,
             )
         finally:
             await encoder.aclose()

@@ -270,6 +270,11 @@ def _resolve(merged: dict[str, Any], source: str, path: str, route: str | None =
             f'{source}: {path}.semantic.mode: "verified" applies to the chat route only; '
             "expected it under routes.chat.semantic"
         )
+    if sem.mode == "verified" and sem.judge == "model" and not sem.judge_model:
+        raise PolicyError(
+            f'{source}: {path}.semantic.judge_model: missing; judge = "model" asks a chat '
+            'model of the config; expected its id, e.g. judge_model = "judge-chat"'
+        )
     if sem.mode == "verified" and sem.max_error >= 0.5:
         raise PolicyError(
             f"{source}: {path}.semantic.max_error: {sem.max_error} is not a bound on wrong "

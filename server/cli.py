@@ -408,7 +408,13 @@ def _calibrate_stream(args: argparse.Namespace) -> int:
     params = VerifiedParams(max_error=0.05)  # the rule's defaults; each max_error is run
     try:
         rows = compare_file(
-            args.pairs, params, limit=args.limit, seed=args.seed, use_verifier=not args.no_verifier
+            args.pairs,
+            params,
+            limit=args.limit,
+            seed=args.seed,
+            use_verifier=not args.no_verifier,
+            repeated=args.repeated,
+            clusters=args.clusters,
         )
     except (OSError, ValueError) as exc:
         print(f"semcache: cannot calibrate: {exc}", file=sys.stderr)
@@ -632,6 +638,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     calibrate.add_argument("--limit", type=int, default=None, help="--stream: questions at most")
     calibrate.add_argument("--seed", type=int, default=0, help="--stream: order of the stream")
+    calibrate.add_argument(
+        "--repeated",
+        type=int,
+        default=0,
+        help="--stream: this many requests whose questions repeat (Zipf-like popularity over "
+        "--clusters duplicate clusters, surface variants of their questions); 0: each once",
+    )
+    calibrate.add_argument("--clusters", type=int, default=500, help="--repeated: clusters")
     calibrate.set_defaults(func=cmd_calibrate)
 
     verifier = sub.add_parser(

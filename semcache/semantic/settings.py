@@ -49,12 +49,18 @@ class SemanticRule(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     explores_per_minute: PosInt = 60
     """Verified: judged explores per partition per minute; past it a request that would
     explore is a plain miss (sent to the backend, not judged)."""
-    judge: Literal["exact", "embedding"] = "exact"
+    judge: Literal["exact", "embedding", "model"] = "exact"
     """Verified: how an explored request's fresh answer is compared with the cached one:
     ``exact`` (equal after normalising case and spacing: temperature-0 answers of a
-    deterministic model) or ``embedding`` (cosine of the answers' vectors at least
-    ``judge_min_similarity``)."""
+    deterministic model), ``embedding`` (cosine of the answers' vectors at least
+    ``judge_min_similarity``) or ``model`` (the chat model ``judge_model`` is asked whether
+    the two answers agree)."""
     judge_min_similarity: Unit = 0.95
+    judge_model: str | None = None
+    """Verified, ``judge = "model"``: a chat model of the gateway's config (id or alias)
+    asked, through its backend, whether two answers agree."""
+    judge_max_tokens: PosInt = 4
+    """Verified, ``judge = "model"``: the judge's reply is one word (``yes`` or ``no``)."""
 
     @property
     def verified(self) -> bool:

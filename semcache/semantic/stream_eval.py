@@ -15,6 +15,12 @@ judge). Each policy sees the same stream:
 
 The score is the cosine of the encoder's vectors, or the pair verifier's probability of the
 nearest entry by cosine. Error rate is the share of wrong answers among those served.
+
+``build_repeated_stream`` makes the workload vCache targets instead: questions asked again
+and again. Requests draw a cluster by a Zipf-like popularity, one of its questions, and a
+surface variant of it (case, final question mark, a short lead-in or thanks: users wording
+the same question a little differently); a text already asked is the exact cache's job and
+is left out of the stream.
 """
 
 from __future__ import annotations
@@ -98,6 +104,73 @@ def build_stream(pairs: Sequence[Pair], *, limit: int | None, seed: int) -> Stre
     ids: dict[str, int] = {}
     cluster = [ids.setdefault(duplicates.get(t, t), len(ids)) for t in texts]
     return Stream(texts=texts, cluster=cluster)
+
+
+_CASES: tuple[Callable[[str], str], ...] = (lambda t: t, str.lower)
+_ENDINGS: tuple[Callable[[str], str], ...] = (lambda t: t, lambda t: t.rstrip().rstrip("?"))
+_WRAPS: tuple[Callable[[str], str], ...] = (
+    lambda t: t,
+    lambda t: f"Question: {t}",
+    lambda t: f"{t} Thanks!",
+    lambda t: f"Can you tell me: {t}",
+)
+
+
+def variant(text: str, rng: random.Random) -> str:
+    """One seeded surface variant of a question (16 in all)."""
+    case, ending, wrap = rng.choice(_CASES), rng.choice(_ENDINGS), rng.choice(_WRAPS)
+    return wrap(ending(case(text.strip())))
+
+
+class RepeatedStream(msgspec.Struct, kw_only=True):
+    stream: Stream
+    drawn: int
+    """Requests drawn; those whose text was asked before (exact hits) are not in ``stream``."""
+    clusters: int
+    """Clusters the requests were drawn from."""
+
+
+def build_repeated_stream(
+    pairs: Sequence[Pair], *, requests: int, clusters: int, seed: int, zipf_s: float = 1.0
+) -> RepeatedStream:
+    """``requests`` draws from ``clusters`` duplicate clusters with popularity ``1 / rank **
+    zipf_s`` (ranks in a seeded order), each a surface variant of one of the cluster's
+    questions; exact repeats are dropped (see module docstring).
+
+    Clusters are taken whole components of the pairs (any label) at a time, so hard
+    negatives of a popular question are asked too.
+    """
+    everything = _components(pairs, lambda p: True)
+    duplicates = _components(pairs, lambda p: p.label == 1)
+    rng = random.Random(seed)
+    groups: dict[str, list[str]] = {}
+    for text, root in everything.items():
+        groups.setdefault(root, []).append(text)
+    roots = sorted(groups)
+    rng.shuffle(roots)
+    members: dict[str, list[str]] = {}
+    for root in roots:
+        if len(members) >= clusters:
+            break
+        for text in sorted(groups[root]):
+            members.setdefault(duplicates.get(text, text), []).append(text)
+    chosen = list(members)
+    rng.shuffle(chosen)
+    weights = [1.0 / (rank + 1) ** zipf_s for rank in range(len(chosen))]
+    ids = {root: i for i, root in enumerate(chosen)}
+    texts: list[str] = []
+    cluster: list[int] = []
+    seen: set[str] = set()
+    for root in rng.choices(chosen, weights=weights, k=requests):
+        text = variant(rng.choice(members[root]), rng)
+        if text in seen:
+            continue
+        seen.add(text)
+        texts.append(text)
+        cluster.append(ids[root])
+    return RepeatedStream(
+        stream=Stream(texts=texts, cluster=cluster), drawn=requests, clusters=len(chosen)
+    )
 
 
 def _components(pairs: Sequence[Pair], keep: Callable[[Pair], bool]) -> dict[str, str]:
@@ -316,13 +389,23 @@ def compare_file(
     seed: int = 0,
     floor: float = 0.7,
     use_verifier: bool = True,
+    repeated: int = 0,
+    clusters: int = 500,
 ) -> list[Comparison]:
-    """``compare`` on a pairs file with the cache's own encoder (and verifier); blocking."""
+    """``compare`` on a pairs file with the cache's own encoder (and verifier); blocking.
+
+    ``repeated``: that many requests of a repeated stream over ``clusters`` clusters
+    (``build_repeated_stream``) instead of each question once."""
     from semcache.semantic.encoder import load_encoder
     from semcache.semantic.pairs import embed_texts, load_pairs
     from semcache.semantic.verifier import load_verifier
 
-    stream = build_stream(load_pairs(pairs), limit=limit, seed=seed)
+    loaded = load_pairs(pairs)
+    stream = (
+        build_repeated_stream(loaded, requests=repeated, clusters=clusters, seed=seed).stream
+        if repeated
+        else build_stream(loaded, limit=limit, seed=seed)
+    )
     encoder = load_encoder()
     try:
         embedded = embed_texts(encoder, sorted(set(stream.texts)), cache_dir=None)

@@ -3,17 +3,20 @@ the answer once the exact cache has stored it."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from backends.protocol import RequestContext
 from semcache import replay
 from semcache.entry import CachedAnswer
 from semcache.exact import CacheRequest
 from semcache.semantic.cache import Match, SemanticCache
 from semcache.semantic.chat import chat_partition, chat_query, with_query
-from semcache.semantic.judge import chat_text, judge_for
+from semcache.semantic.judge import Judge, ModelJudge, chat_text, judge_for
 from semcache.semantic.records import PartitionKey
+from semcache.semantic.settings import SemanticRule
 from semcache.semantic.verified import Action, Observation
 from semcache.sse import MEDIA_TYPE
 from server.caching import CacheDirectives, semantic_headers
@@ -23,6 +26,8 @@ from server.openai.state import ServingState
 from server.openai.stream_format import DataChunks
 from server.openai.stream_relay import replayed
 from server.openai.usage import note_semantic
+
+log = logging.getLogger(__name__)
 
 Remember = Callable[[], Awaitable[None]]
 """Adds a stored chat answer to the semantic index (and judges an explored request)."""
@@ -107,7 +112,7 @@ async def semantic_chat(
             events.labels(call.info.id, "capped").inc()
             return SemanticPlan(remember=remember)
         events.labels(call.info.id, "explore").inc()
-        judged = _judged(state, call, creq, semantic, partition, match, entry, remember)
+        judged = _judged(state, call, creq, semantic, partition, match, entry, text, remember)
         return SemanticPlan(remember=judged, headers={"x-semcache-semantic": "explore"})
     if verdict is not None:
         call.metrics.semantic_verified.labels(call.info.id, "exploit").inc()
@@ -140,6 +145,7 @@ def _judged(
     partition: PartitionKey,
     match: Match,
     cached: CachedAnswer,
+    question: str,
     remember: Remember,
 ) -> Remember:
     """Once the explored request's answer is stored: judge the cached answer against it,
@@ -148,7 +154,7 @@ def _judged(
     score = match.verifier_prob if match.verifier_prob is not None else match.similarity
     rule = creq.rule.semantic
 
-    async def judge() -> None:
+    async def judged() -> None:
         assert state.cache is not None
         res = await state.cache.lookup(creq)
         fresh = chat_text(res.entry) if res.entry is not None else None
@@ -156,11 +162,38 @@ def _judged(
         if fresh is None or old is None:
             await remember()
             return
-        right = await judge_for(rule, semantic.encoder).same(old, fresh)
+        judge = judge_for(rule, semantic.encoder, _model_judge(state, call, rule))
+        right = await judge.same(old, fresh, question)
+        if right is None:
+            call.metrics.semantic_verified.labels(call.info.id, "unjudged").inc()
+            await remember()
+            return
         observation = Observation(similarity=score, correct=right, at=semantic.clock())
         await semantic.observe(partition, match.payload_ref, observation)
         if not right:
             call.metrics.semantic_verified.labels(call.info.id, "judged_wrong").inc()
             await remember()
 
-    return judge
+    return judged
+
+
+def _model_judge(state: ServingState, call: GenerationCall, rule: SemanticRule) -> Judge | None:
+    """The ``model`` judge of the rule: its chat model's backend, asked with the explored
+    request's routing facts (None: not a model judge, or no such chat model)."""
+    if rule.judge != "model" or rule.judge_model is None:
+        return None
+    info = state.registry.resolve(rule.judge_model)
+    if info is None or info.task != "chat":
+        log.warning("judge_model %r is not a chat model of the config", rule.judge_model)
+        return None
+    ctx = RequestContext(
+        request_id=f"{call.ctx.request_id}-judge",
+        tenant=call.ctx.tenant,
+        salt_scope=call.ctx.salt_scope,
+    )
+    return ModelJudge(
+        state.registry.generation_backend(info),
+        ctx,
+        max_tokens=rule.judge_max_tokens,
+        on_usage=lambda usage: call.metrics.count_usage(info.id, usage),
+    )

@@ -114,6 +114,11 @@ def test_layers_override_field_by_field(tmp_path: Path) -> None:
         ("[routes.chat.semantic]\nmax_error = 0", "routes.chat.semantic.max_error", "> 0"),
         ('[routes.chat.semantic]\njudge = "llm"', "routes.chat.semantic.judge", "enum value"),
         (
+            '[routes.chat.semantic]\nmode = "verified"\njudge = "model"',
+            "routes.chat.semantic.judge_model",
+            "expected its id",
+        ),
+        (
             "[routes.chat.semantic]\nexplores_per_minute = 0",
             "routes.chat.semantic.explores_per_minute",
             ">= 1",

@@ -155,6 +155,12 @@ def test_calibrate_stream_compares_verified_with_static_thresholds(
         assert out.hits + out.explores < out.requests and row.verified_verifier is None
     assert main(args) == 0
     assert "best static cosine" in capsys.readouterr().out
+    repeated = [*args, "--repeated", "300", "--clusters", "20", "--json"]
+    assert main(repeated) == 0
+    rows = msgspec.json.decode(capsys.readouterr().out, type=list[Comparison])
+    asked = rows[0].verified_cosine.requests
+    assert 20 <= asked < 300  # exact repeats left to the exact cache
+    assert rows[0].verified_cosine.explores > 0  # questions asked again meet candidates
     assert main([*args, "--task", "embeddings"]) == 2
     assert "--stream is for --task chat" in capsys.readouterr().err
 

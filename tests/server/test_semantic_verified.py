@@ -43,6 +43,12 @@ mode = "verified"
 threshold = 0.6
 min_threshold = 0.6
 explores_per_minute = 2
+[models."tiny-judged".routes.chat.semantic]
+mode = "verified"
+threshold = 0.6
+min_threshold = 0.6
+judge = "model"
+judge_model = "tiny-chat"
 """
 QUESTION = "What is the capital of France?"
 PARAPHRASES = [
@@ -68,6 +74,7 @@ def gw(
     cfg.models += [
         ModelEntry(id="tiny-learns", backend="tiny", task="chat"),
         ModelEntry(id="tiny-exact", backend="tiny", task="chat"),
+        ModelEntry(id="tiny-judged", backend="tiny", task="chat"),
     ]
     gw = GatewayThread(cfg).start()
     try:
@@ -81,8 +88,12 @@ def decision(r: httpx.Response) -> str | None:
 
 
 def counter(gw: GatewayThread, model: str, event: str) -> float:
+    return metric(gw, f'semcache_semantic_verified_total{{event="{event}",model="{model}"}}')
+
+
+def metric(gw: GatewayThread, name: str) -> float:
     text = httpx.get(f"{gw.url}/metrics", timeout=30).text
-    prefix = f'semcache_semantic_verified_total{{event="{event}",model="{model}"}} '
+    prefix = f"{name} "
     for line in text.splitlines():
         if line.startswith(prefix):
             return float(line.removeprefix(prefix))
@@ -122,3 +133,17 @@ def test_exact_judge_and_the_explore_cap(gw: GatewayThread) -> None:
     assert counter(gw, "tiny-exact", "explore") == 2
     assert counter(gw, "tiny-exact", "capped") >= 1
     assert "hit" not in seen  # min_observations (10) is far away
+
+
+def test_the_model_judge_asks_a_configured_chat_model(gw: GatewayThread) -> None:
+    """``judge = "model"`` asks tiny-chat, through its backend, whether the answers agree.
+    The tiny model's random weights never reply a bare yes or no: no verdict, so nothing
+    is learned and the explored request is indexed as an entry of its own."""
+    tokens = 'semcache_tokens_total{kind="prompt",model="tiny-chat"}'
+    before = metric(gw, tokens)
+    chat(gw, "tiny-judged", QUESTION)
+    assert decision(chat(gw, "tiny-judged", PARAPHRASES[0])) == "explore"
+    assert counter(gw, "tiny-judged", "explore") == 1
+    assert counter(gw, "tiny-judged", "unjudged") == 1
+    assert counter(gw, "tiny-judged", "judged_wrong") == 0
+    assert metric(gw, tokens) > before  # the judge's call, counted as tiny-chat's traffic

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import random
+from collections import Counter
+
 import numpy as np
 
 from semcache.semantic.pairs import Pair
-from semcache.semantic.stream_eval import best_static, build_stream, run_static, run_verified
+from semcache.semantic.stream_eval import (
+    best_static,
+    build_repeated_stream,
+    build_stream,
+    run_static,
+    run_verified,
+    variant,
+)
 from semcache.semantic.verified import VerifiedParams
 
 PAIRS = [
@@ -46,3 +56,23 @@ def test_static_and_verified_runs_count_hits_errors_and_explores() -> None:
     verified = run_verified(stream, sims, score, params, floor=0.5, seed=0)
     assert verified.hits == 0  # too little evidence to serve: every candidate is explored
     assert verified.explores == n - 1
+
+
+def test_a_repeated_stream_asks_popular_clusters_again_in_other_words() -> None:
+    repeated = build_repeated_stream(PAIRS, requests=400, clusters=10, seed=2)
+    stream = repeated.stream
+    assert repeated.drawn == 400 and repeated.clusters == 3  # the a's, b1, the c's
+    assert len(set(stream.texts)) == len(stream.texts)  # exact repeats are the exact cache's
+    assert len(stream.texts) < 400
+    originals = {p.text_a for p in PAIRS} | {p.text_b for p in PAIRS}
+    source = {t: next(o for o in originals if o in t.casefold()) for t in stream.texts}
+    index = {t: c for t, c in zip(stream.texts, stream.cluster, strict=True)}
+    for text, origin in source.items():  # a variant keeps its question's cluster (a, b, c)
+        for other, other_origin in source.items():
+            assert (index[text] == index[other]) == (origin[0] == other_origin[0])
+    asked = Counter(stream.cluster)
+    assert len(asked) == 3 and max(asked.values()) > min(asked.values())  # Zipf-like
+    assert build_repeated_stream(PAIRS, requests=400, clusters=10, seed=2) == repeated
+    rng = random.Random(0)
+    variants = {variant("Why is the sky blue?", rng) for _ in range(500)}
+    assert len(variants) == 16 and "why is the sky blue" in variants

@@ -1,0 +1,175 @@
+"""A verified partition's observations are part of its entries (real tiny vLLM, HTTP):
+``semcache serve`` killed with SIGKILL and restarted keeps them, a purge forgets them, and
+two gateways on one real redis-server share them.
+
+As in ``test_semantic_verified``, the ``embedding`` judge with a bound of 0 accepts every
+answer, so three judged explores teach the partition that its entries are right.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from backends.harness.vllm_process import TINY_MODEL_NAME
+from backends.launch import VllmProcess
+from server.config import ModelEntry
+from server.harness import GatewayProcess, GatewayThread
+from tests.conftest import gateway_config
+from tests.semcache.conftest import RedisServer
+from tests.server.test_semantic_verified import ADMIN, PARAPHRASES, QUESTION, counter, decision
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+MODEL = "tiny-learns"
+RULE = f"""
+[admin]
+token = "{ADMIN}"
+[models."{MODEL}".routes.chat.semantic]
+mode = "verified"
+threshold = 0.6
+min_threshold = 0.6
+min_observations = 3
+prior_weight = 50
+audit_rate = 0.0
+judge = "embedding"
+judge_min_similarity = 0.0
+"""
+
+
+def chat(base: str, user: str, gw: GatewayProcess | None = None) -> httpx.Response:
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "messages": [
+            {"role": "system", "content": "Answer briefly."},
+            {"role": "user", "content": user},
+        ],
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    try:
+        # The first semantic request of a gateway loads the encoder and restores the index.
+        r = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=300)
+    except httpx.TimeoutException as exc:
+        log = "".join(gw.lines[-40:]) if gw is not None else ""
+        raise AssertionError(f"no answer from {base}:\n{log}") from exc
+    assert r.status_code == 200, r.text
+    return r
+
+
+def write_config(tmp: Path, data_dir: Path, vllm_url: str) -> Path:
+    policy = tmp / "policy.toml"
+    policy.write_text(f'version = 1\n[tiers.disk]\ndir = "cache/exact"\n{RULE}')
+    config = tmp / "gateway.toml"
+    config.write_text(
+        f"""
+data_dir = "{tmp}"
+policy = "{policy}"
+[[models]]
+id = "{MODEL}"
+backend = "tiny"
+task = "chat"
+[[backends]]
+kind = "vllm"
+name = "tiny"
+served_model = "{TINY_MODEL_NAME}"
+model_path = "{data_dir / "models" / TINY_MODEL_NAME}"
+[[backends.servers]]
+url = "{vllm_url}"
+"""
+    )
+    return config
+
+
+@pytest.mark.timeout(1500)  # three gateway starts (and perhaps the session's vLLM)
+def test_kill_9_keeps_the_observations_and_a_purge_forgets_them(
+    tmp_path: Path, data_dir: Path, tiny_vllm: VllmProcess
+) -> None:
+    config = write_config(tmp_path, data_dir, tiny_vllm.url)
+    started: list[GatewayProcess] = []
+
+    def start() -> GatewayProcess:
+        gw = GatewayProcess(config).start(timeout_s=300.0)
+        started.append(gw)
+        return gw
+
+    try:
+        one = start()
+        first = chat(one.url, QUESTION, one)
+        seen = [decision(chat(one.url, text, one)) for text in PARAPHRASES[:3]]
+        assert seen == ["explore"] * 3, "".join(one.lines[-20:])
+        one.kill()
+
+        # The three observations came back with the entry: a new paraphrase is served.
+        two = start()
+        hit = chat(two.url, PARAPHRASES[3], two)
+        assert decision(hit) == "hit", "".join(two.lines[-20:])
+        assert hit.json()["id"] == first.json()["id"]
+        r = httpx.post(
+            f"{two.url}/admin/cache/purge",
+            json={"kind": "model", "target": MODEL},
+            headers={"authorization": f"Bearer {ADMIN}"},
+            timeout=30,
+        )
+        assert r.status_code == 200, r.text
+        two.kill()
+
+        # The purge outlived the kill: the entry and its observations are gone; a new
+        # entry starts a partition that knows nothing.
+        three = start()
+        assert decision(chat(three.url, PARAPHRASES[4], three)) is None  # no candidate at all
+        assert decision(chat(three.url, PARAPHRASES[5], three)) == "explore"
+    finally:
+        for gw in started:
+            gw.stop()
+
+
+def learned(gw: GatewayThread) -> int:
+    """Observations held by the gateway's verified partitions (its own and the feed's)."""
+    cache = gw.app.state.serving.semantic.loaded
+    if cache is None:
+        return 0
+    parts = [cache.index.get(key) for key in cache.index.keys()]
+    return sum(part.prior.count for part in parts if part is not None)
+
+
+def test_observations_made_on_one_gateway_decide_on_the_other(
+    tmp_path: Path, data_dir: Path, tiny_vllm: VllmProcess, redis_server: RedisServer
+) -> None:
+    prefix = f"t{os.urandom(5).hex()}"
+    model = data_dir / "models" / TINY_MODEL_NAME
+
+    def gateway(name: str) -> GatewayThread:
+        tmp = tmp_path / name
+        tmp.mkdir()
+        policy = tmp / "policy.toml"
+        policy.write_text(
+            'version = 1\n[tiers.disk]\ndir = "cache/exact"\n'
+            f'[tiers.redis]\nurl = "{redis_server.url}"\nprefix = "{prefix}"\n{RULE}'
+        )
+        cfg = gateway_config(tmp, tiny_vllm.url, model, policy=str(policy))
+        cfg.models += [ModelEntry(id=MODEL, backend="tiny", task="chat")]
+        return GatewayThread(cfg).start()
+
+    a, b = gateway("a"), gateway("b")
+    try:
+        wait_until(lambda: b.app.state.serving.semantic.loaded is not None, timeout_s=120.0)
+        first = chat(a.url, QUESTION)
+        seen = [decision(chat(a.url, text)) for text in PARAPHRASES[:3]]
+        assert seen == ["explore"] * 3
+        wait_until(lambda: learned(b) >= 3, timeout_s=10.0, interval_s=0.1)
+
+        # B judged nothing itself: A's observations, through Redis, make it serve.
+        hit = chat(b.url, PARAPHRASES[3])
+        assert decision(hit) == "hit"
+        assert hit.json()["id"] == first.json()["id"]  # A's answer, via the Redis tier
+        assert counter(b, MODEL, "explore") == 0
+        assert counter(b, MODEL, "exploit") == 1
+    finally:
+        a.stop()
+        b.stop()
