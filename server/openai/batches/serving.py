@@ -42,6 +42,13 @@ died between checking it and queueing it) unless its job is in the queue."""
 COUNTS_TTL_S = 1.0
 """How stale a running batch's ``request_counts`` may be."""
 
+STOP_CHECK_S = 1.0
+"""How often the workers read a running batch's record again: another gateway sharing the
+store may have cancelled it."""
+
+MEMO_SIZE = 10_000
+"""Most batches whose state a gateway keeps in memory (then it forgets and reads again)."""
+
 
 class _Status(msgspec.Struct):
     status_code: int
@@ -115,6 +122,7 @@ class BatchesServing:
         self._clock = clock
         self._stopped: dict[str, str] = {}
         self._expires: dict[str, float] = {}
+        self._checked: dict[str, float] = {}
         self._finalizing = asyncio.Lock()
         self._counts_cache: dict[str, tuple[float, RequestCounts]] = {}
 
@@ -201,12 +209,8 @@ class BatchesServing:
 
     async def list_batches(self, tenant: str, *, after: str | None, limit: str | None) -> Reply:
         count = page_limit(limit, 100) if limit is not None else 20
-        batches = await self.store.list_batches(tenant)
-        if after is not None:
-            ids = [b.id for b in batches]
-            batches = batches[ids.index(after) + 1 :] if after in ids else []
-        page = [await self.refresh(b) for b in batches[:count]]
-        return json_reply(ListPage.of(page, len(batches) > count))
+        batches, more = await self.store.list_batches(tenant, after=after, limit=count)
+        return json_reply(ListPage.of([await self.refresh(b) for b in batches], more))
 
     async def cancel(self, tenant: str, batch_id: str) -> Reply:
         batch = await self._get(tenant, batch_id)
@@ -231,16 +235,25 @@ class BatchesServing:
         reason = self._stopped.get(batch_id)
         if reason is not None:
             return reason
+        now = self._clock()
         expires = self._expires.get(batch_id)
-        if expires is None:
+        last = self._checked.get(batch_id)
+        if expires is None or last is None or now - last >= STOP_CHECK_S:
             batch = await self.store.get(tenant, batch_id)
-            if batch is None:
+            if batch is None and expires is None:
                 return None  # a record this gateway cannot see: run the line
-            if batch.status in ("cancelling", "cancelled"):
-                self._stopped[batch_id] = "cancelled"
-                return "cancelled"
-            expires = self._expires[batch_id] = batch.expires_at
-        if self._clock() >= expires:
+            if len(self._checked) > MEMO_SIZE:
+                self._checked.clear()
+                self._expires.clear()
+                self._stopped.clear()
+            self._checked[batch_id] = now
+            if batch is not None:
+                if batch.status in ("cancelling", "cancelled"):
+                    self._stopped[batch_id] = "cancelled"
+                    return "cancelled"
+                expires = self._expires[batch_id] = batch.expires_at
+        assert expires is not None
+        if now >= expires:
             self._stopped[batch_id] = "expired"
             return "expired"
         return None
