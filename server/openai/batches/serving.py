@@ -42,12 +42,8 @@ died between checking it and queueing it) unless its job is in the queue."""
 COUNTS_TTL_S = 1.0
 """How stale a running batch's ``request_counts`` may be."""
 
-STOP_CHECK_S = 1.0
-"""How often the workers read a running batch's record again: another gateway sharing the
-store may have cancelled it."""
-
 MEMO_SIZE = 10_000
-"""Most batches whose state a gateway keeps in memory (then it forgets and reads again)."""
+"""Most stopped batches a gateway remembers (then it forgets them and reads their records)."""
 
 
 class _Status(msgspec.Struct):
@@ -121,8 +117,6 @@ class BatchesServing:
         """Set at start-up with the batch workers; ``None``: batches are disabled."""
         self._clock = clock
         self._stopped: dict[str, str] = {}
-        self._expires: dict[str, float] = {}
-        self._checked: dict[str, float] = {}
         self._finalizing = asyncio.Lock()
         self._counts_cache: dict[str, tuple[float, RequestCounts]] = {}
 
@@ -201,7 +195,6 @@ class BatchesServing:
         batch.status = "in_progress"
         batch.in_progress_at = self._now()
         await self.store.save(batch)
-        self._expires[batch.id] = batch.expires_at
         return json_reply(public(batch))
 
     async def retrieve(self, tenant: str, batch_id: str) -> Reply:
@@ -231,32 +224,25 @@ class BatchesServing:
     # -- the workers' side -------------------------------------------------------------
 
     async def stop_reason(self, tenant: str, batch_id: str) -> str | None:
-        """Why the batch's remaining lines must not run (cancelled, expired), or None."""
+        """Why the batch's remaining lines must not run (cancelled, expired), or None. The
+        record is read at every line (one small read next to a model call): another gateway
+        sharing the store may have cancelled the batch."""
         reason = self._stopped.get(batch_id)
         if reason is not None:
             return reason
-        now = self._clock()
-        expires = self._expires.get(batch_id)
-        last = self._checked.get(batch_id)
-        if expires is None or last is None or now - last >= STOP_CHECK_S:
-            batch = await self.store.get(tenant, batch_id)
-            if batch is None and expires is None:
-                return None  # a record this gateway cannot see: run the line
-            if len(self._checked) > MEMO_SIZE:
-                self._checked.clear()
-                self._expires.clear()
-                self._stopped.clear()
-            self._checked[batch_id] = now
-            if batch is not None:
-                if batch.status in ("cancelling", "cancelled"):
-                    self._stopped[batch_id] = "cancelled"
-                    return "cancelled"
-                expires = self._expires[batch_id] = batch.expires_at
-        assert expires is not None
-        if now >= expires:
-            self._stopped[batch_id] = "expired"
-            return "expired"
-        return None
+        batch = await self.store.get(tenant, batch_id)
+        if batch is None:
+            return None  # a record this gateway cannot see: run the line
+        if batch.status in ("cancelling", "cancelled"):
+            reason = "cancelled"
+        elif self._clock() >= batch.expires_at:
+            reason = "expired"
+        else:
+            return None
+        if len(self._stopped) > MEMO_SIZE:
+            self._stopped.clear()
+        self._stopped[batch_id] = reason
+        return reason
 
     # -- state -------------------------------------------------------------------------
 
