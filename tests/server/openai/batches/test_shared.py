@@ -6,7 +6,7 @@ exactly once between them. ``test_slow.py`` proves it against the real tiny vLLM
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,7 @@ from typing import Any
 import openai
 import pytest
 from litestar.testing import TestClient
+from redis import Redis
 
 from server.batch.settings import QueueSettings
 from tests.semcache.conftest import RedisServer
@@ -106,3 +107,25 @@ def test_a_cancel_on_one_gateway_stops_the_lines_on_both(
         assert (done.request_counts.total, done.request_counts.completed) == (5, ran)
         assert done.output_file_id is not None
         assert len(read_lines(second, done.output_file_id)) == ran
+
+
+def test_a_full_or_unreachable_redis_is_a_507_or_a_503(
+    tmp_path: Path, redis_factory: Callable[[], RedisServer]
+) -> None:
+    server = redis_factory()
+    queue = QueueSettings(kind="redis", redis_url=server.url, prefix="q")
+    with gateway(FakeGeneration(), tmp_path, queue=queue) as http:
+        client = sdk(http)
+        client.files.create(file=("small.jsonl", jsonl([line("a")])), purpose="batch")
+        with Redis.from_url(server.url) as admin:  # over its maxmemory, evicting nothing
+            admin.config_set("maxmemory-policy", "noeviction")
+            admin.config_set("maxmemory", str(admin.info("memory")["used_memory"] // 2))
+        with pytest.raises(openai.APIStatusError) as full:
+            client.files.create(file=("big.jsonl", b"x" * 4000), purpose="batch")
+        assert full.value.status_code == 507
+        assert full.value.body["code"] == "insufficient_storage"  # type: ignore[index]
+        server.stop()
+        with pytest.raises(openai.APIStatusError) as down:
+            client.files.list()
+        assert down.value.status_code == 503
+        assert down.value.body["code"] == "store_unavailable"  # type: ignore[index]
