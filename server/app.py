@@ -35,17 +35,16 @@ from server.openai.batches import api_router as batches_routes
 from server.openai.batches.protocol import PAYLOAD_KEY
 from server.openai.batches.runner import OpenAIItemRunner
 from server.openai.batches.serving import BatchesServing
-from server.openai.batches.store import BatchStore
 from server.openai.chat_completion import api_router as chat_completion
 from server.openai.completion import api_router as completion
 from server.openai.files import api_router as files_routes
 from server.openai.files.serving import FilesServing
-from server.openai.files.store import FileStore
 from server.openai.models import api_router as models
 from server.openai.pooling import api_router as pooling
 from server.openai.responses import api_router as responses
 from server.openai.responses.owners import ResponseOwners
 from server.openai.serving import OpenAIServing
+from server.openai.stores import build_stores
 from server.routes import admin, cached_answer, health, pools, usage
 from server.speedups import write_bodies_eagerly
 from server.tenancy.limits import build_limiter
@@ -120,13 +119,8 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
     files_settings = config.batch.files
     openai_dir = Path(files_settings.dir) if files_settings.dir else config.data_path() / "openai"
     openai_dir = openai_dir.expanduser()
-    file_store = FileStore(openai_dir / "files", retention_s=files_settings.retention_s)
-    batches = BatchesServing(
-        BatchStore(openai_dir / "batches", retention_s=files_settings.retention_s),
-        file_store,
-        registry,
-        config.batch,
-    )
+    stores = build_stores(config.batch, openai_dir)  # Redis when the batch queue is shared
+    batches = BatchesServing(stores.batches, stores.files, registry, config.batch)
     openai_items = OpenAIItemRunner(serving, batches.stop_reason)
     serving.responses.owners = ResponseOwners(openai_dir / "responses")
     auth = TokenAuth(config.auth, admin_token=lambda: policy.current.admin.resolve_token())
@@ -209,6 +203,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
                 serving.cache = None
             await registry.aclose()
             await ledger.aclose()  # after the batch workers: every usage is written
+            await stores.aclose()
             if request_log is not None:
                 request_log.stop()
             if limiter is not None:
@@ -242,7 +237,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
                 "tenancy": tenancy,
                 "drain": drain,
                 "ledger": ledger,
-                "files": FilesServing(file_store, files_settings.max_bytes),
+                "files": FilesServing(stores.files, files_settings.max_bytes),
                 "batches": batches,
                 "dashboard": dashboard,
             }

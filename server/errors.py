@@ -16,6 +16,9 @@ from typing import Any, Literal
 import msgspec
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import OutOfMemoryError as RedisOutOfMemoryError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from backends.protocol import BackendError
 
@@ -184,6 +187,20 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
             507,
             "The gateway's disk is full: the request could not be stored. Retry later.",
             code="insufficient_storage",
+        )
+    elif isinstance(exc, RedisOutOfMemoryError):
+        log.warning("%s refused: Redis is at its maxmemory (%s)", request.url.path, exc)
+        err = ApiError(
+            507,
+            "The gateway's shared store is full: the request could not be stored. Retry later.",
+            code="insufficient_storage",
+        )
+    elif isinstance(exc, (RedisConnectionError, RedisTimeoutError)):  # the shared store
+        log.warning("%s refused: Redis is unreachable (%s)", request.url.path, exc)
+        err = ApiError(
+            503,
+            "The gateway's shared store is unreachable. Retry later.",
+            code="store_unavailable",
         )
     else:
         log.exception("unhandled error on %s", request.url.path)

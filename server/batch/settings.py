@@ -28,11 +28,16 @@ class QueueSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class FilesSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """The OpenAI Files API's store (``/v1/files``): batch input and output files."""
+    """The OpenAI Files API's store (``/v1/files``): batch input and output files, and the
+    OpenAI batch records."""
 
+    storage: Literal["auto", "disk", "redis"] = "auto"
+    """``disk``: under ``dir`` (one gateway, or several sharing a mount); ``redis``: in the
+    queue's Redis (``queue.redis_url``, keys under ``<queue.prefix>:openai``), so that any
+    gateway on it answers for any file and batch; ``auto``: ``redis`` when the queue is."""
     dir: str | None = None
-    """Folder of the stored files (``files/``) and OpenAI batch records (``batches/``);
-    default ``<data_dir>/openai``."""
+    """Folder of the stored files (``files/``) and OpenAI batch records (``batches/``) on
+    disk; default ``<data_dir>/openai``."""
     max_bytes: PosInt = 200 * 1024 * 1024
     """Largest file one upload may hold (a larger one is refused with a 413)."""
     retention_s: PosFloat = 30 * 86400.0

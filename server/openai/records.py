@@ -27,9 +27,14 @@ def valid_id(value: str) -> bool:
     return bool(_ID.match(value))
 
 
+def tenant_key(tenant: str) -> str:
+    """The tenant's name in paths and Redis keys: a hash, so any tenant name is safe there."""
+    return hashlib.blake2b(tenant.encode(), digest_size=16).hexdigest()
+
+
 def tenant_dir(root: Path, tenant: str) -> Path:
-    """The tenant's folder under ``root``: a hash, so any tenant name is a safe path."""
-    return root / hashlib.blake2b(tenant.encode(), digest_size=16).hexdigest()
+    """The tenant's folder under ``root``."""
+    return root / tenant_key(tenant)
 
 
 def write_atomic(path: Path, data: bytes) -> None:

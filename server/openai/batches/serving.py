@@ -42,6 +42,9 @@ died between checking it and queueing it) unless its job is in the queue."""
 COUNTS_TTL_S = 1.0
 """How stale a running batch's ``request_counts`` may be."""
 
+MEMO_SIZE = 10_000
+"""Most stopped batches a gateway remembers (then it forgets them and reads their records)."""
+
 
 class _Status(msgspec.Struct):
     status_code: int
@@ -114,7 +117,6 @@ class BatchesServing:
         """Set at start-up with the batch workers; ``None``: batches are disabled."""
         self._clock = clock
         self._stopped: dict[str, str] = {}
-        self._expires: dict[str, float] = {}
         self._finalizing = asyncio.Lock()
         self._counts_cache: dict[str, tuple[float, RequestCounts]] = {}
 
@@ -193,7 +195,6 @@ class BatchesServing:
         batch.status = "in_progress"
         batch.in_progress_at = self._now()
         await self.store.save(batch)
-        self._expires[batch.id] = batch.expires_at
         return json_reply(public(batch))
 
     async def retrieve(self, tenant: str, batch_id: str) -> Reply:
@@ -201,12 +202,8 @@ class BatchesServing:
 
     async def list_batches(self, tenant: str, *, after: str | None, limit: str | None) -> Reply:
         count = page_limit(limit, 100) if limit is not None else 20
-        batches = await self.store.list_batches(tenant)
-        if after is not None:
-            ids = [b.id for b in batches]
-            batches = batches[ids.index(after) + 1 :] if after in ids else []
-        page = [await self.refresh(b) for b in batches[:count]]
-        return json_reply(ListPage.of(page, len(batches) > count))
+        batches, more = await self.store.list_batches(tenant, after=after, limit=count)
+        return json_reply(ListPage.of([await self.refresh(b) for b in batches], more))
 
     async def cancel(self, tenant: str, batch_id: str) -> Reply:
         batch = await self._get(tenant, batch_id)
@@ -227,23 +224,25 @@ class BatchesServing:
     # -- the workers' side -------------------------------------------------------------
 
     async def stop_reason(self, tenant: str, batch_id: str) -> str | None:
-        """Why the batch's remaining lines must not run (cancelled, expired), or None."""
+        """Why the batch's remaining lines must not run (cancelled, expired), or None. The
+        record is read at every line (one small read next to a model call): another gateway
+        sharing the store may have cancelled the batch."""
         reason = self._stopped.get(batch_id)
         if reason is not None:
             return reason
-        expires = self._expires.get(batch_id)
-        if expires is None:
-            batch = await self.store.get(tenant, batch_id)
-            if batch is None:
-                return None  # a record this gateway cannot see: run the line
-            if batch.status in ("cancelling", "cancelled"):
-                self._stopped[batch_id] = "cancelled"
-                return "cancelled"
-            expires = self._expires[batch_id] = batch.expires_at
-        if self._clock() >= expires:
-            self._stopped[batch_id] = "expired"
-            return "expired"
-        return None
+        batch = await self.store.get(tenant, batch_id)
+        if batch is None:
+            return None  # a record this gateway cannot see: run the line
+        if batch.status in ("cancelling", "cancelled"):
+            reason = "cancelled"
+        elif self._clock() >= batch.expires_at:
+            reason = "expired"
+        else:
+            return None
+        if len(self._stopped) > MEMO_SIZE:
+            self._stopped.clear()
+        self._stopped[batch_id] = reason
+        return reason
 
     # -- state -------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
-"""The files of the Files API on local disk: ``<dir>/<tenant hash>/<id>.json`` (the file
-object) and ``<id>.data`` (the content), removed ``retention_s`` after their creation."""
+"""Where the Files API keeps its files: the contract (:class:`FileStore`) and its local-disk
+form, ``<dir>/<tenant hash>/<id>.json`` (the file object) and ``<id>.data`` (the content),
+removed ``retention_s`` after their creation. The Redis form is ``redis_store.py``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import msgspec
 
@@ -17,8 +19,53 @@ from server.openai.records import new_id, read_or_none, tenant_dir, valid_id, wr
 _decoder = msgspec.json.Decoder(FileObject)
 
 
-class FileStore:
-    """Stores, lists and removes one tenant's files; every call runs off the event loop."""
+class FileStore(Protocol):
+    """Stores, lists and removes each tenant's files; a file is only ever seen by its tenant
+    and not at all once expired."""
+
+    retention_s: float
+
+    async def create(
+        self,
+        tenant: str,
+        filename: str,
+        purpose: Purpose,
+        data: bytes,
+        *,
+        file_id: str | None = None,
+    ) -> FileObject:
+        """Store ``data``; a given ``file_id`` is overwritten (batch outputs are rewritten
+        whole when a finalization runs again)."""
+        ...
+
+    async def delete(self, tenant: str, file_id: str) -> bool: ...
+
+    async def purge_expired(self) -> int:
+        """Remove every tenant's expired files; returns how many."""
+        ...
+
+    async def get(self, tenant: str, file_id: str) -> FileObject | None:
+        """The tenant's file ``file_id``; None when it does not exist, expired or is another
+        tenant's."""
+        ...
+
+    async def content(self, tenant: str, file_id: str) -> bytes | None: ...
+
+    async def list_files(
+        self,
+        tenant: str,
+        *,
+        purpose: str | None = None,
+        order: str = "desc",
+        after: str | None = None,
+        limit: int = 10000,
+    ) -> tuple[list[FileObject], bool]:
+        """One page of the tenant's files, newest first by default, and whether more follow."""
+        ...
+
+
+class DiskFileStore:
+    """A :class:`FileStore` on local disk; every call runs off the event loop."""
 
     def __init__(
         self, root: Path, *, retention_s: float, clock: Callable[[], float] = time.time

@@ -5,8 +5,8 @@
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from backends.protocol import RequestContext, UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
 from server.app import create_app
 from server.auth import AuthSettings, TokenEntry
-from server.batch.settings import BatchSettings, FilesSettings
+from server.batch.settings import BatchSettings, FilesSettings, QueueSettings
 from server.config import GatewayConfig
 from tests.support.fake_backend import FakeGeneration
 from tests.support.waiting import wait_until
@@ -70,9 +70,22 @@ def gateway(fake: FakeGeneration, data_dir: Path, **batch: Any) -> TestClient[An
     return TestClient(create_app(config, registry=reg))
 
 
-@pytest.fixture
-def http(fake: FakeGeneration, tmp_path: Path) -> Iterator[TestClient[Any]]:
-    with gateway(fake, tmp_path) as c:
+def redis_queue(url: str) -> QueueSettings:
+    """A Redis queue of its own on a shared server: the files and batch records go there too."""
+    return QueueSettings(
+        kind="redis", redis_url=url, prefix=f"q{uuid.uuid4().hex[:8]}", lease_s=2.0
+    )
+
+
+@pytest.fixture(params=["disk", pytest.param("redis", marks=pytest.mark.slow)])
+def http(
+    request: pytest.FixtureRequest, fake: FakeGeneration, tmp_path: Path
+) -> Iterator[TestClient[Any]]:
+    """The gateway with its queue, files and batch records on local disk, or in Redis."""
+    batch: dict[str, Any] = {}
+    if request.param == "redis":
+        batch["queue"] = redis_queue(request.getfixturevalue("redis_server").url)
+    with gateway(fake, tmp_path, **batch) as c:
         yield c
 
 
@@ -183,8 +196,8 @@ def test_bad_input_fails_the_batch_with_line_numbers_and_runs_nothing(
     assert batch.errors is not None and batch.errors.data
     assert (batch.errors.data[0].code, batch.errors.data[0].line) == (code, line_no)
     assert client.batches.retrieve(batch.id).status == "failed"
-    with sqlite3.connect(tmp_path / "queue" / "batch.sqlite3") as db:  # nothing was queued
-        assert db.execute("SELECT count(*) FROM jobs").fetchone() == (0,)
+    queue = http.app.state.workers_ai.batch.queue
+    assert http.blocking_portal.call(queue.job, batch.id) is None  # nothing was queued
     assert fake.calls == []
 
 

@@ -1,5 +1,6 @@
-"""The batch serving object on a real disk queue with an injected clock: a batch past its
-completion window expires, and its remaining lines do not run."""
+"""The batch serving object on a real disk queue with an injected clock, its records and
+files on disk or in Redis: a batch past its completion window expires, and its remaining
+lines do not run."""
 
 from __future__ import annotations
 
@@ -17,16 +18,7 @@ from server.batch.results import StoredItem
 from server.batch.settings import BatchSettings
 from server.openai.batches.runner import OpenAIItemRunner
 from server.openai.batches.serving import BatchesServing
-from server.openai.batches.store import BatchStore
-from server.openai.files.store import FileStore
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.server.openai.conftest import Clock, StoresFactory
 
 
 def input_file(n: int) -> bytes:
@@ -39,18 +31,14 @@ def input_file(n: int) -> bytes:
 
 
 @pytest.fixture
-async def parts(tmp_path: Path) -> Any:
+async def parts(tmp_path: Path, make_stores: StoresFactory) -> Any:
     clock = Clock()
+    clock.now = 1_000_000.0
     reg = ModelRegistry()
     reg.add(ModelInfo("chat-model", "chat", (), "t", "fake", "rev1", "tpl"))
-    files = FileStore(tmp_path / "files", retention_s=30 * 86400.0, clock=clock)
-    batches = BatchesServing(
-        BatchStore(tmp_path / "batches", retention_s=30 * 86400.0, clock=clock),
-        files,
-        reg,
-        BatchSettings(),
-        clock=clock,
-    )
+    stores = make_stores(retention_s=30 * 86400.0, clock=clock)
+    files = stores.files
+    batches = BatchesServing(stores.batches, files, reg, BatchSettings(), clock=clock)
     queue = await DiskQueue.open(tmp_path / "q.sqlite3", clock=clock)
     batches.queue = queue
     yield clock, files, batches, queue

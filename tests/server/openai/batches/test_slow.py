@@ -18,6 +18,7 @@ from backends.launch import VllmProcess
 from server.batch.settings import BatchSettings, QueueSettings
 from server.harness import GatewayProcess, GatewayThread
 from tests.conftest import gateway_config
+from tests.semcache.conftest import RedisServer
 from tests.server.workers_ai.test_api import (
     TOKEN,
     leased_items,
@@ -191,3 +192,48 @@ def test_kill_9_mid_batch_every_line_exactly_once(
     assert len({o["id"] for o in out}) == n
     after = stored_results(db, batch.id)
     assert all(after[i] == body for i, body in before.items())  # finished work never redone
+
+
+def test_two_gateways_on_one_redis_share_files_and_batches(
+    data_dir: Path, tiny_vllm: VllmProcess, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Upload and create through one gateway, poll and download through the other (each
+    with its own data dir: only Redis is shared); both run lines, each line exactly once."""
+    queue = QueueSettings(
+        kind="redis", redis_url=redis_server.url, prefix=f"ob{uuid.uuid4().hex[:8]}", lease_s=2.0
+    )
+    model = data_dir / "models" / TINY_MODEL_NAME
+    batch = BatchSettings(max_inflight=2, queue=queue)
+    one = GatewayThread(gateway_config(tmp_path / "one", tiny_vllm.url, model, batch=batch))
+    two = GatewayThread(gateway_config(tmp_path / "two", tiny_vllm.url, model, batch=batch))
+    one.start()
+    try:
+        two.start()
+        try:
+            first = openai.OpenAI(base_url=f"{one.url}/v1", api_key="sdk-key", max_retries=0)
+            second = openai.OpenAI(base_url=f"{two.url}/v1", api_key="sdk-key", max_retries=0)
+            n = 24
+            lines = chat_lines(n, 24, prefix=f"{uuid.uuid4().hex} ")
+            f = first.files.create(file=("in.jsonl", lines), purpose="batch")
+            created = first.batches.create(
+                input_file_id=f.id, endpoint=CHAT, completion_window="24h"
+            )
+            assert second.files.content(f.id).content == lines
+            done = wait_finished(second, created.id)
+            assert done.status == "completed", done.errors
+            assert done.request_counts is not None
+            assert (done.request_counts.completed, done.request_counts.failed) == (n, 0)
+            assert done.output_file_id is not None and done.error_file_id is None
+            out = read_lines(second, done.output_file_id)
+            assert read_lines(first, done.output_file_id) == out
+            assert first.batches.retrieve(created.id).status == "completed"
+            ran = [g.app.state.workers_ai.workers.finished for g in (one, two)]
+        finally:
+            two.stop()
+    finally:
+        one.stop()
+    assert [o["custom_id"] for o in out] == [f"req-{i}" for i in range(n)]
+    assert len({o["id"] for o in out}) == n
+    assert all(o["response"]["status_code"] == 200 for o in out)
+    assert ran[0]["success"] > 0 and ran[1]["success"] > 0, ran  # both pulled work
+    assert ran[0]["success"] + ran[1]["success"] == n  # every line ran exactly once

@@ -1,0 +1,49 @@
+"""The stores of the Files and Batch APIs the config asks for: on local disk, or in the batch
+queue's Redis when several gateways share it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from redis.asyncio import Redis
+
+from server.batch.settings import BatchSettings
+from server.openai.batches.redis_store import RedisBatchStore
+from server.openai.batches.store import BatchStore, DiskBatchStore
+from server.openai.files.redis_store import RedisFileStore
+from server.openai.files.store import DiskFileStore, FileStore
+
+
+@dataclass
+class OpenAIStores:
+    files: FileStore
+    batches: BatchStore
+    redis: Redis | None = None
+    """The client of the Redis stores (closed by :meth:`aclose`)."""
+
+    async def aclose(self) -> None:
+        if self.redis is not None:
+            await self.redis.aclose()
+
+
+def uses_redis(settings: BatchSettings) -> bool:
+    storage = settings.files.storage
+    return storage == "redis" or (storage == "auto" and settings.queue.kind == "redis")
+
+
+def build_stores(settings: BatchSettings, openai_dir: Path) -> OpenAIStores:
+    """The stores ``settings`` describe; no connection is made before their first use."""
+    retention_s = settings.files.retention_s
+    if uses_redis(settings):
+        client = Redis.from_url(settings.queue.redis_url)
+        prefix = f"{settings.queue.prefix}:openai"
+        return OpenAIStores(
+            RedisFileStore(client, prefix=prefix, retention_s=retention_s),
+            RedisBatchStore(client, prefix=prefix, retention_s=retention_s),
+            client,
+        )
+    return OpenAIStores(
+        DiskFileStore(openai_dir / "files", retention_s=retention_s),
+        DiskBatchStore(openai_dir / "batches", retention_s=retention_s),
+    )

@@ -1,0 +1,82 @@
+"""The stores of the Files and Batch APIs, on local disk and on a real redis-server."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from server.openai.batches.redis_store import RedisBatchStore
+from server.openai.batches.store import BatchStore, DiskBatchStore
+from server.openai.files.redis_store import RedisFileStore
+from server.openai.files.store import DiskFileStore, FileStore
+from tests.semcache.conftest import RedisServer
+
+
+class Clock:
+    """The stores' clock, moved by the test (Redis TTLs run on the server's own clock)."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Stores:
+    files: FileStore
+    batches: BatchStore
+    clock: Clock
+    redis: Redis | None
+    prefix: str
+
+
+StoresFactory = Callable[..., Stores]
+
+
+@pytest.fixture(params=["disk", pytest.param("redis", marks=pytest.mark.slow)])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def make_stores(
+    request: pytest.FixtureRequest, store_kind: str, tmp_path: Path
+) -> AsyncIterator[StoresFactory]:
+    """Builds a file store and a batch store of one kind; stores built by one test share
+    their storage (as gateways on one disk or one Redis do)."""
+    prefix = f"t{uuid.uuid4().hex[:10]}:openai"
+    clients: list[Redis] = []
+
+    def make(retention_s: float = 3600.0, clock: Clock | None = None) -> Stores:
+        clock = clock or Clock()
+        if store_kind == "disk":
+            return Stores(
+                DiskFileStore(tmp_path / "files", retention_s=retention_s, clock=clock),
+                DiskBatchStore(tmp_path / "batches", retention_s=retention_s, clock=clock),
+                clock,
+                None,
+                prefix,
+            )
+        server: RedisServer = request.getfixturevalue("redis_server")
+        client = Redis.from_url(server.url)
+        clients.append(client)
+        return Stores(
+            RedisFileStore(client, prefix=prefix, retention_s=retention_s, clock=clock),
+            RedisBatchStore(client, prefix=prefix, retention_s=retention_s, clock=clock),
+            clock,
+            client,
+            prefix,
+        )
+
+    try:
+        yield make
+    finally:
+        for c in clients:
+            await c.aclose()
