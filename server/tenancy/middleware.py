@@ -142,7 +142,7 @@ class Tenancy:
         assert self.limiter is not None
         principal = record.principal
         estimate = 0
-        if self.limiter.defaults.merged(principal.limits).tokens_per_minute is not None:
+        if self.limiter.settings_of(principal.limits).tokens_per_minute is not None:
             body, receive = await read_ahead(receive, self.max_body_bytes)
             estimate = estimate_tokens(body)
         admission = await self.limiter.admit(
