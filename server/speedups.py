@@ -3,7 +3,8 @@
 - uvicorn (httptools protocol): a response's head waits for its first body bytes, so that
   both go out in one write (``GatewayHttpProtocol``, ``HeadWithBody``).
 - Litestar: a streamed response sent from the request's own task, without Litestar's task
-  group and cancel scope (``RelayStream``, ``_RelayResponse``).
+  group and cancel scope (``RelayStream``, ``_RelayResponse``); a complete body's headers
+  encoded once, straight into the ASGI message (``EncodedResponse``).
 - aiohttp: on Python 3.11, a request's body writer starts at once, as aiohttp does itself
   on 3.12+ (``write_bodies_eagerly``, installed on the loop by the app's lifespan).
 
@@ -20,6 +21,8 @@ import sys
 from collections.abc import Coroutine
 from typing import Any, Final
 
+from litestar import Response
+from litestar.datastructures import MutableScopeHeaders
 from litestar.response import Stream
 from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
@@ -150,6 +153,77 @@ class RelayStream(Stream):
         response = super().to_asgi_response(*args, **kwargs)
         response.__class__ = _RelayResponse  # same slots: only send_body differs
         return response
+
+
+ASGI_RESPONSE_SLOTS: Final = (
+    "_encoded_cookies",
+    "background",
+    "body",
+    "content_length",
+    "encoding",
+    "headers",
+    "is_head_response",
+    "status_code",
+)
+"""What ``_encoded`` fills of an ``ASGIResponse`` (its ``__slots__`` in Litestar 2.25)."""
+
+_OWN_HEADERS: Final = frozenset({"content-type", "content-length"})
+
+
+class EncodedResponse(Response[bytes]):
+    """A ``Response`` of complete bytes whose ASGI response is built without Litestar's
+    ``MutableScopeHeaders``: each header is encoded once, as Litestar encodes it (the name
+    lower-cased, both latin-1), then ``content-type`` and ``content-length`` as Litestar adds
+    them. Anything this does not cover (cookies, background tasks, headers or cookies from
+    the route's layers, a HEAD request, a status without a body, a content type set by hand)
+    is left to Litestar."""
+
+    def to_asgi_response(self, app: Any, request: Any, **kwargs: Any) -> ASGIResponse:
+        if app is None and not any(kwargs.get(k) for k in _LAYERED) and self._plain():
+            response = _encoded(self)
+            if response is not None:
+                return response
+        return super().to_asgi_response(app, request, **kwargs)
+
+    def _plain(self) -> bool:
+        status = self.status_code
+        return (
+            status is not None
+            and isinstance(self.content, bytes)
+            and not self.cookies
+            and self.background is None
+            and status >= 200
+            and status not in (204, 304)
+        )
+
+
+_LAYERED: Final = ("background", "cookies", "encoded_headers", "headers", "is_head_response")
+
+
+def _encoded(response: EncodedResponse) -> ASGIResponse | None:
+    headers: list[tuple[bytes, bytes]] = []
+    for name, value in response.headers.items():
+        low = name.lower()
+        if low in _OWN_HEADERS:
+            return None
+        headers.append((low.encode("latin-1"), value.encode("latin-1")))
+    media_type = str(response.media_type or "application/json")
+    encoding = response.encoding
+    if media_type.startswith("text/"):
+        media_type = f"{media_type}; charset={encoding}"
+    body = response.content
+    headers.append((b"content-type", media_type.encode("latin-1")))
+    headers.append((b"content-length", str(len(body)).encode("latin-1")))
+    out = ASGIResponse.__new__(ASGIResponse)
+    out._encoded_cookies = ()
+    out.background = None
+    out.body = body
+    out.content_length = len(body)
+    out.encoding = encoding
+    out.headers = MutableScopeHeaders({"headers": headers})
+    out.is_head_response = False
+    out.status_code = response.status_code or 200  # never None here: see _plain
+    return out
 
 
 # -- aiohttp: a request's body leaves at once on Python 3.11 -----------------------------
