@@ -57,6 +57,16 @@ T = TypeVar("T")
 
 _MINUTE = 60
 _MAX_REMEMBERED = 10_000
+_REQUESTS_HEADERS = (
+    b"x-ratelimit-limit-requests",
+    b"x-ratelimit-remaining-requests",
+    b"x-ratelimit-reset-requests",
+)
+_TOKENS_HEADERS = (
+    b"x-ratelimit-limit-tokens",
+    b"x-ratelimit-remaining-tokens",
+    b"x-ratelimit-reset-tokens",
+)
 """Storage keys and window ends remembered at most (then forgotten at once, and read again)."""
 
 _FAILURES: tuple[type[BaseException], ...] = (StorageError, *OUTAGE_ERRORS)
@@ -360,14 +370,22 @@ class TenantLimiter:
 
     def headers(self, admission: Admission) -> list[tuple[str, str]]:
         """OpenAI's ``x-ratelimit-*`` headers, for the windows this request's token has."""
-        out: list[tuple[str, str]] = []
+        return [(k.decode(), v.decode()) for k, v in self.encoded_headers(admission)]
+
+    def encoded_headers(self, admission: Admission) -> list[tuple[bytes, bytes]]:
+        """:meth:`headers` as an ASGI message carries them."""
+        out: list[tuple[bytes, bytes]] = []
         now = self.clock()
-        for name, window in (("requests", admission.requests), ("tokens", admission.tokens)):
+        for names, window in (
+            (_REQUESTS_HEADERS, admission.requests),
+            (_TOKENS_HEADERS, admission.tokens),
+        ):
             if window is None:
                 continue
-            out.append((f"x-ratelimit-limit-{name}", str(window.limit)))
-            out.append((f"x-ratelimit-remaining-{name}", str(max(0, window.remaining))))
-            out.append((f"x-ratelimit-reset-{name}", format_reset(window.reset_at - now)))
+            limit, remaining, reset = names
+            out.append((limit, str(window.limit).encode()))
+            out.append((remaining, str(max(0, window.remaining)).encode()))
+            out.append((reset, format_reset(window.reset_at - now).encode()))
         return out
 
     async def aclose(self) -> None:

@@ -246,7 +246,7 @@ class TenancyMiddleware:
                 record.latency_s = time.perf_counter() - record.started
                 tenancy.finish(record)
                 raise
-            extra = [(k.encode(), v.encode()) for k, v in tenancy.limiter.headers(admission)]
+            extra = tenancy.limiter.encoded_headers(admission)
         capture = tenancy.body_capture()
         if capture is not None:
             receive = capture.receiving(receive)
