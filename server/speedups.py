@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Coroutine
+from collections.abc import AsyncIterable, Coroutine, Mapping
 from typing import Any, Final
 
 from litestar import Response
 from litestar.datastructures import MutableScopeHeaders
+from litestar.enums import MediaType
 from litestar.response import Stream
 from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Receive, Send
+from litestar.utils.helpers import get_enum_string_value
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 CHECKED: Final = {"uvicorn": "0.54.0", "litestar": "2.25.0", "aiohttp": "3.14.5"}
@@ -147,10 +149,26 @@ class _RelayResponse(ASGIStreamingResponse):
 
 
 class RelayStream(Stream):
-    """A ``Stream`` sent by ``_RelayResponse``."""
+    """A ``Stream`` sent by ``_RelayResponse``; its headers encoded as ``EncodedResponse``
+    encodes them, when Litestar would add nothing of its own but the content type."""
 
-    def to_asgi_response(self, *args: Any, **kwargs: Any) -> ASGIResponse:
-        response = super().to_asgi_response(*args, **kwargs)
+    def to_asgi_response(self, app: Any, request: Any, **kwargs: Any) -> ASGIResponse:
+        if (
+            app is None
+            and not any(kwargs.get(k) for k in _LAYERED if k != "background")
+            and not self.cookies
+            and self.status_code is not None
+            and isinstance(self.iterator, AsyncIterable)
+        ):
+            media_type = kwargs.get("media_type") or self.media_type  # Stream's precedence
+            headers = _encoded_headers(self.headers, media_type, self.encoding, None)
+            if headers is not None:
+                relay = _RelayResponse.__new__(_RelayResponse)
+                _fill(relay, headers, self.status_code, self.encoding, b"", 0)
+                relay.background = self.background or kwargs.get("background")
+                relay.iterator = self.iterator
+                return relay
+        response = super().to_asgi_response(app, request, **kwargs)
         response.__class__ = _RelayResponse  # same slots: only send_body differs
         return response
 
@@ -180,7 +198,7 @@ class EncodedResponse(Response[bytes]):
 
     def to_asgi_response(self, app: Any, request: Any, **kwargs: Any) -> ASGIResponse:
         if app is None and not any(kwargs.get(k) for k in _LAYERED) and self._plain():
-            response = _encoded(self)
+            response = _encoded(self, kwargs.get("media_type"))
             if response is not None:
                 return response
         return super().to_asgi_response(app, request, **kwargs)
@@ -200,30 +218,54 @@ class EncodedResponse(Response[bytes]):
 _LAYERED: Final = ("background", "cookies", "encoded_headers", "headers", "is_head_response")
 
 
-def _encoded(response: EncodedResponse) -> ASGIResponse | None:
-    headers: list[tuple[bytes, bytes]] = []
-    for name, value in response.headers.items():
+def _encoded(response: EncodedResponse, media_type: Any) -> ASGIResponse | None:
+    body = response.content
+    media_type = response.media_type or media_type  # Response's precedence
+    headers = _encoded_headers(response.headers, media_type, response.encoding, len(body))
+    if headers is None:
+        return None
+    out = ASGIResponse.__new__(ASGIResponse)
+    _fill(out, headers, response.status_code or 200, response.encoding, body, len(body))
+    out.background = None
+    return out
+
+
+def _encoded_headers(
+    headers: Mapping[str, str], media_type: Any, encoding: str, content_length: int | None
+) -> list[tuple[bytes, bytes]] | None:
+    """``headers`` as Litestar's ``ASGIResponse`` encodes them, then the content type and
+    length it adds; ``None`` when ``headers`` set either itself (left to Litestar)."""
+    out: list[tuple[bytes, bytes]] = []
+    for name, value in headers.items():
         low = name.lower()
         if low in _OWN_HEADERS:
             return None
-        headers.append((low.encode("latin-1"), value.encode("latin-1")))
-    media_type = str(response.media_type or "application/json")
-    encoding = response.encoding
-    if media_type.startswith("text/"):
-        media_type = f"{media_type}; charset={encoding}"
-    body = response.content
-    headers.append((b"content-type", media_type.encode("latin-1")))
-    headers.append((b"content-length", str(len(body)).encode("latin-1")))
-    out = ASGIResponse.__new__(ASGIResponse)
-    out._encoded_cookies = ()
-    out.background = None
-    out.body = body
-    out.content_length = len(body)
-    out.encoding = encoding
-    out.headers = MutableScopeHeaders({"headers": headers})
-    out.is_head_response = False
-    out.status_code = response.status_code or 200  # never None here: see _plain
+        out.append((low.encode("latin-1"), value.encode("latin-1")))
+    media = str(get_enum_string_value(media_type or MediaType.JSON))
+    if media.startswith("text/"):
+        media = f"{media}; charset={encoding}"
+    out.append((b"content-type", media.encode("latin-1")))
+    if content_length is not None:
+        out.append((b"content-length", str(content_length).encode("latin-1")))
     return out
+
+
+def _fill(
+    response: ASGIResponse,
+    headers: list[tuple[bytes, bytes]],
+    status: int,
+    encoding: str,
+    body: bytes,
+    content_length: int,
+) -> None:
+    """Set the slots of ``ASGI_RESPONSE_SLOTS`` but ``background``."""
+    response._encoded_cookies = ()
+    response.body = body
+    response.content_length = content_length
+    response.encoding = encoding
+    response.headers = MutableScopeHeaders({"headers": headers})
+    response.is_head_response = False
+    response.status_code = status
 
 
 # -- aiohttp: a request's body leaves at once on Python 3.11 -----------------------------

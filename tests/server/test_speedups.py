@@ -467,3 +467,41 @@ def test_an_encoded_response_skips_litestars_header_building(
     ours = speedups.EncodedResponse(b"{}", status_code=200, headers={"a": "b"})
     built = ours.to_asgi_response(None, request, headers={}, cookies=[], status_code=201)
     assert built.status_code == 200 and built.body == b"{}"
+
+
+@pytest.mark.parametrize("route_media_type", [None, "application/json"])
+@pytest.mark.parametrize(
+    "headers", [{"cache-control": "no-store", "X-Accel-Buffering": "no"}, {"content-type": "x/y"}]
+)
+def test_a_relay_stream_starts_as_litestars_stream_would(
+    route_media_type: str | None, headers: dict[str, str]
+) -> None:
+    from collections.abc import AsyncIterator
+
+    from litestar.background_tasks import BackgroundTask
+
+    async def events() -> AsyncIterator[bytes]:
+        yield b"data: {}\n\n"
+
+    async def done() -> None:
+        pass
+
+    request: Any = None
+    layers: dict[str, Any] = {"headers": {}, "cookies": [], "media_type": route_media_type}
+    built = []
+    for cls in (speedups.RelayStream, Stream):
+        stream = cls(
+            events(),
+            status_code=200,
+            media_type="text/event-stream",
+            headers=headers,
+            background=BackgroundTask(done),
+        )
+        built.append(stream.to_asgi_response(None, request, **layers))
+    ours, theirs = built
+    assert type(ours) is speedups._RelayResponse
+    assert ours.encode_headers() == theirs.encode_headers()
+    assert (ours.status_code, ours.body, ours.is_head_response) == (200, b"", False)
+    assert isinstance(ours.background, BackgroundTask)
+    for name in ("content_length", "encoding"):
+        assert getattr(ours, name) == getattr(theirs, name)
