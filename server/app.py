@@ -23,7 +23,7 @@ from semcache.policy import PolicyHolder
 from semcache.semantic.encoder import load_encoder
 from semcache.semantic.service import SemanticService
 from server.apidoc.document import docs_router, openapi_config
-from server.auth import TokenAuth
+from server.auth import TokenAuth, policy_admin_token
 from server.config import GatewayConfig
 from server.dashboard.formats import template_config
 from server.dashboard.routes import DashboardState, dashboard_router
@@ -123,7 +123,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
     batches = BatchesServing(stores.batches, stores.files, registry, config.batch)
     openai_items = OpenAIItemRunner(serving, batches.stop_reason)
     serving.responses.owners = ResponseOwners(openai_dir / "responses")
-    auth = TokenAuth(config.auth, admin_token=lambda: policy.current.admin.resolve_token())
+    auth = TokenAuth(config.auth, admin_token=policy_admin_token(policy))
     request_log = (
         RequestLog(config.request_log, config.data_path()) if config.request_log.enabled else None
     )

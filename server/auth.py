@@ -43,6 +43,7 @@ from typing import Literal
 
 import msgspec
 
+from semcache.policy import Policy, PolicyHolder
 from server.errors import ApiError
 from server.tenancy.limits import LimitSettings
 
@@ -142,6 +143,21 @@ def tenant_from(headers: Mapping[str, str]) -> str:
     return "key:" + hashlib.blake2b(token.encode(), digest_size=8).hexdigest()
 
 
+def policy_admin_token(policy: PolicyHolder) -> Callable[[], str | None]:
+    """The policy's ``[admin]`` token (its environment variable first), resolved once per
+    policy snapshot: at the first request, then again after each policy reload."""
+    seen: tuple[Policy, str | None] | None = None
+
+    def token() -> str | None:
+        nonlocal seen
+        current = policy.current
+        if seen is None or seen[0] is not current:
+            seen = (current, current.admin.resolve_token())
+        return seen[1]
+
+    return token
+
+
 def _unauthorized(message: str) -> ApiError:
     return ApiError(
         401,
@@ -178,7 +194,7 @@ class TokenAuth:
 
     @property
     def admin_token(self) -> str | None:
-        """The policy's admin token, read now (a policy reload may change it)."""
+        """The policy's admin token now (a policy reload may change it)."""
         return self._admin_token() if self._admin_token is not None else None
 
     @property

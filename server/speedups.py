@@ -3,7 +3,8 @@
 - uvicorn (httptools protocol): a response's head waits for its first body bytes, so that
   both go out in one write (``GatewayHttpProtocol``, ``HeadWithBody``).
 - Litestar: a streamed response sent from the request's own task, without Litestar's task
-  group and cancel scope (``RelayStream``, ``_RelayResponse``).
+  group and cancel scope (``RelayStream``, ``_RelayResponse``); a complete body's headers
+  encoded once, straight into the ASGI message (``EncodedResponse``).
 - aiohttp: on Python 3.11, a request's body writer starts at once, as aiohttp does itself
   on 3.12+ (``write_bodies_eagerly``, installed on the loop by the app's lifespan).
 
@@ -17,13 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Coroutine
+from collections.abc import AsyncIterable, Coroutine, Mapping
 from typing import Any, Final
 
+from litestar import Response
+from litestar.datastructures import MutableScopeHeaders
+from litestar.enums import MediaType
 from litestar.response import Stream
 from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Receive, Send
+from litestar.utils.helpers import get_enum_string_value
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 CHECKED: Final = {"uvicorn": "0.54.0", "litestar": "2.25.0", "aiohttp": "3.14.5"}
@@ -144,12 +149,123 @@ class _RelayResponse(ASGIStreamingResponse):
 
 
 class RelayStream(Stream):
-    """A ``Stream`` sent by ``_RelayResponse``."""
+    """A ``Stream`` sent by ``_RelayResponse``; its headers encoded as ``EncodedResponse``
+    encodes them, when Litestar would add nothing of its own but the content type."""
 
-    def to_asgi_response(self, *args: Any, **kwargs: Any) -> ASGIResponse:
-        response = super().to_asgi_response(*args, **kwargs)
+    def to_asgi_response(self, app: Any, request: Any, **kwargs: Any) -> ASGIResponse:
+        if (
+            app is None
+            and not any(kwargs.get(k) for k in _LAYERED if k != "background")
+            and not self.cookies
+            and self.status_code is not None
+            and isinstance(self.iterator, AsyncIterable)
+        ):
+            media_type = kwargs.get("media_type") or self.media_type  # Stream's precedence
+            headers = _encoded_headers(self.headers, media_type, self.encoding, None)
+            if headers is not None:
+                relay = _RelayResponse.__new__(_RelayResponse)
+                _fill(relay, headers, self.status_code, self.encoding, b"", 0)
+                relay.background = self.background or kwargs.get("background")
+                relay.iterator = self.iterator
+                return relay
+        response = super().to_asgi_response(app, request, **kwargs)
         response.__class__ = _RelayResponse  # same slots: only send_body differs
         return response
+
+
+ASGI_RESPONSE_SLOTS: Final = (
+    "_encoded_cookies",
+    "background",
+    "body",
+    "content_length",
+    "encoding",
+    "headers",
+    "is_head_response",
+    "status_code",
+)
+"""What ``_encoded`` fills of an ``ASGIResponse`` (its ``__slots__`` in Litestar 2.25)."""
+
+_OWN_HEADERS: Final = frozenset({"content-type", "content-length"})
+
+
+class EncodedResponse(Response[bytes]):
+    """A ``Response`` of complete bytes whose ASGI response is built without Litestar's
+    ``MutableScopeHeaders``: each header is encoded once, as Litestar encodes it (the name
+    lower-cased, both latin-1), then ``content-type`` and ``content-length`` as Litestar adds
+    them. Anything this does not cover (cookies, background tasks, headers or cookies from
+    the route's layers, a HEAD request, a status without a body, a content type set by hand)
+    is left to Litestar."""
+
+    def to_asgi_response(self, app: Any, request: Any, **kwargs: Any) -> ASGIResponse:
+        if app is None and not any(kwargs.get(k) for k in _LAYERED) and self._plain():
+            response = _encoded(self, kwargs.get("media_type"))
+            if response is not None:
+                return response
+        return super().to_asgi_response(app, request, **kwargs)
+
+    def _plain(self) -> bool:
+        status = self.status_code
+        return (
+            status is not None
+            and isinstance(self.content, bytes)
+            and not self.cookies
+            and self.background is None
+            and status >= 200
+            and status not in (204, 304)
+        )
+
+
+_LAYERED: Final = ("background", "cookies", "encoded_headers", "headers", "is_head_response")
+
+
+def _encoded(response: EncodedResponse, media_type: Any) -> ASGIResponse | None:
+    body = response.content
+    media_type = response.media_type or media_type  # Response's precedence
+    headers = _encoded_headers(response.headers, media_type, response.encoding, len(body))
+    if headers is None:
+        return None
+    out = ASGIResponse.__new__(ASGIResponse)
+    _fill(out, headers, response.status_code or 200, response.encoding, body, len(body))
+    out.background = None
+    return out
+
+
+def _encoded_headers(
+    headers: Mapping[str, str], media_type: Any, encoding: str, content_length: int | None
+) -> list[tuple[bytes, bytes]] | None:
+    """``headers`` as Litestar's ``ASGIResponse`` encodes them, then the content type and
+    length it adds; ``None`` when ``headers`` set either itself (left to Litestar)."""
+    out: list[tuple[bytes, bytes]] = []
+    for name, value in headers.items():
+        low = name.lower()
+        if low in _OWN_HEADERS:
+            return None
+        out.append((low.encode("latin-1"), value.encode("latin-1")))
+    media = str(get_enum_string_value(media_type or MediaType.JSON))
+    if media.startswith("text/"):
+        media = f"{media}; charset={encoding}"
+    out.append((b"content-type", media.encode("latin-1")))
+    if content_length is not None:
+        out.append((b"content-length", str(content_length).encode("latin-1")))
+    return out
+
+
+def _fill(
+    response: ASGIResponse,
+    headers: list[tuple[bytes, bytes]],
+    status: int,
+    encoding: str,
+    body: bytes,
+    content_length: int,
+) -> None:
+    """Set the slots of ``ASGI_RESPONSE_SLOTS`` but ``background``."""
+    response._encoded_cookies = ()
+    response.body = body
+    response.content_length = content_length
+    response.encoding = encoding
+    response.headers = MutableScopeHeaders({"headers": headers})
+    response.is_head_response = False
+    response.status_code = status
 
 
 # -- aiohttp: a request's body leaves at once on Python 3.11 -----------------------------

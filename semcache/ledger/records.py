@@ -7,6 +7,7 @@ the mutable sum the ledgers keep in memory between two writes.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -91,12 +92,22 @@ class Spend(msgspec.Struct, frozen=True):
 
 def utc_day(t: float) -> str:
     """The UTC day of a Unix time, ``YYYY-MM-DD``."""
-    return time.strftime("%Y-%m-%d", time.gmtime(t))
+    return _day_of(int(t // _DAY_S))
 
 
 def utc_month(t: float) -> str:
     """The UTC month of a Unix time, ``YYYY-MM``."""
-    return time.strftime("%Y-%m", time.gmtime(t))
+    return _day_of(int(t // _DAY_S))[:7]
+
+
+_DAY_S = 86_400
+"""Unix time counts every UTC day as this many seconds (no leap seconds)."""
+
+
+@functools.lru_cache(maxsize=8)
+def _day_of(day: int) -> str:
+    """Day number ``day`` since the epoch, formatted (every request asks for today's)."""
+    return time.strftime("%Y-%m-%d", time.gmtime(day * _DAY_S))
 
 
 class Counts:

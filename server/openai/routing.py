@@ -14,7 +14,7 @@ from server.caching import NO_STORE, not_modified
 from server.errors import ApiError
 from server.openai.reply import Reply, aclose_stream
 from server.openai.serving import OpenAIServing
-from server.speedups import RelayStream
+from server.speedups import EncodedResponse, RelayStream
 from server.tenancy.record import RequestRecord, record_of
 
 
@@ -89,6 +89,6 @@ def respond(
             # answer out of the cache) would otherwise run only at garbage collection.
             background=BackgroundTask(aclose_stream, reply.stream),
         )
-    return Response(
+    return EncodedResponse(
         reply.body, status_code=reply.status, media_type=reply.media_type, headers=headers
     )

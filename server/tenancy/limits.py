@@ -56,6 +56,18 @@ log = logging.getLogger("semcache.limits")
 T = TypeVar("T")
 
 _MINUTE = 60
+_MAX_REMEMBERED = 10_000
+_REQUESTS_HEADERS = (
+    b"x-ratelimit-limit-requests",
+    b"x-ratelimit-remaining-requests",
+    b"x-ratelimit-reset-requests",
+)
+_TOKENS_HEADERS = (
+    b"x-ratelimit-limit-tokens",
+    b"x-ratelimit-remaining-tokens",
+    b"x-ratelimit-reset-tokens",
+)
+"""Storage keys and window ends remembered at most (then forgotten at once, and read again)."""
 
 _FAILURES: tuple[type[BaseException], ...] = (StorageError, *OUTAGE_ERRORS)
 
@@ -291,6 +303,12 @@ class TenantLimiter:
         self.breaker = CircuitBreaker(f"rate-limit storage {storage_uri}", clock=clock)
         self._in_flight: dict[str, int] = {}
         self._items: dict[int, RateLimitItem] = {}
+        self._merged: dict[LimitSettings | None, LimitSettings] = {}
+        self._keys: dict[tuple[str, str, int], str] = {}
+        self._resets: dict[str, float] = {}
+        """When each window counted lately ends: its storage key's expiry, which the storage
+        sets only when an ``incr`` answers its own amount (a window opening, or a count back
+        from zero); otherwise it is read once per window."""
         self._no_ledger_logged = False
         self.unchecked = 0
         """Requests admitted without their rate windows counted (storage unreachable)."""
@@ -305,7 +323,7 @@ class TenantLimiter:
         background: bool = False,
     ) -> Admission:
         """Count one request of token ``key``; ApiError 429 (headers attached) when over."""
-        settings = self.defaults.merged(override)
+        settings = self.settings_of(override)
         admission = Admission(key, tenant, settings, estimated_tokens, background=background)
         if background:
             return admission
@@ -343,16 +361,31 @@ class TenantLimiter:
             if counted is not None:
                 admission.tokens_counted += delta
 
+    def settings_of(self, override: LimitSettings | None) -> LimitSettings:
+        """The defaults merged with a token's override (merged once per override)."""
+        merged = self._merged.get(override)
+        if merged is None:
+            merged = self._merged[override] = self.defaults.merged(override)
+        return merged
+
     def headers(self, admission: Admission) -> list[tuple[str, str]]:
         """OpenAI's ``x-ratelimit-*`` headers, for the windows this request's token has."""
-        out: list[tuple[str, str]] = []
+        return [(k.decode(), v.decode()) for k, v in self.encoded_headers(admission)]
+
+    def encoded_headers(self, admission: Admission) -> list[tuple[bytes, bytes]]:
+        """:meth:`headers` as an ASGI message carries them."""
+        out: list[tuple[bytes, bytes]] = []
         now = self.clock()
-        for name, window in (("requests", admission.requests), ("tokens", admission.tokens)):
+        for names, window in (
+            (_REQUESTS_HEADERS, admission.requests),
+            (_TOKENS_HEADERS, admission.tokens),
+        ):
             if window is None:
                 continue
-            out.append((f"x-ratelimit-limit-{name}", str(window.limit)))
-            out.append((f"x-ratelimit-remaining-{name}", str(max(0, window.remaining))))
-            out.append((f"x-ratelimit-reset-{name}", format_reset(window.reset_at - now)))
+            limit, remaining, reset = names
+            out.append((limit, str(window.limit).encode()))
+            out.append((remaining, str(max(0, window.remaining)).encode()))
+            out.append((reset, format_reset(window.reset_at - now).encode()))
         return out
 
     async def aclose(self) -> None:
@@ -367,7 +400,7 @@ class TenantLimiter:
 
     async def status(self, key: str, tenant: str, override: LimitSettings | None) -> TokenStatus:
         """What token ``key`` may still do now, without counting anything (the dashboard)."""
-        settings = self.defaults.merged(override)
+        settings = self.settings_of(override)
         admission = Admission(key, tenant, settings, 0)
         await self._peek(admission)
         status = TokenStatus(
@@ -415,7 +448,12 @@ class TenantLimiter:
 
     def _window(self, kind: str, key: str, per_minute: int) -> Window:
         """A window of token ``key``, not yet read (its storage key names the limit too)."""
-        storage_key = self._item(per_minute).key_for(kind, key)
+        storage_key = self._keys.get((kind, key, per_minute))
+        if storage_key is None:
+            if len(self._keys) >= _MAX_REMEMBERED:  # an open gateway: a token per bearer key
+                self._keys.clear()
+            storage_key = self._item(per_minute).key_for(kind, key)
+            self._keys[kind, key, per_minute] = storage_key
         return Window(per_minute, per_minute, 0.0, storage_key)
 
     def _release(self, admission: Admission) -> None:
@@ -449,6 +487,8 @@ class TenantLimiter:
     async def _add(self, window: Window, amount: int) -> int:
         """Add ``amount`` (negative: give back) to a window, never below zero."""
         count = await self.storage.incr(window.storage_key, _MINUTE, amount=amount)
+        if count == amount:
+            self._resets.pop(window.storage_key, None)  # the storage set a new expiry
         if count < 0:
             count = await self.storage.incr(window.storage_key, _MINUTE, amount=-count)
         return count
@@ -458,12 +498,26 @@ class TenantLimiter:
         ``incr``, whose answer is the count, so one round trip tells what remains); a refused
         hit is taken back at once."""
         count = await self.storage.incr(window.storage_key, _MINUTE, amount=cost)
+        # A refusal reads the expiry afresh: another gateway may have moved it.
+        fresh = count == cost
         allowed = count <= window.limit
         if not allowed:
             count = await self._add(window, -cost)
+            fresh = True
         window.remaining = window.limit - count
-        window.reset_at = await self.storage.get_expiry(window.storage_key)
+        window.reset_at = await self._reset_of(window.storage_key, fresh=fresh)
         return allowed
+
+    async def _reset_of(self, storage_key: str, *, fresh: bool) -> float:
+        """When the window at ``storage_key`` ends: read from the storage when ``fresh`` (its
+        expiry may have been set just now) or not known, else remembered."""
+        reset = self._resets.get(storage_key)
+        if fresh or reset is None or reset <= self.clock():
+            reset = await self.storage.get_expiry(storage_key)
+            if len(self._resets) >= _MAX_REMEMBERED:
+                self._resets.clear()
+            self._resets[storage_key] = reset
+        return reset
 
     async def _count(self, admission: Admission) -> None:
         settings = admission.settings

@@ -142,7 +142,7 @@ class Tenancy:
         assert self.limiter is not None
         principal = record.principal
         estimate = 0
-        if self.limiter.defaults.merged(principal.limits).tokens_per_minute is not None:
+        if self.limiter.settings_of(principal.limits).tokens_per_minute is not None:
             body, receive = await read_ahead(receive, self.max_body_bytes)
             estimate = estimate_tokens(body)
         admission = await self.limiter.admit(
@@ -246,7 +246,7 @@ class TenancyMiddleware:
                 record.latency_s = time.perf_counter() - record.started
                 tenancy.finish(record)
                 raise
-            extra = [(k.encode(), v.encode()) for k, v in tenancy.limiter.headers(admission)]
+            extra = tenancy.limiter.encoded_headers(admission)
         capture = tenancy.body_capture()
         if capture is not None:
             receive = capture.receiving(receive)

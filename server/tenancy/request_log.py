@@ -1,19 +1,22 @@
 """The request log: one JSON line per request, to a rotating file and/or stdout.
 
-Lines are handed, as dicts, to a ``logging.handlers.QueueListener`` thread that encodes and
-writes them, so the request path never waits for the disk or the JSON encoder; the last
-``keep`` lines also stay in memory for ``GET /admin/logs``.
+Lines are gathered for at most ``FLUSH_S`` and handed, a batch of dicts at a time, to a
+``logging.handlers.QueueListener`` thread that encodes and writes them, so the request path
+never waits for the disk or the JSON encoder, and the writer wakes (and writes) once per
+batch, not once per request; the last ``keep`` lines also stay in memory for
+``GET /admin/logs`` at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import logging.handlers
 import queue
 import sys
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 import orjson
@@ -21,6 +24,11 @@ import orjson
 from semcache.config_types import NonNegInt, PosInt
 
 log = logging.getLogger("semcache.request_log")
+
+FLUSH_S: Final = 0.05
+"""A line waits at most this long for the writer thread."""
+FLUSH_LINES: Final = 1024
+"""A batch this long goes to the writer at once."""
 
 
 class RequestLogSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -62,6 +70,8 @@ class RequestLog:
         self._listener = _LineWriter(self._queue, *handlers)
         self._writes = bool(handlers)
         self._started = False
+        self._pending: list[dict[str, Any]] = []
+        self._timer: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
         if self._writes and not self._started:
@@ -70,12 +80,31 @@ class RequestLog:
 
     def write(self, line: dict[str, Any]) -> None:
         self.recent.append(line)
-        if self._started:
-            self._queue.put(line)
+        if not self._started:
+            return
+        self._pending.append(line)
+        if len(self._pending) >= FLUSH_LINES:
+            self._flush()
+        elif self._timer is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no event loop: nothing would flush later
+                self._flush()
+                return
+            self._timer = loop.call_later(FLUSH_S, self._flush)
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._pending:
+            batch, self._pending = self._pending, []
+            self._queue.put(batch)
 
     def stop(self) -> None:
         """Writes every queued line, then stops the writer thread."""
         if self._started:
+            self._flush()
             self._listener.stop()
             self._started = False
 
@@ -106,10 +135,10 @@ class RequestLog:
 
 
 class _LineWriter(logging.handlers.QueueListener):
-    """Writes queued lines (dicts) as JSON, in its own thread."""
+    """Writes queued batches of lines (dicts) as JSON, one line each, in its own thread."""
 
     def prepare(self, record: Any) -> logging.LogRecord:
-        text = orjson.dumps(record).decode()
+        text = b"\n".join(map(orjson.dumps, record)).decode()
         return logging.makeLogRecord({"msg": text, "levelno": logging.INFO})
 
 

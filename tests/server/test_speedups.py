@@ -77,6 +77,65 @@ def test_litestar_streams_still_send_their_body_through_a_swappable_class() -> N
     assert "self.send_body(send=send, receive=receive)" in inspect.getsource(ASGIResponse.__call__)
 
 
+def test_litestar_responses_still_have_the_slots_encoded_responses_fill() -> None:
+    # _encoded builds an ASGIResponse by hand: every slot, nothing else.
+    assert ASGIResponse.__slots__ == speedups.ASGI_RESPONSE_SLOTS
+    assert "self.encode_headers()" in inspect.getsource(ASGIResponse.start_response)
+    assert "self.headers.headers" in inspect.getsource(ASGIResponse.encode_headers)
+
+
+async def asgi_messages(response: ASGIResponse) -> list[dict[str, Any]]:
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async def receive() -> Any:
+        return {"type": "http.disconnect"}
+
+    await response({"type": "http"}, receive, send)  # type: ignore[arg-type]
+    return sent
+
+
+@pytest.mark.parametrize(
+    ("status", "media_type", "headers"),
+    [
+        (200, "application/json", {"cache-control": "no-store", "X-Request-Id": "r1", "age": "3"}),
+        (429, "application/json", {"retry-after": "1"}),
+        (200, "text/plain", {"etag": '"é"'}),
+        (200, "application/json", {"Content-Type": "application/x-ndjson"}),  # left to Litestar
+        (304, "application/json", {"etag": '"x"'}),  # left to Litestar
+    ],
+)
+async def test_an_encoded_response_sends_what_litestar_would(
+    status: int, media_type: str, headers: dict[str, str]
+) -> None:
+    from litestar import Response
+
+    body = b"" if status == 304 else b'{"a":1}'
+    request: Any = None
+    ours = speedups.EncodedResponse(
+        body, status_code=status, media_type=media_type, headers=headers
+    )
+    theirs = Response(body, status_code=status, media_type=media_type, headers=headers)
+    layers: dict[str, Any] = {"headers": {}, "cookies": [], "status_code": 201}
+    mine = await asgi_messages(ours.to_asgi_response(None, request, **layers))
+    expected = await asgi_messages(theirs.to_asgi_response(None, request, **layers))
+    assert mine == expected
+
+
+async def test_an_encoded_response_leaves_the_routes_layered_headers_to_litestar() -> None:
+    from litestar import Response
+
+    request: Any = None
+    layers: dict[str, Any] = {"headers": {"x-layer": "1"}, "cookies": []}
+    ours = speedups.EncodedResponse(b"{}", status_code=200, headers={"a": "b"})
+    theirs = Response(b"{}", status_code=200, headers={"a": "b"})
+    mine = await asgi_messages(ours.to_asgi_response(None, request, **layers))
+    assert mine == await asgi_messages(theirs.to_asgi_response(None, request, **layers))
+    assert (b"x-layer", b"1") in mine[0]["headers"]
+
+
 def test_aiohttp_still_writes_bodies_from_the_coroutine_the_factory_watches() -> None:
     request = aiohttp.client_reqrep.ClientRequest
     owner, _, method = speedups.BODY_WRITER.partition(".")
@@ -395,3 +454,54 @@ async def test_a_request_leaves_before_the_work_queued_behind_it(eager: bool) ->
         await http.aclose()
         loop.set_task_factory(before)
         server.close()
+
+
+def test_an_encoded_response_skips_litestars_header_building(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("ASGIResponse.__init__ ran: the fast path no longer applies")
+
+    monkeypatch.setattr(ASGIResponse, "__init__", refuse)
+    request: Any = None
+    ours = speedups.EncodedResponse(b"{}", status_code=200, headers={"a": "b"})
+    built = ours.to_asgi_response(None, request, headers={}, cookies=[], status_code=201)
+    assert built.status_code == 200 and built.body == b"{}"
+
+
+@pytest.mark.parametrize("route_media_type", [None, "application/json"])
+@pytest.mark.parametrize(
+    "headers", [{"cache-control": "no-store", "X-Accel-Buffering": "no"}, {"content-type": "x/y"}]
+)
+def test_a_relay_stream_starts_as_litestars_stream_would(
+    route_media_type: str | None, headers: dict[str, str]
+) -> None:
+    from collections.abc import AsyncIterator
+
+    from litestar.background_tasks import BackgroundTask
+
+    async def events() -> AsyncIterator[bytes]:
+        yield b"data: {}\n\n"
+
+    async def done() -> None:
+        pass
+
+    request: Any = None
+    layers: dict[str, Any] = {"headers": {}, "cookies": [], "media_type": route_media_type}
+    built = []
+    for cls in (speedups.RelayStream, Stream):
+        stream = cls(
+            events(),
+            status_code=200,
+            media_type="text/event-stream",
+            headers=headers,
+            background=BackgroundTask(done),
+        )
+        built.append(stream.to_asgi_response(None, request, **layers))
+    ours, theirs = built
+    assert type(ours) is speedups._RelayResponse
+    assert ours.encode_headers() == theirs.encode_headers()
+    assert (ours.status_code, ours.body, ours.is_head_response) == (200, b"", False)
+    assert isinstance(ours.background, BackgroundTask)
+    for name in ("content_length", "encoding"):
+        assert getattr(ours, name) == getattr(theirs, name)

@@ -360,3 +360,21 @@ async def test_background_items_are_never_refused_and_take_no_live_capacity(
     for item in items:
         await lim.settle(item, 500, 500, cache_hit=False)
     await lim.aclose()
+
+
+async def test_each_windows_end_is_the_storages_even_when_the_storage_moves_it(
+    clock: Clock,
+) -> None:
+    # The limiter remembers a window's end; the memory storage (as Redis's script) sets a new
+    # expiry whenever a count comes back from zero: a cache hit gives back its whole estimate.
+    lim = limiter(clock, requests_per_minute=1000, tokens_per_minute=10_000)
+    for _ in range(4):
+        admission = await lim.admit("tok", "acme", None, 50)
+        for window in (admission.requests, admission.tokens):
+            assert window is not None
+            assert window.reset_at == await lim.storage.get_expiry(window.storage_key)
+        await lim.settle(admission, 0, 0, cache_hit=True)
+        clock.advance(7)
+    assert dict(lim.headers(admission))["x-ratelimit-reset-requests"] == "32s"  # 60 - 4 * 7
+    assert dict(lim.headers(admission))["x-ratelimit-reset-tokens"] == "53s"  # reopened 7 s ago
+    await lim.aclose()
