@@ -81,20 +81,29 @@ class Outcome(msgspec.Struct, kw_only=True):
         return self.explores / self.requests if self.requests else 0.0
 
 
+def _shuffled_components(
+    pairs: Sequence[Pair], rng: random.Random
+) -> tuple[dict[str, str], dict[str, list[str]], list[str]]:
+    """The duplicate clusters (text → root), the texts of each component of the pairs (any
+    label) by root, and those roots in a seeded order."""
+    everything = _components(pairs, lambda p: True)
+    duplicates = _components(pairs, lambda p: p.label == 1)
+    groups: dict[str, list[str]] = {}
+    for text, root in everything.items():
+        groups.setdefault(root, []).append(text)
+    roots = sorted(groups)
+    rng.shuffle(roots)
+    return duplicates, groups, roots
+
+
 def build_stream(pairs: Sequence[Pair], *, limit: int | None, seed: int) -> Stream:
     """The questions of the pairs in a seeded random order, with their clusters.
 
     With ``limit``, whole components of the pairs (any label) are drawn until ``limit``
     questions are reached, so duplicates and hard negatives stay together.
     """
-    everything = _components(pairs, lambda p: True)
-    duplicates = _components(pairs, lambda p: p.label == 1)
     rng = random.Random(seed)
-    groups: dict[str, list[str]] = {}
-    for text, root in everything.items():
-        groups.setdefault(root, []).append(text)
-    roots = sorted(groups)
-    rng.shuffle(roots)
+    duplicates, groups, roots = _shuffled_components(pairs, rng)
     texts: list[str] = []
     for root in roots:
         if limit is not None and len(texts) >= limit:
@@ -140,14 +149,8 @@ def build_repeated_stream(
     Clusters are taken whole components of the pairs (any label) at a time, so hard
     negatives of a popular question are asked too.
     """
-    everything = _components(pairs, lambda p: True)
-    duplicates = _components(pairs, lambda p: p.label == 1)
     rng = random.Random(seed)
-    groups: dict[str, list[str]] = {}
-    for text, root in everything.items():
-        groups.setdefault(root, []).append(text)
-    roots = sorted(groups)
-    rng.shuffle(roots)
+    duplicates, groups, roots = _shuffled_components(pairs, rng)
     members: dict[str, list[str]] = {}
     for root in roots:
         if len(members) >= clusters:

@@ -3,7 +3,7 @@
 Every page is a Jinja template rendered from the same dict its JSON endpoint
 (``/dashboard/api/<page>``) returns; ``static/dashboard.js`` re-fetches the page's data
 section and its charts' columns every few seconds. Every page and endpoint needs the admin
-token (``server.routes.admin._authorize``): sent as ``Authorization: Bearer``, or kept by the
+token (``server.routes.admin.require_admin``): sent as ``Authorization: Bearer``, or kept by the
 browser in an HttpOnly, SameSite=Strict cookie set by the login form.
 """
 
@@ -29,7 +29,7 @@ from server.dashboard import figures as fig
 from server.dashboard.series import WINDOWS, CounterSeries
 from server.errors import ApiError
 from server.openai.routing import parse_body
-from server.routes.admin import PurgeRequest, _authorize, purge_caches
+from server.routes.admin import PurgeRequest, purge_caches, require_admin
 from server.tenancy.middleware import Tenancy
 
 PAGES = ("overview", "tenants", "backends", "cache", "batches", "requests")
@@ -314,7 +314,7 @@ async def login(request: Request[Any, Any, Any]) -> Redirect:
 async def page(request: Request[Any, Any, Any]) -> Template:
     page = str(request.path_params["page"])
     try:
-        _authorize(request)
+        require_admin(request)
     except ApiError as err:
         return _refused(request, err)
     if page not in DATA:
@@ -336,7 +336,7 @@ async def page(request: Request[Any, Any, Any]) -> Template:
 
 @get("/api/{page:str}")
 async def page_data(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    _authorize(request)
+    require_admin(request)
     page = str(request.path_params["page"])
     if page not in DATA:
         raise ApiError(404, f"No dashboard endpoint `{page}`.")
@@ -346,7 +346,7 @@ async def page_data(request: Request[Any, Any, Any]) -> dict[str, Any]:
 @get("/api/series/{window:str}")
 async def series(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """The overview's charts: one column per figure, one row per step of the window."""
-    _authorize(request)
+    require_admin(request)
     window = str(request.path_params["window"])
     if window not in WINDOWS:
         raise ApiError(400, f"`window` is one of {', '.join(WINDOWS)}.", param="window")
@@ -361,7 +361,7 @@ async def series(request: Request[Any, Any, Any]) -> dict[str, Any]:
 async def purge(request: Request[Any, Any, Any]) -> Response[bytes]:
     """The cache page's purge form (the admin API's purge; a custom header keeps out forms
     posted from other sites)."""
-    _authorize(request)
+    require_admin(request)
     if request.headers.get("x-semcache-dashboard") != "1":
         raise ApiError(403, "Purges from the dashboard need `x-semcache-dashboard: 1`.")
     req = msgspec.convert(parse_body(await request.body()), PurgeRequest)

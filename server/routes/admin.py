@@ -52,7 +52,7 @@ def semantic_purge_predicate(kind: str, target: str) -> Callable[[PartitionKey],
             return lambda _key: False
 
 
-def _authorize(request: Request[Any, Any, Any]) -> None:
+def require_admin(request: Request[Any, Any, Any]) -> None:
     """The request's principal has the admin role: the one the tenancy middleware resolved,
     or on a route that authenticates itself (``auth="self"``: the dashboard, whose login
     cookie a router middleware turns into a bearer token), the same ``TokenAuth``'s."""
@@ -84,7 +84,7 @@ def _authorize(request: Request[Any, Any, Any]) -> None:
 )
 async def purge(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Purge by key (digest or short id), model, tenant, scope, tag, or all."""
-    _authorize(request)
+    require_admin(request)
     req = msgspec.convert(parse_body(await request.body()), PurgeRequest)
     if req.kind != "all" and not req.target:
         raise ApiError(400, f"Purge by {req.kind} needs a `target`.", param="target")
@@ -125,7 +125,7 @@ async def purge_caches(serving: OpenAIServing, req: PurgeRequest) -> PurgeResult
     ),
 )
 async def reload_policy(request: Request[Any, Any, Any]) -> Response[bytes]:
-    _authorize(request)
+    require_admin(request)
     policy: PolicyHolder = request.app.state.policy
     error = policy.reload()
     if error is not None:
@@ -169,7 +169,7 @@ LOG_PAGE = {
 )
 async def logs(request: Request[Any, Any, Any]) -> Response[bytes]:
     """The request log's newest lines, filtered by tenant, status, model and time."""
-    _authorize(request)
+    require_admin(request)
     query = msgspec.convert(dict(request.query_params), LogQuery, strict=False)
     tenancy: Tenancy = request.app.state.tenancy
     if tenancy.request_log is None:

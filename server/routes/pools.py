@@ -24,7 +24,7 @@ from backends.vllm import VllmClient
 from server.apidoc.operation import Answer, Field, RouteDoc, documented
 from server.errors import ApiError
 from server.openai.routing import parse_body
-from server.routes.admin import ADMIN_ERRORS, _authorize
+from server.routes.admin import ADMIN_ERRORS, require_admin
 
 ROLES: tuple[ServerRole, ...] = ("both", "prefill", "decode")
 ServerStateName = Literal["serving", "ejected", "draining"]
@@ -122,7 +122,7 @@ def _json(value: msgspec.Struct) -> Response[bytes]:
     ),
 )
 async def list_pools(request: Request[Any, Any, Any]) -> Response[bytes]:
-    _authorize(request)
+    require_admin(request)
     registry: ModelRegistry = request.app.state.registry
     views = [
         pool_view(pool)
@@ -154,7 +154,7 @@ async def list_pools(request: Request[Any, Any, Any]) -> Response[bytes]:
 async def add_server(
     request: Request[Any, Any, Any], backend: FromPath[str], role: FromPath[str]
 ) -> Response[bytes]:
-    _authorize(request)
+    require_admin(request)
     client, pool = _client(request, backend, role)
     req = msgspec.convert(parse_body(await request.body()), AddServer)
     parts = urlsplit(req.url)
@@ -201,7 +201,7 @@ async def add_server(
 async def drain_server(
     request: Request[Any, Any, Any], backend: FromPath[str], role: FromPath[str]
 ) -> Response[bytes]:
-    _authorize(request)
+    require_admin(request)
     client, pool = _client(request, backend, role)
     query = msgspec.convert(dict(request.query_params), DrainQuery, strict=False)
     try:

@@ -23,6 +23,33 @@ class FileObject(msgspec.Struct, kw_only=True):
     status: Literal["uploaded", "processed", "error"] = "processed"
     status_details: str | None = None
 
+    @classmethod
+    def stored(
+        cls,
+        tenant: str,
+        filename: str,
+        purpose: Purpose,
+        size: int,
+        *,
+        now: float,
+        retention_s: float,
+        file_id: str,
+    ) -> FileObject:
+        """A file stored at ``now`` and kept ``retention_s`` (every store writes these)."""
+        return cls(
+            id=file_id,
+            bytes=size,
+            created_at=int(now),
+            filename=filename,
+            purpose=purpose,
+            tenant=tenant,
+            expires_at=int(now + retention_s),
+        )
+
+    def live(self, now: float) -> bool:
+        """Not expired at ``now``."""
+        return self.expires_at is None or self.expires_at > now
+
 
 class FileDeleted(msgspec.Struct, kw_only=True):
     id: str

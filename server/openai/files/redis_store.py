@@ -56,8 +56,7 @@ class RedisFileStore:
             obj = _decoder.decode(raw)
         except msgspec.DecodeError:
             return None
-        live = obj.expires_at is None or obj.expires_at > self._clock()
-        return obj if obj.tenant == tenant and live else None
+        return obj if obj.tenant == tenant and obj.live(self._clock()) else None
 
     # -- writes ------------------------------------------------------------------------
 
@@ -71,14 +70,14 @@ class RedisFileStore:
         file_id: str | None = None,
     ) -> FileObject:
         now = self._clock()
-        obj = FileObject(
-            id=file_id or new_id("file-"),
-            bytes=len(data),
-            created_at=int(now),
-            filename=filename,
-            purpose=purpose,
-            tenant=tenant,
-            expires_at=int(now + self.retention_s),
+        obj = FileObject.stored(
+            tenant,
+            filename,
+            purpose,
+            len(data),
+            now=now,
+            retention_s=self.retention_s,
+            file_id=file_id or new_id("file-"),
         )
         key, index = self._key(tenant, obj.id), self._index(tenant)
         async with self.client.pipeline(transaction=True) as pipe:

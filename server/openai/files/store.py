@@ -79,7 +79,7 @@ class DiskFileStore:
         return folder / f"{file_id}.json", folder / f"{file_id}.data"
 
     def _live(self, obj: FileObject) -> bool:
-        return obj.expires_at is None or obj.expires_at > self._clock()
+        return obj.live(self._clock())
 
     # -- writes ------------------------------------------------------------------------
 
@@ -95,14 +95,14 @@ class DiskFileStore:
         """Store ``data``; a given ``file_id`` is overwritten (batch outputs are rewritten
         whole when a finalization runs again)."""
         now = self._clock()
-        obj = FileObject(
-            id=file_id or new_id("file-"),
-            bytes=len(data),
-            created_at=int(now),
-            filename=filename,
-            purpose=purpose,
-            tenant=tenant,
-            expires_at=int(now + self.retention_s),
+        obj = FileObject.stored(
+            tenant,
+            filename,
+            purpose,
+            len(data),
+            now=now,
+            retention_s=self.retention_s,
+            file_id=file_id or new_id("file-"),
         )
         meta, content = self._paths(tenant, obj.id)
 
