@@ -127,31 +127,38 @@ async def test_the_launched_servers_carry_the_configured_lease(
 async def test_a_read_after_the_lease_is_a_silent_wrong_answer_in_vllm(
     pd_pair: tuple[VllmBackend, dict[str, VllmProcess]],
 ) -> None:
-    """The hazard the gateway guards against, shown on vLLM alone (no gateway)."""
+    """The hazard the gateway guards against, shown on vLLM alone (no gateway). Whether the
+    freed blocks are overwritten before the late read is up to vLLM's allocator, so the
+    demonstration gets up to three tries; every late read must still be a 200."""
     _, processes = pd_pair
     prefill, decode = processes["prefill"].url, processes["decode"].url
-    prompt = text(uuid.uuid4().hex)
+    expired = await metric_value(prefill, "vllm:nixl_num_kv_expired_reqs_total")
+    wrong = 0
     async with httpx.AsyncClient(timeout=TIMEOUT_S) as client:
-        greedy = await answer(client, decode, completion(prompt, cache_salt="reference"))
-        expired = await metric_value(prefill, "vllm:nixl_num_kv_expired_reqs_total")
-        handed = await client.post(
-            f"{prefill}/v1/completions",
-            json=completion(
-                prompt,
-                max_tokens=1,
-                cache_salt="raw",
-                kv_transfer_params={"do_remote_decode": True},
-            ),
-        )
-        params = handed.json()["kv_transfer_params"]
-        await asyncio.sleep(LEASE_S + 1)
-        await reuse_prefill_blocks(client, prefill)
-        late = await client.post(
-            f"{decode}/v1/completions",
-            json=completion(prompt, cache_salt="raw", kv_transfer_params=params),
-        )
-    assert late.status_code == 200
-    assert late.json()["choices"][0]["text"] != greedy
+        for _ in range(3):
+            prompt = text(uuid.uuid4().hex)
+            greedy = await answer(client, decode, completion(prompt, cache_salt="reference"))
+            handed = await client.post(
+                f"{prefill}/v1/completions",
+                json=completion(
+                    prompt,
+                    max_tokens=1,
+                    cache_salt="raw",
+                    kv_transfer_params={"do_remote_decode": True},
+                ),
+            )
+            params = handed.json()["kv_transfer_params"]
+            await asyncio.sleep(LEASE_S + 1)
+            await reuse_prefill_blocks(client, prefill)
+            late = await client.post(
+                f"{decode}/v1/completions",
+                json=completion(prompt, cache_salt="raw", kv_transfer_params=params),
+            )
+            assert late.status_code == 200, late.text
+            if late.json()["choices"][0]["text"] != greedy:
+                wrong += 1
+                break
+    assert wrong == 1, "no late read came back wrong in three tries"
     assert await grows(prefill, "vllm:nixl_num_kv_expired_reqs_total", expired)
 
 
