@@ -451,41 +451,58 @@ class ExactCache:
     async def lookup(self, req: CacheRequest) -> CacheResult:
         """Look the request up; counts metrics. Never calls a backend."""
         t0 = time.perf_counter()
-        model = req.key.model_id
         if not req.cacheable or req.control.bypass_read:
             res = CacheResult(status=CacheStatus.BYPASS, key=req.key)
-            if self.metrics:
-                self.metrics.bypasses.labels(model).inc()
         else:
-            now = self.clock()
-            found, expired = await self._find(req, now)
-            if found is not None:
-                if found.index > 0:
-                    await self._backfill(req, found, now)
-                tier = self._store_at(found.index).tier
-                res = CacheResult(
-                    status=found.status,
-                    key=req.key,
-                    entry=found.entry,
-                    age_s=found.age_s,
-                    tier=tier,
-                )
-                if self.metrics:
-                    self.metrics.served(
-                        model,
-                        tier,
-                        found.entry,
-                        req.rule.prices,
-                        stale=found.status is CacheStatus.STALE,
-                    )
-            else:
-                status = CacheStatus.EXPIRED if expired else CacheStatus.MISS
-                res = CacheResult(status=status, key=req.key)
-                if self.metrics:
-                    (self.metrics.expired if expired else self.metrics.misses).labels(model).inc()
-        if self.metrics:
-            self.metrics.lookup_seconds.labels(res.status.value).observe(time.perf_counter() - t0)
+            res = await self._search(req)
+        self.count(req, res, t0)
         return res
+
+    async def fresh_hit(self, req: CacheRequest) -> CacheResult | None:
+        """The request's fresh answer (a HIT), counted by nobody yet: the caller serves it
+        and then calls :meth:`count`. ``None`` whenever :meth:`lookup` would say anything
+        but HIT; nothing is counted then, and a later :meth:`lookup` finds the same."""
+        if not req.cacheable or req.control.bypass_read:
+            return None
+        res = await self._search(req)
+        return res if res.status is CacheStatus.HIT else None
+
+    async def _search(self, req: CacheRequest) -> CacheResult:
+        now = self.clock()
+        found, expired = await self._find(req, now)
+        if found is None:
+            status = CacheStatus.EXPIRED if expired else CacheStatus.MISS
+            return CacheResult(status=status, key=req.key)
+        if found.index > 0:
+            await self._backfill(req, found, now)
+        return CacheResult(
+            status=found.status,
+            key=req.key,
+            entry=found.entry,
+            age_s=found.age_s,
+            tier=self._store_at(found.index).tier,
+        )
+
+    def count(self, req: CacheRequest, res: CacheResult, started: float) -> None:
+        """Count a lookup's result (``started``: its ``perf_counter`` at the start)."""
+        if not self.metrics:
+            return
+        model = req.key.model_id
+        if res.status is CacheStatus.BYPASS:
+            self.metrics.bypasses.labels(model).inc()
+        elif res.entry is not None and res.tier is not None:
+            self.metrics.served(
+                model,
+                res.tier,
+                res.entry,
+                req.rule.prices,
+                stale=res.status is CacheStatus.STALE,
+            )
+        else:
+            (
+                self.metrics.expired if res.status is CacheStatus.EXPIRED else self.metrics.misses
+            ).labels(model).inc()
+        self.metrics.lookup_seconds.labels(res.status.value).observe(time.perf_counter() - started)
 
     async def lookup_digest(self, digest: str) -> CacheResult | None:
         """The entry stored under ``digest`` when it is still servable (not purged, not

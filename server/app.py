@@ -37,6 +37,7 @@ from server.openai.batches.runner import OpenAIItemRunner
 from server.openai.batches.serving import BatchesServing
 from server.openai.chat_completion import api_router as chat_completion
 from server.openai.completion import api_router as completion
+from server.openai.early_hits import EarlyHits
 from server.openai.files import api_router as files_routes
 from server.openai.files.serving import FilesServing
 from server.openai.models import api_router as models
@@ -46,7 +47,7 @@ from server.openai.responses.owners import ResponseOwners
 from server.openai.serving import OpenAIServing
 from server.openai.stores import build_stores
 from server.routes import admin, cached_answer, health, pools, usage
-from server.speedups import write_bodies_eagerly
+from server.speedups import before_routing, write_bodies_eagerly
 from server.tenancy.limits import build_limiter
 from server.tenancy.middleware import Tenancy, tenancy_middleware
 from server.tenancy.request_log import RequestLog
@@ -224,7 +225,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         *files_routes.ROUTES,
         *batches_routes.ROUTES,
     ]
-    return Litestar(
+    app = Litestar(
         route_handlers=[*api_routes, docs_router(), dashboard_router()],
         state=State(
             {
@@ -250,3 +251,6 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         openapi_config=openapi_config(api_routes),
         logging_config=None,
     )
+    if config.server.early_hits:
+        before_routing(app, partial(EarlyHits, state=serving.state, tenancy=tenancy, drain=drain))
+    return app

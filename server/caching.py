@@ -49,6 +49,20 @@ def _int(value: str | None) -> int | None:
     return n if n >= 0 else None
 
 
+DIRECTIVE_HEADERS: Final = frozenset(
+    {
+        "cache-control",
+        "cf-aig-skip-cache",
+        "cf-aig-cache-ttl",
+        "cf-aig-cache-key",
+        "x-semcache-tags",
+        "x-semcache-semantic-threshold",
+    }
+)
+"""Every request header :func:`directives_from` reads: without them, a request asks the
+cache nothing (``CacheDirectives()``)."""
+
+
 def directives_from(headers: Mapping[str, str]) -> CacheDirectives:
     """Parse the cache-related request headers (unknown or malformed values are ignored)."""
     bypass = no_store = False

@@ -32,6 +32,9 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """How long `semcache serve` waits for launched backends to become healthy."""
     drain_timeout_s: float = 30.0
     """On SIGTERM, how long requests in flight may take to finish (server/draining.py)."""
+    early_hits: bool = True
+    """Answer byte-identical repeats of cached requests before routing
+    (server/openai/early_hits.py); false sends every request through its route."""
 
 
 class ModelEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -46,6 +46,15 @@ class GatewayMetrics:
                 registry=registry,
             )
         )
+        self.early_hits = Labelled(
+            Counter(
+                "semcache_early_hits",
+                "Exact hits answered before routing (a byte-identical repeat of a cached "
+                "request; server/hit_shortcut.py), by route.",
+                ["route"],
+                registry=registry,
+            )
+        )
         self.ttft = Labelled(
             Histogram(
                 "semcache_time_to_first_byte_seconds",

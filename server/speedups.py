@@ -4,7 +4,8 @@
   both go out in one write (``GatewayHttpProtocol``, ``HeadWithBody``).
 - Litestar: a streamed response sent from the request's own task, without Litestar's task
   group and cancel scope (``RelayStream``, ``_RelayResponse``); a complete body's headers
-  encoded once, straight into the ASGI message (``EncodedResponse``).
+  encoded once, straight into the ASGI message (``EncodedResponse``); a layer that sees
+  requests before the router does (``before_routing``).
 - aiohttp: on Python 3.11, a request's body writer starts at once, as aiohttp does itself
   on 3.12+ (``write_bodies_eagerly``, installed on the loop by the app's lifespan).
 
@@ -18,16 +19,16 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import AsyncIterable, Coroutine, Mapping
+from collections.abc import AsyncIterable, Callable, Coroutine, Mapping
 from typing import Any, Final
 
-from litestar import Response
+from litestar import Litestar, Response
 from litestar.datastructures import MutableScopeHeaders
 from litestar.enums import MediaType
 from litestar.response import Stream
 from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
-from litestar.types import Receive, Send
+from litestar.types import ASGIApp, Receive, Send
 from litestar.utils.helpers import get_enum_string_value
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -161,7 +162,7 @@ class RelayStream(Stream):
             and isinstance(self.iterator, AsyncIterable)
         ):
             media_type = kwargs.get("media_type") or self.media_type  # Stream's precedence
-            headers = _encoded_headers(self.headers, media_type, self.encoding, None)
+            headers = encoded_headers(self.headers, media_type, self.encoding, None)
             if headers is not None:
                 relay = _RelayResponse.__new__(_RelayResponse)
                 _fill(relay, headers, self.status_code, self.encoding, b"", 0)
@@ -221,7 +222,7 @@ _LAYERED: Final = ("background", "cookies", "encoded_headers", "headers", "is_he
 def _encoded(response: EncodedResponse, media_type: Any) -> ASGIResponse | None:
     body = response.content
     media_type = response.media_type or media_type  # Response's precedence
-    headers = _encoded_headers(response.headers, media_type, response.encoding, len(body))
+    headers = encoded_headers(response.headers, media_type, response.encoding, len(body))
     if headers is None:
         return None
     out = ASGIResponse.__new__(ASGIResponse)
@@ -230,7 +231,7 @@ def _encoded(response: EncodedResponse, media_type: Any) -> ASGIResponse | None:
     return out
 
 
-def _encoded_headers(
+def encoded_headers(
     headers: Mapping[str, str], media_type: Any, encoding: str, content_length: int | None
 ) -> list[tuple[bytes, bytes]] | None:
     """``headers`` as Litestar's ``ASGIResponse`` encodes them, then the content type and
@@ -266,6 +267,21 @@ def _fill(
     response.headers = MutableScopeHeaders({"headers": headers})
     response.is_head_response = False
     response.status_code = status
+
+
+# -- Litestar: a layer before routing ---------------------------------------------------
+
+
+def before_routing(app: Litestar, wrap: Callable[[ASGIApp], ASGIApp]) -> None:
+    """Put ``wrap``'s layer in front of Litestar's router (and its exception handler).
+
+    ``Litestar.__call__`` sets ``scope["app"]`` and ``scope["state"]``, then hands every
+    HTTP request to ``app.asgi_handler``, the router inside the exception handler, built
+    once in ``__init__``. A layer put there sees each request before it is routed and
+    passes it on by calling the handler it wraps; what it answers itself never reaches
+    Litestar's middleware or exception handlers.
+    """
+    app.asgi_handler = wrap(app.asgi_handler)
 
 
 # -- aiohttp: a request's body leaves at once on Python 3.11 -----------------------------

@@ -63,15 +63,22 @@ def context(request: Request[Any, Any, Any]) -> RequestContext:
     )
 
 
+def reply_headers(reply: Reply, request_id: str | None) -> dict[str, str]:
+    """The headers ``reply`` is sent with: ``no-store`` when it says nothing of caching,
+    and the request's id."""
+    headers = dict(reply.headers)
+    headers.setdefault("cache-control", NO_STORE)
+    if request_id is not None:
+        headers["x-request-id"] = request_id
+    return headers
+
+
 def respond(
     reply: Reply, ctx: RequestContext | None = None, *, if_none_match: str | None = None
 ) -> Response[Any]:
     """``reply`` as a response; ``if_none_match`` (GET routes): a 304 when it names the
     answer's ETag. An answer that says nothing of caching is ``no-store``."""
-    headers = dict(reply.headers)
-    headers.setdefault("cache-control", NO_STORE)
-    if ctx is not None:
-        headers["x-request-id"] = ctx.request_id
+    headers = reply_headers(reply, ctx.request_id if ctx is not None else None)
     if if_none_match is not None and reply.status == 200 and reply.stream is None:
         unchanged = not_modified(headers, if_none_match)
         if unchanged is not None:

@@ -20,7 +20,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 
@@ -40,14 +40,15 @@ if TYPE_CHECKING:
     from litestar.handlers import HTTPRouteHandler
 
 
-_WANTED = (b"authorization", b"x-request-id")
+WANTED_HEADERS: Final = (b"authorization", b"x-request-id")
+"""The request headers the middleware reads."""
 
 
-def _wanted_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+def wanted_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
     """The two headers the middleware reads, from the ASGI scope's raw list."""
     out: dict[str, str] = {}
     for name, value in raw:
-        if len(name) in (13, 12) and name.lower() in _WANTED:
+        if len(name) in (13, 12) and name.lower() in WANTED_HEADERS:
             out[name.lower().decode()] = value.decode("latin-1")
     return out
 
@@ -93,9 +94,16 @@ class Tenancy:
         route, need = self.route_of(scope["route_handler"])  # type: ignore[arg-type]
         if need in ("public", "self"):
             return None
-        headers = _wanted_headers(scope["headers"])
+        account = scope["path_params"].get("account_id")
+        return self.open_record(route, need, wanted_headers(scope["headers"]), account)
+
+    def open_record(
+        self, route: str, need: str, headers: dict[str, str], account_id: str | None
+    ) -> RequestRecord:
+        """The record of a request to ``route`` (an ApiError 401/403 when its token does not
+        meet ``need``); ``headers``: what :func:`wanted_headers` read."""
         principal = self.auth.authenticate(
-            headers, scope["path_params"].get("account_id"), key_required=need in ("key", "admin")
+            headers, account_id, key_required=need in ("key", "admin")
         )
         if need == "admin" and not principal.admin:
             if self.auth.open and self.auth.admin_token is None:

@@ -18,9 +18,11 @@ from typing import Any
 import aiohttp.client_reqrep
 import pytest
 import uvicorn
+from litestar import Litestar, get
 from litestar.response import Stream
 from litestar.response.base import ASGIResponse
 from litestar.response.streaming import ASGIStreamingResponse
+from litestar.testing import AsyncTestClient
 from packaging.requirements import Requirement
 from packaging.version import Version
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -75,6 +77,43 @@ def test_litestar_streams_still_send_their_body_through_a_swappable_class() -> N
     assert speedups._RelayResponse.__bases__ == (ASGIStreamingResponse,)
     assert "to_asgi_response" in vars(Stream)
     assert "self.send_body(send=send, receive=receive)" in inspect.getsource(ASGIResponse.__call__)
+
+
+def test_litestar_still_hands_every_request_to_its_asgi_handler() -> None:
+    # before_routing replaces app.asgi_handler: __call__ must still read it per request.
+    source = inspect.getsource(Litestar.__call__)
+    assert "await self.asgi_handler(scope, receive, self._wrap_send(send=send, scope=scope))" in (
+        source
+    )
+    assert "self.asgi_handler = self._create_asgi_handler()" in inspect.getsource(Litestar)
+
+
+async def test_a_layer_before_routing_sees_requests_before_the_router() -> None:
+    seen: list[str] = []
+
+    @get("/here", sync_to_thread=False)
+    def here() -> str:
+        seen.append("route")
+        return "ok"
+
+    app = Litestar([here])
+
+    def layer(inner: Any) -> Any:
+        async def call(scope: Any, receive: Any, send: Any) -> None:
+            seen.append(f"layer {scope['path']} {type(scope['state']).__name__}")
+            if scope["path"] == "/early":
+                await send({"type": "http.response.start", "status": 200, "headers": []})
+                await send({"type": "http.response.body", "body": b"early"})
+                return
+            await inner(scope, receive, send)
+
+        return call
+
+    speedups.before_routing(app, layer)
+    async with AsyncTestClient(app) as client:
+        assert (await client.get("/early")).text == "early"
+        assert (await client.get("/here")).text == "ok"
+    assert seen == ["layer /early dict", "layer /here dict", "route"]
 
 
 def test_litestar_responses_still_have_the_slots_encoded_responses_fill() -> None:

@@ -1,0 +1,250 @@
+"""Exact hits answered before routing, through the app ``semcache serve`` builds: a real HTTP
+server on loopback, its config from TOML, a fake chat backend and the local MiniLM embedder
+(the backends are not what these tests are about; ``tests/server/test_cache_http.py`` sends
+repeats through real vLLM)."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from backends.harness.metrics import parse_metric
+from backends.local import LocalEmbeddingBackend
+from backends.registry import ModelInfo, ModelRegistry
+from server.config import parse_config
+from server.harness import GatewayThread
+from tests.support.fake_backend import FakeGeneration
+from tests.support.waiting import wait_until
+
+ADMIN = "tok-admin"
+TOKENS = f"""
+[request_log]
+enabled = true
+[ledger]
+enabled = true
+[limits]
+requests_per_minute = 1000
+tokens_per_minute = 1_000_000
+[[auth.tokens]]
+token = "tok-a"
+tenant = "acme"
+name = "a"
+[[auth.tokens]]
+token = "tok-b"
+tenant = "globex"
+name = "b"
+[[auth.tokens]]
+token = "tok-tight"
+tenant = "acme"
+name = "tight"
+limits = {{ requests_per_minute = 2 }}
+[[auth.tokens]]
+token = "{ADMIN}"
+tenant = "ops"
+roles = ["admin"]
+"""
+POLICY = """
+version = 1
+[defaults]
+ttl_s = 600
+[defaults.prices]
+input_per_m = 1.0
+output_per_m = 2.0
+"""
+VARYING = {"x-request-id", "date", "etag"}
+"""Headers that differ between two gateways' answers (the ETag names the stored entry)."""
+CASES = {
+    "chat": (
+        "/v1/chat/completions",
+        {"model": "chat-model", "messages": [{"role": "user", "content": "hi"}], "temperature": 0},
+    ),
+    "completions": ("/v1/completions", {"model": "chat-model", "prompt": "hi", "temperature": 0}),
+    "embeddings": ("/v1/embeddings", {"model": "embed-model", "input": ["hello", "world"]}),
+}
+
+
+def registry(fake: FakeGeneration, embedder: LocalEmbeddingBackend) -> ModelRegistry:
+    reg = ModelRegistry()
+    reg.generation["fake"] = fake
+    reg.embedding["minilm"] = embedder
+    reg.add(ModelInfo("chat-model", "chat", ("@cf/test/chat",), "t", "fake", "rev1", "tpl"))
+    reg.add(ModelInfo("embed-model", "embeddings", (), "t", "minilm", "r", "n"))
+    return reg
+
+
+Start = Callable[..., GatewayThread]
+
+
+@pytest.fixture
+def start(tmp_path: Path, embedder: LocalEmbeddingBackend) -> Iterator[Start]:
+    """Start gateways from TOML text, each on its own data dir and policy file."""
+    started: list[GatewayThread] = []
+
+    def run(extra: str = "", fake: FakeGeneration | None = None) -> GatewayThread:
+        data_dir = tmp_path / f"gw{len(started)}"
+        data_dir.mkdir()
+        (data_dir / "policy.toml").write_text(POLICY)
+        toml = f'data_dir = "{data_dir}"\npolicy = "{data_dir / "policy.toml"}"\n{extra}'
+        reg = registry(fake or FakeGeneration(), embedder)
+        gw = GatewayThread(parse_config(tomllib.loads(toml)), reg).start()
+        started.append(gw)
+        return gw
+
+    try:
+        yield run
+    finally:
+        for gw in started:
+            gw.stop()
+
+
+def post(http: httpx.Client, path: str, body: Any, token: str = "tok-a", **headers: str) -> Any:
+    sent = {"authorization": f"Bearer {token}", "content-type": "application/json", **headers}
+    return http.post(path, content=orjson.dumps(body), headers=sent)
+
+
+def early(http: httpx.Client, route: str) -> float:
+    text = http.get("/metrics").text
+    return parse_metric(text, "semcache_early_hits_total", {"route": route}) or 0.0
+
+
+def metric(http: httpx.Client, name: str, labels: dict[str, str]) -> float:
+    return parse_metric(http.get("/metrics").text, name, labels) or 0.0
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_repeat_is_answered_early_as_the_route_answers_it(start: Start, case: str) -> None:
+    path, body = CASES[case]
+    route = "chat" if case == "chat" else case
+    fakes = [FakeGeneration(), FakeGeneration()]
+    gateways = [start(TOKENS, fakes[0]), start(TOKENS + "[server]\nearly_hits = false\n", fakes[1])]
+    answers = []
+    for gw in gateways:
+        with httpx.Client(base_url=gw.url) as http:
+            sent = [post(http, path, body) for _ in range(3)]
+            assert [r.headers["cf-aig-cache-status"] for r in sent] == ["MISS", "HIT", "HIT"]
+            answers.append((sent[2], early(http, route)))
+            # a cache header sends it through the route: the same entry, the same ETag
+            routed_here = post(http, path, body, **{"cache-control": "max-age=3600"})
+            assert routed_here.headers["cf-aig-cache-status"] == "HIT"
+            assert routed_here.headers["etag"] == sent[2].headers["etag"]
+    (fast, fast_count), (routed, routed_count) = answers
+    assert (fast_count, routed_count) == (2.0, 0.0)
+    assert len(fakes[0].calls) == len(fakes[1].calls) == (0 if case == "embeddings" else 1)
+    assert fast.status_code == routed.status_code == 200
+    assert fast.content == routed.content
+    kept = [{k: v for k, v in r.headers.items() if k not in VARYING} for r in (fast, routed)]
+    assert kept[0] == kept[1]
+    assert kept[0]["x-ratelimit-remaining-requests"] == "997"
+    assert fast.headers["x-request-id"] != routed.headers["x-request-id"]
+
+    # Accounted alike: requests, latency, cache metrics, the request log and the ledger.
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    counted: list[tuple[float, ...]] = []
+    logs: list[list[dict[str, Any]]] = []
+    for gw in gateways:
+        with httpx.Client(base_url=gw.url) as http:
+            model = body["model"]
+            counted.append(
+                (
+                    metric(http, "semcache_requests_total", {"route": path, "status": "200"}),
+                    metric(http, "semcache_request_duration_seconds_count", {"route": route}),
+                    metric(http, "semcache_exact_hits_total", {"model": model, "tier": "memory"}),
+                    metric(http, "semcache_exact_misses_total", {"model": model}),
+                )
+            )
+            log = http.get("/admin/logs", headers=admin).json()["data"]
+            logs.append([line for line in log if line["route"] == path])
+    assert counted[0] == counted[1] == (4.0, 4.0, 3.0, 1.0)
+    varying = {"request_id", "time", "latency_ms", "ttft_ms"}
+    lines = [[{k: v for k, v in x.items() if k not in varying} for x in log] for log in logs]
+    assert lines[0] == lines[1]
+    assert sorted(x["cache"] for x in lines[0]) == ["exact", "exact", "exact", "miss"]
+
+    def usage(gw: GatewayThread) -> Any:
+        with httpx.Client(base_url=gw.url) as http:
+            got = http.get("/v1/usage", headers={"authorization": "Bearer tok-a"})
+            assert got.status_code == 200, got.text
+            return got.json()["data"]
+
+    wait_until(lambda: usage(gateways[0]) == usage(gateways[1]) != [], timeout_s=10)
+
+
+def test_a_purge_a_new_revision_or_a_policy_reload_is_seen_at_once(start: Start) -> None:
+    fake = FakeGeneration()
+    gw = start(TOKENS, fake)
+    path, body = CASES["chat"]
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    with httpx.Client(base_url=gw.url) as http:
+        assert [post(http, path, body).headers["cf-aig-cache-status"] for _ in range(2)] == [
+            "MISS",
+            "HIT",
+        ]
+        assert early(http, "chat") == 1.0
+        purged = http.post(
+            "/admin/cache/purge", json={"kind": "model", "target": "chat-model"}, headers=admin
+        )
+        assert purged.status_code == 200, purged.text
+        assert post(http, path, body).headers["cf-aig-cache-status"] == "MISS"
+        assert len(fake.calls) == 2
+        assert post(http, path, body).headers["cf-aig-cache-status"] == "HIT"
+        assert early(http, "chat") == 2.0  # learned again after the purge
+
+        gw.app.state.registry.set_revision("fake", "rev2")  # what a server's new weights do
+        assert post(http, path, body).headers["cf-aig-cache-status"] == "MISS"
+        assert len(fake.calls) == 3
+        assert post(http, path, body).headers["cf-aig-cache-status"] == "HIT"
+        assert early(http, "chat") == 3.0
+
+        reloaded = http.post("/admin/policy/reload", headers=admin)
+        assert reloaded.status_code == 200, reloaded.text
+        again = post(http, path, body)
+        assert again.headers["cf-aig-cache-status"] == "HIT"
+        assert early(http, "chat") == 3.0  # the route answered: the memo was of the old policy
+        assert post(http, path, body).headers["cf-aig-cache-status"] == "HIT"
+        assert early(http, "chat") == 4.0
+
+
+def test_cache_headers_streams_and_other_tenants_take_the_route(start: Start) -> None:
+    fake = FakeGeneration()
+    gw = start(TOKENS, fake)
+    path, body = CASES["chat"]
+    with httpx.Client(base_url=gw.url) as http:
+        post(http, path, body)
+        assert post(http, path, body).headers["cf-aig-cache-status"] == "HIT"
+        assert early(http, "chat") == 1.0
+        bypass = post(http, path, body, **{"cache-control": "no-cache"})
+        assert bypass.headers["cf-aig-cache-status"] == "BYPASS"
+        assert post(http, path, body, **{"cf-aig-cache-ttl": "60"}).status_code == 200
+        # another tenant's identical bytes are its own request: a miss, never acme's answer
+        other = post(http, path, body, token="tok-b")
+        assert other.headers["cf-aig-cache-status"] == "MISS"
+        streamed = {**body, "stream": True}
+        for _ in range(3):
+            post(http, path, streamed)
+        assert early(http, "chat") == 1.0
+        assert post(http, path, body, token="tok-unknown").status_code == 401
+        assert early(http, "chat") == 1.0
+
+
+def test_a_limit_reached_on_an_early_hit_is_refused_by_the_route(start: Start) -> None:
+    gw = start(TOKENS)
+    path, body = CASES["chat"]
+    with httpx.Client(base_url=gw.url) as http:
+        post(http, path, body)  # tok-a: the answer is cached and the body learned
+        assert post(http, path, body, token="tok-tight").headers["cf-aig-cache-status"] == "HIT"
+        second = post(http, path, body, token="tok-tight")
+        assert second.status_code == 200
+        assert second.headers["x-ratelimit-remaining-requests"] == "0"
+        refused = post(http, path, body, token="tok-tight")
+        assert refused.status_code == 429
+        assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+        assert int(refused.headers["retry-after"]) >= 1
+        assert early(http, "chat") == 2.0
+        requests = {"route": path, "status": "429"}
+        assert metric(http, "semcache_requests_total", requests) == 1.0
