@@ -100,6 +100,11 @@ def backend_requests(vllm: VllmProcess) -> float:
     return parse_metric(httpx.get(f"{vllm.url}/metrics").text, "vllm:request_success_total")
 
 
+def early_hits(gw: GatewayThread) -> float:
+    text = httpx.get(f"{gw.url}/metrics").text
+    return parse_metric(text, "semcache_early_hits_total", {"route": "chat"})
+
+
 def post(gw: GatewayThread, body: dict[str, Any], **headers: str) -> httpx.Response:
     return httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
 
@@ -120,7 +125,9 @@ def test_hit_replays_the_same_answer_without_the_backend(
     assert first.headers["cf-aig-cache-status"] == "MISS"
     assert "fwd=uri-miss" in first.headers["cache-status"]
     before = backend_requests(tiny_vllm)
-    second = post(gw, body)
+    early_before = early_hits(gw)
+    second = post(gw, body)  # the same bytes: answered before routing (server/openai/early_hits)
+    assert early_hits(gw) == early_before + 1
     assert second.headers["cf-aig-cache-status"] == "HIT"
     assert second.headers["cache-status"].startswith("semcache; hit")
     assert int(second.headers["age"]) >= 0
