@@ -11,8 +11,9 @@ goes to the router untouched, its body replayed.
 
 A memo holds only while what its key was built from holds: the same policy snapshot, the same
 purge epochs (a purge changes keys), the same model entry (a new revision replaces it). It is
-written after the route itself answered those bytes with a 200 through the exact cache, and
-only when the key computed here equals the one that answer carried (``x-semcache-key``).
+written after the route itself answered those bytes with an exact hit (so a request never
+repeated costs nothing more), and only when the key computed here equals the one that answer
+carried (``x-semcache-key``).
 Streams, chat requests a semantic rule applies to, and bodies whose rule logs them always
 take the route.
 """
@@ -54,8 +55,6 @@ ROUTES: Final[dict[str, tuple[str, Task]]] = {
 """Path → (the cache's route name, the task its model serves)."""
 
 _DIRECTIVES: Final = frozenset(name.encode() for name in DIRECTIVE_HEADERS)
-_CACHED: Final = (b"HIT", b"MISS", b"EXPIRED")
-"""``cf-aig-cache-status`` of answers that went through the exact cache."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +221,7 @@ class EarlyHits:
         receive: Receive,
         send: Send,
     ) -> None:
-        """Let the route answer; remember the body's key when it answered through the cache."""
+        """Let the route answer; remember the body's key when it answered with an exact hit."""
         start: dict[str, Any] = {}
 
         async def watching(message: Message) -> None:
@@ -237,7 +236,7 @@ class EarlyHits:
         short_id = sent.get(b"x-semcache-key")
         if (
             short_id is None
-            or sent.get(b"cf-aig-cache-status") not in _CACHED
+            or sent.get(b"cf-aig-cache-status") != b"HIT"
             or b"semantic" in sent.get(b"cache-status", b"")
         ):
             return

@@ -125,10 +125,13 @@ def test_hit_replays_the_same_answer_without_the_backend(
     assert first.headers["cf-aig-cache-status"] == "MISS"
     assert "fwd=uri-miss" in first.headers["cache-status"]
     before = backend_requests(tiny_vllm)
-    early_before = early_hits(gw)
-    second = post(gw, body)  # the same bytes: answered before routing (server/openai/early_hits)
-    assert early_hits(gw) == early_before + 1
+    second = post(gw, body)
     assert second.headers["cf-aig-cache-status"] == "HIT"
+    early_before = early_hits(gw)
+    third = post(gw, body)  # the same bytes: answered before routing (server/openai/early_hits)
+    assert early_hits(gw) == early_before + 1
+    assert third.content == second.content
+    assert third.headers["x-semcache-key"] == second.headers["x-semcache-key"]
     assert second.headers["cache-status"].startswith("semcache; hit")
     assert int(second.headers["age"]) >= 0
     assert second.headers["x-semcache-key"] == first.headers["x-semcache-key"]
