@@ -102,7 +102,7 @@ class EarlyHits:
         tenancy: Tenancy,
         drain: Drain,
         *,
-        size: int = 50_000,
+        size: int = 10_000,
     ) -> None:
         self.app = app
         self.state = state

@@ -368,7 +368,9 @@ def test_two_gateways_share_redis_and_purge_reaches_both(
         assert post(a, body).headers["cf-aig-cache-status"] == "MISS"
         hit = post(b, body)
         assert hit.headers["cf-aig-cache-status"] == "HIT"  # from L3, written by a
+        early = early_hits(b)
         assert post(b, body).headers["cf-aig-cache-status"] == "HIT"  # now also in b's L1
+        assert early_hits(b) == early + 1  # answered before routing: a purge must reach it
         auth = {"authorization": f"Bearer {ADMIN}"}
         r = httpx.post(f"{a.url}/admin/cache/purge", json={"kind": "all"}, headers=auth)
         assert r.json()["propagated"] is True
