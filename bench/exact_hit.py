@@ -1,9 +1,9 @@
 """Exact-cache hits: the gateway against a bare Litestar endpoint and LiteLLM's proxy cache.
 
-Claims checked (issue 3): an exact-cache hit through the gateway serves >= 0.7x the requests/s
-of (b) a bare Litestar endpoint returning the same bytes (the ceiling of this stack: uvicorn +
-Litestar, same settings), and >= 5x the requests/s of (c) LiteLLM's proxy serving a hit from
-its own cache (``cache: true``, in-memory ``local`` cache) for the same request.
+Claims checked (issues 3 and 16): an exact-cache hit through the gateway serves >= 0.8x the
+requests/s of (b) a bare Litestar endpoint returning the same bytes (the ceiling of this stack:
+uvicorn + Litestar, same settings), and >= 5x the requests/s of (c) LiteLLM's proxy serving a
+hit from its own cache (``cache: true``, in-memory ``local`` cache) for the same request.
 
 Issue 17 adds (a2): the gateway with tenancy on (a listed token, limits, the usage ledger and
 the request log), which must also serve >= 0.7x the bare endpoint's requests/s; (a) runs with
@@ -94,7 +94,8 @@ from server.config import GatewayConfig, load_config
 
 REPO = Path(__file__).resolve().parent.parent
 THIS_FILE = str(Path(__file__).resolve())
-HIT_VS_BARE_TARGET = 0.7
+HIT_VS_BARE_TARGET = 0.8
+"""Issue 16 (issue 3 asked 0.7)."""
 HIT_VS_LITELLM_TARGET = 5.0
 TENANCY_VS_BARE_TARGET = 0.7
 """Issue 17: hits with a token, limits, the usage ledger and the request log on."""
