@@ -166,6 +166,31 @@ async def test_miss_then_hit_with_age(cache: ExactCache, clock: FakeClock) -> No
     assert second.key.short_id == req.key.digest[:12]
 
 
+async def test_a_fresh_hit_is_found_uncounted_until_counted(
+    cache: ExactCache, clock: FakeClock, registry: CollectorRegistry
+) -> None:
+    backend = Backend()
+    req = await prep(cache)
+    assert await cache.fresh_hit(req) is None  # a miss: nothing found, nothing counted
+    assert metric(registry, "semcache_exact_misses_total", model=MODEL) == 0
+    filled = await cache.get_or_fill(req, backend.fill_for("q"))
+    misses = metric(registry, "semcache_exact_misses_total", model=MODEL)
+    clock.now += 3
+    found = await cache.fresh_hit(req)
+    assert found is not None and found.status is CacheStatus.HIT and found.age == 3
+    assert content(found.entry) == content(filled.entry)
+    assert metric(registry, "semcache_exact_hits_total", model=MODEL, tier="memory") == 0
+    cache.count(req, found, time.perf_counter())
+    assert metric(registry, "semcache_exact_hits_total", model=MODEL, tier="memory") == 1
+    bypass = await prep(cache, control=CacheControl(bypass_read=True))
+    assert await cache.fresh_hit(bypass) is None
+    clock.now += RULE.ttl_s  # stale: the route serves it and schedules the refresh
+    assert await cache.fresh_hit(req) is None
+    assert metric(registry, "semcache_exact_misses_total", model=MODEL) == misses
+    assert metric(registry, "semcache_exact_bypasses_total", model=MODEL) == 0
+    assert backend.calls == 1
+
+
 async def test_lower_tier_hit_fills_the_tiers_above(cache: ExactCache) -> None:
     backend = Backend()
     req = await prep(cache)
