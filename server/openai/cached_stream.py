@@ -125,10 +125,7 @@ class CachedStreams:
         if entry.status != 200:
             return Reply(entry.status, entry.body or b"")
         note_result(call.ctx.usage, res)
-        payloads = replay.as_stream(entry, call.route, include_usage=include_usage)
-        headers = {**SSE_HEADERS, **result_headers(res, creq.rule.prices)}
-        stream = replayed(payloads, form)
-        return Reply(200, stream=stream, media_type=MEDIA_TYPE, headers=headers)
+        return replayed_reply(entry, res, creq, include_usage, form)
 
     def _land_when_recorded(
         self, flight: Flight, live: LiveAnswer, remember: Remember | None
@@ -222,3 +219,17 @@ class CachedStreams:
         """Hold a background task until it is done (the loop keeps only weak references)."""
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def replayed_reply(
+    entry: CachedAnswer,
+    res: CacheResult,
+    creq: CacheRequest,
+    include_usage: bool,
+    form: StreamFormat,
+) -> Reply:
+    """A stored 200 answer sent as the stream its request asked for (``res``: how the cache
+    answered; the usage chunk only when ``include_usage``)."""
+    payloads = replay.as_stream(entry, creq.route, include_usage=include_usage)
+    headers = {**SSE_HEADERS, **result_headers(res, creq.rule.prices)}
+    return Reply(200, stream=replayed(payloads, form), media_type=MEDIA_TYPE, headers=headers)

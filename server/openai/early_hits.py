@@ -14,8 +14,8 @@ purge epochs (a purge changes keys), the same model entry (a new revision replac
 written after the route itself answered those bytes with an exact hit (so a request never
 repeated costs nothing more), and only when the key computed here equals the one that answer
 carried (``x-semcache-key``).
-Streams, chat requests a semantic rule applies to, and bodies whose rule logs them always
-take the route.
+Non-stream answers go out whole, streams as the route replays them (event by event); chat
+requests a semantic rule applies to and bodies whose rule logs them always take the route.
 """
 
 from __future__ import annotations
@@ -38,9 +38,11 @@ from semcache.policy import Policy
 from server.caching import DIRECTIVE_HEADERS, CacheDirectives, edge_headers, result_headers
 from server.draining import Drain
 from server.errors import ApiError
+from server.openai.cached_stream import replayed_reply
 from server.openai.reply import Reply
 from server.openai.routing import reply_headers
 from server.openai.state import ServingState
+from server.openai.stream_format import stream_format
 from server.openai.usage import note_result
 from server.speedups import encoded_headers
 from server.tenancy.limits import Admission
@@ -66,6 +68,9 @@ class Memo:
     model: str
     """The model as the body names it (an id or an alias)."""
     policy: Policy
+    stream: bool = False
+    include_usage: bool = False
+    """A stream's ``stream_options.include_usage``."""
 
 
 def _plain_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str] | None:
@@ -188,21 +193,33 @@ class EarlyHits:
             usage = record.usage
             usage.model, usage.route = memo.info.id, creq.route
             note_result(usage, res)
-            payload = replay.as_json(res.entry, creq.route)
-            reply = Reply(
-                200, payload, headers={**result_headers(res, creq.rule.prices), **edge_headers(res)}
-            )
+            if memo.stream:
+                form = stream_format(creq.route)
+                reply = replayed_reply(res.entry, res, creq, memo.include_usage, form)
+                size = None
+            else:
+                hit = {**result_headers(res, creq.rule.prices), **edge_headers(res)}
+                reply = Reply(200, replay.as_json(res.entry, creq.route), headers=hit)
+                size = len(reply.body)
             encoded = encoded_headers(
-                reply_headers(reply, record.request_id), reply.media_type, "utf-8", len(payload)
+                reply_headers(reply, record.request_id), reply.media_type, "utf-8", size
             )
             assert encoded is not None  # hit headers never set the content type or length
             metrics = self.state.metrics
-            metrics.latency.labels(creq.route, "false").observe(time.perf_counter() - started)
+            if not memo.stream:  # the route times complete answers only
+                metrics.latency.labels(creq.route, "false").observe(time.perf_counter() - started)
             metrics.early_hits.labels(creq.route).inc()
             record.status = 200
             await send({"type": "http.response.start", "status": 200, "headers": encoded + extra})
-            record.ttft_s = time.perf_counter() - record.started
-            await send({"type": "http.response.body", "body": payload, "more_body": False})
+            if reply.stream is None:
+                record.ttft_s = time.perf_counter() - record.started
+                await send({"type": "http.response.body", "body": reply.body, "more_body": False})
+            else:
+                async for chunk in reply.stream:
+                    if record.ttft_s is None:
+                        record.ttft_s = time.perf_counter() - record.started
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
             record.completed = True
         finally:
             record.latency_s = time.perf_counter() - record.started
@@ -260,12 +277,13 @@ class EarlyHits:
             parsed = orjson.loads(body)
         except orjson.JSONDecodeError:
             return None
-        if not isinstance(parsed, dict) or parsed.get("stream"):
+        if not isinstance(parsed, dict):
             return None
         model = parsed.get("model")
         info = state.registry.resolve(model) if isinstance(model, str) else None
         name, task = route
-        if model is None or info is None or info.task != task:
+        stream = bool(parsed.get("stream"))
+        if model is None or info is None or info.task != task or (stream and name == "embeddings"):
             return None
         policy = state.policy.current
         ctx = RequestContext(request_id="", tenant=tenant)
@@ -274,4 +292,11 @@ class EarlyHits:
             return None
         if name == "chat" and creq.rule.semantic.enabled:  # the semantic path may answer it
             return None
-        return Memo(creq=creq, info=info, model=model, policy=policy)
+        return Memo(
+            creq=creq,
+            info=info,
+            model=model,
+            policy=policy,
+            stream=stream,
+            include_usage=replay.wants_usage(parsed),
+        )
