@@ -30,7 +30,7 @@ import httpx
 import orjson
 import psutil
 
-from backends import nixl_progress
+from backends import gloo_device, nixl_progress
 from backends.config import VllmBackend, VllmLaunch, VllmServer
 from backends.models import prepare_model
 from semcache.package_files import package_file
@@ -130,7 +130,10 @@ def build_command(
         env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(launch.nixl_side_channel_port)
     if server.role != "both" and launch.nixl_progress_delay_us > 0:
         env[nixl_progress.DELAY_ENV] = str(launch.nixl_progress_delay_us)
-        shim = str(package_file("backends", "nixl_shim"))
+    if launch.gloo_shared_device:
+        env[gloo_device.ENV] = "1"
+    if nixl_progress.DELAY_ENV in env or gloo_device.ENV in env:
+        shim = str(package_file("backends", "launch_shim"))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [shim, os.environ.get("PYTHONPATH")]))
     cmd += launch.extra_args
     env.update(launch.env)

@@ -4,7 +4,7 @@ nixl's Python agent (``nixl_agent.__init__``) starts its progress thread with
 ``pthrDelay = 0``: between two progress calls the thread only yields, so an idle prefill or
 decode server keeps a core busy. vLLM's NixlConnector passes ``num_threads`` and the backends
 to nixl, never this delay, and nixl's Python API offers no setting for it. So the servers the
-gateway launches import this module at start (``backends/nixl_shim/sitecustomize.py``, put on
+gateway launches import this module at start (``backends/launch_shim/sitecustomize.py``, put on
 their ``PYTHONPATH`` by ``backends.launch``), and it makes the agent's config take
 ``SEMCACHE_NIXL_PROGRESS_DELAY_US`` instead of 0. The thread then sleeps that long between
 progress calls; transfers themselves are unchanged (UCX moves the bytes; a transfer's
