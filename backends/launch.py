@@ -42,6 +42,7 @@ CPU_DEFAULT_BLOCK_SIZE = 32
 """CPU attention needs a multiple of 32; prefix-cache hits count whole blocks, so keep it small."""
 
 _GIB = 1 << 30
+QUIET_ENDPOINTS_FLAG = "--disable-access-log-for-endpoints"
 
 
 class VllmStartError(RuntimeError):
@@ -100,6 +101,9 @@ def build_command(
     cmd += ["--model", str(model), "--served-model-name", served_model]
     cmd += ["--host", host, "--port", str(port)]
     cmd += ["--enable-prompt-tokens-details", "--enable-prefix-caching"]
+    if not _has_flag(launch.extra_args, QUIET_ENDPOINTS_FLAG):
+        # the gateway's health checks and scrapes: two log lines every few seconds otherwise
+        cmd += [QUIET_ENDPOINTS_FLAG, "/health,/metrics"]
     if launch.max_model_len is not None:
         cmd += ["--max-model-len", str(launch.max_model_len)]
     env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
