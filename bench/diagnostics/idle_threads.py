@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import sys
 import tempfile
@@ -24,81 +23,10 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.idle_cpu import config_with, traffic
+from bench.idle_cpu import config_with, report_threads, thread_snapshot, traffic
 from bench.support import REPO, ServerProcess, child_env, stderr_printer
 
 say = stderr_printer("idle_threads")
-TICK = os.sysconf("SC_CLK_TCK")
-
-ThreadKey = tuple[int, int]
-"""(pid, tid)"""
-
-
-def thread_ticks(pid: int) -> dict[int, tuple[str, int]]:
-    """tid → (comm, utime + stime in clock ticks) for every thread of ``pid``."""
-    found = {}
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return found
-    for tid in tids:
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2 :].split()
-        found[int(tid)] = (comm, int(fields[11]) + int(fields[12]))  # utime, stime
-    return found
-
-
-def snapshot(root: psutil.Process) -> tuple[dict[ThreadKey, tuple[str, int]], dict[int, str]]:
-    """Every thread's ticks of ``root``'s tree, and each process's short description."""
-    ticks: dict[ThreadKey, tuple[str, int]] = {}
-    names: dict[int, str] = {}
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            cmd = " ".join(proc.cmdline())
-            name = proc.name()
-        except psutil.Error:
-            continue
-        names[proc.pid] = describe(name, cmd)
-        for tid, value in thread_ticks(proc.pid).items():
-            ticks[(proc.pid, tid)] = value
-    return ticks, names
-
-
-def describe(name: str, cmd: str) -> str:
-    if "server.cli" in cmd:
-        return "gateway"
-    if "--port" in cmd and "vllm" in cmd:
-        port = cmd.split("--port", 1)[1].split()[0]
-        return f"vLLM api :{port}"
-    return f"{name} ({cmd[:60]})"
-
-
-def report(
-    before: dict[ThreadKey, tuple[str, int]],
-    after: dict[ThreadKey, tuple[str, int]],
-    names: dict[int, str],
-    elapsed: float,
-    top: int,
-) -> None:
-    rows = []
-    for key, (comm, end) in after.items():
-        start = before.get(key, (comm, 0))[1]
-        rows.append(((end - start) / TICK / elapsed, key, comm))
-    rows.sort(reverse=True)
-    by_process: dict[int, float] = {}
-    for share, (pid, _), _ in rows:
-        by_process[pid] = by_process.get(pid, 0.0) + share
-    total = sum(by_process.values())
-    print(f"\nidle window {elapsed:.0f} s; total {total:.2%} of one core; by process:")
-    for pid, share in sorted(by_process.items(), key=lambda item: -item[1]):
-        print(f"  {share:7.2%}  pid {pid:<7} {names.get(pid, '?')}")
-    print(f"\ntop {top} threads:")
-    for share, (pid, tid), comm in rows[:top]:
-        print(f"  {share:7.2%}  {comm:16} tid {tid:<7} in pid {pid} {names.get(pid, '?')}")
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -119,11 +47,11 @@ async def run(args: argparse.Namespace) -> None:
             await traffic(url)
         await asyncio.sleep(args.settle_s)
         root = psutil.Process(server.pid)
-        before, _ = snapshot(root)
+        before, _ = thread_snapshot(root)
         t0 = time.monotonic()
         await asyncio.sleep(args.idle_s)
-        after, names = snapshot(root)
-        report(before, after, names, time.monotonic() - t0, args.top)
+        after, names = thread_snapshot(root)
+        report_threads(before, after, names, time.monotonic() - t0, args.top)
         if args.hold:
             say(f"holding; gateway pid {server.pid}; Ctrl-C or SIGTERM to stop")
             stop = asyncio.Event()
