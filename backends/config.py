@@ -30,10 +30,10 @@ class VllmLaunch(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     extra_args: list[str] = msgspec.field(default_factory=list)
     env: dict[str, str] = msgspec.field(default_factory=dict)
     nixl_side_channel_port: int | None = None
-    nixl_progress_delay_us: NonNegInt = 1000
-    """Sleep of an idle prefill/decode server's NIXL progress thread between two progress
-    calls (0: nixl's default, which never sleeps and keeps a core busy). See
-    ``backends/nixl_progress.py``."""
+    nixl_progress_delay_us: NonNegInt = 20000
+    """Longest sleep of a prefill/decode server's NIXL progress thread: it wakes when UCX
+    signals work, else after this long (0: nixl's default, which never sleeps and keeps a
+    core busy). See ``backends/nixl_progress.py``."""
     gloo_shared_device: bool = True
     """Give the server's single-rank torch.distributed gloo groups one device (one idle
     ``gloo_tcp_loop`` thread instead of one per group, each waking every 10 ms). See
