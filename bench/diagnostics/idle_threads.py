@@ -6,7 +6,7 @@ tree at the start and the end of an idle window and prints the threads by CPU sh
 core, each with its process's command line (shortened). ``--hold`` keeps the servers up
 after the report until Ctrl-C (to look further with strace, perf or gdb).
 
-    .venv/bin/python bench/diagnostics/idle_threads.py [--idle-s 30] [--port 8380]
+    .venv/bin/python -m bench.diagnostics.idle_threads [--idle-s 30] [--port 8380] [--hold]
 """
 
 from __future__ import annotations
