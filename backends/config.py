@@ -30,10 +30,14 @@ class VllmLaunch(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     extra_args: list[str] = msgspec.field(default_factory=list)
     env: dict[str, str] = msgspec.field(default_factory=dict)
     nixl_side_channel_port: int | None = None
-    nixl_progress_delay_us: NonNegInt = 1000
-    """Sleep of an idle prefill/decode server's NIXL progress thread between two progress
-    calls (0: nixl's default, which never sleeps and keeps a core busy). See
-    ``backends/nixl_progress.py``."""
+    nixl_progress_delay_us: NonNegInt = 20000
+    """Longest sleep of a prefill/decode server's NIXL progress thread: it wakes when UCX
+    signals work, else after this long (0: nixl's default, which never sleeps and keeps a
+    core busy). See ``backends/nixl_progress.py``."""
+    gloo_shared_device: bool = True
+    """Give the server's single-rank torch.distributed gloo groups one device (one idle
+    ``gloo_tcp_loop`` thread instead of one per group, each waking every 10 ms). See
+    ``backends/gloo_device.py``."""
 
 
 class VllmServer(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -123,6 +127,11 @@ class VllmBackend(
     health_timeout_s: PosFloat = 5.0
     scrape_metrics: bool = True
     """Copy the servers' own ``vllm:`` prefix-cache/KV counters into the gateway's /metrics."""
+    scrape_idle_interval_s: PosFloat = 60.0
+    """A server whose scraped page stood still over its last scrape, and that the gateway has
+    sent nothing since, is scraped again only this often (a health check still runs every
+    ``health_interval_s``). Set it to ``health_interval_s`` for servers that other clients
+    also use."""
 
     # -- tenant isolation inside vLLM
     cache_salt: bool = True

@@ -1,9 +1,11 @@
 """Health checks: every server's ``/health`` periodically, ejecting and re-admitting servers.
 
 With ``scrape_metrics`` each passed check also copies the server's own ``/metrics``
-(``backends.scraped_metrics``). With ``served_model`` each passed check also reads what the
-server reports of the model (``backends.remote_revision``), and a changed revision is told to
-``on_revision``.
+(``backends.scraped_metrics``), unless the server is idle: its page stood still over the last
+scrape and the gateway has sent it nothing since. An idle server's page is read every
+``scrape_idle_interval_s`` only, so an idle gateway costs next to nothing. With
+``served_model`` each passed check also reads what the server reports of the model
+(``backends.remote_revision``), and a changed revision is told to ``on_revision``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import aiohttp
 
@@ -26,6 +29,25 @@ HEALTH_FAILURES_TO_EJECT = 3
 answer relayed from the server in between wipes the count (a busy server answers slowly)."""
 
 
+@dataclass(frozen=True)
+class _Scrape:
+    """A server's last scrape: when, what the gateway had sent it, whether the page changed."""
+
+    at: float
+    requests: int
+    inflight: int
+    still: bool
+
+    def idle(self, server: ServerState) -> bool:
+        """Nothing to read since: the page stood still and no request went to the server."""
+        return (
+            self.still
+            and self.inflight == 0
+            and server.inflight == 0
+            and server.requests == self.requests
+        )
+
+
 class HealthMonitor:
     """Checks every server's ``/health`` periodically; ejects and re-admits; scrapes metrics."""
 
@@ -37,7 +59,9 @@ class HealthMonitor:
         interval_s: float,
         timeout_s: float,
         scrape_metrics: bool,
+        scrape_idle_interval_s: float = 60.0,
         served_model: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``served_model``: read each server's report of it (the backend's revision comes
         from its servers)."""
@@ -47,6 +71,9 @@ class HealthMonitor:
         self.timeout_s = timeout_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.scrape_metrics = scrape_metrics
+        self.scrape_idle_interval_s = scrape_idle_interval_s
+        self.clock = clock
+        self._scraped: dict[str, _Scrape] = {}
         self.last_check = 0.0
         self.served_model = served_model
         self.revision: str | None = None
@@ -109,12 +136,25 @@ class HealthMonitor:
             else:
                 self._reported[server.url] = identity
         if self.scrape_metrics:
-            with contextlib.suppress(*HTTP_ERRORS, ValueError):
-                async with session.get(f"{server.url}/metrics", timeout=self._timeout) as page:
-                    text = await page.text() if page.status == 200 else None
-                if text is not None:
-                    samples = await asyncio.to_thread(parse_upstream_metrics, text)
-                    server.previous_upstream, server.upstream = server.upstream, samples
+            await self._scrape(server)
+
+    async def _scrape(self, server: ServerState) -> None:
+        last = self._scraped.get(server.url)
+        now = self.clock()
+        if last is not None and last.idle(server) and now - last.at < self.scrape_idle_interval_s:
+            # What a scrape would read: the same page, so recent averages see nothing new.
+            server.previous_upstream = server.upstream
+            return
+        with contextlib.suppress(*HTTP_ERRORS, ValueError):
+            async with self.http.session.get(
+                f"{server.url}/metrics", timeout=self._timeout
+            ) as page:
+                text = await page.text() if page.status == 200 else None
+            if text is not None:
+                samples = await asyncio.to_thread(parse_upstream_metrics, text)
+                still = samples == server.upstream
+                server.previous_upstream, server.upstream = server.upstream, samples
+                self._scraped[server.url] = _Scrape(now, server.requests, server.inflight, still)
 
     async def aclose(self) -> None:
         if self._task is not None:

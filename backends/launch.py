@@ -30,7 +30,7 @@ import httpx
 import orjson
 import psutil
 
-from backends import nixl_progress
+from backends import gloo_device, nixl_progress
 from backends.config import VllmBackend, VllmLaunch, VllmServer
 from backends.models import prepare_model
 from semcache.package_files import package_file
@@ -42,6 +42,7 @@ CPU_DEFAULT_BLOCK_SIZE = 32
 """CPU attention needs a multiple of 32; prefix-cache hits count whole blocks, so keep it small."""
 
 _GIB = 1 << 30
+QUIET_ENDPOINTS_FLAG = "--disable-access-log-for-endpoints"
 
 
 class VllmStartError(RuntimeError):
@@ -100,6 +101,9 @@ def build_command(
     cmd += ["--model", str(model), "--served-model-name", served_model]
     cmd += ["--host", host, "--port", str(port)]
     cmd += ["--enable-prompt-tokens-details", "--enable-prefix-caching"]
+    if not _has_flag(launch.extra_args, QUIET_ENDPOINTS_FLAG):
+        # the gateway's health checks and scrapes: two log lines every few seconds otherwise
+        cmd += [QUIET_ENDPOINTS_FLAG, "/health,/metrics"]
     if launch.max_model_len is not None:
         cmd += ["--max-model-len", str(launch.max_model_len)]
     env = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
@@ -130,7 +134,10 @@ def build_command(
         env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(launch.nixl_side_channel_port)
     if server.role != "both" and launch.nixl_progress_delay_us > 0:
         env[nixl_progress.DELAY_ENV] = str(launch.nixl_progress_delay_us)
-        shim = str(package_file("backends", "nixl_shim"))
+    if launch.gloo_shared_device:
+        env[gloo_device.ENV] = "1"
+    if nixl_progress.DELAY_ENV in env or gloo_device.ENV in env:
+        shim = str(package_file("backends", "launch_shim"))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [shim, os.environ.get("PYTHONPATH")]))
     cmd += launch.extra_args
     env.update(launch.env)

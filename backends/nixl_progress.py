@@ -4,11 +4,12 @@ nixl's Python agent (``nixl_agent.__init__``) starts its progress thread with
 ``pthrDelay = 0``: between two progress calls the thread only yields, so an idle prefill or
 decode server keeps a core busy. vLLM's NixlConnector passes ``num_threads`` and the backends
 to nixl, never this delay, and nixl's Python API offers no setting for it. So the servers the
-gateway launches import this module at start (``backends/nixl_shim/sitecustomize.py``, put on
+gateway launches import this module at start (``backends/launch_shim/sitecustomize.py``, put on
 their ``PYTHONPATH`` by ``backends.launch``), and it makes the agent's config take
-``SEMCACHE_NIXL_PROGRESS_DELAY_US`` instead of 0. The thread then sleeps that long between
-progress calls; transfers themselves are unchanged (UCX moves the bytes; a transfer's
-completion is seen at most one delay later).
+``SEMCACHE_NIXL_PROGRESS_DELAY_US`` instead of 0. nixl's UCX progress thread polls its
+workers' event fds with that delay as the timeout (``nixlUcxSharedThread::run``): it still
+wakes as soon as UCX signals work, and otherwise sleeps that long; the timeout is nixl's guard
+against a missed wake-up. Transfers themselves are unchanged (UCX moves the bytes).
 
 Checked against nixl 1.5.1 (``nixl_cu12._api`` / ``nixl_cu13._api``): the agent builds a
 ``nixlBind.nixlAgentConfig()``, then sets ``pthrDelay = 0`` on it. ``patch`` swaps the

@@ -55,6 +55,7 @@ class VllmClient:
             interval_s=config.health_interval_s,
             timeout_s=config.health_timeout_s,
             scrape_metrics=config.scrape_metrics,
+            scrape_idle_interval_s=config.scrape_idle_interval_s,
             # no pinned revision and no files to hash: the servers' report is the revision
             served_model=(
                 config.served_model if not config.revision and config.model_path is None else None

@@ -6,9 +6,9 @@ with nixl's own progress thread (`nixl_progress_delay_us = 0`: it never sleeps) 
 with the shipped setting, side by side in one run. Each run sends a little traffic (chat
 through the P/D hand-off, embeddings, classification), then measures the CPU of the whole
 process tree over an idle window, and prints each process group's share of one core and the
-ratio of the two settings.
+ratio of the two settings, with each run's busiest threads (from ``/proc``).
 
-    .venv/bin/python bench/idle_cpu.py [--idle-s 60] [--port 8180]
+    .venv/bin/python bench/idle_cpu.py [--idle-s 60] [--port 8180] [--top 8]
 
 Target: gateway + every vLLM process <= 5 % of one core in total; the gateway <= 1 %.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import tempfile
 import time
@@ -47,6 +48,83 @@ def config_with(delay_us: int | None, port: int, base_port: int) -> str:
             f"nixl_progress_delay_us = {delay_us}, nixl_side_channel_port =",
         )
     return text.replace('data_dir = ".data"', f'data_dir = "{REPO / ".data"}"')
+
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+ThreadKey = tuple[int, int]
+"""(pid, tid)"""
+Threads = dict[ThreadKey, tuple[str, int]]
+"""(pid, tid) → (thread name, CPU ticks so far)"""
+
+
+def thread_ticks(pid: int) -> dict[int, tuple[str, int]]:
+    """tid → (comm, utime + stime in clock ticks) for every thread of ``pid``."""
+    found = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        found[int(tid)] = (comm, int(fields[11]) + int(fields[12]))  # utime, stime
+    return found
+
+
+def thread_snapshot(root: psutil.Process) -> tuple[Threads, dict[int, str]]:
+    """Every thread's ticks of ``root``'s tree, and each process's short description."""
+    ticks: Threads = {}
+    names: dict[int, str] = {}
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            cmd = " ".join(proc.cmdline())
+            name = proc.name()
+        except psutil.Error:
+            continue
+        names[proc.pid] = describe(name, cmd)
+        for tid, value in thread_ticks(proc.pid).items():
+            ticks[(proc.pid, tid)] = value
+    return ticks, names
+
+
+def describe(name: str, cmd: str) -> str:
+    """A process's short name: gateway, a vLLM API server by port, or its own name."""
+    if "server.cli" in cmd:
+        return "gateway"
+    if "--port" in cmd and "vllm" in cmd:
+        port = cmd.split("--port", 1)[1].split()[0]
+        return f"vLLM api :{port}"
+    return f"{name} ({cmd[:60]})"
+
+
+def report_threads(
+    before: Threads,
+    after: Threads,
+    names: dict[int, str],
+    elapsed: float,
+    top: int,
+) -> None:
+    """Print each process's and the ``top`` threads' shares of one core between two snapshots."""
+    rows = []
+    for key, (comm, end) in after.items():
+        start = before.get(key, (comm, 0))[1]
+        rows.append(((end - start) / TICK / elapsed, key, comm))
+    rows.sort(reverse=True)
+    by_process: dict[int, float] = {}
+    for share, (pid, _), _ in rows:
+        by_process[pid] = by_process.get(pid, 0.0) + share
+    total = sum(by_process.values())
+    print(f"idle window {elapsed:.0f} s; total {total:.2%} of one core; by process:")
+    for pid, share in sorted(by_process.items(), key=lambda item: -item[1]):
+        print(f"  {share:7.2%}  pid {pid:<7} {names.get(pid, '?')}")
+    print(f"\ntop {top} threads:")
+    for share, (pid, tid), comm in rows[:top]:
+        print(f"  {share:7.2%}  {comm:16} tid {tid:<7} in pid {pid} {names.get(pid, '?')}")
 
 
 def tree_cpu(root: psutil.Process) -> dict[str, float]:
@@ -102,11 +180,16 @@ async def measure(label: str, delay_us: int | None, args: argparse.Namespace) ->
         await traffic(url)
         await asyncio.sleep(args.settle_s)  # the last answers' own work ends
         root = psutil.Process(server.pid)
+        threads_before, _ = thread_snapshot(root)
         before, t0 = tree_cpu(root), time.monotonic()
         await asyncio.sleep(args.idle_s)
         after, elapsed = tree_cpu(root), time.monotonic() - t0
+        threads_after, names = thread_snapshot(root)
         shares = {k: (after.get(k, 0.0) - before.get(k, 0.0)) / elapsed for k in after}
         shares["total"] = sum(shares.values())
+        if args.top:
+            print(f"\n{label}:")
+            report_threads(threads_before, threads_after, names, elapsed, args.top)
         return shares
     finally:
         await server.stop(grace_s=30)
@@ -136,6 +219,7 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=8180)
     parser.add_argument("--base-port", type=int, default=8190)
     parser.add_argument("--ready-timeout-s", type=float, default=900.0)
+    parser.add_argument("--top", type=int, default=8, help="threads listed per setting")
     args = parser.parse_args()
     met = asyncio.run(run(args))
     print("target met" if met else "target not met")

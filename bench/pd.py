@@ -21,7 +21,7 @@ requests, with the hand-offs abandoned past the bound (``--kv-lease``: the prefi
 lease; the bound is half of it) as the gateway's ``/metrics`` counts them.
 
     .venv/bin/python bench/pd.py --quick                          # smoke check, ~5 min here
-    .venv/bin/python bench/pd.py --quick --nixl-progress-delay-us 0 --nixl-progress-delay-us 1000
+    .venv/bin/python bench/pd.py --quick --nixl-progress-delay-us 0 --nixl-progress-delay-us 20000
     .venv/bin/python bench/pd.py [--requests 64] [--concurrency 8] [--model smollm]
     .venv/bin/python bench/pd.py --mono-url URL --mono-url URL --prefill-url URL --decode-url URL
 
@@ -64,6 +64,8 @@ from backends.protocol import BackendError, RequestContext
 from backends.vllm import VllmClient
 from bench.support import pct_ms, stderr_printer
 from server.speedups import write_bodies_eagerly
+
+SHIPPED_DELAY_US = VllmLaunch().nixl_progress_delay_us
 
 FIRST_CONTENT = re.compile(rb'"(?:content|text)":"[^"]')
 SENTENCES = (
@@ -217,7 +219,9 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
 # -- the two setups ----------------------------------------------------------------------------
 
 
-def server(args: argparse.Namespace, role: str, slot: str, delay_us: int = 1000) -> VllmServer:
+def server(
+    args: argparse.Namespace, role: str, slot: str, delay_us: int | None = None
+) -> VllmServer:
     env = {"CUDA_VISIBLE_DEVICES": slot} if args.gpu else {}
     return VllmServer(
         url=f"http://127.0.0.1:{free_port()}",
@@ -227,7 +231,7 @@ def server(args: argparse.Namespace, role: str, slot: str, delay_us: int = 1000)
             kv_cache_gib=args.kv_cache_gib,
             max_model_len=args.max_model_len,
             nixl_side_channel_port=free_port() if role != "both" else None,
-            nixl_progress_delay_us=delay_us,
+            nixl_progress_delay_us=SHIPPED_DELAY_US if delay_us is None else delay_us,
             env=env,
         ),
     )
@@ -292,7 +296,7 @@ async def run(args: argparse.Namespace) -> None:
         pd += [VllmServer(url=args.decode_url, role="decode")]
         results.append(await run_setup("1P1D", backend(args, "pd", pd), args, False))
     else:
-        for delay in args.nixl_progress_delay_us or [1000]:
+        for delay in args.nixl_progress_delay_us or [SHIPPED_DELAY_US]:
             pd = [
                 server(args, r, s, delay) for r, s in (("prefill", slots[0]), ("decode", slots[1]))
             ]

@@ -49,6 +49,7 @@ def test_cpu_prefill_command_carries_the_cpu_flags_and_producer_role() -> None:
     assert flag_value(cmd, "--port") == "8123"
     assert flag_value(cmd, "--block-size") == "32"
     assert flag_value(cmd, "--max-model-len") == "2048"
+    assert flag_value(cmd, "--disable-access-log-for-endpoints") == "/health,/metrics"
     for flag in ("--enforce-eager", "--enable-prefix-caching", "--enable-prompt-tokens-details"):
         assert flag in cmd
     assert orjson.loads(flag_value(cmd, "--kv-transfer-config")) == {

@@ -1,0 +1,101 @@
+"""One gloo device for a launched vLLM server's single-rank groups: a launch shim.
+
+vLLM builds a torch.distributed group pair (device and CPU) for each of its parallel
+dimensions, with the gloo backend on a CPU, even when every dimension has one rank: 13
+``ProcessGroupGloo`` objects in the worker of a one-process server. torch gives each its own
+gloo TCP device, and each device runs a ``gloo_tcp_loop`` thread whose ``epoll_wait`` times
+out every 10 ms (gloo's ``Loop::run``, not a setting of gloo, torch or vLLM): 1,300 wake-ups a
+second in an idle server. A single-rank group has no peer to connect to, so its device never
+carries a byte; this shim gives all of a process's single-rank groups one device, hence one
+loop thread. Groups of more ranks (tensor parallelism over several processes) keep torch's
+own device each.
+
+The vLLM servers the gateway launches import this module at start (the
+``backends/launch_shim/sitecustomize.py`` on their ``PYTHONPATH``) when
+``SEMCACHE_GLOO_SHARED_DEVICE=1`` (``backends.launch``). Checked against torch 2.13
+(``torch.distributed.distributed_c10d._new_process_group_helper`` constructs
+``ProcessGroupGloo(store, rank, size, timeout=timeout)``). ``patch`` swaps that module's
+``ProcessGroupGloo`` for a subclass that builds the same options with the shared device;
+``tests/backends/test_gloo_device.py`` fails when this stops applying.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import types
+from collections.abc import Sequence
+from typing import Any
+
+ENV = "SEMCACHE_GLOO_SHARED_DEVICE"
+CHECKED_VERSIONS = ("2.13",)
+"""torch releases (major.minor) whose process-group helper this was checked against."""
+C10D_MODULE = "torch.distributed.distributed_c10d"
+THREADS_PER_DEVICE = 2
+"""What torch's ``timeout`` constructor gives a group: two work threads per device."""
+
+
+def patch(module: types.ModuleType) -> None:
+    """Make ``module``'s single-rank gloo groups share one device (idempotent)."""
+    real = module.ProcessGroupGloo
+    if getattr(real, "semcache_shared_device", False):
+        return
+    devices: list[Any] = []
+
+    class SharedDeviceGloo(real):  # type: ignore[misc, valid-type]
+        semcache_shared_device = True
+
+        def __init__(self, store: Any, rank: int, size: int, *args: Any, **kwargs: Any) -> None:
+            if size != 1 or args or not set(kwargs) <= {"timeout"}:
+                super().__init__(store, rank, size, *args, **kwargs)
+                return
+            if not devices:
+                devices.append(real.create_default_device())
+            options = real._Options()
+            if "timeout" in kwargs:
+                options._timeout = kwargs["timeout"]
+            options._devices = devices
+            options._threads = THREADS_PER_DEVICE
+            super().__init__(store, rank, size, options)
+
+    SharedDeviceGloo.__name__ = SharedDeviceGloo.__qualname__ = real.__name__
+    module.ProcessGroupGloo = SharedDeviceGloo  # type: ignore[attr-defined]
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Patches torch's c10d module right after it is first imported."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != C10D_MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader = spec.loader
+
+        class Loader(importlib.abc.Loader):
+            def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+                return loader.create_module(spec)
+
+            def exec_module(self, module: types.ModuleType) -> None:
+                loader.exec_module(module)
+                if hasattr(module, "ProcessGroupGloo"):  # torch built without gloo: leave it
+                    patch(module)
+
+        spec.loader = Loader()
+        return spec
+
+
+def install_from_env() -> None:
+    """Called at interpreter start in a launched vLLM server; a no-op unless enabled."""
+    if os.environ.get(ENV) != "1":
+        return
+    loaded = sys.modules.get(C10D_MODULE)
+    if loaded is not None and hasattr(loaded, "ProcessGroupGloo"):
+        patch(loaded)
+        return
+    sys.meta_path.insert(0, _PatchOnImport())

@@ -1,0 +1,82 @@
+"""Which threads of an idle `make serve` use CPU: a per-thread look at ``bench/idle_cpu.py``.
+
+Starts the embedded default as ``bench/idle_cpu.py`` does (its config, traffic and settle),
+then reads ``/proc/<pid>/task/<tid>/stat`` (utime + stime) of every thread of the process
+tree at the start and the end of an idle window and prints the threads by CPU share of one
+core, each with its process's command line (shortened). ``--hold`` keeps the servers up
+after the report until Ctrl-C (to look further with strace, perf or gdb).
+
+    .venv/bin/python -m bench.diagnostics.idle_threads [--idle-s 30] [--port 8380] [--hold]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench.idle_cpu import config_with, report_threads, thread_snapshot, traffic
+from bench.support import REPO, ServerProcess, child_env, stderr_printer
+
+say = stderr_printer("idle_threads")
+
+
+async def run(args: argparse.Namespace) -> None:
+    folder = Path(tempfile.mkdtemp(prefix="semcache-idle-threads-"))
+    config = folder / "config.toml"
+    text = config_with(args.delay_us, args.port, args.base_port)
+    config.write_text(text)
+    url = f"http://127.0.0.1:{args.port}"
+    command = [sys.executable, "-m", "server.cli", "serve", "--config", str(config)]
+    server = ServerProcess(
+        "serve", command, url, folder / "serve.log", child_env(PYTHONPATH=str(REPO)), REPO
+    )
+    server.start()
+    try:
+        say(f"starting semcache serve (config {config}, log {folder / 'serve.log'})")
+        await server.wait_ready(args.ready_timeout_s)
+        if not args.no_traffic:
+            await traffic(url)
+        await asyncio.sleep(args.settle_s)
+        root = psutil.Process(server.pid)
+        before, _ = thread_snapshot(root)
+        t0 = time.monotonic()
+        await asyncio.sleep(args.idle_s)
+        after, names = thread_snapshot(root)
+        report_threads(before, after, names, time.monotonic() - t0, args.top)
+        if args.hold:
+            say(f"holding; gateway pid {server.pid}; Ctrl-C or SIGTERM to stop")
+            stop = asyncio.Event()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+            await stop.wait()
+    finally:
+        await server.stop(grace_s=30)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--idle-s", type=float, default=30.0)
+    parser.add_argument("--settle-s", type=float, default=5.0)
+    parser.add_argument("--port", type=int, default=8380)
+    parser.add_argument("--base-port", type=int, default=8390)
+    parser.add_argument("--delay-us", type=int, default=None, help="nixl_progress_delay_us")
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--no-traffic", action="store_true")
+    parser.add_argument("--hold", action="store_true")
+    parser.add_argument("--ready-timeout-s", type=float, default=900.0)
+    args = parser.parse_args()
+    asyncio.run(run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
