@@ -30,7 +30,7 @@ import httpx
 import orjson
 import psutil
 
-from backends import nixl_progress
+from backends import cpu_pinning, nixl_progress
 from backends.config import VllmBackend, VllmLaunch, VllmServer
 from backends.models import prepare_model
 from semcache.package_files import package_file
@@ -130,6 +130,9 @@ def build_command(
         env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(launch.nixl_side_channel_port)
     if server.role != "both" and launch.nixl_progress_delay_us > 0:
         env[nixl_progress.DELAY_ENV] = str(launch.nixl_progress_delay_us)
+    if server.role != "both" and device == "cpu" and launch.cpu_cores is not None:
+        env[cpu_pinning.ENV] = "1"
+    if nixl_progress.DELAY_ENV in env or cpu_pinning.ENV in env:
         shim = str(package_file("backends", "nixl_shim"))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [shim, os.environ.get("PYTHONPATH")]))
     cmd += launch.extra_args
@@ -218,6 +221,13 @@ class VllmProcess:
             python=python or sys.executable,
             kv_lease_s=kv_lease_s,
         )
+        self.cores: frozenset[int] | None = None
+        """The CPU cores every process of the server runs on (None: wherever it likes)."""
+        launch = server.launch or VllmLaunch()
+        if self.device == "cpu" and launch.cpu_cores is not None:
+            self.cores = cpu_pinning.parse_cores(launch.cpu_cores)
+            if missing := self.cores - set(range(os.cpu_count() or 1)):
+                raise ValueError(f"vLLM at {server.url}: no CPU core {sorted(missing)} here")
         host, port = _host_port(server.url)
         name = log_name or re.sub(r"[^A-Za-z0-9_.-]+", "_", served_model)
         self.log_path = data_dir / "logs" / f"vllm-{name}-{server.role}-{port}.log"
@@ -262,8 +272,22 @@ class VllmProcess:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=die_with_parent_hook() if self.die_with_parent else None,
+                preexec_fn=self._child_setup(),
             )
+
+    def _child_setup(self) -> Callable[[], None] | None:
+        """What the child runs before exec: its core pinning, its death with the gateway."""
+        hooks = [die_with_parent_hook() if self.die_with_parent else None]
+        hooks.append(cpu_pinning.pin_hook(self.cores) if self.cores is not None else None)
+        chosen = [hook for hook in hooks if hook is not None]
+        if len(chosen) < 2:
+            return chosen[0] if chosen else None
+
+        def setup() -> None:
+            for hook in chosen:
+                hook()
+
+        return setup
 
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of the server's log."""

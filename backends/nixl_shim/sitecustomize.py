@@ -1,5 +1,8 @@
-"""Run at the start of each vLLM server the gateway launches (see ``backends.nixl_progress``)."""
+"""Run at the start of each vLLM server the gateway launches (``backends.launch``): each shim
+below is a no-op unless its environment variable is set (``backends.nixl_progress``,
+``backends.cpu_pinning``)."""
 
-from backends.nixl_progress import install_from_env
+from backends import cpu_pinning, nixl_progress
 
-install_from_env()
+nixl_progress.install_from_env()
+cpu_pinning.install_from_env()
