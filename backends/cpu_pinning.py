@@ -30,6 +30,8 @@ from typing import Any
 
 ENV = "SEMCACHE_NIXL_CORES_WITHIN_AFFINITY"
 PLATFORM_MODULE = "vllm.platforms.cpu"
+VLLM_WORDS = ("auto", "nobind")
+"""``VLLM_CPU_OMP_THREADS_BIND`` values that name no cores: the server is not pinned."""
 
 
 def parse_cores(spec: str) -> frozenset[int]:

@@ -223,9 +223,9 @@ class VllmProcess:
         )
         self.cores: frozenset[int] | None = None
         """The CPU cores every process of the server runs on (None: wherever it likes)."""
-        launch = server.launch or VllmLaunch()
-        if self.device == "cpu" and launch.cpu_cores is not None:
-            self.cores = cpu_pinning.parse_cores(launch.cpu_cores)
+        cores = (server.launch or VllmLaunch()).cpu_cores if self.device == "cpu" else None
+        if cores is not None and cores not in cpu_pinning.VLLM_WORDS:
+            self.cores = cpu_pinning.parse_cores(cores)
             if missing := self.cores - set(range(os.cpu_count() or 1)):
                 raise ValueError(f"vLLM at {server.url}: no CPU core {sorted(missing)} here")
         host, port = _host_port(server.url)
@@ -280,8 +280,8 @@ class VllmProcess:
         hooks = [die_with_parent_hook() if self.die_with_parent else None]
         hooks.append(cpu_pinning.pin_hook(self.cores) if self.cores is not None else None)
         chosen = [hook for hook in hooks if hook is not None]
-        if len(chosen) < 2:
-            return chosen[0] if chosen else None
+        if not chosen:
+            return None
 
         def setup() -> None:
             for hook in chosen:

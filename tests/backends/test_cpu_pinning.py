@@ -125,6 +125,16 @@ def test_a_process_started_pinned_runs_on_its_cores_only(tmp_path: Path) -> None
         assert out.stdout.strip() == str(sorted(cores))
 
 
+def test_vllm_own_binding_words_leave_the_server_unpinned(tmp_path: Path) -> None:
+    for word in cpu_pinning.VLLM_WORDS:
+        server = VllmServer(url="http://127.0.0.1:8000", launch=VllmLaunch(cpu_cores=word))
+        process = VllmProcess(
+            model=MODEL, served_model="m", server=server, data_dir=tmp_path, device="cpu"
+        )
+        assert process.cores is None
+        assert process.extra_env["VLLM_CPU_OMP_THREADS_BIND"] == word
+
+
 def test_a_core_the_machine_lacks_is_refused(tmp_path: Path) -> None:
     core = str(os.cpu_count() or 1)
     server = VllmServer(url="http://127.0.0.1:8000", launch=VllmLaunch(cpu_cores=core))
