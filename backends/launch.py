@@ -30,7 +30,7 @@ import httpx
 import orjson
 import psutil
 
-from backends import gloo_device, nixl_progress
+from backends import cpu_pinning, gloo_device, nixl_progress
 from backends.config import VllmBackend, VllmLaunch, VllmServer
 from backends.models import prepare_model
 from semcache.package_files import package_file
@@ -136,7 +136,9 @@ def build_command(
         env[nixl_progress.DELAY_ENV] = str(launch.nixl_progress_delay_us)
     if launch.gloo_shared_device:
         env[gloo_device.ENV] = "1"
-    if nixl_progress.DELAY_ENV in env or gloo_device.ENV in env:
+    if server.role != "both" and device == "cpu" and launch.cpu_cores is not None:
+        env[cpu_pinning.ENV] = "1"
+    if any(name in env for name in (nixl_progress.DELAY_ENV, gloo_device.ENV, cpu_pinning.ENV)):
         shim = str(package_file("backends", "launch_shim"))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [shim, os.environ.get("PYTHONPATH")]))
     cmd += launch.extra_args
@@ -225,6 +227,13 @@ class VllmProcess:
             python=python or sys.executable,
             kv_lease_s=kv_lease_s,
         )
+        self.cores: frozenset[int] | None = None
+        """The CPU cores every process of the server runs on (None: wherever it likes)."""
+        cores = (server.launch or VllmLaunch()).cpu_cores if self.device == "cpu" else None
+        if cores is not None and cores not in cpu_pinning.VLLM_WORDS:
+            self.cores = cpu_pinning.parse_cores(cores)
+            if missing := self.cores - set(range(os.cpu_count() or 1)):
+                raise ValueError(f"vLLM at {server.url}: no CPU core {sorted(missing)} here")
         host, port = _host_port(server.url)
         name = log_name or re.sub(r"[^A-Za-z0-9_.-]+", "_", served_model)
         self.log_path = data_dir / "logs" / f"vllm-{name}-{server.role}-{port}.log"
@@ -269,8 +278,22 @@ class VllmProcess:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
-                preexec_fn=die_with_parent_hook() if self.die_with_parent else None,
+                preexec_fn=self._child_setup(),
             )
+
+    def _child_setup(self) -> Callable[[], None] | None:
+        """What the child runs before exec: its core pinning, its death with the gateway."""
+        hooks = [die_with_parent_hook() if self.die_with_parent else None]
+        hooks.append(cpu_pinning.pin_hook(self.cores) if self.cores is not None else None)
+        chosen = [hook for hook in hooks if hook is not None]
+        if not chosen:
+            return None
+
+        def setup() -> None:
+            for hook in chosen:
+                hook()
+
+        return setup
 
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of the server's log."""

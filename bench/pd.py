@@ -24,6 +24,15 @@ lease; the bound is half of it) as the gateway's ``/metrics`` counts them.
     .venv/bin/python bench/pd.py --quick --nixl-progress-delay-us 0 --nixl-progress-delay-us 20000
     .venv/bin/python bench/pd.py [--requests 64] [--concurrency 8] [--model smollm]
     .venv/bin/python bench/pd.py --mono-url URL --mono-url URL --prefill-url URL --decode-url URL
+    .venv/bin/python bench/pd.py --ttft-640 [--requests 10] [--model smollm]
+
+``--ttft-640`` (issue 16): one request at a time, each a fresh ~640-token chat prompt with 8
+output tokens (streamed), sent both to a single ``role = "both"`` server on the first slot and
+through the gateway's 1P1D path (prefill on the first slot, decode on the second, as in the
+default config); all three servers are up together and the two setups take turns, so both see
+the same load of a shared machine. Latency p50/max per setup, the ratio 1P1D/single, the
+prefill hop and the KV hand-off. The default model here is SmolLM2-135M-Instruct, what
+``make serve`` runs.
 
 On a GPU machine (2 GPUs, vLLM with CUDA and nixl installed, a local HF model folder):
 
@@ -184,6 +193,114 @@ async def measure(setup: str, client: VllmClient, args: argparse.Namespace) -> R
     return result
 
 
+PROMPT_TOKENS = re.compile(rb'"prompt_tokens":(\d+)')
+
+
+async def one_answer(client: VllmClient, text: str, args: argparse.Namespace) -> Sample:
+    """``--ttft-640``: one streamed chat; ``gaps_s`` holds the whole request's latency."""
+    body: dict[str, Any] = {
+        "model": client.served_model,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": args.max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    ctx = RequestContext(request_id=uuid.uuid4().hex, tenant="bench", salt_scope="bench")
+    started = time.perf_counter()
+    stream = await client.open_stream("/v1/chat/completions", body, ctx)
+    if stream.status != 200:
+        raise BackendError("broken", f"HTTP {stream.status}: {(await stream.read_all())[:200]!r}")
+    first: float | None = None
+    received = b""
+    async for chunk in stream.chunks():
+        received += chunk
+        if first is None and FIRST_CONTENT.search(received):
+            first = time.perf_counter()
+    ended = time.perf_counter()
+    found = PROMPT_TOKENS.findall(received)
+    tokens = int(found[-1]) if found else 0
+    ttft = (first or ended) - started
+    return Sample("long", ttft, [ended - started], tokens, ctx.usage.pd_handoff_s)
+
+
+async def run_interleaved(args: argparse.Namespace, slots: list[str]) -> list[Result]:
+    """``--ttft-640``: a single server and a 1P1D pair up together, each prompt sent to both
+    in turn (the order alternating), so both see the same load of a shared machine."""
+    configs = {
+        "single": backend(args, "single", [server(args, "both", slots[0])]),
+        "1P1D": backend(
+            args,
+            "pd",
+            [server(args, r, s) for r, s in (("prefill", slots[0]), ("decode", slots[1]))],
+        ),
+    }
+    launcher = Launcher(list(configs.values()), Path(args.data_dir), progress=say)
+    await launcher.start()
+    write_bodies_eagerly(asyncio.get_running_loop())  # as the gateway's lifespan does
+    clients = {name: VllmClient(config) for name, config in configs.items()}
+    results = {name: Result(name, 0.0) for name in configs}
+    try:
+        rng = random.Random(7)
+        base = random.randrange(1_000_000)  # unique across runs: no prefix-cache help
+        texts = [prompt(base + i, args.long_tokens, rng) for i in range(args.requests + 2)]
+        say(f"2 warm-up prompts, then {args.requests}, one request at a time, to both setups")
+        for i, text in enumerate(texts):
+            order = list(clients) if i % 2 == 0 else list(reversed(clients))
+            for name in order:
+                try:
+                    sample = await one_answer(clients[name], text, args)
+                except BackendError as exc:
+                    results[name].errors.append(exc.message)
+                    continue
+                if i >= 2:
+                    results[name].samples.append(sample)
+        for name, client in clients.items():
+            stats = client.stats
+            notes = f"hops {dict(stats.hops)}"
+            count, total = histogram_totals(stats.prefill_seconds)
+            if count:
+                notes += f"; prefill hop mean {total / count * 1000:.0f} ms (n={count})"
+            handoffs = [s.handoff_s for s in results[name].samples if s.handoff_s is not None]
+            if handoffs:
+                notes += (
+                    f"\n{'':<10}KV hand-off (prefill answer to decode's first event) p50 "
+                    f"{pct_ms(handoffs, 50):.0f} ms, p99 {pct_ms(handoffs, 99):.0f} ms, "
+                    f"max {max(handoffs) * 1000:.0f} ms (n={len(handoffs)})"
+                )
+            results[name].notes = notes
+    finally:
+        for client in clients.values():
+            await client.aclose()
+        await launcher.stop()
+    return list(results.values())
+
+
+def report_sequential(results: list[Result], args: argparse.Namespace) -> None:
+    tokens = [s.tokens for r in results for s in r.samples]
+    print(
+        f"\nworkload: {args.requests} streamed chat requests one at a time, each prompt "
+        f"({min(tokens, default=0)}-{max(tokens, default=0)} tokens, no prefix-cache help) sent "
+        f"to both setups in turn, {args.max_tokens} output tokens, model {args.served_name}\n"
+    )
+    print(f"{'setup':<10}{'n':>4}{'p50':>10}{'max':>10}{'TTFT p50':>11}")
+    for r in results:
+        latencies = [s.gaps_s[0] for s in r.samples]
+        print(
+            f"{r.setup:<10}{len(latencies):>4}{pct_ms(latencies, 50):>8.0f}ms"
+            f"{max(latencies, default=float('nan')) * 1000:>8.0f}ms"
+            f"{pct_ms([s.ttft_s for s in r.samples], 50):>9.0f}ms"
+        )
+        if r.errors:
+            print(f"{'':<10}errors: {len(r.errors)} (first: {r.errors[0]})")
+        print(f"{'':<10}{r.notes}")
+    by_setup = {r.setup: [s.gaps_s[0] for s in r.samples] for r in results}
+    if by_setup.get("single") and by_setup.get("1P1D"):
+        ratio = pct_ms(by_setup["1P1D"], 50) / pct_ms(by_setup["single"], 50)
+        print(f"\n1P1D / single, p50 latency: {ratio:.2f}x")
+
+
 def report(results: list[Result], args: argparse.Namespace) -> None:
     print(
         f"\nworkload: {args.requests} streamed chat requests, {args.concurrency} concurrent, "
@@ -284,6 +401,9 @@ async def run(args: argparse.Namespace) -> None:
         args.model_path = args.model
         args.served_name = args.served_name or Path(args.model).name
     results = []
+    if args.ttft_640:
+        report_sequential(await run_interleaved(args, slots), args)
+        return
     if args.mono_url:
         mono = [VllmServer(url=u) for u in args.mono_url]
     else:
@@ -328,6 +448,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--data-dir", default=str(test_data_dir()))
     ap.add_argument("--quick", action="store_true", help="24 requests, 4 concurrent")
     ap.add_argument(
+        "--ttft-640",
+        action="store_true",
+        help="issue 16's request (~640-token prompt, 8 tokens) one at a time: one single "
+        "server vs 1P1D (default here: --requests 10, --model smollm)",
+    )
+    ap.add_argument(
         "--nixl-progress-delay-us",
         type=int,
         action="append",
@@ -340,6 +466,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.quick:
         args.requests, args.concurrency = 24, 4
+    if args.ttft_640:
+        defaults = build_parser().parse_args([])
+        for name, value in (("requests", 10), ("model", "smollm")):
+            if getattr(args, name) == getattr(defaults, name):
+                setattr(args, name, value)
+        args.long_tokens, args.max_tokens = 690, 8  # ~640 SmolLM2 tokens with the template
     asyncio.run(run(args))
     return 0
 

@@ -1,0 +1,232 @@
+"""Launched vLLM servers stay on their configured cores (``backends/cpu_pinning.py``).
+
+The fast tests fail when vLLM stops calling the code the shim patches; the slow one launches
+the default config's prefill/decode pair (the tiny model in place of SmolLM2) through the
+launcher ``semcache serve`` uses and reads every thread's affinity from /proc.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import httpx
+import msgspec
+import psutil
+import pytest
+
+from backends import cpu_pinning
+from backends.config import VllmBackend, VllmLaunch, VllmServer
+from backends.harness.metrics import metric_value
+from backends.harness.ports import free_port
+from backends.harness.tiny_llama import build_tiny_llama
+from backends.harness.vllm_process import TINY_MODEL_NAME
+from backends.launch import Launcher, VllmProcess, build_command
+from server.config import load_config
+
+MODEL = Path("/models/m")
+TWO_CORES = pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs cores 0 and 1")
+
+
+def test_parse_cores_reads_vllm_bind_lists() -> None:
+    assert cpu_pinning.parse_cores("1") == {1}
+    assert cpu_pinning.parse_cores("0-2,5") == {0, 1, 2, 5}
+    assert cpu_pinning.parse_cores("0-1|3") == {0, 1, 3}
+    for bad in ("", "auto", "1-", "a-2"):
+        with pytest.raises(ValueError, match="not a list of CPU cores"):
+            cpu_pinning.parse_cores(bad)
+
+
+def test_within_keeps_only_allowed_cores_and_drops_empty_groups() -> None:
+    assert cpu_pinning.within([[0, 1], [2, 3]], {1, 3}) == [[1], [3]]
+    assert cpu_pinning.within([[0, 1], [2, 3]], {0}) == [[0]]
+    assert cpu_pinning.within([[0, 1]], {5}) == []
+
+
+def test_vllm_nixl_still_pins_its_thread_to_the_discovered_topology() -> None:
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.base_worker import (
+        NixlBaseConnectorWorker,
+    )
+
+    source = inspect.getsource(NixlBaseConnectorWorker.__init__)
+    assert "current_platform.discover_numa_topology()" in source, (
+        "vLLM changed how NixlConnector picks its cores: re-check backends/cpu_pinning.py"
+    )
+    assert "os.sched_setaffinity(0, rsv_cores_for_kv)" in source
+
+
+@pytest.mark.parametrize(
+    ("role", "cores", "device", "shimmed"),
+    [
+        ("prefill", "0", "cpu", True),
+        ("decode", "1", "cpu", True),
+        ("both", "0", "cpu", False),  # no NixlConnector
+        ("decode", None, "cpu", False),
+        ("decode", "1", "cuda", False),
+    ],
+)
+def test_cpu_pd_servers_with_cores_get_the_shim(
+    role: str, cores: str | None, device: str, shimmed: bool
+) -> None:
+    launch = VllmLaunch(cpu_cores=cores, nixl_progress_delay_us=0, gloo_shared_device=False)
+    server = VllmServer(url="http://127.0.0.1:8000", role=role, launch=launch)  # type: ignore[arg-type]
+    _, env = build_command(
+        model=MODEL,
+        served_model="m",
+        server=server,
+        device=device,  # type: ignore[arg-type]
+        python="p",
+    )
+    assert (env.get(cpu_pinning.ENV) == "1") is shimmed
+    assert ("PYTHONPATH" in env) is shimmed
+
+
+@TWO_CORES
+def test_the_shim_keeps_the_nixl_core_within_the_process_affinity() -> None:
+    server = VllmServer(
+        url="http://127.0.0.1:8000", role="prefill", launch=VllmLaunch(cpu_cores="0")
+    )
+    _, env = build_command(model=MODEL, served_model="m", server=server, device="cpu", python="p")
+    code = (
+        "from vllm.platforms.cpu import CpuPlatform\n"
+        "print(sorted(c for g in CpuPlatform.discover_numa_topology() for c in g))"
+    )
+    runs = {}
+    for shim in ("1", "0"):
+        runs[shim] = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, **env, cpu_pinning.ENV: shim},
+            preexec_fn=cpu_pinning.pin_hook({0}),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=True,
+        ).stdout.split("\n")[-2]
+    assert runs["1"] == "[0]"
+    assert runs["0"] != "[0]"  # unpatched: vLLM reads /sys and offers a core outside {0}
+
+
+@TWO_CORES
+def test_a_process_started_pinned_runs_on_its_cores_only(tmp_path: Path) -> None:
+    probe = "import os; print(sorted(os.sched_getaffinity(0)))"
+    for cores in ({0}, {1}, {0, 1}):
+        out = subprocess.run(
+            [sys.executable, "-c", probe],
+            preexec_fn=cpu_pinning.pin_hook(cores),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert out.stdout.strip() == str(sorted(cores))
+
+
+def test_vllm_own_binding_words_leave_the_server_unpinned(tmp_path: Path) -> None:
+    for word in cpu_pinning.VLLM_WORDS:
+        server = VllmServer(url="http://127.0.0.1:8000", launch=VllmLaunch(cpu_cores=word))
+        process = VllmProcess(
+            model=MODEL, served_model="m", server=server, data_dir=tmp_path, device="cpu"
+        )
+        assert process.cores is None
+        assert process.extra_env["VLLM_CPU_OMP_THREADS_BIND"] == word
+
+
+def test_a_core_the_machine_lacks_is_refused(tmp_path: Path) -> None:
+    core = str(os.cpu_count() or 1)
+    server = VllmServer(url="http://127.0.0.1:8000", launch=VllmLaunch(cpu_cores=core))
+    with pytest.raises(ValueError, match=f"no CPU core \\[{core}\\]"):
+        VllmProcess(model=MODEL, served_model="m", server=server, data_dir=tmp_path, device="cpu")
+
+
+# -- the default config's pair, launched --------------------------------------------------------
+
+
+def thread_affinities(pid: int) -> dict[str, frozenset[int]]:
+    """``"pid process/tid thread" -> allowed cores`` for every thread of ``pid`` and its
+    descendants."""
+    found: dict[str, frozenset[int]] = {}
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        tasks = Path(f"/proc/{proc.pid}/task")
+        try:
+            tids = [entry.name for entry in tasks.iterdir()]
+            process = f"{proc.pid} {proc.name()}"
+        except (OSError, psutil.Error):
+            continue  # the process ended meanwhile
+        for tid in tids:
+            try:
+                status = (tasks / tid / "status").read_text()
+                name = (tasks / tid / "comm").read_text().strip()
+            except OSError:
+                continue
+            line = next(x for x in status.splitlines() if x.startswith("Cpus_allowed_list:"))
+            found[f"{process}/{tid} {name}"] = cpu_pinning.parse_cores(line.split()[1])
+    return found
+
+
+def default_pd_backend(model: Path) -> VllmBackend:
+    """The default config's vLLM backend, on free ports, serving the tiny model."""
+    config = load_config()
+    (backend,) = [b for b in config.backends if isinstance(b, VllmBackend)]
+
+    def moved(server: VllmServer) -> VllmServer:
+        assert server.launch is not None
+        launch = msgspec.structs.replace(
+            server.launch, nixl_side_channel_port=free_port(), max_model_len=2048
+        )
+        return msgspec.structs.replace(server, url=f"http://127.0.0.1:{free_port()}", launch=launch)
+
+    return msgspec.structs.replace(
+        backend,
+        served_model=TINY_MODEL_NAME,
+        model_path=str(model),
+        servers=[moved(s) for s in backend.servers],
+    )
+
+
+@TWO_CORES
+@pytest.mark.slow
+async def test_every_thread_of_the_default_pd_pair_runs_on_its_configured_core(
+    data_dir: Path,
+) -> None:
+    model = await asyncio.to_thread(build_tiny_llama, data_dir / "models" / TINY_MODEL_NAME)
+    backend = default_pd_backend(model)
+    configured = {s.role: s.launch.cpu_cores for s in backend.servers if s.launch}
+    assert configured == {"prefill": "0", "decode": "1"}  # each on a core of its own
+    async with Launcher([backend], data_dir, progress=lambda _: None) as launcher:
+        prefill, decode = launcher.processes
+        # One hand-off first: the NIXL handshake starts threads of its own.
+        text = f"{uuid.uuid4()} " + "A bird visits the old tree every day. " * 20
+        body = {"model": TINY_MODEL_NAME, "prompt": text, "temperature": 0}
+        async with httpx.AsyncClient(timeout=120) as client:
+            first = await client.post(
+                f"{prefill.url}/v1/completions",
+                json={**body, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}},
+            )
+            params = first.json()["kv_transfer_params"]
+            second = await client.post(
+                f"{decode.url}/v1/completions",
+                json={**body, "max_tokens": 4, "kv_transfer_params": params},
+            )
+            assert second.status_code == 200
+            for _ in range(100):  # the step's stats are published after the answer
+                pulled = await metric_value(
+                    decode.url, "vllm:external_prefix_cache_hits_total", client=client
+                )
+                if pulled > 0:
+                    break
+                await asyncio.sleep(0.1)
+            assert pulled > 0  # the decode server did pull the prompt's KV over NIXL
+        for process in (prefill, decode):
+            assert process.pid is not None
+            threads = thread_affinities(process.pid)
+            names = " ".join(threads)
+            assert "VLLM::Worker" in names and "VLLM::EngineCore" in names
+            assert process.server.launch is not None
+            cores = cpu_pinning.parse_cores(process.server.launch.cpu_cores or "")
+            strays = {t: sorted(c) for t, c in threads.items() if not c <= cores}
+            assert not strays, f"{process.server.role} threads off cores {sorted(cores)}: {strays}"
