@@ -1,0 +1,34 @@
+"""Ports for the servers tests start: free, and out of the kernel's ephemeral range."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from backends.harness import ports
+
+
+def test_a_free_port_is_bindable_and_below_the_ephemeral_range() -> None:
+    start = ports._ephemeral_start()
+    for _ in range(20):
+        port = ports.free_port()
+        assert ports.LOWEST <= port < start
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+
+
+def test_a_port_in_use_is_never_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        picks = iter([taken, taken, taken - 1])
+
+        class Picks:
+            def randrange(self, low: int, high: int) -> int:
+                return next(picks)
+
+        monkeypatch.setattr(ports.random, "SystemRandom", Picks)
+        monkeypatch.setattr(ports, "_ephemeral_start", lambda: 65_536)
+        assert ports.free_port() == taken - 1
