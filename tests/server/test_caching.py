@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -9,7 +10,15 @@ import msgspec
 from semcache.entry import CachedAnswer, encode_entry
 from semcache.exact import CacheResult, CacheStatus
 from semcache.keys import CacheKey
-from server.caching import edge_headers, etag_matches, not_modified, reshaped
+from server.caching import (
+    DIRECTIVE_HEADERS,
+    CacheDirectives,
+    directives_from,
+    edge_headers,
+    etag_matches,
+    not_modified,
+    reshaped,
+)
 
 BODY = b'{"object":"list","data":[]}'
 
@@ -118,3 +127,43 @@ def test_a_reshaped_answer_keeps_its_cache_control_but_no_validator(client: Any)
     assert r.headers["cache-control"].startswith("public, max-age=")
     assert "etag" not in r.headers and "content-location" not in r.headers
     assert reshaped({"ETag": '"a"', "content-location": "/x", "age": "1"}) == {"age": "1"}
+
+
+class ReadHeaders(Mapping[str, str]):
+    """Headers that remember which names were asked for."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+        self.asked: set[str] = set()
+
+    def __getitem__(self, name: str) -> str:
+        self.asked.add(name)
+        return self.values[name]
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self.asked.add(name)
+        return self.values.get(name, default)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+def test_directive_headers_are_every_header_the_cache_reads() -> None:
+    # Early hits answer a request with none of DIRECTIVE_HEADERS as if it asked nothing.
+    none = ReadHeaders({"authorization": "Bearer k", "x-request-id": "r"})
+    assert directives_from(none) == CacheDirectives()
+    assert none.asked == DIRECTIVE_HEADERS
+    asking = {
+        "cache-control": "no-cache",
+        "cf-aig-skip-cache": "true",
+        "cf-aig-cache-ttl": "60",
+        "cf-aig-cache-key": "k",
+        "x-semcache-tags": "a",
+        "x-semcache-semantic-threshold": "0.9",
+    }
+    assert set(asking) == DIRECTIVE_HEADERS
+    for name, value in asking.items():
+        assert directives_from({name: value}) != CacheDirectives(), name
