@@ -20,13 +20,11 @@ Two things put a CPU server elsewhere, and no vLLM setting changes either:
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import os
-import sys
 import types
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+
+from backends.import_patch import patch_when_imported
 
 ENV = "SEMCACHE_NIXL_CORES_WITHIN_AFFINITY"
 PLATFORM_MODULE = "vllm.platforms.cpu"
@@ -77,36 +75,8 @@ def patch(module: types.ModuleType) -> None:
     platform.discover_numa_topology = classmethod(discover_numa_topology)
 
 
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Patches vLLM's CPU platform module right after it is first imported."""
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != PLATFORM_MODULE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-
-        class Loader(importlib.abc.Loader):
-            def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
-                return loader.create_module(spec)
-
-            def exec_module(self, module: types.ModuleType) -> None:
-                loader.exec_module(module)
-                patch(module)
-
-        spec.loader = Loader()
-        return spec
-
-
 def install_from_env() -> None:
     """Called at interpreter start in a launched vLLM server; a no-op unless ``ENV`` is set."""
     if os.environ.get(ENV) != "1":
         return
-    loaded = sys.modules.get(PLATFORM_MODULE)
-    if loaded is not None:
-        patch(loaded)
-    sys.meta_path.insert(0, _PatchOnImport())
+    patch_when_imported([PLATFORM_MODULE], patch)

@@ -21,13 +21,11 @@ The vLLM servers the gateway launches import this module at start (the
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import os
-import sys
 import types
-from collections.abc import Sequence
 from typing import Any
+
+from backends.import_patch import patch_when_imported
 
 ENV = "SEMCACHE_GLOO_SHARED_DEVICE"
 CHECKED_VERSIONS = ("2.13",)
@@ -38,13 +36,14 @@ THREADS_PER_DEVICE = 2
 
 
 def patch(module: types.ModuleType) -> None:
-    """Make ``module``'s single-rank gloo groups share one device (idempotent)."""
-    real = module.ProcessGroupGloo
-    if getattr(real, "semcache_shared_device", False):
+    """Make ``module``'s single-rank gloo groups share one device (idempotent; a torch built
+    without gloo is left alone)."""
+    real: Any = getattr(module, "ProcessGroupGloo", None)
+    if real is None or getattr(real, "semcache_shared_device", False):
         return
     devices: list[Any] = []
 
-    class SharedDeviceGloo(real):  # type: ignore[misc, valid-type]
+    class SharedDeviceGloo(real):
         semcache_shared_device = True
 
         def __init__(self, store: Any, rank: int, size: int, *args: Any, **kwargs: Any) -> None:
@@ -64,38 +63,8 @@ def patch(module: types.ModuleType) -> None:
     module.ProcessGroupGloo = SharedDeviceGloo  # type: ignore[attr-defined]
 
 
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Patches torch's c10d module right after it is first imported."""
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != C10D_MODULE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-
-        class Loader(importlib.abc.Loader):
-            def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
-                return loader.create_module(spec)
-
-            def exec_module(self, module: types.ModuleType) -> None:
-                loader.exec_module(module)
-                if hasattr(module, "ProcessGroupGloo"):  # torch built without gloo: leave it
-                    patch(module)
-
-        spec.loader = Loader()
-        return spec
-
-
 def install_from_env() -> None:
     """Called at interpreter start in a launched vLLM server; a no-op unless enabled."""
     if os.environ.get(ENV) != "1":
         return
-    loaded = sys.modules.get(C10D_MODULE)
-    if loaded is not None and hasattr(loaded, "ProcessGroupGloo"):
-        patch(loaded)
-        return
-    sys.meta_path.insert(0, _PatchOnImport())
+    patch_when_imported([C10D_MODULE], patch)

@@ -19,13 +19,12 @@ the configured delay. ``tests/backends/test_nixl_progress.py`` fails when this s
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
+import functools
 import os
-import sys
 import types
-from collections.abc import Sequence
 from typing import Any
+
+from backends.import_patch import patch_when_imported
 
 DELAY_ENV = "SEMCACHE_NIXL_PROGRESS_DELAY_US"
 CHECKED_VERSIONS = ("1.5",)
@@ -61,43 +60,9 @@ class _BindView(types.ModuleType):
         return getattr(self.real, name)
 
 
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Patches each agent module right after it is first imported."""
-
-    def __init__(self, delay_us: int) -> None:
-        self.delay_us = delay_us
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname not in AGENT_MODULES:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return spec
-        loader = spec.loader
-        delay_us = self.delay_us
-
-        class Loader(importlib.abc.Loader):
-            def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
-                return loader.create_module(spec)
-
-            def exec_module(self, module: types.ModuleType) -> None:
-                loader.exec_module(module)
-                patch(module, delay_us)
-
-        spec.loader = Loader()
-        return spec
-
-
 def install_from_env() -> None:
     """Called at interpreter start in a launched vLLM server; a no-op unless the delay is set."""
     raw = os.environ.get(DELAY_ENV, "")
     if not raw.isdigit() or int(raw) == 0:
         return
-    delay_us = int(raw)
-    for name in AGENT_MODULES:
-        loaded = sys.modules.get(name)
-        if loaded is not None:
-            patch(loaded, delay_us)
-    sys.meta_path.insert(0, _PatchOnImport(delay_us))
+    patch_when_imported(AGENT_MODULES, functools.partial(patch, delay_us=int(raw)))

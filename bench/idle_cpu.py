@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -164,7 +166,11 @@ async def traffic(url: str) -> None:
         r.raise_for_status()
 
 
-async def measure(label: str, delay_us: int | None, args: argparse.Namespace) -> dict[str, float]:
+@contextlib.asynccontextmanager
+async def serve_default(
+    label: str, delay_us: int | None, args: argparse.Namespace
+) -> AsyncIterator[tuple[str, ServerProcess]]:
+    """``semcache serve`` with the default config (``config_with``), ready; stopped after."""
     folder = Path(tempfile.mkdtemp(prefix="semcache-idle-"))
     config = folder / "config.toml"
     config.write_text(config_with(delay_us, args.port, args.base_port))
@@ -175,8 +181,15 @@ async def measure(label: str, delay_us: int | None, args: argparse.Namespace) ->
     )
     server.start()
     try:
-        say(f"{label}: starting semcache serve (log {folder / 'serve.log'})")
+        say(f"{label}: starting semcache serve (config {config}, log {folder / 'serve.log'})")
         await server.wait_ready(args.ready_timeout_s)
+        yield url, server
+    finally:
+        await server.stop(grace_s=30)
+
+
+async def measure(label: str, delay_us: int | None, args: argparse.Namespace) -> dict[str, float]:
+    async with serve_default(label, delay_us, args) as (url, server):
         await traffic(url)
         await asyncio.sleep(args.settle_s)  # the last answers' own work ends
         root = psutil.Process(server.pid)
@@ -191,8 +204,6 @@ async def measure(label: str, delay_us: int | None, args: argparse.Namespace) ->
             print(f"\n{label}:")
             report_threads(threads_before, threads_after, names, elapsed, args.top)
         return shares
-    finally:
-        await server.stop(grace_s=30)
 
 
 async def run(args: argparse.Namespace) -> bool:

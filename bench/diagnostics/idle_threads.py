@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,26 +22,14 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from bench.idle_cpu import config_with, report_threads, thread_snapshot, traffic
-from bench.support import REPO, ServerProcess, child_env, stderr_printer
+from bench.idle_cpu import report_threads, serve_default, thread_snapshot, traffic
+from bench.support import stderr_printer
 
 say = stderr_printer("idle_threads")
 
 
 async def run(args: argparse.Namespace) -> None:
-    folder = Path(tempfile.mkdtemp(prefix="semcache-idle-threads-"))
-    config = folder / "config.toml"
-    text = config_with(args.delay_us, args.port, args.base_port)
-    config.write_text(text)
-    url = f"http://127.0.0.1:{args.port}"
-    command = [sys.executable, "-m", "server.cli", "serve", "--config", str(config)]
-    server = ServerProcess(
-        "serve", command, url, folder / "serve.log", child_env(PYTHONPATH=str(REPO)), REPO
-    )
-    server.start()
-    try:
-        say(f"starting semcache serve (config {config}, log {folder / 'serve.log'})")
-        await server.wait_ready(args.ready_timeout_s)
+    async with serve_default("idle threads", args.delay_us, args) as (url, server):
         if not args.no_traffic:
             await traffic(url)
         await asyncio.sleep(args.settle_s)
@@ -58,8 +45,6 @@ async def run(args: argparse.Namespace) -> None:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 asyncio.get_running_loop().add_signal_handler(sig, stop.set)
             await stop.wait()
-    finally:
-        await server.stop(grace_s=30)
 
 
 def main() -> int:
