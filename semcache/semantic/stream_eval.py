@@ -14,7 +14,19 @@ judge). Each policy sees the same stream:
   answer was wrong.
 
 The score is the cosine of the encoder's vectors, or the pair verifier's probability of the
-nearest entry by cosine. Error rate is the share of wrong answers among those served.
+nearest entry by cosine. Error rate is the share of wrong answers among those served; the
+share of wrong answers among all requests (vCache's error rate) is shown beside it.
+
+Two figures say how far any policy could go on a stream, whatever its decision rule:
+
+- the ceiling: every request whose cluster was asked before served right, plus as many wrong
+  answers as ``max_error`` allows (``ceiling``); when twice the best static threshold's hits
+  is above it, no policy meets a 2x target on that stream;
+- informed: of the candidates the verified policy decided on, those whose entry had judged
+  observations of its own. Only these can be told apart from what a score threshold would
+  do: the rest are decided from the partition's observations at about the same score, which
+  is a threshold learned online (the best static threshold is that threshold tuned knowing
+  the labels).
 
 ``build_repeated_stream`` makes the workload vCache targets instead: questions asked again
 and again. Requests draw a cluster by a Zipf-like popularity, one of its questions, and a
@@ -62,6 +74,8 @@ class Outcome(msgspec.Struct, kw_only=True):
     wrong: int
     explores: int
     """Requests sent to the backend although an entry was a candidate (judged)."""
+    informed: int = 0
+    """Verified: decisions on an entry that had judged observations of its own."""
 
     @property
     def hit_rate(self) -> float:
@@ -70,6 +84,11 @@ class Outcome(msgspec.Struct, kw_only=True):
     @property
     def error_rate(self) -> float:
         return self.wrong / self.hits if self.hits else 0.0
+
+    @property
+    def wrong_per_request(self) -> float:
+        """Wrong answers among all requests (vCache's error rate)."""
+        return self.wrong / self.requests if self.requests else 0.0
 
     @property
     def error_upper(self) -> float:
@@ -228,7 +247,7 @@ def run_verified(
     entries: list[int] = []
     observations: dict[int, list[Observation]] = {}
     prior = PartitionPrior()
-    hits = wrong = explores = 0
+    hits = wrong = explores = informed = 0
     for i in range(len(stream.texts)):
         j = _nearest(sims, i, entries)
         if j is None or sims[i, j] < floor:
@@ -236,6 +255,7 @@ def run_verified(
             continue
         s = score(i, j)
         own = observations.get(j, [])
+        informed += bool(own)
         decision = decide(s, own, prior, params, rng.random())
         correct = stream.cluster[i] == stream.cluster[j]
         if decision.action is Action.EXPLOIT:
@@ -255,7 +275,26 @@ def run_verified(
         hits=hits,
         wrong=wrong,
         explores=explores,
+        informed=informed,
     )
+
+
+def repeats(stream: Stream) -> int:
+    """Requests whose cluster was asked before: the most answers any cache can serve right."""
+    seen: set[int] = set()
+    count = 0
+    for cluster in stream.cluster:
+        count += cluster in seen
+        seen.add(cluster)
+    return count
+
+
+def ceiling(stream: Stream, max_error: float) -> int:
+    """The most answers any policy could serve with at most ``max_error`` of them wrong:
+    every repeat served right, plus ``max_error`` of the served wrong (``r / (1 - d)``)."""
+    if not stream.cluster:
+        return 0
+    return min(len(stream.texts) - 1, int(repeats(stream) / (1.0 - max_error)))
 
 
 def best_static(outcomes: Sequence[Outcome], max_error: float) -> Outcome | None:
@@ -288,6 +327,8 @@ class Comparison(msgspec.Struct, kw_only=True):
     verified_verifier: Outcome | None
     static_cosine: Outcome | None
     static_verifier: Outcome | None
+    ceiling: int = 0
+    """``ceiling(stream, max_error)``: the most hits any policy could serve."""
 
 
 def compare(
@@ -340,6 +381,7 @@ def compare(
                 ),
                 static_cosine=best_static(static_cos, delta),
                 static_verifier=best_static(static_ver, delta),
+                ceiling=ceiling(stream, delta),
             )
         )
     return rows
@@ -347,8 +389,8 @@ def compare(
 
 def format_comparison(rows: Sequence[Comparison]) -> str:
     lines = [
-        f"{'policy':<34}{'max_error':>10}{'error':>8}{'error<=':>9}{'hit rate':>10}"
-        f"{'hits':>7}{'explores':>10}{'vs static':>11}"
+        f"{'policy':<34}{'max_error':>10}{'error':>8}{'error<=':>9}{'wrong/req':>10}"
+        f"{'hit rate':>10}{'hits':>7}{'explores':>10}{'informed':>10}{'vs static':>11}"
     ]
     for row in rows:
         statics = [o for o in (row.static_cosine, row.static_verifier) if o is not None]
@@ -359,7 +401,7 @@ def format_comparison(rows: Sequence[Comparison]) -> str:
         ):
             if out is not None:
                 ratio = f"{out.hits / best:>10.2f}x" if best else f"{'-':>11}"
-                lines.append(_row(name, row.max_error, out) + ratio)
+                lines.append(_row(name, row.max_error, out, f"{out.informed:>10}") + ratio)
         for name, maybe in (
             ("best static cosine", row.static_cosine),
             ("best static cos+verifier", row.static_verifier),
@@ -368,19 +410,28 @@ def format_comparison(rows: Sequence[Comparison]) -> str:
                 lines.append(f"{name:<34}{row.max_error:>10.2f}   (no threshold meets it)")
             else:
                 label = f"{name} ({maybe.policy.split()[-1]})"
-                lines.append(_row(label, row.max_error, maybe))
+                lines.append(_row(label, row.max_error, maybe, f"{'-':>10}"))
+        if row.ceiling:
+            reach = "out of reach for any policy" if 2 * best > row.ceiling else "under it"
+            lines.append(
+                f"{'':<4}2x the best static: {2 * best} hits; ceiling at {row.max_error:.2f}: "
+                f"{row.ceiling} hits ({reach})"
+            )
     lines.append(
         "error: wrong answers / answers served; error<=: its one-sided 95 % Wilson bound; "
-        "explores: requests judged (backend calls a static threshold would have served or "
-        "missed alike)"
+        "wrong/req: wrong answers / requests (vCache's error rate); explores: requests judged "
+        "(backend calls a static threshold would have served or missed alike); informed: "
+        "decisions on an entry with judged observations of its own; ceiling: every repeat "
+        "served right plus max_error wrong"
     )
     return "\n".join(lines)
 
 
-def _row(name: str, delta: float, out: Outcome) -> str:
+def _row(name: str, delta: float, out: Outcome, informed: str) -> str:
     return (
         f"{name:<34}{delta:>10.2f}{out.error_rate:>8.3f}{out.error_upper:>9.3f}"
-        f"{out.hit_rate:>10.3f}{out.hits:>7}{out.explores:>10}"
+        f"{out.wrong_per_request:>10.4f}{out.hit_rate:>10.3f}{out.hits:>7}{out.explores:>10}"
+        f"{informed}"
     )
 
 

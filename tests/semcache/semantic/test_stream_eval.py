@@ -9,9 +9,14 @@ import numpy as np
 
 from semcache.semantic.pairs import Pair
 from semcache.semantic.stream_eval import (
+    Stream,
     best_static,
     build_repeated_stream,
     build_stream,
+    ceiling,
+    compare,
+    format_comparison,
+    repeats,
     run_static,
     run_verified,
     variant,
@@ -76,3 +81,29 @@ def test_a_repeated_stream_asks_popular_clusters_again_in_other_words() -> None:
     rng = random.Random(0)
     variants = {variant("Why is the sky blue?", rng) for _ in range(500)}
     assert len(variants) == 16 and "why is the sky blue" in variants
+
+
+def test_the_ceiling_is_every_repeat_served_right_plus_the_wrong_answers_allowed() -> None:
+    stream = Stream(texts=[f"q{i}" for i in range(8)], cluster=[0, 1, 0, 2, 0, 1, 3, 4])
+    assert repeats(stream) == 3  # the second and third 0, the second 1
+    assert ceiling(stream, 0.0) == 3
+    assert ceiling(stream, 0.25) == 4  # 3 right and 1 wrong: a quarter of those served
+    assert ceiling(Stream(texts=[], cluster=[]), 0.05) == 0
+
+
+def test_the_comparison_reports_informed_decisions_and_the_ceiling() -> None:
+    stream = build_stream(PAIRS, limit=None, seed=3)
+    same = np.equal.outer(stream.cluster, stream.cluster)
+    sims = np.where(same, 0.95, 0.9).astype(np.float32)
+    vectors = np.linalg.cholesky(sims.astype(np.float64) + 1e-9 * np.eye(len(sims)))
+    params = VerifiedParams(max_error=0.05, min_observations=1, prior_weight=0.0)
+    rows = compare(stream, vectors, params, verifier=None, floor=0.5, seed=0, deltas=(0.05,))
+    (row,) = rows
+    assert row.ceiling == ceiling(stream, 0.05) == repeats(stream) == 3  # a2|a3, c2 after a1, c1
+    verified = row.verified_cosine
+    # An entry asked again after an explore has observations of its own.
+    assert 0 < verified.informed <= verified.hits + verified.explores
+    assert verified.wrong_per_request == verified.wrong / verified.requests
+    text = format_comparison(rows)
+    assert "wrong/req" in text and "informed" in text
+    assert f"ceiling at 0.05: {row.ceiling} hits" in text
