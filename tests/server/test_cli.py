@@ -161,6 +161,9 @@ def test_calibrate_stream_compares_verified_with_static_thresholds(
     asked = rows[0].verified_cosine.requests
     assert 20 <= asked < 300  # exact repeats left to the exact cache
     assert rows[0].verified_cosine.explores > 0  # questions asked again meet candidates
+    for row in rows:  # no policy serves more right answers than there are repeats
+        right = row.verified_cosine.hits - row.verified_cosine.wrong
+        assert 0 < right <= row.ceiling and row.verified_cosine.informed > 0
     assert main([*args, "--task", "embeddings"]) == 2
     assert "--stream is for --task chat" in capsys.readouterr().err
 
