@@ -289,20 +289,27 @@ def repeats(stream: Stream) -> int:
     return count
 
 
-def ceiling(stream: Stream, max_error: float) -> int:
-    """The most answers any policy could serve with at most ``max_error`` of them wrong:
-    every repeat served right, plus ``max_error`` of the served wrong (``r / (1 - d)``)."""
+def ceiling(stream: Stream, max_error: float, *, per_request: bool = False) -> int:
+    """The most answers any policy could serve with its error at most ``max_error``: every
+    repeat served right, plus ``max_error`` of the served wrong (``r / (1 - d)``), or with
+    ``per_request`` (vCache's error rate) ``max_error`` of all requests wrong (``r + d n``)."""
     if not stream.cluster:
         return 0
-    return min(len(stream.texts) - 1, int(repeats(stream) / (1.0 - max_error)))
+    right, n = repeats(stream), len(stream.texts)
+    most = right + int(max_error * n) if per_request else int(right / (1.0 - max_error))
+    return min(n - 1, most)
 
 
-def best_static(outcomes: Sequence[Outcome], max_error: float) -> Outcome | None:
-    """Of static runs on one stream, the one with the most hits whose realized error is at
-    most max_error (tuned after the fact: the most favourable static setting)."""
+def best_static(
+    outcomes: Sequence[Outcome], max_error: float, *, per_request: bool = False
+) -> Outcome | None:
+    """Of static runs on one stream, the one with the most hits whose realized error (among
+    answers served, or with ``per_request`` among all requests) is at most max_error (tuned
+    after the fact: the most favourable static setting)."""
     best: Outcome | None = None
     for out in outcomes:
-        if out.hits and out.error_rate <= max_error and (best is None or out.hits > best.hits):
+        error = out.wrong_per_request if per_request else out.error_rate
+        if out.hits and error <= max_error and (best is None or out.hits > best.hits):
             best = out
     return best
 
@@ -329,6 +336,10 @@ class Comparison(msgspec.Struct, kw_only=True):
     static_verifier: Outcome | None
     ceiling: int = 0
     """``ceiling(stream, max_error)``: the most hits any policy could serve."""
+    static_cosine_per_request: Outcome | None = None
+    """The best static cosine threshold under vCache's error rate (wrong / requests)."""
+    ceiling_per_request: int = 0
+    """The ceiling under vCache's error rate."""
 
 
 def compare(
@@ -382,6 +393,8 @@ def compare(
                 static_cosine=best_static(static_cos, delta),
                 static_verifier=best_static(static_ver, delta),
                 ceiling=ceiling(stream, delta),
+                static_cosine_per_request=best_static(static_cos, delta, per_request=True),
+                ceiling_per_request=ceiling(stream, delta, per_request=True),
             )
         )
     return rows
@@ -412,19 +425,30 @@ def format_comparison(rows: Sequence[Comparison]) -> str:
                 label = f"{name} ({maybe.policy.split()[-1]})"
                 lines.append(_row(label, row.max_error, maybe, f"{'-':>10}"))
         if row.ceiling:
-            reach = "out of reach for any policy" if 2 * best > row.ceiling else "under it"
             lines.append(
                 f"{'':<4}2x the best static: {2 * best} hits; ceiling at {row.max_error:.2f}: "
-                f"{row.ceiling} hits ({reach})"
+                f"{row.ceiling} hits ({_reach(2 * best, row.ceiling)})"
+            )
+        vcache = row.static_cosine_per_request
+        if row.ceiling_per_request and vcache is not None:
+            lines.append(
+                f"{'':<4}with vCache's error rate (wrong/req <= {row.max_error:.2f}): best "
+                f"static cosine ({vcache.policy.split()[-1]}) {vcache.hits} hits, 2x "
+                f"{2 * vcache.hits}; ceiling {row.ceiling_per_request} hits "
+                f"({_reach(2 * vcache.hits, row.ceiling_per_request)})"
             )
     lines.append(
         "error: wrong answers / answers served; error<=: its one-sided 95 % Wilson bound; "
         "wrong/req: wrong answers / requests (vCache's error rate); explores: requests judged "
         "(backend calls a static threshold would have served or missed alike); informed: "
         "decisions on an entry with judged observations of its own; ceiling: every repeat "
-        "served right plus max_error wrong"
+        "served right plus max_error wrong (of those served, or of all requests)"
     )
     return "\n".join(lines)
+
+
+def _reach(target: int, most: int) -> str:
+    return "out of reach for any policy" if target > most else "under it"
 
 
 def _row(name: str, delta: float, out: Outcome, informed: str) -> str:

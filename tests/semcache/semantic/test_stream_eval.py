@@ -9,6 +9,7 @@ import numpy as np
 
 from semcache.semantic.pairs import Pair
 from semcache.semantic.stream_eval import (
+    Outcome,
     Stream,
     best_static,
     build_repeated_stream,
@@ -88,6 +89,8 @@ def test_the_ceiling_is_every_repeat_served_right_plus_the_wrong_answers_allowed
     assert repeats(stream) == 3  # the second and third 0, the second 1
     assert ceiling(stream, 0.0) == 3
     assert ceiling(stream, 0.25) == 4  # 3 right and 1 wrong: a quarter of those served
+    assert ceiling(stream, 0.25, per_request=True) == 5  # 3 right and 2 wrong: 2 of 8 asked
+    assert ceiling(stream, 0.9, per_request=True) == 7  # never more than all but the first
     assert ceiling(Stream(texts=[], cluster=[]), 0.05) == 0
 
 
@@ -107,3 +110,12 @@ def test_the_comparison_reports_informed_decisions_and_the_ceiling() -> None:
     text = format_comparison(rows)
     assert "wrong/req" in text and "informed" in text
     assert f"ceiling at 0.05: {row.ceiling} hits" in text
+    assert row.ceiling_per_request == ceiling(stream, 0.05, per_request=True) == 3
+    assert "with vCache's error rate" in text
+
+
+def test_static_thresholds_are_tuned_for_either_error_rate() -> None:
+    loose = Outcome(policy="static 0.8", requests=100, hits=40, wrong=4, explores=0)
+    strict = Outcome(policy="static 0.9", requests=100, hits=20, wrong=0, explores=0)
+    assert best_static([loose, strict], 0.05) == strict  # 4 of 40 served: 10 %
+    assert best_static([loose, strict], 0.05, per_request=True) == loose  # 4 of 100 asked
