@@ -51,11 +51,13 @@ from semcache.semantic.pairs import (
     unique_texts,
 )
 from semcache.semantic.stream_eval import (
+    Comparison,
     Stream,
     build_repeated_stream,
     build_stream,
     compare,
     format_comparison,
+    format_seeds,
 )
 from semcache.semantic.verified import VerifiedParams
 from semcache.semantic.verifier import PairVerifier, load_verifier, pair_features
@@ -288,7 +290,7 @@ def stream_section(
     repeated: int = 0,
     clusters: int = 500,
     zipf_s: float = 1.0,
-) -> None:
+) -> list[Comparison]:
     stream: Stream
     if repeated:
         drawn = build_repeated_stream(
@@ -319,6 +321,7 @@ def stream_section(
         seed=seed,
     )
     print(format_comparison(rows))
+    return rows
 
 
 async def main() -> None:
@@ -348,6 +351,9 @@ async def main() -> None:
     parser.add_argument("--clusters", type=int, default=500, help="--repeated: clusters asked")
     parser.add_argument("--zipf", type=float, default=1.0, help="--repeated: popularity skew")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seeds", type=int, default=1, help="--stream: this many streams, seeds --seed and up"
+    )
     parser.add_argument("--floor", type=float, default=0.7, help="verified: candidate floor")
     parser.add_argument("--min-observations", type=int, default=10)
     parser.add_argument("--prior-weight", type=float, default=20.0)
@@ -369,19 +375,27 @@ async def main() -> None:
             audit_rate=args.audit_rate,
         )
         try:
-            stream_section(
-                encoder,
-                verifier,
-                parts[args.split],
-                split=args.split,
-                limit=args.limit,
-                seed=args.seed,
-                params=params,
-                floor=args.floor,
-                repeated=args.repeated,
-                clusters=args.clusters,
-                zipf_s=args.zipf,
-            )
+            runs = [
+                (
+                    seed,
+                    stream_section(
+                        encoder,
+                        verifier,
+                        parts[args.split],
+                        split=args.split,
+                        limit=args.limit,
+                        seed=seed,
+                        params=params,
+                        floor=args.floor,
+                        repeated=args.repeated,
+                        clusters=args.clusters,
+                        zipf_s=args.zipf,
+                    ),
+                )
+                for seed in range(args.seed, args.seed + args.seeds)
+            ]
+            if len(runs) > 1:
+                print(f"\n== {len(runs)} streams ==\n{format_seeds(runs)}")
         finally:
             await encoder.aclose()
         print(f"\n({time.time() - started:.0f} s; load average {os.getloadavg()[0]:.1f})")

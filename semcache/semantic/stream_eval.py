@@ -447,6 +447,24 @@ def format_comparison(rows: Sequence[Comparison]) -> str:
     return "\n".join(lines)
 
 
+def format_seeds(runs: Sequence[tuple[int, Sequence[Comparison]]]) -> str:
+    """One line per max_error over streams of several seeds: the verified mode's (cosine)
+    hits/wrong and the best static threshold's hits in each, and their ratio."""
+    lines = [f"{'max_error':>9}  seed: verified (cosine) hits/wrong vs best static hits/wrong"]
+    for k, first in enumerate(runs[0][1] if runs else ()):
+        cells = []
+        for seed, rows in runs:
+            row = rows[k]
+            ver = row.verified_cosine
+            statics = [o for o in (row.static_cosine, row.static_verifier) if o is not None]
+            best = max(statics, key=lambda o: o.hits, default=None)
+            shown = f"{best.hits}/{best.wrong}" if best else "none"
+            ratio = f" {ver.hits / best.hits:.2f}x" if best else ""
+            cells.append(f"{seed}: {ver.hits}/{ver.wrong} vs {shown}{ratio}")
+        lines.append(f"{first.max_error:>9.2f}  " + "; ".join(cells))
+    return "\n".join(lines)
+
+
 def _reach(target: int, most: int) -> str:
     return "out of reach for any policy" if target > most else "under it"
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from semcache.semantic.pairs import Pair
 from semcache.semantic.stream_eval import (
+    Comparison,
     Outcome,
     Stream,
     best_static,
@@ -17,6 +18,7 @@ from semcache.semantic.stream_eval import (
     ceiling,
     compare,
     format_comparison,
+    format_seeds,
     repeats,
     run_static,
     run_verified,
@@ -119,3 +121,20 @@ def test_static_thresholds_are_tuned_for_either_error_rate() -> None:
     strict = Outcome(policy="static 0.9", requests=100, hits=20, wrong=0, explores=0)
     assert best_static([loose, strict], 0.05) == strict  # 4 of 40 served: 10 %
     assert best_static([loose, strict], 0.05, per_request=True) == loose  # 4 of 100 asked
+
+
+def test_several_seeds_are_summed_up_a_line_per_max_error() -> None:
+    def row(verified: tuple[int, int], static: tuple[int, int] | None) -> Comparison:
+        def out(policy: str, hits: int, wrong: int) -> Outcome:
+            return Outcome(policy=policy, requests=100, hits=hits, wrong=wrong, explores=0)
+
+        return Comparison(
+            max_error=0.05,
+            verified_cosine=out("verified 0.05", *verified),
+            verified_verifier=None,
+            static_cosine=out("static 0.99", *static) if static else None,
+            static_verifier=None,
+        )
+
+    text = format_seeds([(0, [row((2, 0), (1, 0))]), (1, [row((1, 0), None)])])
+    assert text.splitlines()[1] == "     0.05  0: 2/0 vs 1/0 2.00x; 1: 1/0 vs none"
