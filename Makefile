@@ -28,7 +28,7 @@ format: install
 ## Everything: lint, types and the whole suite (real vLLM, real Redis). CI runs this.
 test: lint
 	@bash scripts/test-services.sh
-	$(BIN)/pytest -rs $(PYTEST_ARGS)
+	$(BIN)/pytest -rs --durations=20 $(PYTEST_ARGS)
 
 ## The fast set only (no vLLM, no Redis server).
 test-fast: install
