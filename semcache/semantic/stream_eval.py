@@ -341,6 +341,12 @@ class Comparison(msgspec.Struct, kw_only=True):
     ceiling_per_request: int = 0
     """The ceiling under vCache's error rate."""
 
+    @property
+    def top_static(self) -> Outcome | None:
+        """The static run (cosine, or cosine + verifier) with the most hits, if any meets."""
+        statics = [o for o in (self.static_cosine, self.static_verifier) if o is not None]
+        return max(statics, key=lambda o: o.hits, default=None)
+
 
 def compare(
     stream: Stream,
@@ -406,8 +412,7 @@ def format_comparison(rows: Sequence[Comparison]) -> str:
         f"{'hit rate':>10}{'hits':>7}{'explores':>10}{'informed':>10}{'vs static':>11}"
     ]
     for row in rows:
-        statics = [o for o in (row.static_cosine, row.static_verifier) if o is not None]
-        best = max((o.hits for o in statics), default=0)
+        best = row.top_static.hits if row.top_static else 0
         for name, out in (
             ("verified (cosine)", row.verified_cosine),
             ("verified (verifier prob)", row.verified_verifier),
@@ -456,8 +461,7 @@ def format_seeds(runs: Sequence[tuple[int, Sequence[Comparison]]]) -> str:
         for seed, rows in runs:
             row = rows[k]
             ver = row.verified_cosine
-            statics = [o for o in (row.static_cosine, row.static_verifier) if o is not None]
-            best = max(statics, key=lambda o: o.hits, default=None)
+            best = row.top_static
             shown = f"{best.hits}/{best.wrong}" if best else "none"
             ratio = f" {ver.hits / best.hits:.2f}x" if best else ""
             cells.append(f"{seed}: {ver.hits}/{ver.wrong} vs {shown}{ratio}")
