@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
-PACKAGES := server semcache backends
+PACKAGES := foundation server semcache backends harness
 
 .PHONY: install serve test test-fast lint format backends-up screenshots
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 import numpy as np
 
-from semcache.package_files import package_file
+from foundation.package_files import package_file
 
 if TYPE_CHECKING:
     from backends.protocol import RequestContext

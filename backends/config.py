@@ -11,7 +11,7 @@ import msgspec
 import orjson
 
 from backends.profiles import LaunchProfile, check_profile_for_model, merge_flags
-from semcache.config_types import NonNegInt, PosFloat, PosInt
+from foundation.config_types import NonNegInt, PosFloat, PosInt
 
 ServerRole = Literal["both", "prefill", "decode"]
 VllmTask = Literal["generate", "classify"]

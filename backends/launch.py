@@ -33,7 +33,7 @@ import psutil
 from backends import cpu_pinning, gloo_device, nixl_progress
 from backends.config import VllmBackend, VllmLaunch, VllmServer
 from backends.models import prepare_model
-from semcache.package_files import package_file
+from foundation.package_files import package_file
 
 Device = Literal["cpu", "cuda"]
 Progress = Callable[[str], None]

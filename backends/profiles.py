@@ -27,7 +27,7 @@ from typing import Literal
 
 import msgspec
 
-from semcache.config_types import Fraction, PosInt
+from foundation.config_types import Fraction, PosInt
 
 KvCacheDtype = Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"]
 Int4Quantization = Literal["awq", "awq_marlin", "gptq", "gptq_marlin"]

@@ -13,7 +13,7 @@ import orjson
 
 from backends.protocol import BackendError
 from backends.upstream import HTTP_ERRORS, http_failure, raw_chunks
-from semcache.sse import SSEReader
+from foundation.sse import SSEReader
 
 
 class VllmStream:

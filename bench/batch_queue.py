@@ -47,10 +47,10 @@ import httpx
 sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backends.harness.ports import free_port
-from backends.harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm, test_data_dir
 from bench.support import pct, toml_value
-from server.harness import GatewayProcess
+from harness.gateway import GatewayProcess
+from harness.ports import free_port
+from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm, test_data_dir
 
 MODEL = "@cf/meta/llama-3.1-8b-instruct"
 TOKEN = "bench-token"

@@ -1,4 +1,4 @@
-"""The multi-host cluster (``server/cluster.py``): exact-cache hits/s through the load
+"""The multi-host cluster (``harness/cluster.py``): exact-cache hits/s through the load
 balancer with one and with two gateways, and prefill/decode TTFT with the KV crossing the
 veth (UCX over TCP) against the KV moved through shared memory.
 
@@ -45,9 +45,8 @@ import orjson
 sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backends.harness.metrics import parse_metric
 from bench.support import exit_status, pct, stderr_printer
-from server.cluster import (
+from harness.cluster import (
     GATEWAYS,
     MODEL_ID,
     TOKEN,
@@ -55,6 +54,7 @@ from server.cluster import (
     KvTransport,
     missing_requirements,
 )
+from harness.metrics import parse_metric
 
 say = stderr_printer("cluster")
 SENTENCE = "The cat reads a book near the window. "

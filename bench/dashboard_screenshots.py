@@ -25,13 +25,13 @@ sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).r
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.config import LocalEmbeddingBackend, VllmBackend, VllmServer
-from backends.harness.ports import free_port
-from backends.harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm, test_data_dir
 from bench.support import exit_status, stderr_printer
+from harness.browser import Watched, chromium, chromium_binary, log_in
+from harness.gateway import GatewayThread
+from harness.ports import free_port
+from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm, test_data_dir
 from server.config import GatewayConfig, ModelEntry
-from server.dashboard.browser import Watched, chromium, chromium_binary, log_in
 from server.dashboard.routes import PAGES
-from server.harness import GatewayThread
 
 say = stderr_printer("dashboard_screenshots")
 ADMIN = "screenshots-admin"

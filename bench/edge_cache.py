@@ -3,7 +3,7 @@
 
 The gateway (``python -m server.cli serve --no-launch``, the embedded MiniLM embeddings, a
 policy that shares embeddings and turns the semantic cache off) and nginx (configured by
-``server/edge_harness.py``) are pinned to one core, the load generator ``wrk`` (Debian
+``harness/edge.py``) are pinned to one core, the load generator ``wrk`` (Debian
 package ``wrk``) to the other. Three targets, the same URL
 ``/v1/embeddings?model=all-MiniLM-L6-v2&input=…``:
 
@@ -45,10 +45,10 @@ import psutil
 sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backends.harness.metrics import parse_metric
-from backends.harness.ports import free_port
 from bench.support import affinity, exit_status, gateway_process, stderr_printer
-from server.edge_harness import EdgeCache, nginx_binary
+from harness.edge import EdgeCache, nginx_binary
+from harness.metrics import parse_metric
+from harness.ports import free_port
 
 say = stderr_printer("edge_cache")
 

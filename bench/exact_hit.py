@@ -72,9 +72,6 @@ sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).r
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.config import VllmLaunch, VllmServer
-from backends.harness.metrics import metric_value
-from backends.harness.ports import free_port
-from backends.harness.vllm_process import TINY_MODEL_NAME, test_data_dir, tiny_llama
 from backends.launch import VllmProcess, die_with_parent_hook
 from bench.support import (
     GATEWAY_EMBEDDINGS_ID,
@@ -90,6 +87,9 @@ from bench.support import (
     stderr_printer,
     toml_value,
 )
+from harness.metrics import metric_value
+from harness.ports import free_port
+from harness.vllm_process import TINY_MODEL_NAME, test_data_dir, tiny_llama
 from server.config import GatewayConfig, load_config
 
 REPO = Path(__file__).resolve().parent.parent

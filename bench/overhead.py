@@ -68,8 +68,6 @@ sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).r
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.config import VllmLaunch, VllmServer
-from backends.harness.ports import free_port
-from backends.harness.vllm_process import TINY_MODEL_NAME, test_data_dir, tiny_llama
 from backends.launch import VllmProcess
 from backends.models import prepare_model
 from backends.scraped_metrics import parse_upstream_metrics
@@ -85,6 +83,8 @@ from bench.support import (
     served_model_of,
     stderr_printer,
 )
+from harness.ports import free_port
+from harness.vllm_process import TINY_MODEL_NAME, test_data_dir, tiny_llama
 from server.config import load_config
 
 REPO = Path(__file__).resolve().parent.parent

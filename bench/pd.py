@@ -64,14 +64,14 @@ sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).r
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.config import VllmBackend, VllmLaunch, VllmServer
-from backends.harness.ports import free_port
-from backends.harness.vllm_process import TINY_MODEL_NAME, test_data_dir, tiny_llama
 from backends.launch import Device, Launcher
 from backends.pool_metrics import histogram_totals
 from backends.profiles import LaunchProfile
 from backends.protocol import BackendError, RequestContext
 from backends.vllm import VllmClient
 from bench.support import pct_ms, stderr_printer
+from harness.ports import free_port
+from harness.vllm_process import TINY_MODEL_NAME, test_data_dir, tiny_llama
 from server.speedups import write_bodies_eagerly
 
 SHIPPED_DELAY_US = VllmLaunch().nixl_progress_delay_us

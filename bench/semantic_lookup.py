@@ -27,7 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from bench.support import pct_ms
-from semcache.semantic.encoder import Encoder, load_encoder
+from semcache.semantic.encoder import Encoder
 from semcache.semantic.pairs import (
     QQP_PAIRS,
     embed_texts,
@@ -43,6 +43,7 @@ from semcache.semantic.partition import (
 )
 from semcache.semantic.records import PartitionKey
 from semcache.semantic.snapshot import read_partition, write_partition
+from server.encoders import load_encoder
 
 KEY = PartitionKey(scope="bench", model_revision="r", task="embeddings", template="t")
 NOISE_NORM = 0.35

@@ -37,7 +37,7 @@ from semcache.calibrate import (
     report_from_scores,
     score_pairs,
 )
-from semcache.semantic.encoder import Encoder, load_encoder
+from semcache.semantic.encoder import Encoder
 from semcache.semantic.items import label_margin
 from semcache.semantic.pairs import (
     EMBEDDING_CACHE_DIR,
@@ -61,6 +61,7 @@ from semcache.semantic.stream_eval import (
 )
 from semcache.semantic.verified import VerifiedParams
 from semcache.semantic.verifier import PairVerifier, load_verifier, pair_features
+from server.encoders import load_encoder
 
 HEADER = (
     f"{'matcher':<28}{'threshold':>10}{'min_prob':>10}{'precision':>11}{'recall':>9}{'hits':>7}"

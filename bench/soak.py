@@ -34,8 +34,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backends.harness.metrics import parse_metric
 from bench.support import REPO, ServerProcess, child_env, pct_ms, stderr_printer
+from harness.metrics import parse_metric
 from server.config import DEFAULT_CONFIG
 
 say = stderr_printer("soak")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A multi-host Semcache on this one machine: hosts as network namespaces on a private bridge
-# (lb, gw1, gw2, redis, p1, d1 on 10.77.0.0/24; see server/cluster.py and docs/deploy.md).
+# (lb, gw1, gw2, redis, p1, d1 on 10.77.0.0/24; see harness/cluster.py and docs/deploy.md).
 #
 #   scripts/cluster.sh up [--kv-transport tcp|shm]   build and start what is missing (idempotent)
 #   scripts/cluster.sh down                          stop everything it started, delete the hosts
@@ -25,4 +25,4 @@ case "${1:-}" in
     down | status | requirements) ;;
     *) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
-exec env PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m server.cluster "$@"
+exec env PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m harness.cluster "$@"

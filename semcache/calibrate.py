@@ -355,21 +355,20 @@ def calibrate_file(
     pairs: Path,
     task: Task,
     *,
+    encoder: Encoder,
     target_precision: float = 0.95,
     use_verifier: bool = True,
     classifier_factory: ClassifierFactory | None = None,
 ) -> CalibrationReport:
-    """Calibrate the cache's own encoder (and verifier) on a pairs file (blocking).
+    """Calibrate ``encoder`` (and the verifier) on a pairs file (blocking); closes it.
 
     ``classifier_factory`` builds the classifier a ``classification`` calibration compares
     labels with, on the loaded encoder (``semcache calibrate`` passes the embedded one).
     """
     if task == "classification" and classifier_factory is None:
         raise ValueError("classification calibration needs a classifier")
-    from semcache.semantic.encoder import load_encoder
     from semcache.semantic.verifier import load_verifier
 
-    encoder = load_encoder()
     verifier = load_verifier() if use_verifier else None
 
     async def run() -> CalibrationReport:

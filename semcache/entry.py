@@ -18,7 +18,7 @@ from typing import Any, Final
 import msgspec
 import orjson
 
-from semcache import sse
+from foundation import sse
 from semcache.keys import CacheKey
 
 CHECKSUM_BYTES: Final = 16

@@ -21,8 +21,8 @@ from typing import Any, Final, Literal, TypeVar, get_args
 
 import msgspec
 
-from semcache.config_types import NonNegFloat, NonNegInt, PosFloat, PosInt
-from semcache.package_files import package_file
+from foundation.config_types import NonNegFloat, NonNegInt, PosFloat, PosInt
+from foundation.package_files import package_file
 from semcache.semantic.settings import SemanticRule
 
 Route = Literal["chat", "completions", "responses", "embeddings", "classification"]

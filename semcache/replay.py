@@ -9,7 +9,7 @@
   of its ``response.completed`` event. Its JSON answers are cached under other keys
   (``semcache.keys``) and are never turned into a stream.
 
-Payloads are the bytes after ``data: ``; framing and ``[DONE]`` belong to ``semcache.sse``.
+Payloads are the bytes after ``data: ``; framing and ``[DONE]`` belong to ``foundation.sse``.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 
 import orjson
 
+from foundation.sse import parse_block
 from semcache.entry import CachedAnswer, Usage
-from semcache.sse import parse_block
 
 _OBJECT = {"chat": "chat.completion", "completions": "text_completion"}
 _CHUNK_OBJECT = {"chat": "chat.completion.chunk", "completions": "text_completion"}

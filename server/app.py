@@ -20,7 +20,6 @@ from backends.registry import ModelRegistry, ModelSpec, build_registry
 from semcache.exact import open_exact_cache
 from semcache.ledger import open_ledger
 from semcache.policy import PolicyHolder
-from semcache.semantic.encoder import load_encoder
 from semcache.semantic.service import SemanticService
 from server.apidoc.document import docs_router, openapi_config
 from server.auth import TokenAuth, policy_admin_token
@@ -29,6 +28,7 @@ from server.dashboard.formats import template_config
 from server.dashboard.routes import DashboardState, dashboard_router
 from server.dashboard.series import CounterSeries
 from server.draining import Drain, drain_middleware
+from server.encoders import load_encoder
 from server.errors import handle_exception
 from server.metrics import GatewayMetrics
 from server.openai.batches import api_router as batches_routes

@@ -35,6 +35,7 @@ from server.app import create_app, registry_from_config
 from server.auth import describe, exposure_problem
 from server.config import DEFAULT_CONFIG, ConfigError, GatewayConfig, load_config
 from server.draining import DrainingServer
+from server.encoders import load_encoder
 from server.uvicorn_config import uvicorn_config
 
 
@@ -383,6 +384,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         report = calibrate_file(
             args.pairs,
             args.task,
+            encoder=load_encoder(),
             target_precision=args.target_precision,
             use_verifier=not args.no_verifier,
             classifier_factory=embedded_classifier,
@@ -410,6 +412,7 @@ def _calibrate_stream(args: argparse.Namespace) -> int:
         rows = compare_file(
             args.pairs,
             params,
+            encoder=load_encoder(),
             limit=args.limit,
             seed=args.seed,
             use_verifier=not args.no_verifier,
@@ -438,6 +441,7 @@ def cmd_train_verifier(args: argparse.Namespace) -> int:
     meta = train_verifier(
         args.pairs,
         args.out,
+        encoder=load_encoder(),
         target_precision=args.target_precision,
         hidden=args.hidden,
         epochs=args.epochs,
@@ -458,8 +462,6 @@ def cmd_train_verifier(args: argparse.Namespace) -> int:
 
 
 def cmd_train_classifier(args: argparse.Namespace) -> int:
-    from semcache.semantic.encoder import load_encoder
-
     head = build_head(load_encoder(), args.examples)
     save_head(head, args.out)
     print(f"classifier head {head.version} ({head.examples} examples) -> {args.out}")

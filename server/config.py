@@ -10,8 +10,8 @@ from typing import Literal
 import msgspec
 
 from backends.config import BackendConfig, VllmBackend
+from foundation.package_files import package_file
 from semcache.ledger.settings import LedgerSettings
-from semcache.package_files import package_file
 from server.auth import AuthSettings
 from server.batch.settings import BatchSettings
 from server.tenancy.limits import LimitSettings

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from backends.config import LocalEmbeddingBackend, VllmBackend, VllmServer
-from backends.harness.ports import free_port
-from backends.harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm, test_data_dir
 from backends.launch import VllmProcess
+from harness.gateway import GatewayThread
+from harness.ports import free_port
+from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm, test_data_dir
 from server.config import GatewayConfig, ModelEntry, ServerSettings
-from server.harness import GatewayThread
 from tests.semcache.conftest import redis_factory, redis_installed, redis_server
 
 __all__ = ["redis_factory", "redis_installed", "redis_server"]  # shared fixtures

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from transformers import AutoModel, AutoTokenizer
 
+from backends.sentence_model import package_model_dir
 from bench.diagnostics.verifier_experiments import (
     COS,
     SPLITS,
@@ -32,7 +33,6 @@ from bench.diagnostics.verifier_experiments import (
     load_base,
     save_scores,
 )
-from semcache.semantic.encoder import package_model_dir
 
 
 def embed(model, tokenizer, texts, grad=False):

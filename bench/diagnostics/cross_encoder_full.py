@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from backends.sentence_model import package_model_dir
 from bench.diagnostics.verifier_experiments import OUT, SPLITS
-from semcache.semantic.encoder import package_model_dir
 from semcache.semantic.pairs import QQP_PAIRS, load_pairs, split_pairs
 
 

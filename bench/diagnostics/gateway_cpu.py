@@ -32,9 +32,9 @@ import orjson
 import psutil
 from aiohttp import web
 
-from backends.harness.ports import free_port
 from bench.overhead import chat_body
 from bench.support import GATEWAY_MODEL_ID, ServerProcess, gateway_process, gateway_toml
+from harness.ports import free_port
 
 SERVED = "fake-llama"
 TOKENS = 16

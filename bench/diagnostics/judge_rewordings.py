@@ -24,8 +24,8 @@ import asyncio
 
 import httpx
 
-from semcache.semantic.encoder import load_encoder
 from semcache.semantic.judge import EmbeddingJudge, ExactJudge, Judge
+from server.encoders import load_encoder
 
 GROUPS: dict[str, list[tuple[str, str]]] = {
     "labelled duplicates": [

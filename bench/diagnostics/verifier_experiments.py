@@ -124,9 +124,9 @@ def load_base() -> tuple[dict[str, list[Pair]], dict[str, np.ndarray], dict[str,
             x = {s: f[f"x_{s}"] for s in SPLITS}
             y = {s: f[f"y_{s}"] for s in SPLITS}
         return parts, x, y
-    from semcache.semantic.encoder import load_encoder
     from semcache.semantic.pairs import embed_texts, unique_texts
     from semcache.semantic.train_verifier import features_of
+    from server.encoders import load_encoder
 
     encoder = load_encoder(threads=1)
     pairs = [p for s in SPLITS for p in parts[s]]

@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-from semcache.config_types import NonNegFloat, PosFloat
+from foundation.config_types import NonNegFloat, PosFloat
 
 
 class LedgerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

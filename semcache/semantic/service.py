@@ -21,7 +21,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter
 
 from semcache.semantic.cache import SemanticCache
-from semcache.semantic.encoder import Encoder, load_encoder
+from semcache.semantic.encoder import Encoder
 from semcache.semantic.feed import RedisEntryFeed
 from semcache.semantic.index import SemanticIndex
 from semcache.semantic.partition import IndexSettings
@@ -44,7 +44,7 @@ class SemanticService:
         max_bytes: int = 2 * 1024**3,
         snapshot_interval_s: float = 300.0,
         tick_s: float = 2.0,
-        encoder_factory: Callable[[], Encoder] = load_encoder,
+        encoder_factory: Callable[[], Encoder],
         verifier_factory: Callable[[], PairVerifier | None] = load_verifier,
         settings: IndexSettings | None = None,
         registry: CollectorRegistry | None = None,

@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-from semcache.config_types import Fraction, NonNegFloat, PosFloat, PosInt, Unit
+from foundation.config_types import Fraction, NonNegFloat, PosFloat, PosInt, Unit
 
 
 class SemanticRule(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

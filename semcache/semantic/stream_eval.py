@@ -46,6 +46,7 @@ import msgspec
 import numpy as np
 
 from semcache.calibrate import wilson_lower
+from semcache.semantic.encoder import Encoder
 from semcache.semantic.pairs import Pair
 from semcache.semantic.verified import (
     Action,
@@ -485,6 +486,7 @@ def compare_file(
     pairs: Path,
     params: VerifiedParams,
     *,
+    encoder: Encoder,
     limit: int | None = None,
     seed: int = 0,
     floor: float = 0.7,
@@ -492,11 +494,11 @@ def compare_file(
     repeated: int = 0,
     clusters: int = 500,
 ) -> list[Comparison]:
-    """``compare`` on a pairs file with the cache's own encoder (and verifier); blocking.
+    """``compare`` on a pairs file with ``encoder`` (and the verifier); blocking; closes
+    the encoder.
 
     ``repeated``: that many requests of a repeated stream over ``clusters`` clusters
     (``build_repeated_stream``) instead of each question once."""
-    from semcache.semantic.encoder import load_encoder
     from semcache.semantic.pairs import embed_texts, load_pairs
     from semcache.semantic.verifier import load_verifier
 
@@ -506,7 +508,6 @@ def compare_file(
         if repeated
         else build_stream(loaded, limit=limit, seed=seed)
     )
-    encoder = load_encoder()
     try:
         embedded = embed_texts(encoder, sorted(set(stream.texts)), cache_dir=None)
     finally:

@@ -20,7 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from semcache.calibrate import THRESHOLDS, CurvePoint, best_verified_point, point
-from semcache.semantic.encoder import load_encoder
+from semcache.semantic.encoder import Encoder
 from semcache.semantic.pairs import (
     QQP_PAIRS,
     EmbeddedTexts,
@@ -165,6 +165,7 @@ def train_verifier(
     pairs_path: Path = QQP_PAIRS,
     out: Path = DEFAULT_VERIFIER_DIR,
     *,
+    encoder: Encoder,
     target_precision: float = 0.95,
     hidden: int = 256,
     epochs: int = 40,
@@ -175,7 +176,6 @@ def train_verifier(
 
     The default ``out`` is the shipped verifier (package data): retraining replaces it.
     """
-    encoder = load_encoder()
     pairs = load_pairs(pairs_path)
     parts = split_pairs(pairs)
     embedded = embed_texts(encoder, unique_texts(pairs))

@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from semcache.package_files import package_file
+from foundation.package_files import package_file
 
 DEFAULT_VERIFIER_DIR = package_file("semcache.semantic", "data", "verifier")
 WEIGHTS_FILE = "verifier.npz"

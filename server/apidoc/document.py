@@ -24,7 +24,7 @@ from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.static_files import create_static_files_router
 
-from semcache.package_files import package_file
+from foundation.package_files import package_file
 from server.apidoc.operation import BEARER, REF_TEMPLATE, DocumentedOperation, Public, RouteDoc
 
 DOCUMENT_PATH = "/openapi.json"

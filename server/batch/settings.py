@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-from semcache.config_types import NonEmptyStr, NonNegFloat, NonNegInt, PosFloat, PosInt
+from foundation.config_types import NonEmptyStr, NonNegFloat, NonNegInt, PosFloat, PosInt
 
 
 class QueueSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -8,7 +8,7 @@ from typing import Any
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.template.config import TemplateConfig
 
-from semcache.package_files import package_file
+from foundation.package_files import package_file
 
 DASH = "\N{EN DASH}"
 

@@ -24,7 +24,7 @@ from litestar.response import Redirect, Template
 from litestar.static_files import create_static_files_router
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from semcache.package_files import package_file
+from foundation.package_files import package_file
 from server.dashboard import figures as fig
 from server.dashboard.series import WINDOWS, CounterSeries
 from server.errors import ApiError

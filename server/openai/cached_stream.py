@@ -8,10 +8,10 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from backends.protocol import BackendError, UpstreamStream
+from foundation.sse import MEDIA_TYPE, SSEReader
 from semcache import replay
 from semcache.entry import CachedAnswer
 from semcache.exact import CacheRequest, CacheResult, CacheStatus, Flight
-from semcache.sse import MEDIA_TYPE, SSEReader
 from server.caching import result_headers, status_headers
 from server.openai.call import GenerationCall
 from server.openai.reply import SSE_HEADERS, ClosingStream, Reply

@@ -15,10 +15,10 @@ import orjson
 
 from backends.protocol import BackendError, RequestContext
 from backends.registry import ModelInfo
+from foundation.sse import MEDIA_TYPE
 from semcache import replay
 from semcache.entry import CachedAnswer
 from semcache.exact import CacheRequest
-from semcache.sse import MEDIA_TYPE
 from server.caching import NO_STORE, CacheDirectives, edge_headers, result_headers
 from server.openai.cached_stream import CachedStreams
 from server.openai.call import GenerationCall

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, Protocol
 
 import msgspec
 
-from semcache.config_types import NonEmptyStr, PosInt
+from foundation.config_types import NonEmptyStr, PosInt
 
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
 TopP = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Final, Protocol
 
-from semcache import replay
-from semcache.entry import CachedAnswer, ResponsesRecorder, StreamRecorder
-from semcache.sse import (
+from foundation.sse import (
     DONE,
     DONE_EVENT,
     TERMINAL_EVENTS,
@@ -17,6 +15,8 @@ from semcache.sse import (
     event,
     parse_block,
 )
+from semcache import replay
+from semcache.entry import CachedAnswer, ResponsesRecorder, StreamRecorder
 
 
 class Recorder(Protocol):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from backends.protocol import BackendError, UpstreamStream
-from semcache.sse import SSEReader, error_event
+from foundation.sse import SSEReader, error_event
 from server.openai.call import GenerationCall
 from server.openai.stream_format import StreamFormat
 

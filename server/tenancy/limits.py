@@ -47,7 +47,7 @@ from redis.asyncio import ConnectionPool
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from semcache.config_types import PosFloat, PosInt
+from foundation.config_types import PosFloat, PosInt
 from semcache.tiers.redis import OUTAGE_ERRORS, CircuitBreaker
 from server.errors import ApiError
 

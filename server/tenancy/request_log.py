@@ -21,7 +21,7 @@ from typing import Any, Final
 import msgspec
 import orjson
 
-from semcache.config_types import NonNegInt, PosInt
+from foundation.config_types import NonNegInt, PosInt
 
 log = logging.getLogger("semcache.request_log")
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Final, Literal
 import msgspec
 import orjson
 
-from semcache.config_types import NonEmptyStr, PosInt
+from foundation.config_types import NonEmptyStr, PosInt
 from server.errors import ApiError
 
 DEFAULT_MAX_TOKENS: Final = 256

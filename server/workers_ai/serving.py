@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from backends.protocol import BackendError, RequestContext
 from backends.registry import ModelInfo, ModelRegistry
-from semcache.sse import MEDIA_TYPE
+from foundation.sse import MEDIA_TYPE
 from server.batch.dispatch import ItemDispatch
 from server.batch.gates import CapacityGates
 from server.batch.metrics import BatchMetrics

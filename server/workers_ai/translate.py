@@ -10,7 +10,7 @@ import orjson
 
 from backends.classifier import label_names
 from backends.registry import ModelInfo
-from semcache.sse import DONE, DONE_EVENT, SSEReader, event
+from foundation.sse import DONE, DONE_EVENT, SSEReader, event
 from server.batch.results import USAGE_KEYS
 from server.errors import ApiError
 from server.openai.reply import Reply

@@ -18,7 +18,8 @@ from backends.classifier import (
     load_examples,
     train_head,
 )
-from semcache.semantic.encoder import Encoder, load_encoder
+from semcache.semantic.encoder import Encoder
+from server.encoders import load_encoder
 
 # Not in the training sentences (backends/data/sentiment/sentiment.jsonl).
 CLEAR = [

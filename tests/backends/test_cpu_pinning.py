@@ -22,11 +22,11 @@ import pytest
 
 from backends import cpu_pinning
 from backends.config import VllmBackend, VllmLaunch, VllmServer
-from backends.harness.metrics import metric_value
-from backends.harness.ports import free_port
-from backends.harness.tiny_llama import build_tiny_llama
-from backends.harness.vllm_process import TINY_MODEL_NAME
 from backends.launch import Launcher, VllmProcess, build_command
+from harness.metrics import metric_value
+from harness.ports import free_port
+from harness.tiny_llama import build_tiny_llama
+from harness.vllm_process import TINY_MODEL_NAME
 from server.config import load_config
 
 MODEL = Path("/models/m")

@@ -16,10 +16,6 @@ import psutil
 import pytest
 
 from backends.config import ServerRole, VllmBackend, VllmLaunch, VllmServer
-from backends.harness.metrics import metric_value
-from backends.harness.ports import free_port
-from backends.harness.tiny_llama import build_tiny_llama
-from backends.harness.vllm_process import TINY_MODEL_NAME
 from backends.launch import (
     Launcher,
     VllmProcess,
@@ -27,6 +23,10 @@ from backends.launch import (
     build_command,
     process_group_members,
 )
+from harness.metrics import metric_value
+from harness.ports import free_port
+from harness.tiny_llama import build_tiny_llama
+from harness.vllm_process import TINY_MODEL_NAME
 
 MODEL = Path("/models/m")
 

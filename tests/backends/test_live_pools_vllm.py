@@ -21,18 +21,18 @@ from typing import Any
 import httpx
 import pytest
 
-from backends.harness.metrics import metric_value
-from backends.harness.ports import free_port
-from backends.harness.vllm_process import (
+from backends.launch import VllmProcess
+from backends.scale import ScaleRecords, stop_server
+from harness.gateway import GatewayThread
+from harness.metrics import metric_value
+from harness.ports import free_port
+from harness.vllm_process import (
     REPO_ROOT,
     TINY_MODEL_NAME,
     start_tiny_vllm,
     tiny_llama,
 )
-from backends.launch import VllmProcess
-from backends.scale import ScaleRecords, stop_server
 from server.config import load_config
-from server.harness import GatewayThread
 from tests.support.waiting import wait_until_async
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

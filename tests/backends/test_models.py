@@ -12,8 +12,6 @@ import orjson
 import pytest
 
 from backends.config import VllmLaunch, VllmServer
-from backends.harness.ports import free_port
-from backends.harness.tiny_llama import build_tiny_llama
 from backends.launch import VllmProcess
 from backends.models import (
     READY_MARKER,
@@ -22,6 +20,8 @@ from backends.models import (
     package_model_dir,
     prepare_model,
 )
+from harness.ports import free_port
+from harness.tiny_llama import build_tiny_llama
 
 
 @pytest.fixture(scope="module")

@@ -13,13 +13,13 @@ import orjson
 import pytest
 
 from backends.config import VllmBackend, VllmLaunch, VllmServer
-from backends.harness.metrics import metric_value
-from backends.harness.ports import free_port
-from backends.harness.tiny_llama import build_tiny_llama
-from backends.harness.vllm_process import TINY_MODEL_NAME
 from backends.launch import Launcher
+from harness.gateway import GatewayThread
+from harness.metrics import metric_value
+from harness.ports import free_port
+from harness.tiny_llama import build_tiny_llama
+from harness.vllm_process import TINY_MODEL_NAME
 from server.config import GatewayConfig, ModelEntry
-from server.harness import GatewayThread
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 

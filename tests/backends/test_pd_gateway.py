@@ -24,14 +24,14 @@ import orjson
 import pytest
 
 from backends.config import VllmBackend, VllmServer
-from backends.harness.metrics import metric_value, parse_metric
-from backends.harness.ports import free_port
-from backends.harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm
 from backends.launch import VllmProcess
 from backends.placement import rendezvous_order
 from backends.servers import ServerState
+from harness.gateway import GatewayThread
+from harness.metrics import metric_value, parse_metric
+from harness.ports import free_port
+from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm
 from server.config import GatewayConfig, ModelEntry
-from server.harness import GatewayThread
 from tests.support.waiting import wait_until
 
 # Starting three vLLM servers counts towards the first test's time limit.

@@ -27,12 +27,12 @@ import orjson
 import pytest
 
 from backends.config import VllmBackend, VllmLaunch, VllmServer
-from backends.harness.metrics import metric_value, parse_metric
-from backends.harness.ports import free_port
-from backends.harness.vllm_process import TINY_MODEL_NAME, tiny_llama
 from backends.launch import Launcher, VllmProcess
+from harness.gateway import GatewayThread
+from harness.metrics import metric_value, parse_metric
+from harness.ports import free_port
+from harness.vllm_process import TINY_MODEL_NAME, tiny_llama
 from server.config import GatewayConfig, ModelEntry
-from server.harness import GatewayThread
 
 # Starting the two vLLM servers counts towards the first test's time limit (minutes on a busy box).
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from backends.config import VllmBackend, VllmServer
-from backends.harness.vllm_process import TINY_MODEL_NAME
 from backends.launch import VllmProcess
 from backends.protocol import RequestContext
 from backends.vllm import VllmClient
+from harness.vllm_process import TINY_MODEL_NAME
 
 
 @pytest.mark.slow

@@ -187,7 +187,7 @@ async def test_a_server_error_or_a_dead_server_is_a_backend_error(vllm: Vllm) ->
 async def test_tokens_from_the_model_tokenizer_or_vllms_tokenize(
     vllm: Vllm, data_dir: Path
 ) -> None:
-    from backends.harness.tiny_classifier import tiny_classifier
+    from harness.tiny_classifier import tiny_classifier
 
     folder = tiny_classifier(data_dir / "models")
     local = classifier(vllm.server.url, folder)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.harness.ports import free_port
+from harness.ports import free_port
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "redis.sh"
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from foundation.sse import MEDIA_TYPE, SSEReader
 from semcache.entry import (
     CHECKSUM_BYTES,
     CachedAnswer,
@@ -14,7 +15,6 @@ from semcache.entry import (
     decode_entry,
     encode_entry,
 )
-from semcache.sse import MEDIA_TYPE, SSEReader
 from tests.semcache import payloads
 
 DIGEST = "ab" * 32

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from backends.harness.ports import free_port
+from harness.ports import free_port
 from semcache.entry import CachedAnswer
 from semcache.exact import CacheRequest, CacheStatus, ExactCache
 from semcache.metrics import CacheMetrics

@@ -7,9 +7,9 @@ from typing import Any
 import orjson
 import pytest
 
+from foundation.sse import MEDIA_TYPE, SSEReader, block_event
 from semcache.entry import CachedAnswer, StreamRecorder, Usage
 from semcache.replay import ReplayError, as_json, as_stream, wants_usage
-from semcache.sse import MEDIA_TYPE, SSEReader, block_event
 from tests.semcache import payloads
 
 

@@ -10,9 +10,9 @@ from litestar.testing import TestClient
 
 from backends.local import LocalEmbeddingBackend
 from backends.registry import ModelInfo, ModelRegistry
+from harness.fake_backend import FakeGeneration
 from server.app import create_app
 from server.config import GatewayConfig, ServerSettings
-from tests.support.fake_backend import FakeGeneration
 
 
 def minilm_dir() -> Path:

@@ -13,11 +13,11 @@ import openai
 import pytest
 
 from backends.config import VllmBackend, VllmServer
-from backends.harness.ports import free_port
-from backends.harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm
 from backends.launch import VllmProcess
+from harness.gateway import GatewayThread
+from harness.ports import free_port
+from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm
 from server.config import GatewayConfig, ModelEntry
-from server.harness import GatewayThread
 from tests.conftest import gateway_config
 
 MESSAGES: list[Any] = [{"role": "user", "content": "Write a very long story."}]

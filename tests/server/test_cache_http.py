@@ -14,10 +14,10 @@ import openai
 import orjson
 import pytest
 
-from backends.harness.metrics import parse_metric
-from backends.harness.vllm_process import TINY_MODEL_NAME
 from backends.launch import VllmProcess
-from server.harness import GatewayThread
+from harness.gateway import GatewayThread
+from harness.metrics import parse_metric
+from harness.vllm_process import TINY_MODEL_NAME
 from tests.conftest import gateway_config
 from tests.semcache.conftest import RedisServer
 from tests.support.waiting import wait_until

@@ -14,7 +14,7 @@ import httpx
 import msgspec
 import pytest
 
-from backends.harness.ports import free_port
+from harness.ports import free_port
 from semcache.calibrate import CalibrationReport
 from semcache.policy import DEFAULT_POLICY
 from semcache.semantic.pairs import QQP_PAIRS, load_pairs, split_pairs

@@ -1,5 +1,5 @@
 """Several hosts, one machine: what must hold when the gateways, Redis, prefill and decode
-run on hosts of their own (``server/cluster.py``: network namespaces on a bridge).
+run on hosts of their own (``harness/cluster.py``: network namespaces on a bridge).
 
 One cluster for the module (HAProxy, two gateways, Redis, one prefill and one decode vLLM of
 the tiny Llama, the KV crossing the veth over UCX/TCP). The tests run in file order: the
@@ -23,8 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from backends.harness.metrics import metric_value
-from server.cluster import (
+from harness.cluster import (
     HOST_HEADER,
     METERED_RPM,
     METERED_TOKEN,
@@ -35,6 +34,7 @@ from server.cluster import (
     Cluster,
     missing_requirements,
 )
+from harness.metrics import metric_value
 
 MISSING = missing_requirements()
 pytestmark = [

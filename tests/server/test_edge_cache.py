@@ -11,10 +11,10 @@ import httpx
 import pytest
 
 from backends.config import EmbeddedClassifierBackend, LocalEmbeddingBackend
-from backends.harness.metrics import parse_metric
+from harness.edge import EdgeCache, nginx_binary
+from harness.gateway import GatewayThread
+from harness.metrics import parse_metric
 from server.config import GatewayConfig, ModelEntry
-from server.edge_harness import EdgeCache, nginx_binary
-from server.harness import GatewayThread
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from litestar.testing import TestClient
 
-from backends.harness.metrics import parse_metric
+from harness.metrics import parse_metric
 
 
 def test_requests_are_counted_by_route_and_status(client: TestClient[Any]) -> None:

@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backends.harness.ports import free_port
+from harness.gateway import GatewayProcess, GatewayThread
+from harness.ports import free_port
 from server.config import GatewayConfig
-from server.harness import GatewayProcess, GatewayThread
 from tests.semcache.conftest import RedisServer
 from tests.server.test_semantic_http import EMBED, Calls, config, near_duplicate, questions
 from tests.support.waiting import wait_until

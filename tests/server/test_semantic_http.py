@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from backends.config import EmbeddedClassifierBackend, LocalEmbeddingBackend
-from backends.harness.vllm_process import TINY_MODEL_NAME
 from backends.launch import VllmProcess
+from harness.gateway import GatewayThread
+from harness.vllm_process import TINY_MODEL_NAME
 from semcache.semantic.items import label_margin
 from server.config import GatewayConfig, ModelEntry, ServerSettings
-from server.harness import GatewayThread
 from tests.conftest import gateway_config
 from tests.support.waiting import wait_until
 

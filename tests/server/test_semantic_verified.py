@@ -13,10 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backends.harness.vllm_process import TINY_MODEL_NAME
 from backends.launch import VllmProcess
+from harness.gateway import GatewayThread
+from harness.vllm_process import TINY_MODEL_NAME
 from server.config import ModelEntry
-from server.harness import GatewayThread
 from tests.conftest import gateway_config
 from tests.server.test_semantic_http import chat
 

@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
-from backends.harness.vllm_process import TINY_MODEL_NAME
 from backends.launch import VllmProcess
+from harness.gateway import GatewayProcess, GatewayThread
+from harness.vllm_process import TINY_MODEL_NAME
 from server.config import ModelEntry
-from server.harness import GatewayProcess, GatewayThread
 from tests.conftest import gateway_config
 from tests.semcache.conftest import RedisServer
 from tests.server.test_semantic_verified import ADMIN, PARAPHRASES, QUESTION, counter, decision

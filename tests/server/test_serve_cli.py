@@ -15,7 +15,7 @@ import openai
 import psutil
 import pytest
 
-from backends.harness.ports import free_port
+from harness.ports import free_port
 from server.config import DEFAULT_CONFIG, parse_config
 from tests.support.waiting import wait_until
 

@@ -27,8 +27,8 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from backends.harness.ports import free_port
 from backends.upstream import HttpSession
+from harness.ports import free_port
 from server import speedups
 from server.speedups import HeadWithBody, start_eagerly, write_bodies_eagerly
 from server.uvicorn_config import uvicorn_config

@@ -17,9 +17,9 @@ import httpx
 import orjson
 import pytest
 
-from backends.harness.vllm_process import TINY_MODEL_NAME
 from backends.launch import VllmProcess
-from server.harness import REPO_ROOT, GatewayProcess
+from harness.gateway import REPO_ROOT, GatewayProcess
+from harness.vllm_process import TINY_MODEL_NAME
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow

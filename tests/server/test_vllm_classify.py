@@ -17,12 +17,12 @@ import httpx
 import pytest
 
 from backends.config import EmbeddedClassifierBackend, VllmBackend, VllmLaunch, VllmServer
-from backends.harness.metrics import metric_value
-from backends.harness.ports import free_port
-from backends.harness.tiny_classifier import LABELS, tiny_classifier
 from backends.launch import Launcher
+from harness.gateway import GatewayThread
+from harness.metrics import metric_value
+from harness.ports import free_port
+from harness.tiny_classifier import LABELS, tiny_classifier
 from server.config import GatewayConfig, ModelEntry, ServerSettings
-from server.harness import GatewayThread
 from tests.server.test_semantic_http import near_duplicate, questions
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from backends.harness.ports import free_port
+from harness.ports import free_port
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from semcache.config_types import PosInt
+from foundation.config_types import PosInt
 from server.openai.protocol import SamplingFields
 
 Role = Literal["system", "developer", "user", "assistant", "tool", "function"]

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from semcache.config_types import NonEmptyStr, PosInt
+from foundation.config_types import NonEmptyStr, PosInt
 from server.openai.protocol import SamplingFields
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from semcache.config_types import NonEmptyStr, PosInt
+from foundation.config_types import NonEmptyStr, PosInt
 
 MAX_EMBEDDING_INPUTS = 2048
 

@@ -6,8 +6,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from semcache.semantic.encoder import Encoder, load_encoder
+from semcache.semantic.encoder import Encoder
 from semcache.semantic.verifier import PairVerifier, load_verifier
+from server.encoders import load_encoder
 
 
 @pytest.fixture(scope="session")

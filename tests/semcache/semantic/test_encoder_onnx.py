@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from backends.onnx_model import GRAPH_FILE, OnnxSentenceModel
-from semcache.semantic.encoder import Encoder, load_encoder
+from semcache.semantic.encoder import Encoder
+from server.encoders import load_encoder
 
 TEXTS = [
     "How do I lose 10 kg in a month?",

@@ -8,14 +8,8 @@ import orjson
 import pytest
 
 from backends.protocol import BackendError, RequestContext, UpstreamResponse
-from semcache.semantic.judge import (
-    EmbeddingJudge,
-    ExactJudge,
-    ModelJudge,
-    NoVerdict,
-    judge_for,
-    parse_verdict,
-)
+from semcache.semantic.judge import EmbeddingJudge, ExactJudge, NoVerdict, judge_for
+from server.openai.model_judge import ModelJudge, parse_verdict
 from semcache.semantic.settings import SemanticRule
 
 

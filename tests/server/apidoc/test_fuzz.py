@@ -33,11 +33,11 @@ from backends.config import (
     VllmBackend,
     VllmServer,
 )
-from backends.harness.vllm_process import TINY_MODEL_NAME
 from backends.launch import VllmProcess
-from semcache.package_files import package_file
+from foundation.package_files import package_file
+from harness.gateway import GatewayThread
+from harness.vllm_process import TINY_MODEL_NAME
 from server.config import GatewayConfig, ModelEntry, ServerSettings
-from server.harness import GatewayThread
 
 pytestmark = pytest.mark.slow
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import httpx
 
-from backends.harness.metrics import parse_metric
-from backends.harness.vllm_process import TINY_MODEL_NAME
+from harness.metrics import parse_metric
+from harness.vllm_process import TINY_MODEL_NAME
 
 ADMIN = "admin-secret"
 

@@ -14,7 +14,7 @@ import threading
 import orjson
 from aiohttp import web
 
-from backends.harness.ports import free_port
+from harness.ports import free_port
 
 
 def _chunk(model: str, index: int, content: str, finish: str | None) -> bytes:

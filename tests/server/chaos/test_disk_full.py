@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backends.harness.vllm_process import TINY_MODEL_NAME
 from backends.launch import VllmProcess
-from server.harness import GatewayThread
+from harness.gateway import GatewayThread
+from harness.vllm_process import TINY_MODEL_NAME
 from tests.conftest import gateway_config
 from tests.server.chaos.common import chat, metric, write_policy
 

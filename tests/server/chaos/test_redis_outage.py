@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from backends.harness.vllm_process import TINY_MODEL_NAME
 from backends.launch import VllmProcess
-from server.harness import GatewayThread
+from harness.gateway import GatewayThread
+from harness.vllm_process import TINY_MODEL_NAME
 from tests.conftest import gateway_config
 from tests.server.chaos.common import ADMIN, chat, metric, write_policy
 from tests.support.waiting import wait_until

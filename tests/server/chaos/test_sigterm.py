@@ -18,8 +18,8 @@ import httpx
 import orjson
 import pytest
 
-from backends.harness.vllm_process import TINY_MODEL_NAME
-from server.harness import GatewayProcess
+from harness.gateway import GatewayProcess
+from harness.vllm_process import TINY_MODEL_NAME
 from tests.server.chaos.common import write_gateway_toml
 from tests.server.chaos.held_upstream import HeldUpstream
 from tests.support.waiting import wait_until

@@ -14,11 +14,11 @@ import orjson
 import pytest
 
 from backends.config import VllmServer
-from backends.harness.ports import free_port
-from backends.harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm
 from backends.launch import VllmProcess
 from backends.placement import rendezvous_order
-from server.harness import GatewayThread
+from harness.gateway import GatewayThread
+from harness.ports import free_port
+from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm
 from tests.conftest import gateway_config
 from tests.server.chaos.common import metric, write_policy
 

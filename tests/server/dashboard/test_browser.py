@@ -19,12 +19,12 @@ import orjson
 import pytest
 from playwright.async_api import expect
 
-from backends.harness.metrics import parse_metric
-from backends.harness.vllm_process import TINY_MODEL_NAME
 from backends.launch import VllmProcess
-from server.dashboard.browser import Watched, chromium, chromium_binary, log_in
+from harness.browser import Watched, chromium, chromium_binary, log_in
+from harness.gateway import GatewayThread
+from harness.metrics import parse_metric
+from harness.vllm_process import TINY_MODEL_NAME
 from server.dashboard.routes import PAGES
-from server.harness import GatewayThread
 from tests.conftest import gateway_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

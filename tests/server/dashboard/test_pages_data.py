@@ -8,11 +8,11 @@ from typing import Any
 from litestar.testing import TestClient
 
 from backends.registry import ModelInfo, ModelRegistry
+from harness.fake_backend import FakeGeneration
 from server.app import create_app
 from server.auth import AuthSettings, TokenEntry
 from server.config import GatewayConfig
 from server.tenancy.limits import LimitSettings
-from tests.support.fake_backend import FakeGeneration
 from tests.support.waiting import wait_until
 
 CHAT = {"model": "chat-model", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}

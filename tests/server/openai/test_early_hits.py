@@ -14,12 +14,12 @@ import httpx
 import orjson
 import pytest
 
-from backends.harness.metrics import parse_metric
 from backends.local import LocalEmbeddingBackend
 from backends.registry import ModelInfo, ModelRegistry
+from harness.fake_backend import FakeGeneration
+from harness.gateway import GatewayThread
+from harness.metrics import parse_metric
 from server.config import parse_config
-from server.harness import GatewayThread
-from tests.support.fake_backend import FakeGeneration
 from tests.support.waiting import wait_until
 
 ADMIN = "tok-admin"

@@ -12,10 +12,10 @@ import numpy as np
 import openai
 import pytest
 
-from backends.harness.metrics import parse_metric
-from backends.harness.vllm_process import TINY_MODEL_NAME
 from backends.launch import VllmProcess
-from server.harness import GatewayThread
+from harness.gateway import GatewayThread
+from harness.metrics import parse_metric
+from harness.vllm_process import TINY_MODEL_NAME
 
 pytestmark = pytest.mark.slow
 

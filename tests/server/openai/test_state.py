@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from backends.protocol import RequestContext
 from backends.registry import ModelInfo, ModelRegistry
+from harness.fake_backend import FakeGeneration
 from semcache.entry import CachedAnswer
 from semcache.exact import ExactCache
 from semcache.policy import PolicyHolder
@@ -17,7 +18,6 @@ from semcache.tiers.memory import MemoryStore
 from server.caching import CacheDirectives
 from server.metrics import GatewayMetrics
 from server.openai.serving import OpenAIServing
-from tests.support.fake_backend import FakeGeneration
 
 
 def body(stream: bool) -> dict[str, Any]:

@@ -16,13 +16,13 @@ from litestar.testing import TestClient
 
 from backends.local import LocalEmbeddingBackend
 from backends.registry import ModelInfo, ModelRegistry
+from harness.fake_backend import FakeGeneration
 from semcache.ledger import utc_day
 from semcache.ledger.redis import RedisStorage
 from server.app import create_app
 from server.auth import tenant_from
 from server.config import GatewayConfig
 from tests.semcache.conftest import RedisServer
-from tests.support.fake_backend import FakeGeneration
 from tests.support.waiting import wait_until
 
 Client = TestClient[Any]

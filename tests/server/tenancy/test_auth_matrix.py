@@ -18,10 +18,10 @@ from litestar.testing import TestClient
 
 from backends.local import LocalEmbeddingBackend
 from backends.registry import ModelInfo, ModelRegistry
+from harness.fake_backend import FakeGeneration
 from server.app import create_app
 from server.auth import AuthSettings, TokenEntry, exposure_problem
 from server.config import GatewayConfig
-from tests.support.fake_backend import FakeGeneration
 
 TOKENS = {"acme": "tok-acme", "globex": "tok-globex", "ops": "tok-ops"}
 PUBLIC = {"/health", "/ready", "/metrics"}

@@ -18,10 +18,10 @@ import pytest
 
 from backends.protocol import RequestContext
 from backends.registry import ModelInfo, ModelRegistry
+from harness.fake_backend import FakeGeneration, FakeStream
+from harness.gateway import GatewayThread
 from server.config import parse_config
-from server.harness import GatewayThread
 from tests.semcache.conftest import RedisServer
-from tests.support.fake_backend import FakeGeneration, FakeStream
 from tests.support.waiting import wait_until
 
 CHAT = "/v1/chat/completions"

@@ -13,10 +13,10 @@ from litestar.testing import TestClient
 
 from backends.local import LocalEmbeddingBackend
 from backends.registry import ModelInfo, ModelRegistry
+from harness.fake_backend import FakeGeneration
 from server.app import create_app
 from server.auth import AuthSettings, TokenEntry
 from server.config import GatewayConfig
-from tests.support.fake_backend import FakeGeneration
 from tests.support.waiting import wait_until
 
 ACME = {"authorization": "Bearer tok-acme"}

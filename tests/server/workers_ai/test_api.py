@@ -35,20 +35,20 @@ from backends.config import (
     VllmBackend,
     VllmServer,
 )
-from backends.harness.metrics import parse_metric
-from backends.harness.ports import free_port
-from backends.harness.vllm_process import REPO_ROOT, TINY_MODEL_NAME
 from backends.launch import VllmProcess
 from backends.protocol import RequestContext, UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
+from harness.fake_backend import FakeGeneration
+from harness.gateway import GatewayProcess, GatewayThread
+from harness.metrics import parse_metric
+from harness.ports import free_port
+from harness.vllm_process import REPO_ROOT, TINY_MODEL_NAME
 from server.app import create_app
 from server.auth import AuthSettings, TokenAuth, TokenEntry, tenant_from, token_digest
 from server.batch.settings import BatchSettings, QueueSettings
 from server.config import ConfigError, GatewayConfig, ModelEntry, load_config, parse_config
 from server.errors import ApiError
-from server.harness import GatewayProcess, GatewayThread
 from tests.semcache.conftest import RedisServer
-from tests.support.fake_backend import FakeGeneration
 from tests.support.waiting import wait_until, wait_until_async
 
 TOKEN = "TOKEN"

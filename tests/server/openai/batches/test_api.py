@@ -18,11 +18,11 @@ from litestar.testing import TestClient
 
 from backends.protocol import RequestContext, UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
+from harness.fake_backend import FakeGeneration
 from server.app import create_app
 from server.auth import AuthSettings, TokenEntry
 from server.batch.settings import BatchSettings, FilesSettings, QueueSettings
 from server.config import GatewayConfig
-from tests.support.fake_backend import FakeGeneration
 from tests.support.waiting import wait_until
 
 CHAT = "/v1/chat/completions"

@@ -16,6 +16,7 @@ import pytest
 from litestar.testing import TestClient
 from redis import Redis
 
+from harness.fake_backend import FakeGeneration
 from server.batch.settings import QueueSettings
 from tests.semcache.conftest import RedisServer
 from tests.server.openai.batches.test_api import (
@@ -29,7 +30,6 @@ from tests.server.openai.batches.test_api import (
     sdk,
     wait_finished,
 )
-from tests.support.fake_backend import FakeGeneration
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow  # a real redis-server

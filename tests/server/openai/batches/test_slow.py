@@ -13,10 +13,10 @@ import openai
 import orjson
 import pytest
 
-from backends.harness.vllm_process import TINY_MODEL_NAME
 from backends.launch import VllmProcess
+from harness.gateway import GatewayProcess, GatewayThread
+from harness.vllm_process import TINY_MODEL_NAME
 from server.batch.settings import BatchSettings, QueueSettings
-from server.harness import GatewayProcess, GatewayThread
 from tests.conftest import gateway_config
 from tests.semcache.conftest import RedisServer
 from tests.server.workers_ai.test_api import (

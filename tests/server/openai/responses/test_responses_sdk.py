@@ -13,10 +13,10 @@ import httpx
 import openai
 import pytest
 
-from backends.harness.ports import free_port
-from backends.harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm
 from backends.launch import VllmProcess
-from server.harness import GatewayThread
+from harness.gateway import GatewayThread
+from harness.ports import free_port
+from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm
 from tests.conftest import gateway_config
 
 pytestmark = pytest.mark.slow

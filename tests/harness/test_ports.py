@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from backends.harness import ports
+from harness import ports
 
 
 def test_a_free_port_is_bindable_and_below_the_ephemeral_range() -> None:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import uvicorn
 
-from backends.harness.ports import free_port
-from backends.harness.vllm_process import REPO_ROOT
 from backends.registry import ModelRegistry
+from harness.ports import free_port
+from harness.vllm_process import REPO_ROOT
 from server.app import create_app
 from server.config import GatewayConfig
 from server.uvicorn_config import uvicorn_config

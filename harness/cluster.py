@@ -29,7 +29,7 @@ idempotent: ``up`` starts what is not running, ``down`` stops whatever a pid fil
 deletes the namespaces. It needs root, ``ip`` with netns support, ``haproxy`` and
 ``redis-server`` (``missing_requirements`` says which are absent).
 
-    python -m server.cluster up|down|status [--run-dir DIR] [--kv-transport tcp|shm]
+    python -m harness.cluster up|down|status [--run-dir DIR] [--kv-transport tcp|shm]
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ import httpx
 import psutil
 
 from backends.config import ServerRole, VllmLaunch, VllmServer
-from backends.harness.tiny_llama import build_tiny_llama
-from backends.harness.vllm_process import REPO_ROOT, TINY_MODEL_NAME, test_data_dir
 from backends.launch import build_command, detect_device
+from harness.tiny_llama import build_tiny_llama
+from harness.vllm_process import REPO_ROOT, TINY_MODEL_NAME, test_data_dir
 
 KvTransport = Literal["tcp", "shm"]
 
@@ -586,7 +586,7 @@ class Cluster:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m server.cluster", description="the cluster")
+    ap = argparse.ArgumentParser(prog="python -m harness.cluster", description="the cluster")
     ap.add_argument("action", choices=["up", "down", "status", "requirements"])
     ap.add_argument("--run-dir", type=Path, default=None, help="default: .data/test/cluster")
     ap.add_argument("--kv-transport", choices=["tcp", "shm"], default="tcp")

@@ -13,8 +13,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from backends.harness import tiny_llama as tiny_llama_module
-from backends.harness.tiny_llama import (
+from harness import tiny_llama as tiny_llama_module
+from harness.tiny_llama import (
     TINY_SHAPE,
     _sentences,
     build_once,

@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from backends.harness.vllm_process import REPO_ROOT
+from harness.vllm_process import REPO_ROOT
 
 
 def chromium_binary() -> str | None:

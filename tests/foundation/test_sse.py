@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from semcache.sse import SSEReader, parse_block
+from foundation.sse import SSEReader, parse_block
 from tests.semcache import payloads
 
 

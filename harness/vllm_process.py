@@ -8,11 +8,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from backends.config import ServerRole, VllmLaunch, VllmServer
-from backends.harness.tiny_llama import build_tiny_llama
 from backends.launch import Progress, VllmProcess
+from harness.tiny_llama import build_tiny_llama
 
 TINY_MODEL_NAME = "tiny-llama"
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[1]
 """The checkout this package runs from (tests and benchmarks run from one)."""
 
 

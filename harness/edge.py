@@ -10,8 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from backends.harness.ports import free_port
-from backends.harness.vllm_process import REPO_ROOT
+from harness.ports import free_port
+from harness.vllm_process import REPO_ROOT
 
 CONFIG = """\
 {user}worker_processes {workers};

@@ -1,0 +1,4 @@
+"""The bottom layer: what server, semcache and backends all use, importing none of them.
+
+The SSE codec, the constrained config types and the files shipped in the packages.
+"""
