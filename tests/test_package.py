@@ -82,7 +82,10 @@ def test_the_wheel_carries_the_shipped_files(wheel: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     missing = [name for name in SHIPPED if name not in names]
     assert not missing, missing
-    assert not [n for n in names if n.startswith(("tests/", "bench/", "data/", "policies/"))]
+    assert not [
+        n for n in names if n.startswith(("tests/", "bench/", "data/", "policies/", "harness/"))
+    ]
+    assert "foundation/sse.py" in names  # the bottom layer ships with the three above it
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "semcache = server.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 

@@ -1,0 +1,56 @@
+"""The layers import one way, and no module of the product grows past 500 lines.
+
+foundation ← semcache, backends ← server; harness (tests' and bench's servers and fakes)
+and bench sit on top and are never imported by the product; nothing imports tests.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PROJECT = {"foundation", "semcache", "backends", "server", "harness", "bench", "tests"}
+MAY_IMPORT = {
+    "foundation": set(),
+    "semcache": {"foundation"},
+    "backends": {"foundation"},
+    "server": {"foundation", "semcache", "backends"},
+    "harness": {"foundation", "semcache", "backends", "server"},
+    "bench": {"foundation", "semcache", "backends", "server", "harness"},
+}
+PRODUCT = ("foundation", "semcache", "backends", "server")
+MAX_LINES = 500
+
+
+def imported_packages(path: Path) -> set[str]:
+    """The project's top-level packages a module imports (at any depth of its code)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found & PROJECT
+
+
+@pytest.mark.parametrize("package", sorted(MAY_IMPORT))
+def test_a_layer_imports_only_the_layers_below_it(package: str) -> None:
+    wrong = {
+        str(path.relative_to(REPO_ROOT)): sorted(extra)
+        for path in sorted((REPO_ROOT / package).rglob("*.py"))
+        if (extra := imported_packages(path) - MAY_IMPORT[package] - {package})
+    }
+    assert not wrong, wrong
+
+
+def test_no_module_of_the_product_is_over_500_lines() -> None:
+    long = {
+        str(path.relative_to(REPO_ROOT)): lines
+        for package in PRODUCT
+        for path in sorted((REPO_ROOT / package).rglob("*.py"))
+        if (lines := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, long
