@@ -46,6 +46,7 @@ sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).r
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.support import exit_status, pct, stderr_printer
+from bench.wrk import WrkReport, parse_wrk
 from harness.cluster import (
     GATEWAYS,
     MODEL_ID,
@@ -72,40 +73,10 @@ wrk.headers["Authorization"] = "Bearer {token}"
 """
 
 
-@dataclass
-class WrkRun:
-    rps: float
-    requests: int
-    p50_ms: float
-    p99_ms: float
-    non_2xx: int
-
-
-_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
-
-
-def _ms(text: str) -> float:
-    m = re.fullmatch(r"([\d.]+)(us|ms|s)", text)
-    return float(m.group(1)) * _UNITS[m.group(2)] if m else float("nan")
-
-
-def wrk(url: str, seconds: int, connections: int, script: Path) -> WrkRun:
+def wrk(url: str, seconds: int, connections: int, script: Path) -> WrkReport:
     cmd = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), url]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    total = re.search(r"(\d+) requests in", out)
-    p50 = re.search(r"\s50%\s+(\S+)", out)
-    p99 = re.search(r"\s99%\s+(\S+)", out)
-    bad = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
-    if rps is None or total is None or p50 is None or p99 is None:
-        raise RuntimeError(f"unexpected wrk output:\n{out}")
-    return WrkRun(
-        float(rps.group(1)),
-        int(total.group(1)),
-        _ms(p50.group(1)),
-        _ms(p99.group(1)),
-        int(bad.group(1)) if bad else 0,
-    )
+    return parse_wrk(out)
 
 
 async def hits_served(client: httpx.AsyncClient, cluster: Cluster) -> float:
@@ -121,13 +92,13 @@ async def hits_served(client: httpx.AsyncClient, cluster: Cluster) -> float:
 
 async def bench_hits(
     cluster: Cluster, seconds: int, rounds: int, connections: int, tmp: Path
-) -> dict[str, list[WrkRun]]:
+) -> dict[str, list[WrkReport]]:
     auth = {"Authorization": f"Bearer {TOKEN}"}
     script = tmp / "hit.lua"
     script.write_text(
         WRK_SCRIPT.replace("{body}", orjson.dumps(HIT_BODY).decode()).replace("{token}", TOKEN)
     )
-    runs: dict[str, list[WrkRun]] = {"1 gateway": [], "2 gateways": []}
+    runs: dict[str, list[WrkReport]] = {"1 gateway": [], "2 gateways": []}
     url = f"{cluster.lb_url}/v1/chat/completions"
     async with httpx.AsyncClient(timeout=120) as client:
         for gw in GATEWAYS:  # stored once, then in both gateways' memory tier
@@ -276,7 +247,7 @@ async def main(args: argparse.Namespace) -> bool:
     began = time.monotonic()
     await asyncio.to_thread(cluster.up)
     say(f"cluster up in {time.monotonic() - began:.0f} s")
-    hits: dict[str, list[WrkRun]] = {}
+    hits: dict[str, list[WrkReport]] = {}
     pd: dict[str, PdRun] = {}
     try:
         if not args.skip_hits:

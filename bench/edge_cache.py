@@ -46,6 +46,7 @@ sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).r
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.support import affinity, exit_status, gateway_process, stderr_printer
+from bench.wrk import parse_wrk
 from harness.edge import EdgeCache, nginx_binary
 from harness.metrics import parse_metric
 from harness.ports import free_port
@@ -102,14 +103,6 @@ class Run:
     """Share of one core wrk used."""
     server_cpu: float
     """Share of one core the serving processes (gateway + nginx) used."""
-
-
-_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1000.0}
-
-
-def _ms(text: str) -> float:
-    m = re.fullmatch(r"([\d.]+)(us|ms|s)", text)
-    return float(m.group(1)) * _UNITS[m.group(2)] if m else float("nan")
 
 
 def cpu_seconds(pids: Sequence[int]) -> float:
@@ -173,22 +166,16 @@ def wrk(
     out = proc.communicate()[0]
     wall = time.monotonic() - started
     server_cpu = cpu_seconds(server_pids) - server_before
-    rps = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    total = re.search(r"(\d+) requests in", out)
-    p50 = re.search(r"\s50%\s+(\S+)", out)
-    p99 = re.search(r"\s99%\s+(\S+)", out)
-    bad = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    report = parse_wrk(out)
     errors = re.search(r"Socket errors:.*", out)
-    if rps is None or p50 is None or p99 is None or total is None:
-        raise RuntimeError(f"unexpected wrk output:\n{out}")
     if errors:
         say(f"wrk: {errors.group(0)}")
     return Measured(
-        float(rps.group(1)),
-        int(total.group(1)),
-        _ms(p50.group(1)),
-        _ms(p99.group(1)),
-        int(bad.group(1)) if bad else 0,
+        report.rps,
+        report.requests,
+        report.p50_ms,
+        report.p99_ms,
+        report.non_2xx,
         client_cpu / wall,
         server_cpu / wall,
     )

@@ -30,7 +30,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.support import REPO, ServerProcess, child_env, stderr_printer
+from bench.support import REPO, ServerProcess, serve_process, stderr_printer
 from server.config import DEFAULT_CONFIG
 
 say = stderr_printer("idle_cpu")
@@ -175,10 +175,7 @@ async def serve_default(
     config = folder / "config.toml"
     config.write_text(config_with(delay_us, args.port, args.base_port))
     url = f"http://127.0.0.1:{args.port}"
-    command = [sys.executable, "-m", "server.cli", "serve", "--config", str(config)]
-    server = ServerProcess(
-        "serve", command, url, folder / "serve.log", child_env(PYTHONPATH=str(REPO)), REPO
-    )
+    server = serve_process(config, url, folder / "serve.log")
     server.start()
     try:
         say(f"{label}: starting semcache serve (config {config}, log {folder / 'serve.log'})")

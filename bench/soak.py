@@ -34,7 +34,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.support import REPO, ServerProcess, child_env, pct_ms, stderr_printer
+from bench.support import REPO, pct_ms, serve_process, stderr_printer
 from harness.metrics import parse_metric
 from server.config import DEFAULT_CONFIG
 
@@ -294,11 +294,7 @@ async def run(args: argparse.Namespace) -> bool:
     policy = folder / "policy.toml"
     policy.write_text(policy_text())
     url = f"http://127.0.0.1:{args.port}"
-    command = [sys.executable, "-m", "server.cli", "serve", "--config", str(config)]
-    command += ["--policy", str(policy)]
-    server = ServerProcess(
-        "serve", command, url, folder / "serve.log", child_env(PYTHONPATH=str(REPO)), REPO
-    )
+    server = serve_process(config, url, folder / "serve.log", "--policy", str(policy))
     server.start()
     try:
         say(f"starting semcache serve (log {folder / 'serve.log'})")

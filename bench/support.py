@@ -212,6 +212,13 @@ def gateway_process(config: Path, port: int, log_path: Path) -> ServerProcess:
     return ServerProcess("gateway", command, url, log_path, child_env(PYTHONPATH=str(REPO)), REPO)
 
 
+def serve_process(config: Path, url: str, log_path: Path, *extra: str) -> ServerProcess:
+    """``python -m server.cli serve --config CONFIG [extra]`` of this checkout, serving at
+    ``url`` and launching its own backends (not yet started)."""
+    command = [sys.executable, "-m", "server.cli", "serve", "--config", str(config), *extra]
+    return ServerProcess("serve", command, url, log_path, child_env(PYTHONPATH=str(REPO)), REPO)
+
+
 def toml_value(value: Any) -> str:
     """``value`` (bool, number, string, list, dict) written as a TOML value."""
     if isinstance(value, bool):

@@ -32,7 +32,7 @@ import orjson
 import psutil
 from aiohttp import web
 
-from bench.overhead import chat_body
+from bench.overhead_lib.chat import chat_body
 from bench.support import GATEWAY_MODEL_ID, ServerProcess, gateway_process, gateway_toml
 from harness.ports import free_port
 

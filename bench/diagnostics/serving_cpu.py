@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry
 from backends.protocol import RequestContext, UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
 from bench.diagnostics.gateway_cpu import _ANSWER, _EVENT, _FINAL, _LAST, TOKENS
-from bench.overhead import chat_body
+from bench.overhead_lib.chat import chat_body
 from semcache.exact import open_exact_cache
 from semcache.policy import PolicyHolder
 from server.auth import tenant_from

@@ -26,7 +26,7 @@ import orjson
 from aiohttp import web
 
 from bench.diagnostics.gateway_cpu import SERVED, TOKENS, fake_app, fake_process, gateway_before
-from bench.overhead import chat_body
+from bench.overhead_lib.chat import chat_body
 from bench.support import GATEWAY_MODEL_ID
 
 UID = re.compile(rb'"content":"(\d{7})\.')
