@@ -72,7 +72,8 @@ sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).r
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.config import VllmLaunch, VllmServer
-from backends.launch import VllmProcess, die_with_parent_hook
+from backends.launch.process import VllmProcess
+from backends.launch.process_group import die_with_parent_hook
 from bench.support import (
     GATEWAY_EMBEDDINGS_ID,
     GATEWAY_MODEL_ID,

@@ -68,7 +68,7 @@ sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).r
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.config import VllmLaunch, VllmServer
-from backends.launch import VllmProcess
+from backends.launch.process import VllmProcess
 from backends.models import prepare_model
 from backends.scraped_metrics import parse_upstream_metrics
 from bench.support import (
