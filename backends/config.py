@@ -33,11 +33,11 @@ class VllmLaunch(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     nixl_progress_delay_us: NonNegInt = 20000
     """Longest sleep of a prefill/decode server's NIXL progress thread: it wakes when UCX
     signals work, else after this long (0: nixl's default, which never sleeps and keeps a
-    core busy). See ``backends/nixl_progress.py``."""
+    core busy). See ``backends/launch/nixl_progress.py``."""
     gloo_shared_device: bool = True
     """Give the server's single-rank torch.distributed gloo groups one device (one idle
     ``gloo_tcp_loop`` thread instead of one per group, each waking every 10 ms). See
-    ``backends/gloo_device.py``."""
+    ``backends/launch/gloo_device.py``."""
 
 
 class VllmServer(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 import orjson
 
-from backends.launch import die_with_parent_hook
+from backends.launch.process_group import die_with_parent_hook
 
 REPO = Path(__file__).resolve().parent.parent
 INTERRUPTED = 130

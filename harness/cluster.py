@@ -53,7 +53,7 @@ import httpx
 import psutil
 
 from backends.config import ServerRole, VllmLaunch, VllmServer
-from backends.launch import build_command, detect_device
+from backends.launch.command import build_command, detect_device
 from harness.tiny_llama import build_tiny_llama
 from harness.vllm_process import REPO_ROOT, TINY_MODEL_NAME, test_data_dir
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from backends.config import ServerRole, VllmLaunch, VllmServer
-from backends.launch import Progress, VllmProcess
+from backends.launch.process import Progress, VllmProcess
 from harness.tiny_llama import build_tiny_llama
 
 TINY_MODEL_NAME = "tiny-llama"

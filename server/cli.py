@@ -24,8 +24,9 @@ import msgspec
 from backends.classifier import DEFAULT_EXAMPLES, DEFAULT_HEAD, build_head, save_head
 from backends.classifier import load_classifier as embedded_classifier
 from backends.config import VllmBackend
-from backends.launch import Launcher, VllmStartError
-from backends.scale import ScaleRecords, pool_of, start_server, stop_server
+from backends.launch.launcher import Launcher
+from backends.launch.process import VllmStartError
+from backends.launch.scale import ScaleRecords, pool_of, start_server, stop_server
 from semcache.calibrate import TASKS, calibrate_file, format_report
 from semcache.policy import DEFAULT_POLICY, PolicyError, load_policy
 from semcache.semantic.pairs import QQP_PAIRS

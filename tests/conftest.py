@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from backends.config import LocalEmbeddingBackend, VllmBackend, VllmServer
-from backends.launch import VllmProcess
+from backends.launch.process import VllmProcess
 from harness.gateway import GatewayThread
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm, test_data_dir

@@ -23,7 +23,7 @@ SHIPPED = [
     "semcache/semantic/data/verifier/verifier.json",
     "backends/data/classifier/sentiment-head.json",
     "backends/data/sentiment/sentiment.jsonl",
-    "backends/launch_shim/sitecustomize.py",
+    "backends/launch/shim/sitecustomize.py",
     "server/dashboard/templates/overview.html",
     "server/dashboard/static/dashboard.js",
     "server/dashboard/static/uplot/uPlot.iife.min.js",

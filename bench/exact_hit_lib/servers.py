@@ -17,7 +17,8 @@ import httpx
 import msgspec
 
 from backends.config import VllmLaunch, VllmServer
-from backends.launch import VllmProcess, die_with_parent_hook
+from backends.launch.process import VllmProcess
+from backends.launch.process_group import die_with_parent_hook
 from bench.exact_hit_lib.bare_app import canned_replies
 from bench.exact_hit_lib.litellm_proxy import litellm_config
 from bench.exact_hit_lib.targets import NOT_HITS, Target, not_hits, prime

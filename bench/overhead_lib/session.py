@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 
 from backends.config import VllmLaunch, VllmServer
-from backends.launch import VllmProcess
+from backends.launch.process import VllmProcess
 from backends.models import prepare_model
 from bench.overhead_lib.batches import idle_cpu
 from bench.overhead_lib.cells import SUSTAINED_IN_FLIGHT, VLLM_MAX_NUM_SEQS

@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import pytest
 
-from backends.launch import VllmProcess
-from backends.scale import ScaleRecords, stop_server
+from backends.launch.process import VllmProcess
+from backends.launch.scale import ScaleRecords, stop_server
 from harness.gateway import GatewayThread
 from harness.metrics import metric_value
 from harness.ports import free_port

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from backends.config import VllmLaunch, VllmServer
-from backends.launch import VllmProcess
+from backends.launch.process import VllmProcess
 from backends.models import (
     READY_MARKER,
     chat_template_fingerprint,

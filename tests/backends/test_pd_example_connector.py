@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from backends.config import VllmBackend, VllmLaunch, VllmServer
-from backends.launch import Launcher
+from backends.launch.launcher import Launcher
 from harness.gateway import GatewayThread
 from harness.metrics import metric_value
 from harness.ports import free_port

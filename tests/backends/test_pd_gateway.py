@@ -24,7 +24,7 @@ import orjson
 import pytest
 
 from backends.config import VllmBackend, VllmServer
-from backends.launch import VllmProcess
+from backends.launch.process import VllmProcess
 from backends.placement import rendezvous_order
 from backends.servers import ServerState
 from harness.gateway import GatewayThread

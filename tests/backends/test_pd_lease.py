@@ -27,7 +27,8 @@ import orjson
 import pytest
 
 from backends.config import VllmBackend, VllmLaunch, VllmServer
-from backends.launch import Launcher, VllmProcess
+from backends.launch.launcher import Launcher
+from backends.launch.process import VllmProcess
 from harness.gateway import GatewayThread
 from harness.metrics import metric_value, parse_metric
 from harness.ports import free_port

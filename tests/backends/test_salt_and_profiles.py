@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from backends.config import VllmBackend, VllmLaunch, VllmServer
-from backends.launch import build_command
+from backends.launch.command import build_command
 from backends.profiles import LaunchProfile, ProfileError, check_profile_for_model
 from backends.salt import CacheSalter
 from server.config import DEFAULT_CONFIG, load_config

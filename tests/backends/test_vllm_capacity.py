@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backends.config import VllmBackend, VllmServer
-from backends.launch import VllmProcess
+from backends.launch.process import VllmProcess
 from backends.protocol import RequestContext
 from backends.vllm import VllmClient
 from harness.vllm_process import TINY_MODEL_NAME

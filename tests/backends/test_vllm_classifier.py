@@ -13,7 +13,7 @@ from aiohttp import web
 
 from backends.classifier import label_names
 from backends.config import VllmBackend, VllmLaunch, VllmServer
-from backends.launch import build_command
+from backends.launch.command import build_command
 from backends.protocol import BackendError, RequestContext, UpstreamRejected
 from backends.vllm import VllmClient
 from backends.vllm_classifier import VllmClassifier, labels_from_config

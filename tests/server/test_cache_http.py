@@ -14,7 +14,7 @@ import openai
 import orjson
 import pytest
 
-from backends.launch import VllmProcess
+from backends.launch.process import VllmProcess
 from harness.gateway import GatewayThread
 from harness.metrics import parse_metric
 from harness.vllm_process import TINY_MODEL_NAME

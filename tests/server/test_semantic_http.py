@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from backends.config import EmbeddedClassifierBackend, LocalEmbeddingBackend
-from backends.launch import VllmProcess
+from backends.launch.process import VllmProcess
 from harness.gateway import GatewayThread
 from harness.vllm_process import TINY_MODEL_NAME
 from semcache.semantic.items import label_margin

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from backends.launch import VllmProcess
+from backends.launch.process import VllmProcess
 from harness.gateway import GatewayProcess, GatewayThread
 from harness.vllm_process import TINY_MODEL_NAME
 from server.config import ModelEntry

@@ -17,7 +17,7 @@ import httpx
 import orjson
 import pytest
 
-from backends.launch import VllmProcess
+from backends.launch.process import VllmProcess
 from harness.gateway import REPO_ROOT, GatewayProcess
 from harness.vllm_process import TINY_MODEL_NAME
 from tests.support.waiting import wait_until

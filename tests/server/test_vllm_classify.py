@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from backends.config import EmbeddedClassifierBackend, VllmBackend, VllmLaunch, VllmServer
-from backends.launch import Launcher
+from backends.launch.launcher import Launcher
 from harness.gateway import GatewayThread
 from harness.metrics import metric_value
 from harness.ports import free_port

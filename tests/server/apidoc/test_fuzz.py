@@ -33,7 +33,7 @@ from backends.config import (
     VllmBackend,
     VllmServer,
 )
-from backends.launch import VllmProcess
+from backends.launch.process import VllmProcess
 from foundation.package_files import package_file
 from harness.gateway import GatewayThread
 from harness.vllm_process import TINY_MODEL_NAME

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import redis
 
-from backends.launch import VllmProcess
+from backends.launch.process import VllmProcess
 from harness.gateway import GatewayThread
 from harness.vllm_process import TINY_MODEL_NAME
 from tests.conftest import gateway_config

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from backends.launch import VllmProcess
+from backends.launch.process import VllmProcess
 from harness.gateway import GatewayThread
 from harness.vllm_process import TINY_MODEL_NAME
 from tests.conftest import gateway_config

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from backends.config import VllmServer
-from backends.launch import VllmProcess
+from backends.launch.process import VllmProcess
 from backends.placement import rendezvous_order
 from harness.gateway import GatewayThread
 from harness.ports import free_port

@@ -19,7 +19,7 @@ import orjson
 import pytest
 from playwright.async_api import expect
 
-from backends.launch import VllmProcess
+from backends.launch.process import VllmProcess
 from harness.browser import Watched, chromium, chromium_binary, log_in
 from harness.gateway import GatewayThread
 from harness.metrics import parse_metric

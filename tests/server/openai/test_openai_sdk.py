@@ -12,7 +12,7 @@ import numpy as np
 import openai
 import pytest
 
-from backends.launch import VllmProcess
+from backends.launch.process import VllmProcess
 from harness.gateway import GatewayThread
 from harness.metrics import parse_metric
 from harness.vllm_process import TINY_MODEL_NAME

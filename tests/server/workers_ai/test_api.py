@@ -35,7 +35,7 @@ from backends.config import (
     VllmBackend,
     VllmServer,
 )
-from backends.launch import VllmProcess
+from backends.launch.process import VllmProcess
 from backends.protocol import RequestContext, UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
 from harness.fake_backend import FakeGeneration

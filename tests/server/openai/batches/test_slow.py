@@ -13,7 +13,7 @@ import openai
 import orjson
 import pytest
 
-from backends.launch import VllmProcess
+from backends.launch.process import VllmProcess
 from harness.gateway import GatewayProcess, GatewayThread
 from harness.vllm_process import TINY_MODEL_NAME
 from server.batch.settings import BatchSettings, QueueSettings

@@ -13,7 +13,7 @@ import httpx
 import openai
 import pytest
 
-from backends.launch import VllmProcess
+from backends.launch.process import VllmProcess
 from harness.gateway import GatewayThread
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm

@@ -1,6 +1,7 @@
 """The launch shim that lets an idle P/D server's NIXL progress thread sleep.
 
-These fail loudly when nixl changes the code the shim relies on (see backends/nixl_progress.py).
+These fail loudly when nixl changes the code the shim relies on (see
+backends/launch/nixl_progress.py).
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from backends import nixl_progress
 from backends.config import VllmLaunch, VllmServer
-from backends.launch import build_command
+from backends.launch import nixl_progress
+from backends.launch.command import build_command
 
 MODEL = Path("/models/m")
 
@@ -32,7 +33,7 @@ def agent_module() -> object:
 def test_the_installed_nixl_is_a_checked_version() -> None:
     version = importlib.metadata.version("nixl")
     assert version.rsplit(".", 1)[0] in nixl_progress.CHECKED_VERSIONS, (
-        f"nixl {version}: re-check backends/nixl_progress.py against its nixl_agent.__init__"
+        f"nixl {version}: re-check backends/launch/nixl_progress.py against its nixl_agent.__init__"
     )
 
 

@@ -4,8 +4,8 @@ nixl's Python agent (``nixl_agent.__init__``) starts its progress thread with
 ``pthrDelay = 0``: between two progress calls the thread only yields, so an idle prefill or
 decode server keeps a core busy. vLLM's NixlConnector passes ``num_threads`` and the backends
 to nixl, never this delay, and nixl's Python API offers no setting for it. So the servers the
-gateway launches import this module at start (``backends/launch_shim/sitecustomize.py``, put on
-their ``PYTHONPATH`` by ``backends.launch``), and it makes the agent's config take
+gateway launches import this module at start (``backends/launch/shim/sitecustomize.py``, put on
+their ``PYTHONPATH`` by ``backends.launch.command``), and it makes the agent's config take
 ``SEMCACHE_NIXL_PROGRESS_DELAY_US`` instead of 0. nixl's UCX progress thread polls its
 workers' event fds with that delay as the timeout (``nixlUcxSharedThread::run``): it still
 wakes as soon as UCX signals work, and otherwise sleeps that long; the timeout is nixl's guard
@@ -14,7 +14,8 @@ against a missed wake-up. Transfers themselves are unchanged (UCX moves the byte
 Checked against nixl 1.5.1 (``nixl_cu12._api`` / ``nixl_cu13._api``): the agent builds a
 ``nixlBind.nixlAgentConfig()``, then sets ``pthrDelay = 0`` on it. ``patch`` swaps the
 module's ``nixlBind`` for a view whose ``nixlAgentConfig`` is a subclass that turns that 0 into
-the configured delay. ``tests/backends/test_nixl_progress.py`` fails when this stops applying.
+the configured delay. ``tests/backends/launch/test_nixl_progress.py`` fails when this stops
+applying.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import os
 import types
 from typing import Any
 
-from backends.import_patch import patch_when_imported
+from backends.launch.import_patch import patch_when_imported
 
 DELAY_ENV = "SEMCACHE_NIXL_PROGRESS_DELAY_US"
 CHECKED_VERSIONS = ("1.5",)

@@ -12,10 +12,10 @@ Two things put a CPU server elsewhere, and no vLLM setting changes either:
   and blind to the process's affinity), to keep KV loads off the model's cores. With one node
   of cores 0-1, the prefill and the decode server of a pair both ran their model on core 1. A
   launched P/D server therefore starts with a shim (``install_from_env``, from
-  ``backends/launch_shim``) that makes that topology list only the cores the calling thread may
+  ``backends/launch/shim``) that makes that topology list only the cores the calling thread may
   already run on: the move stays within the server's cores (on one core it changes nothing).
 
-``tests/backends/test_cpu_pinning.py`` fails when vLLM stops calling the code patched here.
+``tests/backends/launch/test_cpu_pinning.py`` fails when vLLM stops calling the code patched here.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import os
 import types
 from collections.abc import Callable, Iterable, Sequence
 
-from backends.import_patch import patch_when_imported
+from backends.launch.import_patch import patch_when_imported
 
 ENV = "SEMCACHE_NIXL_CORES_WITHIN_AFFINITY"
 PLATFORM_MODULE = "vllm.platforms.cpu"

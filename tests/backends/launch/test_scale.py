@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from backends.config import VllmBackend, VllmLaunch, VllmServer
+from backends.launch.scale import Scaled, ScaleRecords, new_server, pool_of
 from backends.profiles import LaunchProfile
-from backends.scale import Scaled, ScaleRecords, new_server, pool_of
 from server.cli import main
 
 

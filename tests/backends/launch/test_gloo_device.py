@@ -1,6 +1,7 @@
 """The launch shim that gives a launched server's single-rank gloo groups one device.
 
-These fail loudly when torch changes the code the shim relies on (see backends/gloo_device.py).
+These fail loudly when torch changes the code the shim relies on (see
+backends/launch/gloo_device.py).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from typing import Any
 import orjson
 import pytest
 
-from backends import gloo_device
 from backends.config import ServerRole, VllmLaunch, VllmServer
-from backends.launch import build_command
+from backends.launch import gloo_device
+from backends.launch.command import build_command
 
 MODEL = Path("/models/m")
 
@@ -57,7 +58,8 @@ def gloo_loops(env: dict[str, str], store: Path) -> int:
 def test_the_installed_torch_is_a_checked_version() -> None:
     version = importlib.metadata.version("torch")
     assert ".".join(version.split(".")[:2]) in gloo_device.CHECKED_VERSIONS, (
-        f"torch {version}: re-check backends/gloo_device.py against _new_process_group_helper"
+        f"torch {version}: re-check backends/launch/gloo_device.py "
+        "against _new_process_group_helper"
     )
 
 

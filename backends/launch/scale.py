@@ -22,7 +22,8 @@ import msgspec
 import psutil
 
 from backends.config import ServerRole, VllmBackend, VllmLaunch, VllmServer
-from backends.launch import Progress, VllmProcess, stop_process_group
+from backends.launch.process import Progress, VllmProcess
+from backends.launch.process_group import stop_process_group
 from backends.models import prepare_model
 
 

@@ -11,12 +11,12 @@ loop thread. Groups of more ranks (tensor parallelism over several processes) ke
 own device each.
 
 The vLLM servers the gateway launches import this module at start (the
-``backends/launch_shim/sitecustomize.py`` on their ``PYTHONPATH``) when
-``SEMCACHE_GLOO_SHARED_DEVICE=1`` (``backends.launch``). Checked against torch 2.13
+``backends/launch/shim/sitecustomize.py`` on their ``PYTHONPATH``) when
+``SEMCACHE_GLOO_SHARED_DEVICE=1`` (``backends.launch.command``). Checked against torch 2.13
 (``torch.distributed.distributed_c10d._new_process_group_helper`` constructs
 ``ProcessGroupGloo(store, rank, size, timeout=timeout)``). ``patch`` swaps that module's
 ``ProcessGroupGloo`` for a subclass that builds the same options with the shared device;
-``tests/backends/test_gloo_device.py`` fails when this stops applying.
+``tests/backends/launch/test_gloo_device.py`` fails when this stops applying.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import os
 import types
 from typing import Any
 
-from backends.import_patch import patch_when_imported
+from backends.launch.import_patch import patch_when_imported
 
 ENV = "SEMCACHE_GLOO_SHARED_DEVICE"
 CHECKED_VERSIONS = ("2.13",)

@@ -1,4 +1,4 @@
-"""Launched vLLM servers stay on their configured cores (``backends/cpu_pinning.py``).
+"""Launched vLLM servers stay on their configured cores (``backends/launch/cpu_pinning.py``).
 
 The fast tests fail when vLLM stops calling the code the shim patches; the slow one launches
 the default config's prefill/decode pair (the tiny model in place of SmolLM2) through the
@@ -20,9 +20,11 @@ import msgspec
 import psutil
 import pytest
 
-from backends import cpu_pinning
 from backends.config import VllmBackend, VllmLaunch, VllmServer
-from backends.launch import Launcher, VllmProcess, build_command
+from backends.launch import cpu_pinning
+from backends.launch.command import build_command
+from backends.launch.launcher import Launcher
+from backends.launch.process import VllmProcess
 from harness.metrics import metric_value
 from harness.ports import free_port
 from harness.tiny_llama import build_tiny_llama
@@ -55,7 +57,7 @@ def test_vllm_nixl_still_pins_its_thread_to_the_discovered_topology() -> None:
 
     source = inspect.getsource(NixlBaseConnectorWorker.__init__)
     assert "current_platform.discover_numa_topology()" in source, (
-        "vLLM changed how NixlConnector picks its cores: re-check backends/cpu_pinning.py"
+        "vLLM changed how NixlConnector picks its cores: re-check backends/launch/cpu_pinning.py"
     )
     assert "os.sched_setaffinity(0, rsv_cores_for_kv)" in source
 

@@ -16,13 +16,10 @@ import psutil
 import pytest
 
 from backends.config import ServerRole, VllmBackend, VllmLaunch, VllmServer
-from backends.launch import (
-    Launcher,
-    VllmProcess,
-    VllmStartError,
-    build_command,
-    process_group_members,
-)
+from backends.launch.command import build_command
+from backends.launch.launcher import Launcher
+from backends.launch.process import VllmProcess, VllmStartError
+from backends.launch.process_group import process_group_members
 from harness.metrics import metric_value
 from harness.ports import free_port
 from harness.tiny_llama import build_tiny_llama
