@@ -19,7 +19,9 @@ from semcache.calibrate import CalibrationReport
 from semcache.policy import DEFAULT_POLICY
 from semcache.semantic.pairs import QQP_PAIRS, load_pairs, split_pairs
 from semcache.semantic.stream_eval import Comparison
-from server.cli import ENVIRONMENT, build_parser, format_usage, main
+from server.cli import build_parser, main
+from server.cli.options import ENVIRONMENT
+from server.cli.usage import format_usage
 from server.config import DEFAULT_CONFIG
 from tests.support.waiting import wait_until
 
@@ -267,7 +269,7 @@ def test_settle_gc_freezes_the_startup_heap_and_keeps_collecting_cycles() -> Non
     """Run in a child process: freezing would otherwise pin this test process's objects."""
     code = """
 import gc
-from server.cli import GC_THRESHOLD0, settle_gc
+from server.cli.serve import GC_THRESHOLD0, settle_gc
 assert gc.get_freeze_count() == 0
 settle_gc()
 assert gc.get_freeze_count() > 1000, gc.get_freeze_count()

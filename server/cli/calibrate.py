@@ -1,0 +1,106 @@
+"""``semcache calibrate``: the semantic matcher's precision and hit rate on labelled pairs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import msgspec
+
+from backends.classifier import load_classifier as embedded_classifier
+from semcache.calibrate import TASKS, calibrate_file, format_report
+from server.encoders import load_encoder
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    if not args.pairs.is_file():
+        print(f"semcache: cannot calibrate: no pairs file {args.pairs}", file=sys.stderr)
+        return 2
+    if args.stream:
+        return _calibrate_stream(args)
+    try:
+        report = calibrate_file(
+            args.pairs,
+            args.task,
+            encoder=load_encoder(),
+            target_precision=args.target_precision,
+            use_verifier=not args.no_verifier,
+            classifier_factory=embedded_classifier,
+        )
+    except (OSError, ValueError) as exc:
+        print(f"semcache: cannot calibrate: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(report)).decode() + "\n")
+    else:
+        print(format_report(report))
+    return 0
+
+
+def _calibrate_stream(args: argparse.Namespace) -> int:
+    """``calibrate --stream``: verified caching vs static thresholds on a replayed stream."""
+    from semcache.semantic.stream_eval import compare_file, format_comparison
+    from semcache.semantic.verified import VerifiedParams
+
+    if args.task != "chat":
+        print("semcache: cannot calibrate: --stream is for --task chat", file=sys.stderr)
+        return 2
+    params = VerifiedParams(max_error=0.05)  # the rule's defaults; each max_error is run
+    try:
+        rows = compare_file(
+            args.pairs,
+            params,
+            encoder=load_encoder(),
+            limit=args.limit,
+            seed=args.seed,
+            use_verifier=not args.no_verifier,
+            repeated=args.repeated,
+            clusters=args.clusters,
+        )
+    except (OSError, ValueError) as exc:
+        print(f"semcache: cannot calibrate: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(rows)).decode() + "\n")
+    else:
+        print(format_comparison(rows))
+    return 0
+
+
+def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    calibrate = commands.add_parser(
+        "calibrate",
+        help="precision and hit rate of the semantic matcher on your labelled pairs",
+        description="Precision and hit rate per cosine threshold (alone and with the "
+        "verifier) on a JSONL file of {text_a, text_b, label} pairs, and the policy "
+        "setting with the highest hit rate that reaches the target precision.",
+    )
+    calibrate.add_argument("--pairs", type=Path, required=True, help="JSONL (or .jsonl.gz) pairs")
+    calibrate.add_argument(
+        "--task",
+        choices=TASKS,
+        default="chat",
+        help="what a hit serves: a chat answer, a classification (the embedded classifier's "
+        "labels) or an embedding (default: chat)",
+    )
+    calibrate.add_argument("--target-precision", type=float, default=0.95)
+    calibrate.add_argument("--no-verifier", action="store_true", help="cosine alone")
+    calibrate.add_argument("--json", action="store_true", help="print the full report as JSON")
+    calibrate.add_argument(
+        "--stream",
+        action="store_true",
+        help="chat: replay the pairs' questions as a stream (duplicate clusters from the pairs "
+        'labelled 1) and compare mode = "verified" with the best static thresholds',
+    )
+    calibrate.add_argument("--limit", type=int, default=None, help="--stream: questions at most")
+    calibrate.add_argument("--seed", type=int, default=0, help="--stream: order of the stream")
+    calibrate.add_argument(
+        "--repeated",
+        type=int,
+        default=0,
+        help="--stream: this many requests whose questions repeat (Zipf-like popularity over "
+        "--clusters duplicate clusters, surface variants of their questions); 0: each once",
+    )
+    calibrate.add_argument("--clusters", type=int, default=500, help="--repeated: clusters")
+    calibrate.set_defaults(func=cmd_calibrate)
