@@ -48,7 +48,7 @@ from server.openai.serving import OpenAIServing
 from server.openai.stores import build_stores
 from server.routes import admin, cached_answer, health, pools, usage
 from server.speedups import before_routing, write_bodies_eagerly
-from server.tenancy.limits import build_limiter
+from server.tenancy.limits.limiter import build_limiter
 from server.tenancy.middleware import Tenancy, tenancy_middleware
 from server.tenancy.request_log import RequestLog
 from server.workers_ai import api_router as workers_ai_routes

@@ -45,7 +45,7 @@ import msgspec
 
 from semcache.policy import Policy, PolicyHolder
 from server.errors import ApiError
-from server.tenancy.limits import LimitSettings
+from server.tenancy.limits.settings import LimitSettings
 
 Role = Literal["admin"]
 

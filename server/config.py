@@ -14,7 +14,7 @@ from foundation.package_files import package_file
 from semcache.ledger.settings import LedgerSettings
 from server.auth import AuthSettings
 from server.batch.settings import BatchSettings
-from server.tenancy.limits import LimitSettings
+from server.tenancy.limits.settings import LimitSettings
 from server.tenancy.request_log import RequestLogSettings
 
 Task = Literal["chat", "embeddings", "classification"]

@@ -45,7 +45,7 @@ from server.openai.state import ServingState
 from server.openai.stream_format import stream_format
 from server.openai.usage import note_result
 from server.speedups import encoded_headers
-from server.tenancy.limits import Admission
+from server.tenancy.limits.limiter import Admission
 from server.tenancy.middleware import WANTED_HEADERS, Tenancy
 from server.tenancy.record import RequestRecord
 

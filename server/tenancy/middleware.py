@@ -31,7 +31,7 @@ from server.auth import ANONYMOUS, TokenAuth
 from server.errors import ERROR_CODE_KEY, ApiError
 from server.metrics import GatewayMetrics
 from server.tenancy.bodies import BodyCapture
-from server.tenancy.limits import Admission, TenantLimiter, estimate_tokens
+from server.tenancy.limits.limiter import Admission, TenantLimiter, estimate_tokens
 from server.tenancy.record import RECORD_KEY, RequestRecord, item_line, log_line
 from server.tenancy.request_log import RequestLog
 from server.tenancy.usage import BATCH_ROUTE, ledger_record
@@ -182,7 +182,7 @@ class Tenancy:
         status = 200 if success else 500
         self._count_usage(ctx.tenant or ANONYMOUS, BATCH_ROUTE, ctx.usage, status, now)
         # limits: nothing more to count: the ledger's record spends the tenant's budgets, and
-        # a batch item takes no capacity of the live windows (server/tenancy/limits.py).
+        # a batch item takes no capacity of the live windows (server/tenancy/limits/limiter.py).
 
     def _count_usage(
         self, tenant: str, route: str, usage: RequestUsage, status: int, now: float

@@ -12,7 +12,7 @@ from harness.fake_backend import FakeGeneration
 from server.app import create_app
 from server.auth import AuthSettings, TokenEntry
 from server.config import GatewayConfig
-from server.tenancy.limits import LimitSettings
+from server.tenancy.limits.settings import LimitSettings
 from tests.support.waiting import wait_until
 
 CHAT = {"model": "chat-model", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}

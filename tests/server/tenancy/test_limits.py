@@ -13,12 +13,9 @@ import pytest
 
 from server.config import ConfigError, parse_config
 from server.errors import ApiError
-from server.tenancy.limits import (
-    LimitSettings,
-    TenantLimiter,
-    estimate_tokens,
-    format_reset,
-)
+from server.tenancy.limits.headers import format_reset
+from server.tenancy.limits.limiter import TenantLimiter, estimate_tokens
+from server.tenancy.limits.settings import LimitSettings
 
 START = datetime(2026, 12, 1, 17, 0, 0, tzinfo=UTC).timestamp()
 

@@ -9,7 +9,8 @@ from collections.abc import Callable
 import pytest
 
 from server.errors import ApiError
-from server.tenancy.limits import LimitSettings, TenantLimiter
+from server.tenancy.limits.limiter import TenantLimiter
+from server.tenancy.limits.settings import LimitSettings
 from tests.semcache.conftest import RedisServer
 
 pytestmark = pytest.mark.slow
