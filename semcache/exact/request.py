@@ -1,0 +1,79 @@
+"""What one exact-cache lookup is about and what it returns: status, control, request, result."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from enum import StrEnum
+
+import msgspec
+
+from semcache.entry import CachedAnswer
+from semcache.keys import CacheKey
+from semcache.policy import CacheRule
+from semcache.purge import Epochs
+
+Fill = Callable[[], Awaitable[CachedAnswer | None]]
+"""Fetches a miss's answer from the backend; ``None`` when the answer is incomplete."""
+
+
+class CacheStatus(StrEnum):
+    """Values of ``Cache-Status`` / ``cf-aig-cache-status``."""
+
+    HIT = "HIT"
+    MISS = "MISS"
+    STALE = "STALE"
+    EXPIRED = "EXPIRED"
+    BYPASS = "BYPASS"
+
+
+class CacheControl(msgspec.Struct, frozen=True, kw_only=True):
+    """What one request asks of the cache (the server maps headers to this)."""
+
+    bypass_read: bool = False
+    """Do not serve from the cache (``no-cache``, ``cf-aig-skip-cache``); still stores."""
+    no_store: bool = False
+    """Do not store this answer (``no-store``, ``cf-aig-skip-cache``)."""
+    ttl_s: int | None = None
+    """TTL for the answer this request stores (``cf-aig-cache-ttl``, ``max-age``); capped
+    at the rule's ``max_ttl_s``."""
+    max_age_s: int | None = None
+    """Serve only answers at most this old, and no stale ones (request ``max-age``)."""
+
+
+class CacheRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the cache needs about one request; built by ``ExactCache.prepare``."""
+
+    key: CacheKey
+    route: str
+    rule: CacheRule
+    control: CacheControl = CacheControl()
+    epochs: Epochs = Epochs()
+    tags: tuple[str, ...] = ()
+    cacheable: bool = True
+    """The policy allows caching this request (rule cacheable, determinism satisfied)."""
+    write_through: bool = False
+    """Store the answer in every tier before the fill returns (a durable semantic record
+    will point to it), even when the disk tier writes behind."""
+
+
+class CacheResult(msgspec.Struct, kw_only=True):
+    status: CacheStatus
+    key: CacheKey
+    entry: CachedAnswer | None = None
+    """The answer to send (from the cache, or the one ``fill`` produced)."""
+    age_s: float = 0.0
+    tier: str | None = None
+    """The tier that served a HIT/STALE answer."""
+    coalesced: bool = False
+    """The answer came from another request's fill."""
+    stored: bool = False
+    """This call stored the answer."""
+
+    @property
+    def age(self) -> int:
+        """Whole seconds, for the ``Age`` header."""
+        return int(self.age_s)
+
+    @property
+    def from_cache(self) -> bool:
+        return self.status in (CacheStatus.HIT, CacheStatus.STALE)
