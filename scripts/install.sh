@@ -28,9 +28,11 @@ fi
 say "installing semcache with [$extra,dev,bench] (first run: ~2 min, ~600 MB of downloads)"
 # uv installs what pip would (the same indexes, links and constraints, read from pip's own
 # configuration) several times faster: parallel downloads and a cache of unpacked wheels.
+# --compile-bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set, nothing else writes
+# the .pyc files, and every vLLM process would compile torch and vLLM again at start.
 quiet_pip install --progress-bar off -q uv
 if [ -x "$VENV/bin/uv" ]; then
-  uv_args=(--python "$VENV/bin/python" --index-strategy unsafe-best-match -q)
+  uv_args=(--python "$VENV/bin/python" --index-strategy unsafe-best-match --compile-bytecode -q)
   while IFS= read -r line; do
     value=${line#*=}
     value=${value#\'}
