@@ -26,11 +26,11 @@ from backends.classifier import load_classifier as embedded_classifier
 from backends.config import VllmBackend
 from backends.launch import Launcher, VllmStartError
 from backends.scale import ScaleRecords, pool_of, start_server, stop_server
-from semcache.calibrate import TASKS, calibrate_file, format_report
 from semcache.policy import DEFAULT_POLICY, PolicyError, load_policy
-from semcache.semantic.pairs import QQP_PAIRS
-from semcache.semantic.train_verifier import COSINE_ONLY_THRESHOLDS, train_verifier
 from semcache.semantic.verifier import DEFAULT_VERIFIER_DIR
+from semcache.tuning.calibrate import TASKS, calibrate_file, format_report
+from semcache.tuning.pairs import QQP_PAIRS
+from semcache.tuning.train_verifier import COSINE_ONLY_THRESHOLDS, train_verifier
 from server.app import create_app, registry_from_config
 from server.auth import describe, exposure_problem
 from server.config import DEFAULT_CONFIG, ConfigError, GatewayConfig, load_config
@@ -401,8 +401,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _calibrate_stream(args: argparse.Namespace) -> int:
     """``calibrate --stream``: verified caching vs static thresholds on a replayed stream."""
-    from semcache.semantic.stream_eval import compare_file, format_comparison
     from semcache.semantic.verified import VerifiedParams
+    from semcache.tuning.stream_eval import compare_file
+    from semcache.tuning.stream_report import format_comparison
 
     if args.task != "chat":
         print("semcache: cannot calibrate: --stream is for --task chat", file=sys.stderr)
