@@ -28,21 +28,18 @@ from tqdm import tqdm
 
 from bench.support import pct_ms
 from semcache.semantic.encoder import Encoder
-from semcache.semantic.pairs import (
+from semcache.semantic.partition import PartitionIndex
+from semcache.semantic.partition_types import IndexSettings, Limits
+from semcache.semantic.records import PartitionKey
+from semcache.semantic.snapshot import read_partition, write_partition
+from semcache.semantic.vector_index import configure_faiss_threads
+from semcache.tuning.pairs import (
     QQP_PAIRS,
     embed_texts,
     load_pairs,
     split_pairs,
     unique_texts,
 )
-from semcache.semantic.partition import (
-    IndexSettings,
-    Limits,
-    PartitionIndex,
-    configure_faiss_threads,
-)
-from semcache.semantic.records import PartitionKey
-from semcache.semantic.snapshot import read_partition, write_partition
 from server.encoders import load_encoder
 
 KEY = PartitionKey(scope="bench", model_revision="r", task="embeddings", template="t")

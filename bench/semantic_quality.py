@@ -11,7 +11,7 @@
 - embeddings: fidelity (cosine between the served vector and the backend's true vector for
   the new text) at several thresholds on the paraphrase pairs and QQP test texts;
 - the verifier's cost per lookup;
-- with ``--stream``: only the stream evaluation of chat (``semcache.semantic.stream_eval``):
+- with ``--stream``: only the stream evaluation of chat (``semcache.tuning.stream_eval``):
   verified caching at several max_error values beside the best static thresholds; with
   ``--repeated N`` as well, on N requests whose questions repeat (Zipf-like popularity over
   ``--clusters`` duplicate clusters, surface variants of their questions).
@@ -30,16 +30,18 @@ import time
 import numpy as np
 
 from backends.classifier import TextClassifier, load_classifier
-from semcache.calibrate import (
+from semcache.semantic.encoder import Encoder
+from semcache.semantic.items import label_margin
+from semcache.semantic.verified import VerifiedParams
+from semcache.semantic.verifier import PairVerifier, load_verifier, pair_features
+from semcache.tuning.calibrate import (
     FIDELITY,
     PairScores,
     point,
     report_from_scores,
     score_pairs,
 )
-from semcache.semantic.encoder import Encoder
-from semcache.semantic.items import label_margin
-from semcache.semantic.pairs import (
+from semcache.tuning.pairs import (
     EMBEDDING_CACHE_DIR,
     PARAPHRASE_PAIRS,
     QQP_PAIRS,
@@ -50,17 +52,9 @@ from semcache.semantic.pairs import (
     split_pairs,
     unique_texts,
 )
-from semcache.semantic.stream_eval import (
-    Comparison,
-    Stream,
-    build_repeated_stream,
-    build_stream,
-    compare,
-    format_comparison,
-    format_seeds,
-)
-from semcache.semantic.verified import VerifiedParams
-from semcache.semantic.verifier import PairVerifier, load_verifier, pair_features
+from semcache.tuning.stream_build import Stream, build_repeated_stream, build_stream
+from semcache.tuning.stream_eval import Comparison, compare
+from semcache.tuning.stream_report import format_comparison, format_seeds
 from server.encoders import load_encoder
 
 HEADER = (

@@ -23,7 +23,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from backends.sentence_model import package_model_dir
 from bench.diagnostics.verifier_experiments import OUT, SPLITS
-from semcache.semantic.pairs import QQP_PAIRS, load_pairs, split_pairs
+from semcache.tuning.pairs import QQP_PAIRS, load_pairs, split_pairs
 
 
 def batches_by_length(pairs, tokenizer, batch, rng):

@@ -22,9 +22,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np
 
 from bench.support import bootstrap_interval
-from semcache.calibrate import point
-from semcache.semantic.pairs import QQP_PAIRS, Pair, load_pairs, split_pairs
-from semcache.semantic.train_verifier import choose_setting
+from semcache.tuning.calibrate import point
+from semcache.tuning.pairs import QQP_PAIRS, Pair, load_pairs, split_pairs
+from semcache.tuning.train_verifier import choose_setting
 
 OUT = Path(".data/verifier_experiments")
 SPLITS = ("train", "val", "test")
@@ -124,8 +124,8 @@ def load_base() -> tuple[dict[str, list[Pair]], dict[str, np.ndarray], dict[str,
             x = {s: f[f"x_{s}"] for s in SPLITS}
             y = {s: f[f"y_{s}"] for s in SPLITS}
         return parts, x, y
-    from semcache.semantic.pairs import embed_texts, unique_texts
-    from semcache.semantic.train_verifier import features_of
+    from semcache.tuning.pairs import embed_texts, unique_texts
+    from semcache.tuning.train_verifier import features_of
     from server.encoders import load_encoder
 
     encoder = load_encoder(threads=1)
@@ -166,8 +166,8 @@ def m_shipped(parts, x, y) -> dict[str, np.ndarray]:
 
 
 def m_mlp_retrained(parts, x, y) -> dict[str, np.ndarray]:
-    from semcache.semantic.train_verifier import train_mlp
     from semcache.semantic.verifier import PairVerifier
+    from semcache.tuning.train_verifier import train_mlp
 
     w = train_mlp(x["train"], y["train"], x["val"], y["val"], hidden=256, seed=0, epochs=40)
     v = PairVerifier(w)
@@ -218,8 +218,8 @@ def m_hgb_lex_seed(seed: int) -> Callable:
 
 def m_hgb_lex_stack(parts, x, y):
     """HGB over cos + lexical + extra + the MLP's out-of-fold probability (5 folds on train)."""
-    from semcache.semantic.train_verifier import train_mlp
     from semcache.semantic.verifier import PairVerifier
+    from semcache.tuning.train_verifier import train_mlp
 
     n = len(y["train"])
     fold = np.random.default_rng(0).integers(0, 5, n)
@@ -252,8 +252,8 @@ def m_hgb_all(parts, x, y):
 
 
 def m_mlp_extra(parts, x, y):
-    from semcache.semantic.train_verifier import train_mlp
     from semcache.semantic.verifier import PairVerifier
+    from semcache.tuning.train_verifier import train_mlp
 
     xe = {s: np.hstack([x[s], extra_features(parts[s])]) for s in SPLITS}
     w = train_mlp(xe["train"], y["train"], xe["val"], y["val"], hidden=256, seed=0, epochs=40)

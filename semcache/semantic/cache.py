@@ -2,11 +2,10 @@
 
 The cache stores no answers: an entry points (``payload_ref``) to the answer the caller
 keeps in the exact tiers. A lookup returns, for each input text, the best cached entry
-that passes the rule's threshold (and the verifier, when the rule asks for it), or None.
-
-Threshold rule: the effective threshold is ``max(rule.threshold, requested)``. A request
-may tighten (raise) the policy's threshold, never loosen it; ``rule.min_threshold`` is the
-policy loader's lower bound on ``rule.threshold`` itself.
+that passes the rule's threshold (and the verifier, when the rule asks for it), or None
+(``semcache.semantic.match``); a verified partition's lookup also decides whether to serve
+or explore (``semcache.semantic.verified_lookup``). Inserts, observations and removals are
+kept durably in the record store and published to the other gateways through the feed.
 """
 
 from __future__ import annotations
@@ -19,40 +18,22 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import msgspec
 import numpy as np
 
 from semcache.semantic.encoder import Encoder
 from semcache.semantic.feed import EntryFeed
 from semcache.semantic.index import LoadReport, SemanticIndex
-from semcache.semantic.partition import Hit, Limits, PartitionIndex
+from semcache.semantic.match import Match, best_matches, effective_threshold
+from semcache.semantic.partition_types import Limits
+from semcache.semantic.reconcile import reconcile
 from semcache.semantic.records import PartitionKey, SemanticRecord, vector_bytes
 from semcache.semantic.settings import SemanticRule
 from semcache.semantic.store import RecordStore
-from semcache.semantic.verified import Decision, Observation, VerifiedParams
+from semcache.semantic.verified import Decision, Observation
+from semcache.semantic.verified_lookup import ExploreBudget, verified_candidate, verified_params
 from semcache.semantic.verifier import PairVerifier
 
 log = logging.getLogger(__name__)
-
-# Cosine of a text with itself is 1 up to float rounding; thresholds compare with this slack.
-_SLACK = 1e-5
-
-
-class Match(msgspec.Struct, frozen=True, kw_only=True):
-    """A cached entry that may answer the input text."""
-
-    payload_ref: str
-    similarity: float
-    verifier_prob: float | None
-    """The verifier's probability that both texts mean the same (None: not asked)."""
-    text: str
-    """The cached text whose answer is served."""
-
-
-def effective_threshold(rule: SemanticRule, requested: float | None = None) -> float:
-    """The policy threshold, raised (never lowered) by a request's own value."""
-    threshold = rule.threshold if requested is None else max(rule.threshold, requested)
-    return min(threshold, 1.0)
 
 
 def limits_of(rule: SemanticRule) -> Limits:
@@ -89,8 +70,7 @@ class SemanticCache:
         self.on_persist_failure: Callable[[int], None] | None = None
         """Told how many records a failed write lost (a full disk); the service counts them."""
         self._persist_failing = False
-        self._explores: dict[PartitionKey, tuple[int, int]] = {}
-        """Judged explores per partition in the current minute: (minute, count)."""
+        self._explores = ExploreBudget()
         self._maintenance: asyncio.Task[None] | None = None
 
     @property
@@ -138,52 +118,15 @@ class SemanticCache:
         use_verifier = rule.verifier and self.verifier is not None
         k = max(1, rule.candidates) if use_verifier else 1
         now = self.clock()
-        return await asyncio.to_thread(
-            self._decide, partition, texts, vectors, threshold, k, rule, use_verifier, now
-        )
+        verifier = self.verifier if use_verifier else None
 
-    def _decide(
-        self,
-        partition: PartitionKey,
-        texts: Sequence[str],
-        vectors: np.ndarray,
-        threshold: float,
-        k: int,
-        rule: SemanticRule,
-        use_verifier: bool,
-        now: float,
-    ) -> list[Match | None]:
-        part = self.index.get(partition)
-        if part is None:
-            return [None] * len(texts)
-        hits = part.search(vectors, k, now=now)
-        passing = [[h for h in row if h.similarity >= threshold - _SLACK] for row in hits]
-        if not use_verifier:
-            return [_match(row[0], None) if row else None for row in passing]
-        assert self.verifier is not None
-        # One batched verifier call for every (query, candidate) pair of the request.
-        owners: list[int] = []
-        candidates: list[Hit] = []
-        for row_index, row in enumerate(passing):
-            owners.extend([row_index] * len(row))
-            candidates.extend(row)
-        results: list[Match | None] = [None] * len(texts)
-        if not candidates:
-            return results
-        candidate_vectors = part.vectors_of([hit.entry.id for hit in candidates])
-        probs = self.verifier.probabilities(
-            vectors[owners],
-            candidate_vectors,
-            [texts[i] for i in owners],
-            [hit.entry.text for hit in candidates],
-        )
-        best: dict[int, tuple[float, Hit]] = {}
-        for owner, hit, prob in zip(owners, candidates, probs.tolist(), strict=True):
-            if prob >= rule.verifier_min_prob and (owner not in best or prob > best[owner][0]):
-                best[owner] = (prob, hit)
-        for owner, (prob, hit) in best.items():
-            results[owner] = _match(hit, prob)
-        return results
+        def decide() -> list[Match | None]:
+            part = self.index.get(partition)
+            if part is None:
+                return [None] * len(texts)
+            return best_matches(part, texts, vectors, threshold, k, rule, verifier, now)
+
+        return await asyncio.to_thread(decide)
 
     async def verified_lookup(
         self,
@@ -194,60 +137,29 @@ class SemanticCache:
         *,
         vectors: np.ndarray | None = None,
     ) -> tuple[Match, Decision] | None:
-        """The nearest candidate of a verified partition and whether to serve or explore it.
-
-        Candidates are the nearest entries at or above the threshold (which is a floor here);
-        with the verifier on, the score the entry's curve is learned over is the verifier's
-        probability instead of the cosine.
-        """
+        """The nearest candidate of a verified partition and whether to serve or explore it
+        (see ``semcache.semantic.verified_lookup``)."""
         if vectors is None:
             vectors = await self.encoder.encode([text])
         threshold = effective_threshold(rule, tighten_threshold)
-        use_verifier = rule.verifier and self.verifier is not None
+        verifier = self.verifier if rule.verifier else None
         now = self.clock()
-        params = VerifiedParams(
-            max_error=rule.max_error,
-            min_observations=rule.min_observations,
-            prior_weight=rule.prior_weight,
-            prior_bandwidth=rule.prior_bandwidth,
-            audit_rate=rule.audit_rate,
-        )
+        params = verified_params(rule)
         uniform = self.uniform()
 
         def decide() -> tuple[Match, Decision] | None:
             part = self.index.get(partition)
             if part is None:
                 return None
-            (row,) = part.search(vectors, 1, now=now)
-            if not row or row[0].similarity < threshold - _SLACK:
-                return None
-            hit = row[0]
-            prob: float | None = None
-            if use_verifier:
-                assert self.verifier is not None
-                prob = float(
-                    self.verifier.probabilities(
-                        vectors, part.vectors_of([hit.entry.id]), [text], [hit.entry.text]
-                    )[0]
-                )
-            score = prob if prob is not None else hit.similarity
-            decision = part.decide(hit.entry.payload_ref, score, params, uniform)
-            return (_match(hit, prob), decision) if decision is not None else None
+            return verified_candidate(
+                part, text, vectors, threshold, verifier, params, uniform, now
+            )
 
         return await asyncio.to_thread(decide)
 
     def take_explore(self, partition: PartitionKey, per_minute: int) -> bool:
         """Count one judged explore of the partition, unless its minute's cap is reached."""
-        minute = int(self.clock() // 60)
-        start, count = self._explores.get(partition, (minute, 0))
-        if start != minute:
-            count = 0
-        if count >= per_minute:
-            return False
-        self._explores[partition] = (minute, count + 1)
-        if len(self._explores) > 10_000:  # forget partitions idle since an earlier minute
-            self._explores = {k: v for k, v in self._explores.items() if v[0] == minute}
-        return True
+        return self._explores.take(partition, per_minute, self.clock())
 
     async def observe(
         self, partition: PartitionKey, payload_ref: str, observation: Observation
@@ -423,65 +335,10 @@ class SemanticCache:
             return await asyncio.to_thread(
                 self.index.load, folder, ours, limits_for=limits_for, now=self.clock()
             )
-        return await asyncio.to_thread(self._restore, Path(folder), limits_for, self.clock())
-
-    def _restore(
-        self, folder: Path, limits_for: Callable[[PartitionKey], Limits], now: float
-    ) -> LoadReport:
-        """The snapshot reconciled with the durable records (blocking).
-
-        The records are the truth: a snapshot entry without a record (evicted, purged or
-        removed after the snapshot was written) is dropped, a record the snapshot lacks
-        (written after it, or no usable snapshot at all) is added, oldest first, so
-        ``max_entries`` evicts the same entries it would have. Partitions and records of
-        another matcher version (a retrained verifier) are dropped for good.
-        """
-        assert self.store is not None
-        report = self.index.load(folder, (), limits_for=limits_for, now=now)
-        matcher = self.matcher_version
-        self.store.delete_partitions(lambda key: key.matcher != matcher)
-        self.index.remove_partitions(lambda key: key.matcher != matcher)
-        durable = self.store.refs()
-        by_digest = {key.digest(): key for key in self.index.keys()}
-        for digest, key in by_digest.items():
-            part = self.index.get(key)
-            if part is None:
-                continue
-            keep = durable.get(digest, set())
-            doomed = [ref for ref in part.payload_refs() if ref not in keep]
-            if doomed:
-                report.dropped += part.remove_refs(doomed, now=now)
-        missing: list[tuple[str, str]] = []
-        for digest, stored in durable.items():
-            known = by_digest.get(digest)
-            found = self.index.get(known) if known is not None else None
-            missing.extend(
-                (digest, ref) for ref in stored if found is None or not found.has_ref(ref)
-            )
-        # Observations judged after the snapshot was written: merged into its entries.
-        observed = [
-            (digest, ref)
-            for digest, ref in self.store.observed()
-            if (holder := self._holder(by_digest.get(digest))) is not None and holder.has_ref(ref)
-        ]
-        if observed:
-            self.index.add_records(self.store.get_many(observed), now=now)
-        records = [r for r in self.store.get_many(missing) if r.partition.matcher == matcher]
-        records.sort(key=lambda r: r.created_at)
-        rebuilt = {r.partition for r in records} - set(by_digest.values())
-        for key in {r.partition for r in records}:
-            self.index.partition(key, limits_for(key))
-        report.records_added = self.index.add_records(
-            records, now=now, progress="semantic cache: restoring"
+        now, matcher = self.clock(), self.matcher_version
+        return await asyncio.to_thread(
+            reconcile, self.index, self.store, Path(folder), limits_for, now, matcher
         )
-        report.rebuilt = len(rebuilt)
-        for key, evicted in self.index.drain_evicted().items():
-            self.store.delete(key, evicted)
-        self.index.remove_partitions(lambda key: (p := self.index.get(key)) is None or not len(p))
-        return report
-
-    def _holder(self, key: PartitionKey | None) -> PartitionIndex | None:
-        return self.index.get(key) if key is not None else None
 
     async def _maintain_loop(self) -> None:
         while True:
@@ -490,12 +347,3 @@ class SemanticCache:
                 await asyncio.to_thread(self.index.maintain, self.clock())
             except Exception:
                 log.exception("semantic index maintenance failed")
-
-
-def _match(hit: Hit, prob: float | None) -> Match:
-    return Match(
-        payload_ref=hit.entry.payload_ref,
-        similarity=hit.similarity,
-        verifier_prob=prob,
-        text=hit.entry.text,
-    )

@@ -19,16 +19,11 @@ import msgspec
 import numpy as np
 from tqdm import tqdm
 
-from semcache.semantic.partition import (
-    Hit,
-    IndexSettings,
-    Limits,
-    PartitionIndex,
-    as_matrix,
-    configure_faiss_threads,
-)
+from semcache.semantic.partition import PartitionIndex
+from semcache.semantic.partition_types import Hit, IndexSettings, Limits
 from semcache.semantic.records import PartitionKey, SemanticRecord
 from semcache.semantic.snapshot import read_snapshot, write_snapshot
+from semcache.semantic.vector_index import as_matrix, configure_faiss_threads
 
 
 class LoadReport(msgspec.Struct, kw_only=True):

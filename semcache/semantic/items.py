@@ -26,7 +26,8 @@ import numpy as np
 from semcache.entry import CachedAnswer, Usage
 from semcache.exact import CacheControl, CacheRequest, CacheStatus, ExactCache
 from semcache.keys import CacheKey
-from semcache.semantic.cache import Match, SemanticCache
+from semcache.semantic.cache import SemanticCache
+from semcache.semantic.match import Match
 from semcache.semantic.records import PartitionKey
 
 ITEM_CONTENT_TYPE = "application/x-semcache-item"

@@ -24,7 +24,7 @@ from semcache.semantic.cache import SemanticCache
 from semcache.semantic.encoder import Encoder
 from semcache.semantic.feed import RedisEntryFeed
 from semcache.semantic.index import SemanticIndex
-from semcache.semantic.partition import IndexSettings
+from semcache.semantic.partition_types import IndexSettings
 from semcache.semantic.records import PartitionKey
 from semcache.semantic.store import RecordStore
 from semcache.semantic.verifier import PairVerifier, load_verifier

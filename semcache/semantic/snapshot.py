@@ -22,13 +22,8 @@ from typing import Any
 import faiss as _faiss
 import msgspec
 
-from semcache.semantic.partition import (
-    IndexKind,
-    IndexSettings,
-    Limits,
-    PartitionIndex,
-    PartitionState,
-)
+from semcache.semantic.partition import PartitionIndex
+from semcache.semantic.partition_types import IndexKind, IndexSettings, Limits, PartitionState
 from semcache.semantic.records import IndexEntry, PartitionKey
 
 # FAISS's SWIG classes are typed loosely (and differ between CPU and GPU builds).

@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 
 from backends.classifier import load_classifier as embedded_classifier
-from semcache.calibrate import TASKS, calibrate_file, format_report
+from semcache.tuning.calibrate import TASKS, calibrate_file, format_report
 from server.encoders import load_encoder
 
 
@@ -40,8 +40,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _calibrate_stream(args: argparse.Namespace) -> int:
     """``calibrate --stream``: verified caching vs static thresholds on a replayed stream."""
-    from semcache.semantic.stream_eval import compare_file, format_comparison
     from semcache.semantic.verified import VerifiedParams
+    from semcache.tuning.stream_eval import compare_file
+    from semcache.tuning.stream_report import format_comparison
 
     if args.task != "chat":
         print("semcache: cannot calibrate: --stream is for --task chat", file=sys.stderr)

@@ -13,9 +13,10 @@ from foundation.sse import MEDIA_TYPE
 from semcache import replay
 from semcache.entry import CachedAnswer
 from semcache.exact import CacheRequest
-from semcache.semantic.cache import Match, SemanticCache
+from semcache.semantic.cache import SemanticCache
 from semcache.semantic.chat import chat_partition, chat_query, with_query
 from semcache.semantic.judge import Judge, chat_text, judge_for
+from semcache.semantic.match import Match
 from semcache.semantic.records import PartitionKey
 from semcache.semantic.settings import SemanticRule
 from semcache.semantic.verified import Action, Observation

@@ -15,10 +15,10 @@ import msgspec
 import pytest
 
 from harness.ports import free_port
-from semcache.calibrate import CalibrationReport
 from semcache.policy import DEFAULT_POLICY
-from semcache.semantic.pairs import QQP_PAIRS, load_pairs, split_pairs
-from semcache.semantic.stream_eval import Comparison
+from semcache.tuning.calibrate import CalibrationReport
+from semcache.tuning.pairs import QQP_PAIRS, load_pairs, split_pairs
+from semcache.tuning.stream_eval import Comparison
 from server.cli import build_parser, main
 from server.cli.options import ENVIRONMENT
 from server.cli.usage import format_usage

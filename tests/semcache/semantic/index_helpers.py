@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from semcache.semantic.partition import IndexSettings, PartitionIndex
+from semcache.semantic.partition import PartitionIndex
+from semcache.semantic.partition_types import IndexSettings
 from semcache.semantic.records import PartitionKey
 
 DIM = 32

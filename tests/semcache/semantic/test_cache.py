@@ -7,10 +7,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from semcache.semantic.cache import SemanticCache, effective_threshold
+from semcache.semantic.cache import SemanticCache
 from semcache.semantic.encoder import Encoder
 from semcache.semantic.index import SemanticIndex
-from semcache.semantic.partition import IndexSettings
+from semcache.semantic.match import effective_threshold
+from semcache.semantic.partition_types import IndexSettings
 from semcache.semantic.records import PartitionKey
 from semcache.semantic.settings import SemanticRule
 from semcache.semantic.verifier import PairVerifier

@@ -8,11 +8,12 @@ import time
 import pytest
 import redis.asyncio as redis_asyncio
 
-from semcache.semantic.cache import Match, SemanticCache
+from semcache.semantic.cache import SemanticCache
 from semcache.semantic.encoder import Encoder
 from semcache.semantic.feed import RedisEntryFeed
 from semcache.semantic.index import SemanticIndex
-from semcache.semantic.partition import IndexSettings
+from semcache.semantic.match import Match
+from semcache.semantic.partition_types import IndexSettings
 from semcache.semantic.records import PartitionKey
 from semcache.semantic.settings import SemanticRule
 from semcache.semantic.verified import Observation

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from semcache.semantic.partition import Limits, PartitionIndex
+from semcache.semantic.partition import PartitionIndex
+from semcache.semantic.partition_types import Limits
 from tests.semcache.semantic.index_helpers import NOW, fill, key, settings, unit_vectors
 
 

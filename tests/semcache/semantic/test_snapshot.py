@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from semcache.semantic.index import SemanticIndex
-from semcache.semantic.partition import Limits, PartitionIndex
+from semcache.semantic.partition import PartitionIndex
+from semcache.semantic.partition_types import Limits
 from semcache.semantic.snapshot import StaleSnapshot, read_partition, write_partition
 from tests.semcache.semantic.index_helpers import NOW, fill, key, settings, unit_vectors
 

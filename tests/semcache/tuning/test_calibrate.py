@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from backends.classifier import load_classifier
-from semcache.calibrate import (
+from semcache.semantic.encoder import Encoder
+from semcache.semantic.verifier import PairVerifier
+from semcache.tuning.calibrate import (
     THRESHOLDS,
     calibrate,
     format_report,
 )
-from semcache.semantic.encoder import Encoder
-from semcache.semantic.pairs import QQP_PAIRS, load_pairs, split_pairs
-from semcache.semantic.verifier import PairVerifier
+from semcache.tuning.pairs import QQP_PAIRS, load_pairs, split_pairs
 
 
 @pytest.fixture(scope="module")

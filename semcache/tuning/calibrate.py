@@ -31,8 +31,8 @@ import numpy as np
 from tqdm import tqdm
 
 from semcache.semantic.encoder import Encoder
-from semcache.semantic.pairs import EmbeddedTexts, Pair, embed_texts, load_pairs, unique_texts
 from semcache.semantic.verifier import PairVerifier, pair_features
+from semcache.tuning.pairs import EmbeddedTexts, Pair, embed_texts, load_pairs, unique_texts
 
 Task = Literal["chat", "classification", "embeddings"]
 TASKS: tuple[Task, ...] = ("chat", "classification", "embeddings")

@@ -3,7 +3,7 @@
     semcache train-verifier [--pairs FILE] [--out FOLDER] [--target-precision 0.95]
 
 Steps: split the pairs by connected component (60 % train, 20 % validation, 20 % test,
-see ``semcache.semantic.pairs``); encode every text with the cache's encoder (cached under
+see ``semcache.tuning.pairs``); encode every text with the cache's encoder (cached under
 ``.data/embeddings``); train a small MLP on the train part with early stopping on the
 validation loss; choose the operating point (cosine threshold, verifier probability) on
 the validation part; report the held-out test part, which no choice ever looked at. Seeds
@@ -19,17 +19,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from semcache.calibrate import THRESHOLDS, CurvePoint, best_verified_point, point
 from semcache.semantic.encoder import Encoder
-from semcache.semantic.pairs import (
-    QQP_PAIRS,
-    EmbeddedTexts,
-    Pair,
-    embed_texts,
-    load_pairs,
-    split_pairs,
-    unique_texts,
-)
 from semcache.semantic.verifier import (
     DEFAULT_VERIFIER_DIR,
     FEATURE_SPEC,
@@ -38,6 +28,16 @@ from semcache.semantic.verifier import (
     SplitMetrics,
     VerifierMeta,
     pair_features,
+)
+from semcache.tuning.calibrate import THRESHOLDS, CurvePoint, best_verified_point, point
+from semcache.tuning.pairs import (
+    QQP_PAIRS,
+    EmbeddedTexts,
+    Pair,
+    embed_texts,
+    load_pairs,
+    split_pairs,
+    unique_texts,
 )
 
 COSINE_ONLY_THRESHOLDS = (0.8, 0.9, 0.95, 0.99)

@@ -1,4 +1,4 @@
-"""The stream evaluation (semcache.semantic.stream_eval) on a small hand-made stream."""
+"""The stream evaluation (semcache.tuning.stream_*) on a small hand-made stream."""
 
 from __future__ import annotations
 
@@ -7,24 +7,19 @@ from collections import Counter
 
 import numpy as np
 
-from semcache.semantic.pairs import Pair
-from semcache.semantic.stream_eval import (
-    Comparison,
+from semcache.semantic.verified import VerifiedParams
+from semcache.tuning.pairs import Pair
+from semcache.tuning.stream_build import Stream, build_repeated_stream, build_stream, variant
+from semcache.tuning.stream_eval import Comparison, compare
+from semcache.tuning.stream_policies import (
     Outcome,
-    Stream,
     best_static,
-    build_repeated_stream,
-    build_stream,
     ceiling,
-    compare,
-    format_comparison,
-    format_seeds,
     repeats,
     run_static,
     run_verified,
-    variant,
 )
-from semcache.semantic.verified import VerifiedParams
+from semcache.tuning.stream_report import format_comparison, format_seeds
 
 PAIRS = [
     Pair("a1", "a2", 1),
