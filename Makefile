@@ -3,6 +3,9 @@ SHELL := /bin/bash
 VENV := .venv
 BIN := $(VENV)/bin
 PACKAGES := foundation server semcache backends harness
+# pytest-xdist workers; --dist loadscope keeps each module (and its module fixtures) on one.
+WORKERS ?= 2
+XDIST := $(if $(filter-out 0 1,$(WORKERS)),-n $(WORKERS) --dist loadscope)
 
 .PHONY: install serve test test-fast lint format backends-up screenshots
 
@@ -28,11 +31,11 @@ format: install
 ## Everything: lint, types and the whole suite (real vLLM, real Redis). CI runs this.
 test: lint
 	@bash scripts/test-services.sh
-	$(BIN)/pytest -rs --durations=20 $(PYTEST_ARGS)
+	$(BIN)/pytest $(XDIST) -rs --durations=20 $(PYTEST_ARGS)
 
 ## The fast set only (no vLLM, no Redis server).
 test-fast: install
-	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/pytest $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 ## Screenshots of every dashboard page (docs/images/dashboard/), from Debian's chromium.
 screenshots: install

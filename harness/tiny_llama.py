@@ -9,6 +9,7 @@ on every build.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import random
 import shutil
@@ -152,6 +153,17 @@ def build_once(dest: Path, recipe: str, build: Callable[[Path], None]) -> Path:
     if _is_current(dest, recipe):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
+    # One build at a time across processes (parallel test workers): a second builder would
+    # swap the folder out from under a server already reading it.
+    with (dest.parent / f".{dest.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _is_current(dest, recipe):
+            return dest
+        _build_into(dest, recipe, build)
+    return dest
+
+
+def _build_into(dest: Path, recipe: str, build: Callable[[Path], None]) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
     old = tmp.with_name(f"{tmp.name}.old")
     try:
@@ -168,4 +180,3 @@ def build_once(dest: Path, recipe: str, build: Callable[[Path], None]) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
-    return dest

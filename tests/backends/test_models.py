@@ -7,12 +7,9 @@ import os
 import shutil
 from pathlib import Path
 
-import openai
 import orjson
 import pytest
 
-from backends.config import VllmLaunch, VllmServer
-from backends.launch.process import VllmProcess
 from backends.models import (
     READY_MARKER,
     chat_template_fingerprint,
@@ -20,7 +17,6 @@ from backends.models import (
     package_model_dir,
     prepare_model,
 )
-from harness.ports import free_port
 from harness.tiny_llama import build_tiny_llama
 
 
@@ -146,7 +142,9 @@ def test_prepare_model_rejects_unknown_prepared_names(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-async def test_prepared_smollm2_is_served_by_vllm_and_knows_paris(data_dir: Path) -> None:
+async def test_smollm2_is_prepared_once_from_its_gguf(data_dir: Path) -> None:
+    """The conversion ``semcache serve`` runs for the default model (served, and asked about
+    Paris, in ``tests/server/test_serve_cli.py``)."""
     messages: list[str] = []
     folder = await asyncio.to_thread(
         prepare_model, "prepared:smollm2-135m-instruct", data_dir, messages.append
@@ -159,24 +157,3 @@ async def test_prepared_smollm2_is_served_by_vllm_and_knows_paris(data_dir: Path
     again: list[str] = []
     assert prepare_model("prepared:smollm2-135m-instruct", data_dir, again.append) == folder
     assert again == []
-
-    server = VllmServer(
-        url=f"http://127.0.0.1:{free_port()}",
-        launch=VllmLaunch(kv_cache_gib=1, max_model_len=2048),
-    )
-    process = VllmProcess(model=folder, served_model="smollm2", server=server, data_dir=data_dir)
-    process.start()
-    try:
-        await process.wait_ready(600, print)
-        client = openai.AsyncOpenAI(base_url=f"{process.url}/v1", api_key="x", max_retries=0)
-        answer = await client.chat.completions.create(
-            model="smollm2",
-            messages=[{"role": "user", "content": "What is the capital of France?"}],
-            temperature=0,
-            max_tokens=32,
-        )
-        await client.close()
-    finally:
-        await process.stop()
-    text = answer.choices[0].message.content or ""
-    assert "Paris" in text, text

@@ -1,4 +1,10 @@
-"""`semcache serve` end to end: the embedded default (real SmolLM2 on vLLM), then Ctrl-C."""
+"""`semcache serve` end to end: the embedded default (real SmolLM2 on a vLLM prefill/decode
+pair), as a user starts it, then Ctrl-C.
+
+One process serves the module: it answers the openai SDK (SmolLM2 knows Paris), its launched
+servers hand a long prompt's KV over NIXL with every thread on its configured core, and
+Ctrl-C (the last test) stops it and every vLLM process it started.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,11 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import tomllib
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -15,22 +25,34 @@ import openai
 import psutil
 import pytest
 
+from backends.config import VllmBackend
+from backends.launch import cpu_pinning
+from harness.metrics import metric_value
 from harness.ports import free_port
-from server.config import DEFAULT_CONFIG, parse_config
-from tests.support.waiting import wait_until
+from server.config import DEFAULT_CONFIG, GatewayConfig, parse_config
+from tests.support.affinity import thread_affinities
+from tests.support.waiting import wait_until, wait_until_async
 
 pytestmark = pytest.mark.slow
 
+TWO_CORES = pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs cores 0 and 1")
+MODEL = "SmolLM2-135M-Instruct"
 
-def _write_config(tmp_path: Path, data_dir: Path, vllm_port: int) -> Path:
+
+def _write_config(tmp_path: Path, data_dir: Path) -> tuple[Path, GatewayConfig]:
     """The shipped default config with free ports and the test data dir (conversion cached)."""
     text = DEFAULT_CONFIG.read_text()
     text = text.replace('data_dir = ".data"', f'data_dir = "{data_dir}"')
-    text = text.replace("http://127.0.0.1:8100", f"http://127.0.0.1:{vllm_port}")
-    parse_config(tomllib.loads(text))  # still valid
+    for fixed in ("http://127.0.0.1:8100", "http://127.0.0.1:8101"):
+        text = text.replace(fixed, f"http://127.0.0.1:{free_port()}")
+    for side_channel in ("5600", "5601"):
+        text = text.replace(
+            f"nixl_side_channel_port = {side_channel}", f"nixl_side_channel_port = {free_port()}"
+        )
+    config = parse_config(tomllib.loads(text))  # still valid
     path = tmp_path / "gateway.toml"
     path.write_text(text)
-    return path
+    return path, config
 
 
 def _running(pid: int) -> bool:
@@ -40,64 +62,133 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_serve_default_answers_openai_sdk_and_stops_cleanly(tmp_path: Path, data_dir: Path) -> None:
-    vllm_port, port = free_port(), free_port()
-    config = _write_config(tmp_path, data_dir, vllm_port)
+@dataclass
+class Served:
+    proc: subprocess.Popen[str]
+    url: str
+    config: GatewayConfig
+    lines: list[str] = field(default_factory=list)
+
+    def log(self, last: int = 40) -> str:
+        return "".join(self.lines[-last:])
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Iterator[Served]:
+    path, config = _write_config(tmp_path_factory.mktemp("serve"), data_dir)
+    port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--config", str(config), "--port", str(port)],
+        [sys.executable, "-m", "server.cli", "serve", "--config", str(path), "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
-    lines: list[str] = []
+    served = Served(proc, f"http://127.0.0.1:{port}", config)
     ready = threading.Event()
 
     def pump() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
-            lines.append(line)
+            served.lines.append(line)
             if "[semcache] ready" in line:
                 ready.set()
 
     threading.Thread(target=pump, daemon=True).start()
     try:
-        assert ready.wait(600), "".join(lines[-40:])
-        out = "".join(lines)
-        assert "starting vLLM" in out
-        assert "waiting for vLLM" in out or "vLLM ready" in out
-
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0)
-        question = [{"role": "user", "content": "What is the capital of France?"}]
-        answer = client.chat.completions.create(
-            model="SmolLM2-135M-Instruct", messages=question, temperature=0, max_tokens=30
-        )
-        assert "Paris" in (answer.choices[0].message.content or "")
-        stream = client.chat.completions.create(
-            model="@cf/huggingface/smollm2-135m-instruct",
-            messages=question,
-            temperature=0,
-            max_tokens=30,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        chunks = list(stream)
-        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        assert text == answer.choices[0].message.content
-        assert chunks[-1].usage is not None
-        emb = client.embeddings.create(model="all-MiniLM-L6-v2", input=["Paris", "France"])
-        assert len(emb.data) == 2 and len(emb.data[0].embedding) == 384
-        assert httpx.get(f"http://127.0.0.1:{port}/ready").status_code == 200
-        family = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
-        assert family, "vLLM runs as a child of semcache serve"
+        deadline = time.monotonic() + 600
+        while not ready.wait(1) and proc.poll() is None and time.monotonic() < deadline:
+            pass
+        assert ready.is_set(), f"exit status {proc.poll()}:\n{served.log()}"
+        yield served
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        finally:
-            if proc.poll() is None:
+        if proc.poll() is None:  # the Ctrl-C test did not run, or failed
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
                 proc.kill()
-    assert proc.returncode == 0, "".join(lines[-30:])
+
+
+def test_serve_default_answers_the_openai_sdk(served: Served) -> None:
+    out = "".join(served.lines)
+    assert "starting vLLM" in out
+    assert "waiting for vLLM" in out or "vLLM ready" in out
+
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0)
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    answer = client.chat.completions.create(
+        model=MODEL, messages=question, temperature=0, max_tokens=30
+    )
+    assert "Paris" in (answer.choices[0].message.content or "")
+    stream = client.chat.completions.create(
+        model="@cf/huggingface/smollm2-135m-instruct",
+        messages=question,
+        temperature=0,
+        max_tokens=30,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == answer.choices[0].message.content
+    assert chunks[-1].usage is not None
+    emb = client.embeddings.create(model="all-MiniLM-L6-v2", input=["Paris", "France"])
+    assert len(emb.data) == 2 and len(emb.data[0].embedding) == 384
+    assert httpx.get(f"{served.url}/ready").status_code == 200
+
+
+@TWO_CORES
+async def test_every_thread_of_the_launched_pair_runs_on_its_configured_core(
+    served: Served,
+) -> None:
+    (backend,) = [b for b in served.config.backends if isinstance(b, VllmBackend)]
+    servers = {s.role: s for s in backend.servers}
+    assert {role: s.launch.cpu_cores for role, s in servers.items() if s.launch} == {
+        "prefill": "0",
+        "decode": "1",
+    }  # each on a core of its own
+    # One hand-off first (a prompt over the prefill threshold): the NIXL handshake starts
+    # threads of its own.
+    prompt = f"{uuid.uuid4()} " + "A bird visits the old tree every day. " * 40
+    client = openai.AsyncOpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0)
+    await client.completions.create(model=MODEL, prompt=prompt, max_tokens=4, temperature=0)
+    await client.close()
+
+    async def pulled() -> bool:  # the decode server's stats follow the answer
+        hits = await metric_value(servers["decode"].url, "vllm:external_prefix_cache_hits_total")
+        return hits > 0
+
+    await wait_until_async(pulled, timeout_s=10)  # it pulled the prompt's KV over NIXL
+
+    launched = {
+        port: child
+        for child in psutil.Process(served.proc.pid).children()
+        if "vllm.entrypoints.openai.api_server" in " ".join(child.cmdline())
+        for port in [child.cmdline()[child.cmdline().index("--port") + 1]]
+    }
+    for role, server in servers.items():
+        port = server.url.rsplit(":", 1)[1]
+        threads = thread_affinities(launched[port].pid)
+        names = " ".join(threads)
+        assert "VLLM::Worker" in names and "VLLM::EngineCore" in names
+        assert server.launch is not None
+        cores = cpu_pinning.parse_cores(server.launch.cpu_cores or "")
+        strays = {t: sorted(c) for t, c in threads.items() if not c <= cores}
+        assert not strays, f"{role} threads off cores {sorted(cores)}: {strays}"
+
+
+def test_ctrl_c_stops_the_gateway_and_every_vllm_process(served: Served) -> None:
+    proc = served.proc
+    family = [p.pid for p in psutil.Process(proc.pid).children(recursive=True)]
+    assert family, "vLLM runs as a child of semcache serve"
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, served.log(30)
 
     # vLLM's multiprocessing resource trackers exit with their server but end as zombies of
     # init, which reaps them a moment later: dead, not left behind. Nothing may still run.
@@ -105,5 +196,6 @@ def test_serve_default_answers_openai_sdk_and_stops_cleanly(tmp_path: Path, data
         return not [pid for pid in family if _running(pid)]
 
     wait_until(ctrl_c_left_nothing_behind, timeout_s=10)
-    with pytest.raises(httpx.ConnectError):
-        httpx.get(f"http://127.0.0.1:{vllm_port}/health")
+    for server in served.config.backends[0].servers:  # type: ignore[union-attr]
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{server.url}/health")

@@ -1,35 +1,24 @@
 """Launched vLLM servers stay on their configured cores (``backends/launch/cpu_pinning.py``).
 
-The fast tests fail when vLLM stops calling the code the shim patches; the slow one launches
-the default config's prefill/decode pair (the tiny model in place of SmolLM2) through the
-launcher ``semcache serve`` uses and reads every thread's affinity from /proc.
+The fast tests fail when vLLM stops calling the code the shim patches. The default config's
+prefill/decode pair, launched by the real ``semcache serve``, has every thread's affinity read
+from /proc in ``tests/server/test_serve_cli.py``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import os
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
-import httpx
-import msgspec
-import psutil
 import pytest
 
-from backends.config import VllmBackend, VllmLaunch, VllmServer
+from backends.config import VllmLaunch, VllmServer
 from backends.launch import cpu_pinning
 from backends.launch.command import build_command
-from backends.launch.launcher import Launcher
 from backends.launch.process import VllmProcess
-from harness.metrics import metric_value
-from harness.ports import free_port
-from harness.tiny_llama import build_tiny_llama
-from harness.vllm_process import TINY_MODEL_NAME
-from server.config import load_config
 
 MODEL = Path("/models/m")
 TWO_CORES = pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs cores 0 and 1")
@@ -145,90 +134,3 @@ def test_a_core_the_machine_lacks_is_refused(tmp_path: Path) -> None:
 
 
 # -- the default config's pair, launched --------------------------------------------------------
-
-
-def thread_affinities(pid: int) -> dict[str, frozenset[int]]:
-    """``"pid process/tid thread" -> allowed cores`` for every thread of ``pid`` and its
-    descendants."""
-    found: dict[str, frozenset[int]] = {}
-    root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
-        tasks = Path(f"/proc/{proc.pid}/task")
-        try:
-            tids = [entry.name for entry in tasks.iterdir()]
-            process = f"{proc.pid} {proc.name()}"
-        except (OSError, psutil.Error):
-            continue  # the process ended meanwhile
-        for tid in tids:
-            try:
-                status = (tasks / tid / "status").read_text()
-                name = (tasks / tid / "comm").read_text().strip()
-            except OSError:
-                continue
-            line = next(x for x in status.splitlines() if x.startswith("Cpus_allowed_list:"))
-            found[f"{process}/{tid} {name}"] = cpu_pinning.parse_cores(line.split()[1])
-    return found
-
-
-def default_pd_backend(model: Path) -> VllmBackend:
-    """The default config's vLLM backend, on free ports, serving the tiny model."""
-    config = load_config()
-    (backend,) = [b for b in config.backends if isinstance(b, VllmBackend)]
-
-    def moved(server: VllmServer) -> VllmServer:
-        assert server.launch is not None
-        launch = msgspec.structs.replace(
-            server.launch, nixl_side_channel_port=free_port(), max_model_len=2048
-        )
-        return msgspec.structs.replace(server, url=f"http://127.0.0.1:{free_port()}", launch=launch)
-
-    return msgspec.structs.replace(
-        backend,
-        served_model=TINY_MODEL_NAME,
-        model_path=str(model),
-        servers=[moved(s) for s in backend.servers],
-    )
-
-
-@TWO_CORES
-@pytest.mark.slow
-async def test_every_thread_of_the_default_pd_pair_runs_on_its_configured_core(
-    data_dir: Path,
-) -> None:
-    model = await asyncio.to_thread(build_tiny_llama, data_dir / "models" / TINY_MODEL_NAME)
-    backend = default_pd_backend(model)
-    configured = {s.role: s.launch.cpu_cores for s in backend.servers if s.launch}
-    assert configured == {"prefill": "0", "decode": "1"}  # each on a core of its own
-    async with Launcher([backend], data_dir, progress=lambda _: None) as launcher:
-        prefill, decode = launcher.processes
-        # One hand-off first: the NIXL handshake starts threads of its own.
-        text = f"{uuid.uuid4()} " + "A bird visits the old tree every day. " * 20
-        body = {"model": TINY_MODEL_NAME, "prompt": text, "temperature": 0}
-        async with httpx.AsyncClient(timeout=120) as client:
-            first = await client.post(
-                f"{prefill.url}/v1/completions",
-                json={**body, "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": True}},
-            )
-            params = first.json()["kv_transfer_params"]
-            second = await client.post(
-                f"{decode.url}/v1/completions",
-                json={**body, "max_tokens": 4, "kv_transfer_params": params},
-            )
-            assert second.status_code == 200
-            for _ in range(100):  # the step's stats are published after the answer
-                pulled = await metric_value(
-                    decode.url, "vllm:external_prefix_cache_hits_total", client=client
-                )
-                if pulled > 0:
-                    break
-                await asyncio.sleep(0.1)
-            assert pulled > 0  # the decode server did pull the prompt's KV over NIXL
-        for process in (prefill, decode):
-            assert process.pid is not None
-            threads = thread_affinities(process.pid)
-            names = " ".join(threads)
-            assert "VLLM::Worker" in names and "VLLM::EngineCore" in names
-            assert process.server.launch is not None
-            cores = cpu_pinning.parse_cores(process.server.launch.cpu_cores or "")
-            strays = {t: sorted(c) for t, c in threads.items() if not c <= cores}
-            assert not strays, f"{process.server.role} threads off cores {sorted(cores)}: {strays}"
