@@ -41,7 +41,8 @@ async def tiny_vllm(data_dir: Path) -> AsyncIterator[VllmProcess]:
         running.url = url.rstrip("/")
         yield running
         return
-    process = await start_tiny_vllm(data_dir, free_port(), progress=None)
+    # vLLM's own process layout: tests time a full pool and leases against this one.
+    process = await start_tiny_vllm(data_dir, free_port(), single_process=False, progress=None)
     try:
         yield process
     finally:
