@@ -10,6 +10,7 @@ from typing import Any, Literal
 import msgspec
 import orjson
 
+from backends.kv.settings import KvSettings, PlacementPolicy
 from backends.profiles import LaunchProfile, check_profile_for_model, merge_flags
 from foundation.config_types import NonNegInt, PosFloat, PosInt
 
@@ -49,6 +50,11 @@ class VllmServer(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Present when the gateway starts this server itself; absent for a server run elsewhere."""
     max_inflight: PosInt | None = None
     """This server's concurrency limit; default: the backend's ``max_inflight_per_server``."""
+    kv_events: str | None = None
+    """The server's KV events PUB socket, ``tcp://HOST:PORT`` (``placement = "kv"``). A
+    launched server is started publishing on that port."""
+    kv_events_replay: str | None = None
+    """Its replay socket, ``tcp://HOST:PORT``, to fill gaps (optional)."""
 
 
 class VllmBackend(
@@ -110,6 +116,10 @@ class VllmBackend(
     prefix_load_slack: NonNegInt = 2
     """A prefix's preferred server is skipped when it runs this many more requests than the
     least busy one (bounded-load placement)."""
+    placement: PlacementPolicy = "prefix-hash"
+    """``prefix-hash`` (a hash of the estimated prompt prefix), ``kv`` (the blocks each server
+    reports holding, weighed against load; see ``kv``), ``least-loaded``, ``round-robin``."""
+    kv: KvSettings = msgspec.field(default_factory=KvSettings)
 
     # -- admission and health
     max_inflight_per_server: PosInt = 64
@@ -181,6 +191,10 @@ class VllmBackend(
                 f"backend {self.name!r}: prefill and decode need the same kv_cache_dtype "
                 "(KV blocks move between them as they are)"
             )
+        if self.placement == "kv" and not any(s.kv_events for s in self.servers):
+            raise ValueError(
+                f"backend {self.name!r}: placement 'kv' needs its servers' kv_events endpoints"
+            )
         for server in self.servers:
             if server.launch is not None:
                 self._check_gpus(server)
@@ -243,6 +257,8 @@ class VllmBackend(
                 "kv_connector_extra_config": {"shared_storage_path": self.storage_path()},
             }
             flags.append(("--kv-transfer-config", orjson.dumps(transfer).decode()))
+        if server.kv_events:
+            flags += self.kv.launch_flags(server.kv_events, server.kv_events_replay)
         extra = merge_flags(server.launch.extra_args, flags)
         return msgspec.structs.replace(server.launch, extra_args=extra)
 

@@ -10,6 +10,11 @@
   runs more than ``prefix_load_slack`` requests above the least busy one (bounded load).
 - otherwise → least outstanding requests (round-robin among ties).
 
+That is the ``prefix-hash`` policy (the default). ``kv`` ranks by the blocks each server
+reports holding (``backends.kv.scoring``) when the request's exact blocks are known
+(``RouteKey.blocks``), and falls back to ``prefix-hash`` when they are not;
+``least-loaded`` and ``round-robin`` ignore the prompt. Session affinity wins in every policy.
+
 Approximation: the gateway has no tokenizer. It renders the prompt cheaply (chat: tools, then
 each message as ``<|role|>`` + text; completions: the prompt string) and counts
 ``len(text) / chars_per_token`` tokens (4 for English BPE vocabularies; token-id prompts are
@@ -24,11 +29,16 @@ import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from backends.kv.settings import PlacementPolicy
 from backends.servers import ServerState
+
+if TYPE_CHECKING:
+    from backends.kv.scoring import KvScorer
+
 
 PER_MESSAGE_TOKENS = 4
 """Chat-template tokens around each message (role header, separators), roughly."""
@@ -45,17 +55,29 @@ def rendezvous_order(key: str, servers: Iterable[ServerState]) -> list[ServerSta
 
 @dataclass(frozen=True)
 class RouteKey:
-    """What placement may use: a session id, else a prompt-prefix hash, else nothing."""
+    """What placement may use: a session id, else the prompt's exact blocks (``kv``) or a
+    prompt-prefix hash, else nothing."""
 
     session: str | None = None
     prefix: str | None = None
+    blocks: tuple[int, ...] | None = None
+    """The prompt's KV block hashes as vLLM computes them (``kv`` placement)."""
+    block_size: int = 0
+    prompt_tokens: int = 0
 
 
 class Placement:
     """Ranks a pool's servers for one request (see the module docstring)."""
 
-    def __init__(self, prefix_load_slack: int) -> None:
+    def __init__(
+        self,
+        prefix_load_slack: int,
+        policy: PlacementPolicy = "prefix-hash",
+        kv: KvScorer | None = None,
+    ) -> None:
         self.slack = prefix_load_slack
+        self.policy = policy
+        self.kv = kv
         self._rr = itertools.count()
 
     def least_outstanding(self, servers: Sequence[ServerState]) -> list[ServerState]:
@@ -75,8 +97,17 @@ class Placement:
         healthy = [s for s in servers if s.healthy and s not in skip]
         if key.session is not None:
             return rendezvous_order(key.session, healthy)
+        if self.policy == "round-robin":
+            start = next(self._rr) % len(healthy) if healthy else 0
+            return [*healthy[start:], *healthy[:start]]
         by_load = self.least_outstanding(healthy)
-        if key.prefix is None or not by_load:
+        if self.policy == "least-loaded" or not by_load:
+            return by_load
+        if self.policy == "kv" and self.kv is not None:
+            if key.blocks:
+                return self.kv.rank(by_load, key.blocks, key.block_size, key.prompt_tokens)
+            self.kv.decisions.reasons[(by_load[0].role, "fallback")] += 1
+        if key.prefix is None:
             return by_load
         ceiling = by_load[0].inflight + self.slack
         preferred = [s for s in rendezvous_order(key.prefix, healthy) if s.inflight <= ceiling]

@@ -21,6 +21,8 @@ from prometheus_client.core import (
     SummaryMetricFamily,
 )
 
+from backends.kv.metrics import KvFamilies
+from backends.kv.service import KvPlacement
 from backends.pool import Pool
 from backends.pool_signals import pool_signals
 from backends.scraped_metrics import UpstreamSample
@@ -71,6 +73,8 @@ class BackendStats:
     prefill_seconds: Histogram = field(default_factory=lambda: _latency(*_PREFILL_SECONDS))
     handoff_seconds: Histogram = field(default_factory=lambda: _latency(*_HANDOFF_SECONDS))
     """From the prefill answer to the decode server's first byte: KV pull + first step."""
+    kv: KvPlacement | None = None
+    """KV placement's index, feeds and decisions (``placement = "kv"``)."""
     handoff_over_bound: Counter[str] = field(default_factory=Counter)
     """Hand-offs abandoned past ``handoff_bound_s`` (decode then computed the prompt alone),
     by answer shape: ``stream``, ``json``."""
@@ -149,7 +153,10 @@ class BackendCollector:
             labels=["backend", "answer"],
         )
         upstream: dict[str, Metric] = {}
+        kv = KvFamilies()
         for stats in self._stats():
+            if stats.kv is not None:
+                kv.add(stats.name, stats.kv)
             for pool in stats.pools:
                 waiting.add_metric([stats.name, pool.role], pool.admission.waiting)
                 for kind, n in pool.admission.refused.items():
@@ -177,6 +184,7 @@ class BackendCollector:
         yield from (inflight, limit, healthy, requests, errors, ejections, waiting, refused)
         yield from (hops, skipped, prefill_s, handoff_s, over_bound)
         yield from pools.families()
+        yield from kv.families()
         yield from upstream.values()
 
 

@@ -18,6 +18,7 @@ import orjson
 from backends.admission import Lease
 from backends.config import VllmBackend
 from backends.health import HealthMonitor
+from backends.kv.service import KvPlacement
 from backends.pd_flow import DecodeHop, Plan, PrefillHop, hop_headers
 from backends.placement import Placement, RouteKey, prefix_key, prompt_shape
 from backends.pool import Pool
@@ -40,6 +41,7 @@ class PDRouter:
         stats: BackendStats,
         monitor: HealthMonitor,
         salter: CacheSalter | None,
+        kv: KvPlacement | None = None,
     ) -> None:
         self.config = config
         self.http = http
@@ -47,7 +49,10 @@ class PDRouter:
         self.stats = stats
         self.monitor = monitor
         self.salter = salter
-        self.placement = Placement(config.prefix_load_slack)
+        self.kv = kv
+        self.placement = Placement(
+            config.prefix_load_slack, config.placement, kv.scorer if kv is not None else None
+        )
         self.prefill_hop = PrefillHop(config, http, prefill, stats, self.placement)
         self.decode_hop = DecodeHop(config, decode, stats, self.placement)
 
@@ -63,6 +68,13 @@ class PDRouter:
                 shape, scope, self.config.prefix_tokens, self.config.chars_per_token
             )
         key = RouteKey(session=ctx.session_affinity, prefix=prefix)
+        if self.kv is not None and ctx.session_affinity is None and shape.single:
+            route = self.kv.route(path, upstream)
+            if route is not None:
+                blocks, block_size, tokens = route
+                key = RouteKey(
+                    prefix=prefix, blocks=blocks, block_size=block_size, prompt_tokens=tokens
+                )
         reason = self.prefill_hop.skip_reason(upstream, shape)
         return Plan(path, upstream, key, reason is None, reason)
 
@@ -75,6 +87,8 @@ class PDRouter:
         when no prefill ran), and the KV parameters.
         """
         self.monitor.ensure_running()
+        if self.kv is not None:
+            self.kv.ensure_running()
         plan = self.plan(path, body, ctx)
         pool = self.decode_pool
         first = await pool.admission.acquire(lambda: self.placement.rank(pool.servers, plan.key))

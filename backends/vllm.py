@@ -14,6 +14,7 @@ import orjson
 
 from backends.config import ServerRole, VllmBackend, VllmServer
 from backends.health import HealthMonitor
+from backends.kv.service import KvPlacement
 from backends.pool import Pool, build_pools
 from backends.pool_metrics import BackendStats
 from backends.protocol import RequestContext, UpstreamResponse
@@ -63,6 +64,9 @@ class VllmClient:
         )
         if salter is None and config.cache_salt:
             salter = CacheSalter.from_config(config)
+        self.kv = KvPlacement(config) if config.placement == "kv" else None
+        """KV placement's feeds, index and scorer (``placement = "kv"``)."""
+        self.stats.kv = self.kv
         self.router = PDRouter(
             config,
             self._http,
@@ -71,6 +75,7 @@ class VllmClient:
             self.stats,
             self.monitor,
             salter,
+            self.kv,
         )
 
     @property
@@ -119,6 +124,8 @@ class VllmClient:
         if pool is self.decode_pool and len(pool.servers) == 1:
             raise ValueError(f"{url} is the last {role} server of backend {self.name!r}")
         pool.drain(server)
+        if self.kv is not None:
+            self.kv.forget(server.url)
         return pool, server
 
     async def post(self, path: str, body: dict[str, Any], ctx: RequestContext) -> UpstreamResponse:
@@ -157,9 +164,13 @@ class VllmClient:
         """Check every server now; ready while the answering pool has a healthy server."""
         self.monitor.ensure_running()
         await self.monitor.check_all()
+        if self.kv is not None:
+            await self.kv.ready()  # the tokenizer: placement falls back to the hash until then
         return bool(self.decode_pool.healthy())
 
     async def aclose(self) -> None:
+        if self.kv is not None:
+            await self.kv.aclose()
         await self.monitor.aclose()
         await self._http.aclose()
 

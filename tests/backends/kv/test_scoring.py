@@ -1,0 +1,140 @@
+"""KV placement's ranking: longest cached prefix against load, the bound, the policies."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from backends.config import VllmBackend, VllmServer
+from backends.kv.index import PoolBlockIndex
+from backends.kv.scoring import KvScorer
+from backends.placement import Placement, RouteKey
+from backends.scraped_metrics import UpstreamSample
+from backends.servers import ServerState
+from tests.backends.kv.test_index import chat_hashes
+
+
+def pool(n: int) -> list[ServerState]:
+    return [ServerState(VllmServer(url=f"http://10.0.0.{i}:8000"), limit=16) for i in range(n)]
+
+
+def kv_placement(index: PoolBlockIndex, slack: int = 2, weight: float = 0.5) -> Placement:
+    return Placement(slack, "kv", KvScorer(index, weight, slack))
+
+
+def key(blocks: list[int]) -> RouteKey:
+    return RouteKey(blocks=tuple(blocks), block_size=32, prompt_tokens=len(blocks) * 32)
+
+
+def test_the_server_holding_the_longest_prefix_wins() -> None:
+    servers = pool(3)
+    hashes = chat_hashes()
+    index = PoolBlockIndex(1000)
+    index.store(servers[1].url, hashes[:5])
+    index.store(servers[2].url, hashes[:15])
+    placement = kv_placement(index)
+    assert placement.rank(servers, key(hashes))[0] is servers[2]
+    decisions = placement.kv.decisions if placement.kv else None
+    assert decisions is not None
+    assert decisions.reasons[("both", "cache")] == 1
+    assert decisions.predicted_tokens["both"] == 15 * 32
+    assert decisions.prompt_tokens["both"] == len(hashes) * 32
+
+
+def test_no_match_goes_to_the_least_loaded() -> None:
+    servers = pool(3)
+    servers[0].inflight, servers[1].inflight, servers[2].inflight = 3, 1, 2
+    placement = kv_placement(PoolBlockIndex(1000))
+    assert placement.rank(servers, key(chat_hashes()))[0] is servers[1]
+    assert placement.kv is not None
+    assert placement.kv.decisions.reasons[("both", "no_match")] == 1
+
+
+def test_the_load_bound_keeps_a_hot_prefix_from_piling_onto_one_server() -> None:
+    servers = pool(2)
+    hashes = chat_hashes()
+    index = PoolBlockIndex(1000)
+    index.store(servers[0].url, hashes)
+    placement = kv_placement(index, slack=2)
+    servers[0].inflight = 2  # within the slack: its cache wins
+    assert placement.rank(servers, key(hashes))[0] is servers[0]
+    servers[0].inflight = 3  # past it: the other server, which will then hold it too
+    assert placement.rank(servers, key(hashes))[0] is servers[1]
+    assert placement.kv is not None
+    assert placement.kv.decisions.reasons[("both", "bounded")] == 1
+
+
+def test_a_short_match_loses_to_a_much_less_loaded_server() -> None:
+    servers = pool(2)
+    hashes = chat_hashes()
+    index = PoolBlockIndex(1000)
+    index.store(servers[0].url, hashes[:1])  # 1 of 19 blocks
+    placement = kv_placement(index, slack=4, weight=0.5)
+    servers[0].inflight = 2
+    assert placement.rank(servers, key(hashes))[0] is servers[1]
+    assert placement.kv is not None
+    assert placement.kv.decisions.reasons[("both", "load")] == 1
+
+
+def test_vllm_waiting_queue_counts_as_load() -> None:
+    servers = pool(2)
+    hashes = chat_hashes()
+    index = PoolBlockIndex(1000)
+    index.store(servers[0].url, hashes[:2])
+    index.store(servers[1].url, hashes[:2])
+    servers[0].upstream = [UpstreamSample("vllm:num_requests_waiting", (), 3.0, counter=False)]
+    assert kv_placement(index).rank(servers, key(hashes))[0] is servers[1]
+
+
+def test_session_affinity_still_pins_and_no_blocks_falls_back_to_the_hash() -> None:
+    servers = pool(4)
+    placement = kv_placement(PoolBlockIndex(10))
+    pinned = placement.rank(servers, RouteKey(session="conversation-1"))[0]
+    assert placement.rank(servers, RouteKey(session="conversation-1"))[0] is pinned
+    by_hash = Placement(2).rank(servers, RouteKey(prefix="abc"))
+    assert placement.rank(servers, RouteKey(prefix="abc")) == by_hash
+    assert placement.kv is not None
+    assert placement.kv.decisions.reasons[("both", "fallback")] == 1
+
+
+def test_round_robin_and_least_loaded_ignore_the_prompt() -> None:
+    servers = pool(3)
+    rr = Placement(2, "round-robin")
+    firsts = [rr.rank(servers, RouteKey(prefix="same"))[0] for _ in range(6)]
+    assert firsts == [*servers, *servers]
+    servers[0].inflight = 5
+    least = Placement(2, "least-loaded")
+    assert least.rank(servers, RouteKey(prefix="same"))[0] is not servers[0]
+
+
+def test_kv_placement_needs_endpoints_and_launched_servers_publish() -> None:
+    with pytest.raises(msgspec.ValidationError, match="kv_events"):
+        msgspec.convert(
+            {
+                "name": "m",
+                "served_model": "m",
+                "placement": "kv",
+                "servers": [{"url": "http://a:1"}],
+            },
+            VllmBackend,
+        )
+    backend = msgspec.convert(
+        {
+            "name": "m",
+            "served_model": "m",
+            "placement": "kv",
+            "servers": [
+                {
+                    "url": "http://127.0.0.1:8001",
+                    "kv_events": "tcp://127.0.0.1:5601",
+                    "kv_events_replay": "tcp://127.0.0.1:5602",
+                    "launch": {},
+                }
+            ],
+        },
+        VllmBackend,
+    )
+    args = backend.servers[0].launch.extra_args if backend.servers[0].launch else []
+    events = args[args.index("--kv-events-config") + 1]
+    assert '"endpoint":"tcp://*:5601"' in events and '"replay_endpoint":"tcp://*:5602"' in events
+    assert args[args.index("--prefix-caching-hash-algo") + 1] == "sha256_cbor"
