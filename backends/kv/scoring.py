@@ -5,6 +5,10 @@ Per candidate server: ``hit`` = matched blocks / the request's blocks (0..1), ``
 open requests from this gateway plus vLLM's own waiting queue (as last scraped), and
 
     score = hit - load_weight * (load - least load) / (slack + 1)
+                - occupancy_weight * blocks held / the most any candidate holds
+
+The last term sends a prompt no server holds (and breaks near-ties) to the server whose KV
+holds the fewest cached blocks, where it evicts the least.
 
 Bounded load: a server more than ``slack`` requests above the least loaded one is not chosen
 for its cache (it comes after the others, by load), so one hot prefix cannot pile onto one
@@ -51,9 +55,12 @@ class KvDecisions:
 class KvScorer:
     """Ranks servers by cached prefix and load (see the module docstring)."""
 
-    def __init__(self, index: PoolBlockIndex, load_weight: float, slack: int) -> None:
+    def __init__(
+        self, index: PoolBlockIndex, load_weight: float, slack: int, occupancy_weight: float = 0.0
+    ) -> None:
         self.index = index
         self.load_weight = load_weight
+        self.occupancy_weight = occupancy_weight
         self.slack = slack
         self.decisions = KvDecisions()
 
@@ -74,10 +81,13 @@ class KvScorer:
         matched = self.index.matched_blocks(blocks, loads)
         total = max(1, len(blocks))
         scale = self.slack + 1
+        held = {url: self.index.size(url) for url in loads}
+        most = max(held.values()) or 1
 
         def score(server: ServerState) -> float:
             hit = matched[server.url] / total
-            return hit - self.load_weight * (loads[server.url] - least) / scale
+            busy = self.load_weight * (loads[server.url] - least) / scale
+            return hit - busy - self.occupancy_weight * held[server.url] / most
 
         within = [s for s in by_load if s.inflight <= ceiling]
         over = [s for s in by_load if s.inflight > ceiling]

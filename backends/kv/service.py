@@ -34,7 +34,9 @@ class KvPlacement:
         self.index = PoolBlockIndex(settings.max_blocks_per_server)
         self.hasher = BlockHasher(settings.hash_algo, resolve_seed(config))
         self.feeds = PoolFeeds(self.index, self.hasher)
-        self.scorer = KvScorer(self.index, settings.load_weight, config.prefix_load_slack)
+        self.scorer = KvScorer(
+            self.index, settings.load_weight, config.prefix_load_slack, settings.occupancy_weight
+        )
         for server in config.servers:
             if server.kv_events:
                 self.feeds.add(

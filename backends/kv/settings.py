@@ -33,6 +33,9 @@ class KvSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     load_weight: NonNegFloat = 0.5
     """How much one extra request (scaled by ``prefix_load_slack + 1``) costs against the
     fraction of the prompt a server holds."""
+    occupancy_weight: NonNegFloat = 0.05
+    """How much holding the most cached blocks of the pool costs a server: a prompt no server
+    holds goes where it evicts the least."""
     max_blocks_per_server: PosInt = 1_000_000
     """Index entries kept per server; past it the oldest are forgotten (counted)."""
 

@@ -138,3 +138,13 @@ def test_kv_placement_needs_endpoints_and_launched_servers_publish() -> None:
     events = args[args.index("--kv-events-config") + 1]
     assert '"endpoint":"tcp://*:5601"' in events and '"replay_endpoint":"tcp://*:5602"' in events
     assert args[args.index("--prefix-caching-hash-algo") + 1] == "sha256_cbor"
+
+
+def test_a_prompt_nobody_holds_goes_where_it_evicts_the_least() -> None:
+    servers = pool(3)
+    index = PoolBlockIndex(1000)
+    index.store(servers[0].url, range(100, 160))
+    index.store(servers[1].url, range(200, 210))
+    index.store(servers[2].url, range(300, 340))
+    placement = Placement(2, "kv", KvScorer(index, 0.5, 2, occupancy_weight=0.05))
+    assert placement.rank(servers, key(chat_hashes()))[0] is servers[1]
