@@ -1,0 +1,105 @@
+"""The cost of one KV placement decision as the index and the fleet grow: ``Placement.rank``
+(the index lookup and the scoring) over 8, 32 and 128 servers holding 1M indexed blocks
+between them, for a request of 50 blocks whose prefix some servers hold; and, apart, the
+request's own preparation (tokenizing a 636-token chat prompt with the tiny Llama's
+tokenizer and hashing its blocks).
+
+    flock /tmp/semcache-heavy.lock taskset -c 1 .venv/bin/python -m bench.kv_decision
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from backends.config import VllmServer
+from backends.kv.hashing import BlockHasher
+from backends.kv.index import PoolBlockIndex
+from backends.kv.scoring import KvScorer
+from backends.kv.tokens import PromptTokenizer
+from backends.placement import Placement, RouteKey
+from backends.servers import ServerState
+from bench.support import pct
+from harness.tiny_llama import build_tiny_llama
+from harness.vllm_process import TINY_MODEL_NAME, test_data_dir
+
+REQUEST_BLOCKS = 50
+
+
+def build(
+    servers: int, blocks: int, prefixes: int, rng: random.Random
+) -> tuple[list[ServerState], PoolBlockIndex, list[list[int]]]:
+    """``prefixes`` chains of REQUEST_BLOCKS blocks spread over the servers, then random
+    blocks up to ``blocks`` indexed in all."""
+    pool = [
+        ServerState(VllmServer(url=f"http://10.0.{i // 250}.{i % 250}:8000"), 64)
+        for i in range(servers)
+    ]
+    index = PoolBlockIndex(blocks)
+    chains = [[rng.getrandbits(64) for _ in range(REQUEST_BLOCKS)] for _ in range(prefixes)]
+    for chain in chains:
+        for server in rng.sample(pool, k=min(3, servers)):
+            index.store(server.url, chain[: rng.randrange(1, REQUEST_BLOCKS + 1)])
+    per_server = (blocks - index.size()) // servers
+    for server in pool:
+        index.store(server.url, (rng.getrandbits(64) for _ in range(per_server)))
+    for server in pool:
+        server.inflight = rng.randrange(0, 4)
+    return pool, index, chains
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=1_000_000)
+    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    print(f"{'servers':>8} {'blocks':>9} {'p50 µs':>8} {'p99 µs':>8} {'max µs':>8}")
+    for servers in (8, 32, 128):
+        pool, index, chains = build(servers, args.blocks, 2000, rng)
+        placement = Placement(2, "kv", KvScorer(index, 0.5, 2))
+        times = []
+        for i in range(args.requests):
+            chain = chains[i % len(chains)] if i % 4 else [rng.getrandbits(64)] * 1
+            key = RouteKey(blocks=tuple(chain), block_size=32, prompt_tokens=32 * len(chain))
+            t0 = time.perf_counter_ns()
+            placement.rank(pool, key)
+            times.append((time.perf_counter_ns() - t0) / 1000)
+        print(
+            f"{servers:>8} {index.size():>9} {pct(times, 50):>8.1f} {pct(times, 99):>8.1f}"
+            f" {max(times):>8.1f}"
+        )
+    model = build_tiny_llama(test_data_dir() / "models" / TINY_MODEL_NAME)
+    tokenizer = PromptTokenizer(model)
+    system = " ".join(f"rule {i}: answer briefly and kindly." for i in range(40))
+    body = {
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "hello there"},
+        ]
+    }
+    hasher = BlockHasher()
+    tok_us, hash_us = [], []
+    for _ in range(500):
+        t0 = time.perf_counter_ns()
+        ids = tokenizer.prompt_tokens("/v1/chat/completions", body) or []
+        t1 = time.perf_counter_ns()
+        hasher.event_hashes(ids, 32)
+        tok_us.append((t1 - t0) / 1000)
+        hash_us.append((time.perf_counter_ns() - t1) / 1000)
+    print(
+        f"tokenize {len(ids)} tokens: p50 {pct(tok_us, 50):.0f} µs, p99 {pct(tok_us, 99):.0f} µs;"
+        f" hash {len(ids) // 32} blocks: p50 {pct(hash_us, 50):.0f} µs,"
+        f" p99 {pct(hash_us, 99):.0f} µs"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
