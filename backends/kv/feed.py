@@ -1,11 +1,12 @@
 """One ZMQ SUB per server, feeding a pool's block index from the server's KV events.
 
-Each message is applied in sequence order (``ServerFeed.apply``): a jump in the sequence is a
-gap (the PUB socket dropped messages), filled from the server's replay socket when it has
-one and still keeps the missing batches, else the server's index is rebuilt from nothing
-(cleared; the next events fill it again). A sequence that starts again at 0 is a restarted
-server: its index is cleared. Nothing here runs on a request's path: placement only reads
-the index.
+Each message is applied in sequence order (``ServerFeed.receive``); a feed that joins a
+server which already published first asks its replay socket for everything from 0. A jump
+in the sequence is a gap (the PUB socket dropped messages), filled from the server's replay
+socket when it has one and still keeps the missing batches, else the server's index is
+rebuilt from nothing (cleared; the next events fill it again). A sequence that starts again
+at 0 is a restarted server: its index is cleared. Nothing here runs on a request's path:
+placement only reads the index.
 """
 
 from __future__ import annotations
@@ -155,6 +156,11 @@ class ServerFeed:
             sub.close(linger=0)
 
     async def receive(self, sequence: int, payload: bytes, ctx: zmq.asyncio.Context) -> None:
+        if self.expected is None and sequence > 0:
+            # joined a server that already published: what it still keeps comes first
+            await self._replay_from(0, ctx)
+            if self.expected is not None and sequence < self.expected:
+                return
         state = self.gap(sequence)
         if state == "duplicate":
             return

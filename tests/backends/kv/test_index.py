@@ -129,6 +129,39 @@ async def test_a_restart_clears_and_duplicates_are_skipped() -> None:
     assert f.index.size(SERVER) == len(chat_hashes())
 
 
+async def replaying_router(
+    ctx: zmq.asyncio.Context, msgs: list[tuple[int, bytes]]
+) -> tuple[zmq.asyncio.Socket, int, asyncio.Task[None]]:
+    """A ROUTER that answers one replay request as vLLM's publisher does
+    (``ZmqEventPublisher._service_replay``) with ``msgs``."""
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+
+    async def serve() -> None:
+        client, _, start = await router.recv_multipart()
+        for seq, payload in msgs:
+            if seq >= int.from_bytes(start, "big"):
+                await router.send_multipart([client, b"", b"kv", seq.to_bytes(8, "big"), payload])
+        await router.send_multipart([client, b"", b"", (-1).to_bytes(8, "big", signed=True), b""])
+
+    return router, port, asyncio.create_task(serve())
+
+
+async def test_a_late_joiner_replays_what_the_server_keeps() -> None:
+    msgs = recorded.messages()
+    ctx = zmq.asyncio.Context()
+    router, port, served = await replaying_router(ctx, msgs[:4])
+    f = feed(replay=f"tcp://127.0.0.1:{port}")
+    try:
+        await f.receive(*msgs[3], ctx)  # the first message this feed sees is number 3
+        await served
+    finally:
+        router.close(0)
+        ctx.term()
+    assert f.expected == 4
+    assert f.index.size(SERVER) == len(held_by_events(recorded.batches()[:4]))
+
+
 async def test_a_gap_is_filled_from_the_replay_socket() -> None:
     """A ROUTER that answers as vLLM's publisher does (``ZmqEventPublisher._service_replay``)
     with the recorded messages."""
