@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import uvicorn
+from opentelemetry.sdk.trace.export import SpanExporter
 
 from backends.registry import ModelRegistry
 from harness.ports import free_port
@@ -24,10 +25,17 @@ from server.uvicorn_config import uvicorn_config
 class GatewayThread:
     """The gateway as clients see it: a real HTTP server on 127.0.0.1."""
 
-    def __init__(self, config: GatewayConfig, registry: ModelRegistry | None = None) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        registry: ModelRegistry | None = None,
+        *,
+        span_exporter: SpanExporter | None = None,
+    ) -> None:
+        """``span_exporter``: tracing on, every span handed to it (``create_app``)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.app = create_app(config, registry)
+        self.app = create_app(config, registry, span_exporter=span_exporter)
         self._server = uvicorn.Server(uvicorn_config(self.app, "127.0.0.1", self.port))
         # A daemon: a gateway that never stops fails its test (``stop``), not the whole run.
         self._thread = threading.Thread(

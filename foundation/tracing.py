@@ -1,0 +1,151 @@
+"""Request traces (OpenTelemetry): the tracer a request runs under, and spans that cost one
+context-variable read when tracing is off.
+
+The app factory builds a :class:`Tracing` from its config (``server/tracing.py``) and the
+request's entry points (the tenancy middleware, the early hits, the batch workers) make it
+the request's tracer with :func:`activate`; every layer below opens spans with :func:`span`
+and passes the trace on to vLLM with :func:`inject`, without being handed a tracer. With
+tracing off nothing is activated: :func:`span` hands back one shared no-op context and
+:func:`inject` returns at once. No global tracer provider is ever set.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, MutableMapping
+from contextlib import AbstractContextManager, nullcontext
+from contextvars import ContextVar, Token
+from typing import Final
+
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, Span, SpanKind, Tracer, TracerProvider, get_current_span
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
+
+TRACEPARENT: Final = "traceparent"
+_OFF: Final[nullcontext[None]] = nullcontext()
+_PROPAGATOR: Final = TraceContextTextMapPropagator()
+_CURRENT: ContextVar[Tracing | None] = ContextVar("semcache_tracing", default=None)
+
+
+class Tracing:
+    """One app's tracer over the provider the app factory built (and shuts down)."""
+
+    def __init__(self, provider: TracerProvider, name: str = "semcache") -> None:
+        self.provider = provider
+        self.tracer: Tracer = provider.get_tracer(name)
+
+    def close(self) -> None:
+        """Export the spans still queued and stop the provider's exporters (blocks)."""
+        shutdown = getattr(self.provider, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+    def root(
+        self,
+        name: str,
+        headers: Mapping[str, str] | None = None,
+        *,
+        kind: SpanKind = SpanKind.SERVER,
+        attributes: Mapping[str, AttributeValue] | None = None,
+        links: list[Link] | None = None,
+    ) -> AbstractContextManager[Span]:
+        """The span a request's trace starts with: a child of the client's ``traceparent``
+        when ``headers`` carry one, else the root of a new trace."""
+        parent: Context | None = _PROPAGATOR.extract(headers) if headers else None
+        return self.tracer.start_as_current_span(
+            name, context=parent, kind=kind, attributes=attributes, links=links
+        )
+
+
+def activate(tracing: Tracing) -> Token[Tracing | None]:
+    """Make ``tracing`` the tracer of the current request (context); undo with :func:`reset`."""
+    return _CURRENT.set(tracing)
+
+
+def reset(token: Token[Tracing | None]) -> None:
+    _CURRENT.reset(token)
+
+
+def current() -> Tracing | None:
+    """The current request's tracing; ``None`` when tracing is off."""
+    return _CURRENT.get()
+
+
+def span(
+    name: str, attributes: Mapping[str, AttributeValue] | None = None
+) -> AbstractContextManager[Span | None]:
+    """A child span of the current one, made current while the block runs; ``None`` (a
+    shared no-op context) when tracing is off."""
+    tracing = _CURRENT.get()
+    if tracing is None:
+        return _OFF
+    return tracing.tracer.start_as_current_span(name, attributes=attributes)
+
+
+def start_span(name: str, attributes: Mapping[str, AttributeValue] | None = None) -> Span | None:
+    """A child span of the current one that the caller ends, never made current (a stream
+    relayed by a generator, which must not change the context of the task reading it);
+    ``None`` when tracing is off."""
+    tracing = _CURRENT.get()
+    if tracing is None:
+        return None
+    return tracing.tracer.start_span(name, attributes=attributes)
+
+
+def record_span(
+    name: str,
+    started: float,
+    ended: float,
+    attributes: Mapping[str, AttributeValue] | None = None,
+) -> None:
+    """A span measured after the fact, ``started`` and ``ended`` read from
+    ``time.perf_counter()`` (e.g. the KV hand-off: from the prefill answer to decode's first
+    event)."""
+    tracing = _CURRENT.get()
+    if tracing is None:
+        return
+    offset = time.time_ns() - int(time.perf_counter() * 1e9)
+    done = tracing.tracer.start_span(
+        name, start_time=offset + int(started * 1e9), attributes=attributes
+    )
+    done.end(end_time=offset + int(ended * 1e9))
+
+
+def inject(headers: MutableMapping[str, str]) -> None:
+    """Add the current span's ``traceparent`` to an outgoing request's headers."""
+    if _CURRENT.get() is not None:
+        _PROPAGATOR.inject(headers)
+
+
+def current_trace_id() -> str | None:
+    """The current request's trace id (32 hex digits); ``None`` when tracing is off."""
+    if _CURRENT.get() is None:
+        return None
+    return trace_id_of(get_current_span())
+
+
+def trace_id_of(current_span: Span | None) -> str | None:
+    """The 32-hex-digit trace id of a span (``None`` without a valid one)."""
+    if current_span is None:
+        return None
+    context = current_span.get_span_context()
+    return format(context.trace_id, "032x") if context.is_valid else None
+
+
+def link_to(traceparent: str | None) -> list[Link]:
+    """A link to the span a ``traceparent`` names (a batch item's link to its batch)."""
+    if not traceparent:
+        return []
+    found = get_current_span(_PROPAGATOR.extract({TRACEPARENT: traceparent}))
+    context = found.get_span_context()
+    return [Link(context)] if context.is_valid else []
+
+
+def current_traceparent() -> str | None:
+    """The ``traceparent`` of the current span, to store with work that runs later."""
+    if _CURRENT.get() is None:
+        return None
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    return carrier.get(TRACEPARENT)
