@@ -18,11 +18,10 @@ from contextvars import ContextVar, Token
 from typing import Final
 
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, Span, SpanKind, Tracer, TracerProvider, get_current_span
+from opentelemetry.trace import Span, SpanKind, Tracer, TracerProvider, get_current_span
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
-TRACEPARENT: Final = "traceparent"
 _OFF: Final[nullcontext[None]] = nullcontext()
 _PROPAGATOR: Final = TraceContextTextMapPropagator()
 _CURRENT: ContextVar[Tracing | None] = ContextVar("semcache_tracing", default=None)
@@ -48,13 +47,12 @@ class Tracing:
         *,
         kind: SpanKind = SpanKind.SERVER,
         attributes: Mapping[str, AttributeValue] | None = None,
-        links: list[Link] | None = None,
     ) -> AbstractContextManager[Span]:
         """The span a request's trace starts with: a child of the client's ``traceparent``
         when ``headers`` carry one, else the root of a new trace."""
         parent: Context | None = _PROPAGATOR.extract(headers) if headers else None
         return self.tracer.start_as_current_span(
-            name, context=parent, kind=kind, attributes=attributes, links=links
+            name, context=parent, kind=kind, attributes=attributes
         )
 
 
@@ -81,6 +79,12 @@ def span(
     if tracing is None:
         return _OFF
     return tracing.tracer.start_as_current_span(name, attributes=attributes)
+
+
+def annotate(attributes: Mapping[str, AttributeValue]) -> None:
+    """Set attributes on the current span (e.g. the id of the batch a request queued)."""
+    if _CURRENT.get() is not None:
+        get_current_span().set_attributes(attributes)
 
 
 def start_span(name: str, attributes: Mapping[str, AttributeValue] | None = None) -> Span | None:
@@ -131,21 +135,3 @@ def trace_id_of(current_span: Span | None) -> str | None:
         return None
     context = current_span.get_span_context()
     return format(context.trace_id, "032x") if context.is_valid else None
-
-
-def link_to(traceparent: str | None) -> list[Link]:
-    """A link to the span a ``traceparent`` names (a batch item's link to its batch)."""
-    if not traceparent:
-        return []
-    found = get_current_span(_PROPAGATOR.extract({TRACEPARENT: traceparent}))
-    context = found.get_span_context()
-    return [Link(context)] if context.is_valid else []
-
-
-def current_traceparent() -> str | None:
-    """The ``traceparent`` of the current span, to store with work that runs later."""
-    if _CURRENT.get() is None:
-        return None
-    carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier)
-    return carrier.get(TRACEPARENT)

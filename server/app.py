@@ -192,6 +192,7 @@ def create_app(
             metrics.registry,
             item_runners={PAYLOAD_KEY: openai_items},
             accounting=tenancy.finish_item,
+            tracing=tracing,
         )
         if app.state.workers_ai.batch is not None:
             batches.queue = app.state.workers_ai.batch.queue

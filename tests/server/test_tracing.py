@@ -25,6 +25,7 @@ from backends.config import VllmBackend, VllmServer
 from harness.gateway import GatewayThread
 from server.config import GatewayConfig, ModelEntry
 from tests.support.fake_upstream import FakeServer, sse
+from tests.support.waiting import wait_until_async
 
 PARAMS = {"do_remote_prefill": True, "remote_block_ids": [1], "remote_engine_id": "e"}
 LONG = "The cat reads a book near the window. " * 10
@@ -240,3 +241,35 @@ async def test_tracing_off_sends_no_traceparent_and_logs_no_trace_id(
         log = list(gw.app.state.tenancy.request_log.recent)
     assert hops.traceparents == {"prefill": [None], "decode": [None]}
     assert [line["trace_id"] for line in log] == [None]
+
+
+async def test_batch_items_are_traces_of_their_own_naming_their_batch(
+    tmp_path: Path, hops: Hops
+) -> None:
+    exporter = InMemorySpanExporter()
+    items = [{"messages": [{"role": "user", "content": f"{LONG} {i}"}]} for i in range(2)]
+    with gateway(tmp_path, hops, exporter) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            r = await client.post(
+                "/client/v4/accounts/a/ai/run/chat?queueRequest=true",
+                json={"requests": items},
+                headers={"authorization": "Bearer any"},
+            )
+        assert r.status_code == 200, r.text
+        batch_id = r.json()["result"]["request_id"]
+
+        def item_roots() -> list[ReadableSpan]:
+            return [s for s in exporter.get_finished_spans() if s.name == "batch item"]
+
+        await wait_until_async(lambda: len(item_roots()) == 2)
+    spans = list(exporter.get_finished_spans())
+    submit = next(s for s in spans if s.kind is SpanKind.SERVER)
+    assert submit.attributes is not None and submit.attributes["semcache.batch_id"] == batch_id
+    roots = item_roots()
+    assert {r.attributes["semcache.batch_index"] for r in roots if r.attributes} == {0, 1}
+    assert {r.attributes["semcache.batch_id"] for r in roots if r.attributes} == {batch_id}
+    traces = {r.context.trace_id for r in roots if r.context}
+    assert submit.context is not None and len(traces | {submit.context.trace_id}) == 3
+    for root in roots:
+        assert root.parent is None and root.context is not None
+        assert "decode" in trace_of(spans, root.context.trace_id)
