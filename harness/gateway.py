@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import uvicorn
@@ -61,7 +62,11 @@ class GatewayThread:
 class GatewayProcess:
     """``python -m server.cli serve --no-launch`` as a child process that the caller can kill."""
 
-    def __init__(self, config: Path, port: int | None = None) -> None:
+    def __init__(
+        self, config: Path, port: int | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
+        """``env``: added to the child's environment (e.g. ``OTEL_*``)."""
+        self.extra_env = dict(env or {})
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.config = config
@@ -86,7 +91,7 @@ class GatewayProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", **self.extra_env},
         )
         ready = threading.Event()
 
