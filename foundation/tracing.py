@@ -6,7 +6,10 @@ request's entry points (the tenancy middleware, the early hits, the batch worker
 the request's tracer with :func:`activate`; every layer below opens spans with :func:`span`
 and passes the trace on to vLLM with :func:`inject`, without being handed a tracer. With
 tracing off nothing is activated: :func:`span` hands back one shared no-op context and
-:func:`inject` returns at once. No global tracer provider is ever set.
+:func:`inject` returns at once. In a trace the sampler dropped, :func:`span` does the same
+after one more read (the current span is not recording), while :func:`inject` still passes
+the unsampled ``traceparent`` on, so vLLM drops its spans too. No global tracer provider is
+ever set.
 """
 
 from __future__ import annotations
@@ -70,14 +73,19 @@ def current() -> Tracing | None:
     return _CURRENT.get()
 
 
+def recording() -> bool:
+    """Whether spans opened now are kept: tracing on and the current trace sampled."""
+    return _CURRENT.get() is not None and get_current_span().is_recording()
+
+
 def span(
     name: str, attributes: Mapping[str, AttributeValue] | None = None
 ) -> AbstractContextManager[Span | None]:
     """A child span of the current one, made current while the block runs; ``None`` (a
-    shared no-op context) when tracing is off."""
+    shared no-op context) when tracing is off or the trace is not sampled."""
     tracing = _CURRENT.get()
-    if tracing is None:
-        return _OFF
+    if tracing is None or not get_current_span().is_recording():
+        return _OFF  # off, or a trace the sampler dropped: its children are dropped too
     return tracing.tracer.start_as_current_span(name, attributes=attributes)
 
 
@@ -92,7 +100,7 @@ def start_span(name: str, attributes: Mapping[str, AttributeValue] | None = None
     relayed by a generator, which must not change the context of the task reading it);
     ``None`` when tracing is off."""
     tracing = _CURRENT.get()
-    if tracing is None:
+    if tracing is None or not get_current_span().is_recording():
         return None
     return tracing.tracer.start_span(name, attributes=attributes)
 
@@ -107,7 +115,7 @@ def record_span(
     ``time.perf_counter()`` (e.g. the KV hand-off: from the prefill answer to decode's first
     event)."""
     tracing = _CURRENT.get()
-    if tracing is None:
+    if tracing is None or not get_current_span().is_recording():
         return
     offset = time.time_ns() - int(time.perf_counter() * 1e9)
     done = tracing.tracer.start_span(

@@ -143,7 +143,7 @@ class ExactCache:
         return res if res.status is CacheStatus.HIT else None
 
     async def _search(self, req: CacheRequest) -> CacheResult:
-        if spans.current() is None:
+        if not spans.recording():
             return await self._walk(req, traced=False)
         with spans.span("cache.exact", {"semcache.route": req.route}) as span:
             res = await self._walk(req, traced=True)

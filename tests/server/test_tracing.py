@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import orjson
 import pytest
 from aiohttp import web
@@ -24,6 +25,7 @@ from opentelemetry.trace import SpanKind
 from backends.config import VllmBackend, VllmServer
 from harness.gateway import GatewayThread
 from server.config import GatewayConfig, ModelEntry
+from server.tracing import TracingSettings
 from tests.support.fake_upstream import FakeServer, sse
 from tests.support.waiting import wait_until_async
 
@@ -130,10 +132,16 @@ def parent_id(span: ReadableSpan) -> str | None:
 
 @contextmanager
 def gateway(
-    tmp_path: Path, hops: Hops, exporter: InMemorySpanExporter | None
+    tmp_path: Path,
+    hops: Hops,
+    exporter: InMemorySpanExporter | None,
+    tracing: TracingSettings | None = None,
 ) -> Iterator[GatewayThread]:
     """The gateway in a thread of its own (the fake servers answer on the test's loop)."""
-    running = GatewayThread(config(tmp_path, hops), span_exporter=exporter).start()
+    settings = config(tmp_path, hops)
+    if tracing is not None:
+        settings = msgspec.structs.replace(settings, tracing=tracing)
+    running = GatewayThread(settings, span_exporter=exporter).start()
     try:
         yield running
     finally:
@@ -273,3 +281,19 @@ async def test_batch_items_are_traces_of_their_own_naming_their_batch(
     for root in roots:
         assert root.parent is None and root.context is not None
         assert "decode" in trace_of(spans, root.context.trace_id)
+
+
+async def test_an_unsampled_trace_keeps_no_span_and_tells_vllm_so(
+    tmp_path: Path, hops: Hops
+) -> None:
+    exporter = InMemorySpanExporter()
+    with gateway(tmp_path, hops, exporter, TracingSettings(sample_ratio=0.0)) as gw:
+        r = await post(gw.url, chat(stream=True))
+        assert r.status_code == 200
+        log = list(gw.app.state.tenancy.request_log.recent)
+    assert list(exporter.get_finished_spans()) == []
+    for role in ("prefill", "decode"):
+        (traceparent,) = hops.traceparents[role]
+        assert traceparent is not None
+        assert int(traceparent.rsplit("-", 1)[1], 16) & 1 == 0  # not sampled
+        assert traceparent.split("-")[1] == log[0]["trace_id"]
