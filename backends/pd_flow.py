@@ -50,6 +50,7 @@ from backends.pool_metrics import BackendStats
 from backends.protocol import BackendError, RequestContext
 from backends.servers import ServerState
 from backends.upstream import HTTP_ERRORS, HttpSession, http_failure, stream_timeout
+from foundation import tracing as spans
 
 _PREFILL_DROPPED = ("stream_options", "min_tokens", "min_completion_tokens")
 _SERVER_STATE = ("previous_response_id", "conversation")
@@ -70,9 +71,12 @@ class Plan:
 
 
 def hop_headers(ctx: RequestContext, stream: bool) -> dict[str, str]:
+    """The headers of a hop; with tracing on, the current span's ``traceparent`` too, so the
+    vLLM server's spans join the request's trace under the hop's span."""
     headers = {"content-type": "application/json", "x-request-id": ctx.request_id}
     if stream:
         headers["accept"] = "text/event-stream"
+    spans.inject(headers)
     return headers
 
 
@@ -151,16 +155,21 @@ class PrefillHop:
             self.stats.hops["prefill"] += 1
             started = time.perf_counter()
             try:
-                response = await self.http.post(
-                    server.url + plan.path,
-                    orjson.dumps(self.body(plan.body, plan.path)),
-                    hop_headers(ctx, stream=False),
-                    stream_timeout(self.config.prefill_timeout_s, self.config.connect_timeout_s),
-                )
-                try:
-                    status, content = response.status, await response.read()
-                finally:
-                    response.release()
+                with spans.span("prefill", {"semcache.server": server.url}) as span:
+                    response = await self.http.post(
+                        server.url + plan.path,
+                        orjson.dumps(self.body(plan.body, plan.path)),
+                        hop_headers(ctx, stream=False),
+                        stream_timeout(
+                            self.config.prefill_timeout_s, self.config.connect_timeout_s
+                        ),
+                    )
+                    try:
+                        status, content = response.status, await response.read()
+                    finally:
+                        response.release()
+                    if span is not None:
+                        span.set_attribute("http.response.status_code", status)
             except HTTP_ERRORS as exc:
                 failure = http_failure(exc, server.url)
                 pool.failed(server, failure)
@@ -256,8 +265,12 @@ class DecodeHop:
                     params, limit = None, None
             deadline = asyncio.timeout(limit)
             try:
-                async with deadline:
-                    outcome = await attempt(lease, with_params(plan.body, params))
+                with spans.span("decode") as span:
+                    if span is not None:
+                        span.set_attributes({"semcache.server": server.url, "semcache.attempt": n})
+                        span.set_attribute("semcache.kv", params is not None)
+                    async with deadline:
+                        outcome = await attempt(lease, with_params(plan.body, params))
             except HTTP_ERRORS as exc:
                 if deadline.expired():
                     # Not the server's fault (it may just be busy): no ejection, and it may

@@ -27,6 +27,19 @@ from backends.protocol import BackendError, RequestContext, UpstreamResponse
 from backends.salt import ANONYMOUS_SCOPE, CacheSalter
 from backends.upstream import HttpSession
 from backends.vllm_stream import VllmStream, is_server_error_event, read_first_event
+from foundation import tracing as spans
+
+
+def placement_attributes(plan: Plan, server: str) -> dict[str, str | bool]:
+    """What the placement span says: the decode server chosen and why, and the prefill plan."""
+    key = plan.key
+    reason = "session" if key.session else "prefix" if key.prefix else "least_loaded"
+    return {
+        "semcache.server": server,
+        "semcache.placement.reason": reason,
+        "semcache.prefill": plan.prefill,
+        "semcache.prefill.skip_reason": plan.skip_reason or "",
+    }
 
 
 class PDRouter:
@@ -91,7 +104,12 @@ class PDRouter:
             self.kv.ensure_running()
         plan = self.plan(path, body, ctx)
         pool = self.decode_pool
-        first = await pool.admission.acquire(lambda: self.placement.rank(pool.servers, plan.key))
+        with spans.span("placement") as span:
+            first = await pool.admission.acquire(
+                lambda: self.placement.rank(pool.servers, plan.key)
+            )
+            if span is not None:
+                span.set_attributes(placement_attributes(plan, first.server.url))
         try:
             prefilled, params = await self.prefill_hop.run(plan, ctx)
         except BaseException:
@@ -144,9 +162,13 @@ class PDRouter:
                     if head and not is_server_error_event(head):
                         self.decode_pool.answered(server)
                         if prefilled_at is not None:
-                            handoff_s = time.perf_counter() - prefilled_at
+                            now = time.perf_counter()
+                            handoff_s = now - prefilled_at
                             self.stats.handoff_seconds.observe(handoff_s)
                             ctx.usage.pd_handoff_s = handoff_s
+                            spans.record_span(
+                                "kv.handoff", prefilled_at, now, {"semcache.server": server.url}
+                            )
                         relayed = True
                         return self._stream(response, lease, head, rest)
                     return BackendError("broken", f"backend {server.url} failed early")

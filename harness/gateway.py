@@ -9,9 +9,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import uvicorn
+from opentelemetry.sdk.trace.export import SpanExporter
 
 from backends.registry import ModelRegistry
 from harness.ports import free_port
@@ -24,10 +26,17 @@ from server.uvicorn_config import uvicorn_config
 class GatewayThread:
     """The gateway as clients see it: a real HTTP server on 127.0.0.1."""
 
-    def __init__(self, config: GatewayConfig, registry: ModelRegistry | None = None) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        registry: ModelRegistry | None = None,
+        *,
+        span_exporter: SpanExporter | None = None,
+    ) -> None:
+        """``span_exporter``: tracing on, every span handed to it (``create_app``)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.app = create_app(config, registry)
+        self.app = create_app(config, registry, span_exporter=span_exporter)
         self._server = uvicorn.Server(uvicorn_config(self.app, "127.0.0.1", self.port))
         # A daemon: a gateway that never stops fails its test (``stop``), not the whole run.
         self._thread = threading.Thread(
@@ -53,7 +62,11 @@ class GatewayThread:
 class GatewayProcess:
     """``python -m server.cli serve --no-launch`` as a child process that the caller can kill."""
 
-    def __init__(self, config: Path, port: int | None = None) -> None:
+    def __init__(
+        self, config: Path, port: int | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
+        """``env``: added to the child's environment (e.g. ``OTEL_*``)."""
+        self.extra_env = dict(env or {})
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.config = config
@@ -78,7 +91,7 @@ class GatewayProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", **self.extra_env},
         )
         ready = threading.Event()
 

@@ -50,6 +50,7 @@ async def start_tiny_vllm(
     single_process: bool | None = None,
     timeout_s: float = 600.0,
     progress: Progress | None = print,
+    traces_endpoint: str | None = None,
 ) -> VllmProcess:
     """Start vLLM serving the tiny Llama on 127.0.0.1:``port`` and wait until it is healthy.
 
@@ -75,7 +76,13 @@ async def start_tiny_vllm(
             env=dict(env or {}),
         ),
     )
-    process = VllmProcess(model=model, served_model=served_model, server=server, data_dir=data_dir)
+    process = VllmProcess(
+        model=model,
+        served_model=served_model,
+        server=server,
+        data_dir=data_dir,
+        traces_endpoint=traces_endpoint,
+    )
     process.start()
     try:
         await process.wait_ready(timeout_s, progress)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from litestar import Litestar
 from litestar.datastructures import State
+from opentelemetry.sdk.trace.export import SpanExporter
 from prometheus_client import CollectorRegistry
 
 from backends.pool_metrics import BackendCollector
@@ -51,6 +52,7 @@ from server.speedups import before_routing, write_bodies_eagerly
 from server.tenancy.limits.limiter import build_limiter
 from server.tenancy.middleware import Tenancy, tenancy_middleware
 from server.tenancy.request_log import RequestLog
+from server.tracing import build_tracing
 from server.workers_ai import api_router as workers_ai_routes
 from server.workers_ai.serving import open_workers_ai
 
@@ -97,9 +99,17 @@ async def sweep_batches(batches: BatchesServing, every_s: float = 60.0) -> None:
         await asyncio.sleep(every_s)
 
 
-def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> Litestar:
-    """Build the gateway app for ``config``; backend clients are made here, models load at start."""
+def create_app(
+    config: GatewayConfig,
+    registry: ModelRegistry | None = None,
+    *,
+    span_exporter: SpanExporter | None = None,
+) -> Litestar:
+    """Build the gateway app for ``config``; backend clients are made here, models load at start.
+
+    ``span_exporter`` (tests) turns tracing on, every span handed to it as it ends."""
     registry = registry or registry_from_config(config)
+    tracing = build_tracing(config.tracing, exporter=span_exporter)
     metrics = GatewayMetrics(CollectorRegistry())
     # the vLLM servers: in-flight, health, errors, P/D hops, hand-off latency, their own counters
     metrics.registry.register(BackendCollector(registry.generation.values()))
@@ -150,6 +160,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         ledger=ledger,
         limiter=limiter,
         max_body_bytes=config.server.max_body_bytes,
+        tracing=tracing,
     )
     dashboard = DashboardState(CounterSeries(metrics.registry))
     drain = Drain()  # SIGTERM: `semcache serve` drains (server/draining.py)
@@ -181,6 +192,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
             metrics.registry,
             item_runners={PAYLOAD_KEY: openai_items},
             accounting=tenancy.finish_item,
+            tracing=tracing,
         )
         if app.state.workers_ai.batch is not None:
             batches.queue = app.state.workers_ai.batch.queue
@@ -209,6 +221,8 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
                 request_log.stop()
             if limiter is not None:
                 await limiter.aclose()
+            if tracing is not None:
+                await asyncio.to_thread(tracing.close)  # the spans still queued are sent
 
     api_routes = [
         *models.ROUTES,
@@ -241,6 +255,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
                 "files": FilesServing(stores.files, files_settings.max_bytes),
                 "batches": batches,
                 "dashboard": dashboard,
+                "tracing": tracing,
             }
         ),
         middleware=[drain_middleware(drain), tenancy_middleware(tenancy)],

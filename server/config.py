@@ -16,6 +16,7 @@ from server.auth import AuthSettings
 from server.batch.settings import BatchSettings
 from server.tenancy.limits.settings import LimitSettings
 from server.tenancy.request_log import RequestLogSettings
+from server.tracing import TracingSettings
 
 Task = Literal["chat", "embeddings", "classification"]
 
@@ -66,6 +67,8 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Default rate limits and budgets of every token (a token entry may override them)."""
     ledger: LedgerSettings = msgspec.field(default_factory=LedgerSettings)
     """The usage and cost ledger: SQLite under the data dir, or Redis counters."""
+    tracing: TracingSettings = msgspec.field(default_factory=TracingSettings)
+    """OpenTelemetry traces of every request (server/tracing.py); off by default."""
 
     def data_path(self) -> Path:
         """The data directory (prepared models, disk cache), created on demand."""

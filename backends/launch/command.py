@@ -30,6 +30,7 @@ CPU_DEFAULT_BLOCK_SIZE = 32
 
 _GIB = 1 << 30
 QUIET_ENDPOINTS_FLAG = "--disable-access-log-for-endpoints"
+TRACES_FLAG = "--otlp-traces-endpoint"
 
 
 @functools.cache
@@ -73,11 +74,14 @@ def build_command(
     device: Device,
     python: str,
     kv_lease_s: int = 30,
+    traces_endpoint: str | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and the extra environment that start ``server`` (nothing is run).
 
     A prefill/decode server gets NixlConnector with ``kv_lease_s`` as its KV lease, always
     spelled out (vLLM's default is 30 s): the gateway's hand-off bound is derived from it.
+    ``traces_endpoint`` (the gateway traces): vLLM exports its request spans there over
+    OTLP/HTTP, under ``service.name`` ``vllm-<role>``.
     """
     launch = server.launch or VllmLaunch()
     host, port = host_port(server.url)
@@ -114,6 +118,8 @@ def build_command(
         if device == "cpu":
             kv_transfer["kv_buffer_device"] = "cpu"
         cmd += ["--kv-transfer-config", orjson.dumps(kv_transfer).decode()]
+    if traces_endpoint is not None:
+        add_tracing(cmd, env, launch.extra_args, traces_endpoint, server.role)
     if launch.nixl_side_channel_port is not None:
         env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(launch.nixl_side_channel_port)
     if server.role != "both" and launch.nixl_progress_delay_us > 0:
@@ -128,3 +134,20 @@ def build_command(
     cmd += launch.extra_args
     env.update(launch.env)
     return cmd, env
+
+
+def add_tracing(
+    cmd: list[str],
+    env: dict[str, str],
+    extra_args: Sequence[str],
+    endpoint: str,
+    role: str,
+) -> None:
+    """vLLM's tracing flag and environment (``vllm/tracing/otel.py``): it exports the
+    ``llm_request`` span of each request, a child of the ``traceparent`` the gateway sends;
+    its exporter speaks gRPC unless told ``http/protobuf``, the protocol of the endpoint the
+    gateway uses."""
+    if not _has_flag(extra_args, TRACES_FLAG):
+        cmd += [TRACES_FLAG, endpoint]
+    env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = "http/protobuf"
+    env["OTEL_SERVICE_NAME"] = f"vllm-{role}"

@@ -30,8 +30,11 @@ class Launcher:
         device: Device | None = None,
         python: str | None = None,
         ready_timeout_s: float = 900.0,
+        traces_endpoint: str | None = None,
     ) -> None:
+        """``traces_endpoint``: the servers export their spans there (the gateway traces)."""
         self.backends = list(backends)
+        self.traces_endpoint = traces_endpoint
         self.data_dir = data_dir
         self.progress = progress
         self.device = device
@@ -67,6 +70,7 @@ class Launcher:
                         python=self.python,
                         log_name=backend.name,
                         kv_lease_s=backend.kv_lease_s,
+                        traces_endpoint=self.traces_endpoint,
                     )
                     self.progress(f"starting vLLM {backend.name} ({server.role}) at {server.url}")
                     process.start()

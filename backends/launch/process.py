@@ -49,9 +49,10 @@ class VllmProcess:
         log_name: str | None = None,
         kv_lease_s: int = 30,
         die_with_parent: bool = True,
+        traces_endpoint: str | None = None,
     ) -> None:
         """``die_with_parent=False``: the server outlives this process
-        (``backends.launch.scale``)."""
+        (``backends.launch.scale``); ``traces_endpoint``: where vLLM exports its spans."""
         self.server = server
         self.die_with_parent = die_with_parent
         self.url = server.url.rstrip("/")
@@ -63,6 +64,7 @@ class VllmProcess:
             device=self.device,
             python=python or sys.executable,
             kv_lease_s=kv_lease_s,
+            traces_endpoint=traces_endpoint,
         )
         self.cores: frozenset[int] | None = None
         """The CPU cores every process of the server runs on (None: wherever it likes)."""

@@ -119,6 +119,7 @@ async def start_server(
     *,
     ready_timeout_s: float,
     progress: Progress,
+    traces_endpoint: str | None = None,
 ) -> tuple[VllmServer, Scaled]:
     """Start one more server of the pool, record it, and wait until it is healthy."""
     if backend.model_path is None:
@@ -132,6 +133,7 @@ async def start_server(
         data_dir=data_dir,
         log_name=backend.name,
         die_with_parent=False,
+        traces_endpoint=traces_endpoint,
     )
     progress(f"starting vLLM {backend.name} ({role}) at {server.url}")
     process.start()

@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+from foundation import tracing as spans
 from semcache.entry import CachedAnswer
 from semcache.exact.coalescing import Flight, Flights
 from semcache.exact.freshness import judge
@@ -142,8 +143,19 @@ class ExactCache:
         return res if res.status is CacheStatus.HIT else None
 
     async def _search(self, req: CacheRequest) -> CacheResult:
+        if not spans.recording():
+            return await self._walk(req, traced=False)
+        with spans.span("cache.exact", {"semcache.route": req.route}) as span:
+            res = await self._walk(req, traced=True)
+            if span is not None:
+                span.set_attribute("semcache.status", res.status.value)
+                if res.tier is not None:
+                    span.set_attribute("semcache.tier", res.tier)
+        return res
+
+    async def _walk(self, req: CacheRequest, *, traced: bool) -> CacheResult:
         now = self.clock()
-        found, expired = await self.tiers.find(req, now)
+        found, expired = await self.tiers.find(req, now, traced=traced)
         if found is None:
             status = CacheStatus.EXPIRED if expired else CacheStatus.MISS
             return CacheResult(status=status, key=req.key)

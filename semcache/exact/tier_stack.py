@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from foundation import tracing as spans
 from semcache.entry import CachedAnswer, IntegrityError, decode_entry, encode_entry
 from semcache.exact.freshness import judge
 from semcache.exact.request import CacheRequest, CacheStatus
@@ -96,17 +97,22 @@ class TierStack:
             await self._delete(store, digest)
             return None, None
 
-    async def find(self, req: CacheRequest, now: float) -> tuple[Found | None, bool]:
+    async def find(
+        self, req: CacheRequest, now: float, *, traced: bool = False
+    ) -> tuple[Found | None, bool]:
         """Best servable entry walking down the tiers; also whether an expired one was seen.
 
         A fresh entry ends the walk. A stale one is kept while the lower tiers are asked for
         a fresh one (another worker or gateway may have refreshed it already). A purged one
-        is deleted from its tier.
+        is deleted from its tier. ``traced``: each tier's read is a span of the request's trace.
         """
         expired = False
         stale: Found | None = None
         for i in range(len(self)):
-            entry, blob = await self.read(i, req.key.digest)
+            if traced:
+                entry, blob = await self._traced_read(i, req.key.digest)
+            else:
+                entry, blob = await self.read(i, req.key.digest)
             if entry is None:
                 continue
             if req.epochs.purged(req.key.short_id, entry.tags, entry.epochs):
@@ -125,6 +131,13 @@ class TierStack:
             if stale is None or entry.created_at > stale.entry.created_at:
                 stale = found
         return stale, expired
+
+    async def _traced_read(self, i: int, digest: str) -> tuple[CachedAnswer | None, bytes | None]:
+        with spans.span("cache.tier", {"semcache.tier": self.store_at(i).tier}) as span:
+            entry, blob = await self.read(i, digest)
+            if span is not None:
+                span.set_attribute("semcache.hit", entry is not None)
+        return entry, blob
 
     async def backfill(self, req: CacheRequest, found: Found, now: float) -> None:
         """Copy an entry found in a lower tier into the tiers above it, for its remaining life."""

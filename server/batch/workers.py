@@ -22,8 +22,11 @@ from typing import Any, Literal
 
 import msgspec
 import orjson
+from opentelemetry.trace import SpanKind
 
 from backends.protocol import RequestContext
+from foundation import tracing as spans
+from foundation.tracing import Tracing
 from server.batch.gates import BackendGate, CapacityGates
 from server.batch.metrics import BatchMetrics
 from server.batch.queue.base import BatchQueue, WorkItem
@@ -54,8 +57,11 @@ class BatchWorkers:
         consumer: str | None = None,
         clock: Callable[[], float] = time.monotonic,
         accounting: Callable[[RequestContext, bool], None] | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.queue = queue
+        self.tracing = tracing
+        """Each item its own trace (``semcache.batch_id`` names the batch it belongs to)."""
         self.accounting = accounting
         """Told of each item this gateway finished first (its context, and whether it
         succeeded): the usage ledger and the limits count batch items too."""
@@ -168,6 +174,24 @@ class BatchWorkers:
         return run.result()
 
     async def _process(self, item: WorkItem) -> None:
+        tracing = self.tracing
+        if tracing is None:
+            await self._process_item(item)
+            return
+        token = spans.activate(tracing)
+        try:
+            attributes: dict[str, str | int] = {
+                "semcache.batch_id": item.job_id,
+                "semcache.batch_index": item.index,
+                "gen_ai.request.model": item.model,
+                "semcache.attempt": item.attempts,
+            }
+            with tracing.root("batch item", kind=SpanKind.CONSUMER, attributes=attributes):
+                await self._process_item(item)
+        finally:
+            spans.reset(token)
+
+    async def _process_item(self, item: WorkItem) -> None:
         acquired = False
         try:
             if self.gates.registry.resolve(item.model) is None:

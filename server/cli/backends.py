@@ -15,13 +15,18 @@ from backends.launch.scale import ScaleRecords, pool_of, start_server, stop_serv
 from server.cli.console import load_or_exit, say
 from server.cli.options import env_option
 from server.config import GatewayConfig
+from server.tracing import vllm_traces_endpoint
 
 
 def launcher(config: GatewayConfig) -> Launcher:
     """The launcher of the vLLM servers ``config`` starts, reporting progress on stdout."""
     vllm = [b for b in config.backends if isinstance(b, VllmBackend)]
     return Launcher(
-        vllm, config.data_path(), progress=say, ready_timeout_s=config.server.ready_timeout_s
+        vllm,
+        config.data_path(),
+        progress=say,
+        ready_timeout_s=config.server.ready_timeout_s,
+        traces_endpoint=vllm_traces_endpoint(config.tracing),
     )
 
 
@@ -61,6 +66,7 @@ async def _scale_up(args: argparse.Namespace, config: GatewayConfig) -> int:
         config.data_path(),
         ready_timeout_s=config.server.ready_timeout_s,
         progress=say,
+        traces_endpoint=vllm_traces_endpoint(config.tracing),
     )
     path = f"/admin/backends/{backend.name}/{role}/servers"
     async with httpx.AsyncClient(timeout=60) as client:

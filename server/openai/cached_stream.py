@@ -8,6 +8,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from backends.protocol import BackendError, UpstreamStream
+from foundation import tracing as spans
 from foundation.sse import MEDIA_TYPE, SSEReader
 from semcache import replay
 from semcache.entry import CachedAnswer
@@ -176,6 +177,7 @@ class CachedStreams:
         first = True
         done = False
         held = b""  # the events from the last ([DONE]) on, sent once the backend's stream ends
+        span = spans.start_span("stream")
         try:
             try:
                 async for chunk in up.chunks():
@@ -214,6 +216,9 @@ class CachedStreams:
         finally:
             # The client has gone unless settled: store nothing; abort an unfinished backend.
             await live.abandon()
+            if span is not None:
+                span.set_attribute("semcache.complete", done)
+                span.end()
 
     def _keep(self, task: asyncio.Task[None]) -> None:
         """Hold a background task until it is done (the loop keeps only weak references)."""

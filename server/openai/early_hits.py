@@ -32,6 +32,7 @@ from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Sen
 
 from backends.protocol import RequestContext
 from backends.registry import ModelInfo, Task
+from foundation import tracing as spans
 from semcache import replay
 from semcache.exact import CacheRequest
 from semcache.policy import Policy
@@ -47,7 +48,8 @@ from server.openai.usage import note_result
 from server.speedups import encoded_headers
 from server.tenancy.limits.limiter import Admission
 from server.tenancy.middleware import WANTED_HEADERS, Tenancy
-from server.tenancy.record import RequestRecord
+from server.tenancy.record import RECORD_KEY, RequestRecord
+from server.tenancy.traced import run_traced
 
 ROUTES: Final[dict[str, tuple[str, Task]]] = {
     "/v1/chat/completions": ("chat", "chat"),
@@ -126,6 +128,17 @@ class EarlyHits:
         ):
             await self.app(scope, receive, send)
             return
+        tracing = self.tenancy.tracing
+        if tracing is None:
+            await self._handle(route, scope, receive, send)
+        else:  # the trace starts here: the route's middleware joins it
+            await run_traced(
+                tracing, scope, scope["path"], lambda: self._handle(route, scope, receive, send)
+            )
+
+    async def _handle(
+        self, route: tuple[str, Task], scope: Scope, receive: Receive, send: Send
+    ) -> None:
         headers = _plain_headers(scope["headers"])
         first = await receive()
         if (
@@ -139,14 +152,15 @@ class EarlyHits:
         path = scope["path"]
         body: bytes = first.get("body", b"")
         try:
-            record = self.tenancy.open_record(path, "token", headers, None)
+            with spans.span("auth"):
+                record = self.tenancy.open_record(path, "token", headers, None)
         except ApiError:  # the route answers it in its own format
             await self.app(scope, _replaying(first, receive), send)
             return
         tenant = record.principal.tenant
         memo_key = (tenant, path, hashlib.blake2b(body, digest_size=32).digest())
         memo = self._memos.get(memo_key)
-        if memo is not None and await self._answer(memo, record, first, receive, send):
+        if memo is not None and await self._answer(memo, record, scope, first, receive, send):
             return
         await self._learn(memo_key, route, body, scope, _replaying(first, receive), send)
 
@@ -163,6 +177,7 @@ class EarlyHits:
         self,
         memo: Memo,
         record: RequestRecord,
+        scope: Scope,
         first: ReceiveMessage,
         receive: Receive,
         send: Send,
@@ -178,6 +193,7 @@ class EarlyHits:
         res = await cache.fresh_hit(creq)
         if res is None or res.entry is None:
             return False
+        scope["state"][RECORD_KEY] = record  # the trace's server span reads it
         tenancy = self.tenancy
         admission: Admission | None = None
         extra: list[tuple[bytes, bytes]] = []

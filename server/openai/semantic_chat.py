@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from backends.protocol import RequestContext
+from foundation import tracing as spans
 from foundation.sse import MEDIA_TYPE
 from semcache import replay
 from semcache.entry import CachedAnswer
@@ -78,7 +79,8 @@ async def semantic_chat(
     index, text = query
     semantic = await state.semantic.get()
     partition = chat_partition(semantic, creq.key, body, index)
-    vectors = await semantic.encode([text])
+    with spans.span("semantic.encode"):
+        vectors = await semantic.encode([text])
     control = creq.control
     ttl = control.ttl_s if control.ttl_s is not None else creq.rule.ttl_s
     ttl = max(0, min(ttl, creq.rule.max_ttl_s))
@@ -91,12 +93,19 @@ async def semantic_chat(
     if control.bypass_read:
         return SemanticPlan(remember=remember)
     tighten = directives.semantic_threshold if directives is not None else None
-    if rule.verified:
-        verdict = await semantic.verified_lookup(partition, text, rule, tighten, vectors=vectors)
-        match = verdict[0] if verdict is not None else None
-    else:
-        verdict = None
-        (match,) = await semantic.lookup(partition, [text], rule, tighten, vectors=vectors)
+    with spans.span("cache.semantic", {"semcache.verified": rule.verified}) as span:
+        if rule.verified:
+            verdict = await semantic.verified_lookup(
+                partition, text, rule, tighten, vectors=vectors
+            )
+            match = verdict[0] if verdict is not None else None
+        else:
+            verdict = None
+            (match,) = await semantic.lookup(partition, [text], rule, tighten, vectors=vectors)
+        if span is not None:
+            span.set_attribute("semcache.hit", match is not None)
+            if match is not None:
+                span.set_attribute("semcache.similarity", float(match.similarity))
     if match is None or match.text == text:
         return SemanticPlan(remember=remember)  # an identical text is the exact cache's job
     other = await state.cache_request(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from backends.protocol import BackendError, UpstreamStream
+from foundation import tracing as spans
 from foundation.sse import SSEReader, error_event
 from server.openai.call import GenerationCall
 from server.openai.stream_format import StreamFormat
@@ -26,6 +27,7 @@ async def relay(call: GenerationCall, upstream: UpstreamStream) -> AsyncIterator
     error event."""
     reader = SSEReader()
     first = True
+    span = spans.start_span("stream")
     try:
         async for chunk in upstream.chunks():
             if first:
@@ -39,6 +41,9 @@ async def relay(call: GenerationCall, upstream: UpstreamStream) -> AsyncIterator
         return
     finally:
         await upstream.aclose()
+        if span is not None:
+            span.set_attribute("semcache.complete", reader.done)
+            span.end()
     if not reader.done:
         call.backend_failed("broken")
         yield broken_stream_event(None)

@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Final
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 
 from backends.protocol import RequestContext, RequestUsage
+from foundation import tracing as spans
+from foundation.tracing import Tracing
 from semcache.ledger import UsageLedger
 from semcache.policy import PolicyHolder
 from server.auth import ANONYMOUS, TokenAuth
@@ -34,6 +36,7 @@ from server.tenancy.bodies import BodyCapture
 from server.tenancy.limits.limiter import Admission, TenantLimiter, estimate_tokens
 from server.tenancy.record import RECORD_KEY, RequestRecord, item_line, log_line
 from server.tenancy.request_log import RequestLog
+from server.tenancy.traced import run_traced
 from server.tenancy.usage import BATCH_ROUTE, ledger_record
 
 if TYPE_CHECKING:
@@ -77,6 +80,8 @@ class Tenancy:
     max_body_bytes: int = 10 * 1024 * 1024
     """Bodies read ahead to estimate their tokens stop here (the route answers 413)."""
     ledger: UsageLedger | None = None
+    tracing: Tracing | None = None
+    """Each request's trace (``server/tenancy/traced.py``); ``None``: tracing is off."""
     clock: Callable[[], float] = time.time
     _routes: dict[int, tuple[str, str]] = field(default_factory=dict)
     _ids: RequestIds = field(default_factory=lambda: RequestIds())
@@ -115,6 +120,7 @@ class Tenancy:
             started=time.perf_counter(),
             principal=principal,
             route=route,
+            trace_id=spans.current_trace_id(),
         )
 
     def body_capture(self) -> BodyCapture | None:
@@ -153,13 +159,14 @@ class Tenancy:
         if self.limiter.settings_of(principal.limits).tokens_per_minute is not None:
             body, receive = await read_ahead(receive, self.max_body_bytes)
             estimate = estimate_tokens(body)
-        admission = await self.limiter.admit(
-            principal.token_id,
-            principal.tenant,
-            principal.limits,
-            estimate,
-            background=record.background,
-        )
+        with spans.span("limits"):
+            admission = await self.limiter.admit(
+                principal.token_id,
+                principal.tenant,
+                principal.limits,
+                estimate,
+                background=record.background,
+            )
         return admission, receive
 
     async def settle(self, record: RequestRecord, admission: Admission) -> None:
@@ -237,8 +244,20 @@ class TenancyMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        tracing = self.tenancy.tracing
+        if tracing is None or spans.current() is not None:  # off, or the early hits opened it
+            await self._serve(scope, receive, send)
+            return
+        route, need = self.tenancy.route_of(scope["route_handler"])  # type: ignore[arg-type]
+        if need == "public":  # health checks and scrapes: no trace
+            await self._serve(scope, receive, send)
+            return
+        await run_traced(tracing, scope, route, lambda: self._serve(scope, receive, send))
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         tenancy = self.tenancy
-        record = tenancy.begin(scope)
+        with spans.span("auth"):
+            record = tenancy.begin(scope)
         if record is None:
             await self.app(scope, receive, send)
             return

@@ -33,6 +33,8 @@ class RequestRecord(msgspec.Struct, kw_only=True):
     """The whole answer was sent (False: the client left, or the stream broke)."""
     bodies: dict[str, Any] | None = None
     """The request and response bodies, when the route's rule says ``log_bodies``."""
+    trace_id: str | None = None
+    """The request's OpenTelemetry trace id, when tracing is on."""
 
 
 def record_of(scope: Mapping[str, Any]) -> RequestRecord | None:
@@ -53,6 +55,7 @@ def log_line(record: RequestRecord) -> dict[str, Any]:
         "completed": record.completed,
         "latency_ms": _ms(record.latency_s),
         "ttft_ms": _ms(record.ttft_s),
+        "trace_id": record.trace_id,
         **_usage_fields(record.usage),
         **(record.bodies or {}),
     }

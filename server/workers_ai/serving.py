@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from backends.protocol import BackendError, RequestContext
 from backends.registry import ModelInfo, ModelRegistry
 from foundation.sse import MEDIA_TYPE
+from foundation.tracing import Tracing
 from server.batch.dispatch import ItemDispatch
 from server.batch.gates import CapacityGates
 from server.batch.metrics import BatchMetrics
@@ -295,6 +296,7 @@ async def open_workers_ai(
     settings: BatchSettings | None = None,
     item_runners: Mapping[str, ItemRunner] | None = None,
     accounting: Callable[[RequestContext, bool], None] | None = None,
+    tracing: Tracing | None = None,
 ) -> WorkersAIServing:
     """Build the Workers-AI surface for ``config`` and start this gateway's batch workers,
     which also run the items other APIs queue (``item_runners``, by payload key)."""
@@ -311,6 +313,7 @@ async def open_workers_ai(
             settings,
             BatchMetrics(metrics_registry),
             accounting=accounting,
+            tracing=tracing,
         )
         wai.workers.start()
     return wai

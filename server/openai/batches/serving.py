@@ -13,6 +13,7 @@ import msgspec
 import orjson
 
 from backends.registry import ModelRegistry
+from foundation import tracing as spans
 from server.batch.queue.base import BatchQueue
 from server.batch.results import StoredItem
 from server.batch.settings import BatchSettings
@@ -192,6 +193,7 @@ class BatchesServing:
         await self.store.save(batch)  # validating: a crash before the queue has it fails it
         payloads = [msgspec.json.encode({PAYLOAD_KEY: line}) for line in checked.lines]
         await queue.submit(batch.id, tenant, checked.model, payloads)
+        spans.annotate({"semcache.batch_id": batch.id})  # the items' traces carry it too
         batch.status = "in_progress"
         batch.in_progress_at = self._now()
         await self.store.save(batch)

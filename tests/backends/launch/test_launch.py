@@ -104,6 +104,36 @@ def test_command_options_from_launch() -> None:
     )
 
 
+def test_tracing_gives_vllm_the_endpoint_over_otlp_http_and_its_role_as_service() -> None:
+    endpoint = "http://127.0.0.1:4318/v1/traces"
+    cmd, env = build_command(
+        model=MODEL,
+        served_model="m",
+        server=server("decode"),
+        device="cpu",
+        python="p",
+        traces_endpoint=endpoint,
+    )
+    assert flag_value(cmd, "--otlp-traces-endpoint") == endpoint
+    assert env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf"
+    assert env["OTEL_SERVICE_NAME"] == "vllm-decode"
+    untraced, env = build_command(
+        model=MODEL, served_model="m", server=server("decode"), device="cpu", python="p"
+    )
+    assert "--otlp-traces-endpoint" not in untraced
+    assert not any(name.startswith("OTEL_") for name in env)
+    own = server("both", extra_args=["--otlp-traces-endpoint", "http://elsewhere/v1/traces"])
+    cmd, _ = build_command(
+        model=MODEL,
+        served_model="m",
+        server=own,
+        device="cpu",
+        python="p",
+        traces_endpoint=endpoint,
+    )
+    assert cmd.count("--otlp-traces-endpoint") == 1  # the operator's own flag wins
+
+
 def test_server_url_needs_a_port() -> None:
     with pytest.raises(ValueError, match="explicit host and port"):
         build_command(

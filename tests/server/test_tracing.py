@@ -1,0 +1,299 @@
+"""Tracing on the request path, fast: the span tree of a miss through a P/D pair, of a hit,
+the client's ``traceparent``, the ``traceparent`` sent on each hop, the request log's trace id.
+
+The prefill and decode servers are local HTTP servers answering like vLLM
+(``tests.support.fake_upstream``); spans go to the SDK's in-memory exporter. The same
+through ``semcache serve``, real vLLM and a real OTLP receiver: ``test_tracing_vllm.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import orjson
+import pytest
+from aiohttp import web
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+
+from backends.config import VllmBackend, VllmServer
+from harness.gateway import GatewayThread
+from server.config import GatewayConfig, ModelEntry
+from server.tracing import TracingSettings
+from tests.support.fake_upstream import FakeServer, sse
+from tests.support.waiting import wait_until_async
+
+PARAMS = {"do_remote_prefill": True, "remote_block_ids": [1], "remote_engine_id": "e"}
+LONG = "The cat reads a book near the window. " * 10
+CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN = "00f067aa0ba902b7"
+
+
+class Hops:
+    """A fake prefill and a fake decode server; each request's ``traceparent`` is kept."""
+
+    def __init__(self) -> None:
+        self.traceparents: dict[str, list[str | None]] = {"prefill": [], "decode": []}
+        self.prefill = FakeServer(self._handler("prefill"))
+        self.decode = FakeServer(self._handler("decode"))
+
+    def _handler(self, role: str) -> Any:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            if request.path != "/v1/chat/completions":
+                return web.Response(status=200)  # /health
+            body = orjson.loads(await request.read())
+            self.traceparents[role].append(request.headers.get("traceparent"))
+            if role == "prefill":
+                answer = {"choices": [], "kv_transfer_params": PARAMS}
+                return web.json_response(answer)
+            if body.get("stream"):
+                hi = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
+                return await sse(request, hi, b"data: [DONE]\n\n")
+            message = {"role": "assistant", "content": "Hi"}
+            return web.json_response(
+                {
+                    "id": "c",
+                    "object": "chat.completion",
+                    "model": "m",
+                    "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 90, "completion_tokens": 1, "total_tokens": 91},
+                }
+            )
+
+        return handle
+
+
+@pytest.fixture
+async def hops() -> AsyncIterator[Hops]:
+    found = Hops()
+    await found.prefill.start()
+    await found.decode.start()
+    yield found
+    await found.prefill.stop()
+    await found.decode.stop()
+
+
+def config(tmp_path: Path, hops: Hops) -> GatewayConfig:
+    servers = [
+        VllmServer(url=hops.prefill.url, role="prefill"),
+        VllmServer(url=hops.decode.url, role="decode"),
+    ]
+    backend = VllmBackend(
+        name="pd",
+        served_model="m",
+        revision="test",
+        servers=servers,
+        prefill_threshold_tokens=8,
+        health_interval_s=3600,
+        cache_salt_secret="s",
+    )
+    return GatewayConfig(
+        data_dir=str(tmp_path), models=[ModelEntry(id="chat", backend="pd")], backends=[backend]
+    )
+
+
+def chat(**extra: Any) -> dict[str, Any]:
+    messages = [{"role": "user", "content": LONG}]
+    return {"model": "chat", "messages": messages, "temperature": 0, **extra}
+
+
+def trace_of(spans: list[ReadableSpan], trace_id: int) -> dict[str, list[ReadableSpan]]:
+    by_name: dict[str, list[ReadableSpan]] = {}
+    for span in spans:
+        if span.context is not None and span.context.trace_id == trace_id:
+            by_name.setdefault(span.name, []).append(span)
+    return by_name
+
+
+def root_of(spans: list[ReadableSpan]) -> ReadableSpan:
+    (root,) = [s for s in spans if s.kind is SpanKind.SERVER]
+    return root
+
+
+def parents(traceparents: list[str | None]) -> list[str | None]:
+    """The traceparents without their flags (sampled, and the SDK's random-id flag)."""
+    return [t.rsplit("-", 1)[0] if t else None for t in traceparents]
+
+
+def span_id(span: ReadableSpan) -> str:
+    assert span.context is not None
+    return format(span.context.span_id, "016x")
+
+
+def parent_id(span: ReadableSpan) -> str | None:
+    return format(span.parent.span_id, "016x") if span.parent is not None else None
+
+
+@contextmanager
+def gateway(
+    tmp_path: Path,
+    hops: Hops,
+    exporter: InMemorySpanExporter | None,
+    tracing: TracingSettings | None = None,
+) -> Iterator[GatewayThread]:
+    """The gateway in a thread of its own (the fake servers answer on the test's loop)."""
+    settings = config(tmp_path, hops)
+    if tracing is not None:
+        settings = msgspec.structs.replace(settings, tracing=tracing)
+    running = GatewayThread(settings, span_exporter=exporter).start()
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+async def post(url: str, body: dict[str, Any], **headers: str) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        return await client.post("/v1/chat/completions", json=body, headers=headers)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_miss_is_one_trace_through_placement_prefill_and_decode(
+    tmp_path: Path, hops: Hops, stream: bool
+) -> None:
+    exporter = InMemorySpanExporter()
+    with gateway(tmp_path, hops, exporter) as gw:
+        r = await post(gw.url, chat(stream=stream))
+        assert r.status_code == 200
+    spans = list(exporter.get_finished_spans())
+    root = root_of(spans)
+    assert root.name == "POST /v1/chat/completions"
+    assert root.attributes is not None and root.attributes["semcache.cache"] == "miss"
+    assert root.context is not None
+    trace = trace_of(spans, root.context.trace_id)
+    assert len(spans) == sum(len(v) for v in trace.values())  # one trace, nothing else
+    expected = {"auth", "cache.exact", "cache.tier", "placement", "prefill", "decode"}
+    if stream:
+        expected |= {"stream", "kv.handoff"}
+    assert expected <= set(trace)
+    for name in expected:  # every span hangs under the server span
+        for span in trace[name]:
+            assert span.parent is not None
+    by_id = {span_id(s): s for s in spans}
+    for span in spans:
+        if span is not root:
+            # parent links intact: each parent is a span of the trace, up to the root
+            assert parent_id(span) in by_id
+    (placement,) = trace["placement"]
+    assert placement.attributes is not None
+    assert placement.attributes["semcache.server"] == hops.decode.url
+    assert placement.attributes["semcache.prefill"] is True
+    tiers = {s.attributes["semcache.tier"] for s in trace["cache.tier"] if s.attributes}
+    assert tiers == {"memory", "disk"}
+    # each hop's traceparent names its own span: vLLM's spans join the trace under it
+    (prefill,) = trace["prefill"]
+    (decode,) = trace["decode"]
+    trace_hex = format(root.context.trace_id, "032x")
+    assert parents(hops.traceparents["prefill"]) == [f"00-{trace_hex}-{span_id(prefill)}"]
+    assert parents(hops.traceparents["decode"]) == [f"00-{trace_hex}-{span_id(decode)}"]
+
+
+async def test_a_hit_has_no_backend_span_early_or_routed(tmp_path: Path, hops: Hops) -> None:
+    exporter = InMemorySpanExporter()
+    with gateway(tmp_path, hops, exporter) as gw:
+        for _ in range(3):  # a miss, a hit through the route, then an early hit
+            r = await post(gw.url, chat())
+            assert r.status_code == 200
+        log = list(gw.app.state.tenancy.request_log.recent)
+    spans = list(exporter.get_finished_spans())
+    roots = sorted((s for s in spans if s.kind is SpanKind.SERVER), key=lambda s: s.start_time)
+    assert [r.attributes["semcache.cache"] for r in roots if r.attributes] == [
+        "miss",
+        "exact",
+        "exact",
+    ]
+    assert len({r.context.trace_id for r in roots if r.context}) == 3
+    for root in roots[1:]:
+        assert root.context is not None
+        trace = trace_of(spans, root.context.trace_id)
+        assert not {"placement", "prefill", "decode", "stream"} & set(trace)
+        (exact,) = trace["cache.exact"]
+        assert exact.attributes is not None
+        assert (exact.attributes["semcache.status"], exact.attributes["semcache.tier"]) == (
+            "HIT",
+            "memory",
+        )
+    assert len(hops.traceparents["decode"]) == 1
+    # the request log line carries each request's trace id
+    assert [line["trace_id"] for line in log] == [
+        format(r.context.trace_id, "032x") for r in roots if r.context
+    ]
+
+
+async def test_the_clients_traceparent_is_the_parent(tmp_path: Path, hops: Hops) -> None:
+    exporter = InMemorySpanExporter()
+    with gateway(tmp_path, hops, exporter) as gw:
+        r = await post(gw.url, chat(), traceparent=f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01")
+        assert r.status_code == 200
+    root = root_of(list(exporter.get_finished_spans()))
+    assert root.context is not None and root.parent is not None
+    assert format(root.context.trace_id, "032x") == CLIENT_TRACE
+    assert parent_id(root) == CLIENT_SPAN
+    assert hops.traceparents["decode"][0] is not None
+    assert hops.traceparents["decode"][0].startswith(f"00-{CLIENT_TRACE}-")
+
+
+async def test_tracing_off_sends_no_traceparent_and_logs_no_trace_id(
+    tmp_path: Path, hops: Hops
+) -> None:
+    with gateway(tmp_path, hops, None) as gw:
+        assert gw.app.state.tracing is None
+        r = await post(gw.url, chat(stream=True))
+        assert r.status_code == 200
+        log = list(gw.app.state.tenancy.request_log.recent)
+    assert hops.traceparents == {"prefill": [None], "decode": [None]}
+    assert [line["trace_id"] for line in log] == [None]
+
+
+async def test_batch_items_are_traces_of_their_own_naming_their_batch(
+    tmp_path: Path, hops: Hops
+) -> None:
+    exporter = InMemorySpanExporter()
+    items = [{"messages": [{"role": "user", "content": f"{LONG} {i}"}]} for i in range(2)]
+    with gateway(tmp_path, hops, exporter) as gw:
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
+            r = await client.post(
+                "/client/v4/accounts/a/ai/run/chat?queueRequest=true",
+                json={"requests": items},
+                headers={"authorization": "Bearer any"},
+            )
+        assert r.status_code == 200, r.text
+        batch_id = r.json()["result"]["request_id"]
+
+        def item_roots() -> list[ReadableSpan]:
+            return [s for s in exporter.get_finished_spans() if s.name == "batch item"]
+
+        await wait_until_async(lambda: len(item_roots()) == 2)
+    spans = list(exporter.get_finished_spans())
+    submit = next(s for s in spans if s.kind is SpanKind.SERVER)
+    assert submit.attributes is not None and submit.attributes["semcache.batch_id"] == batch_id
+    roots = item_roots()
+    assert {r.attributes["semcache.batch_index"] for r in roots if r.attributes} == {0, 1}
+    assert {r.attributes["semcache.batch_id"] for r in roots if r.attributes} == {batch_id}
+    traces = {r.context.trace_id for r in roots if r.context}
+    assert submit.context is not None and len(traces | {submit.context.trace_id}) == 3
+    for root in roots:
+        assert root.parent is None and root.context is not None
+        assert "decode" in trace_of(spans, root.context.trace_id)
+
+
+async def test_an_unsampled_trace_keeps_no_span_and_tells_vllm_so(
+    tmp_path: Path, hops: Hops
+) -> None:
+    exporter = InMemorySpanExporter()
+    with gateway(tmp_path, hops, exporter, TracingSettings(sample_ratio=0.0)) as gw:
+        r = await post(gw.url, chat(stream=True))
+        assert r.status_code == 200
+        log = list(gw.app.state.tenancy.request_log.recent)
+    assert list(exporter.get_finished_spans()) == []
+    for role in ("prefill", "decode"):
+        (traceparent,) = hops.traceparents[role]
+        assert traceparent is not None
+        assert int(traceparent.rsplit("-", 1)[1], 16) & 1 == 0  # not sampled
+        assert traceparent.split("-")[1] == log[0]["trace_id"]
