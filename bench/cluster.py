@@ -238,7 +238,7 @@ async def bench_pd(cluster: Cluster, transport: KvTransport, requests: int) -> P
 async def main(args: argparse.Namespace) -> bool:
     missing = missing_requirements()
     if shutil.which("wrk") is None:
-        missing.append("wrk (apt-get install wrk)")
+        missing.append("wrk (bash scripts/wrk.sh install)")
     if missing:
         say("cannot run, missing: " + ", ".join(missing))
         return False

@@ -210,7 +210,7 @@ async def main(seconds: float, rounds: int, connections: int) -> bool:
         say("nginx is not installed and `scripts/nginx.sh install` could not install it")
         return False
     if shutil.which("wrk") is None:
-        say("wrk is missing: apt-get install -y wrk")
+        say("wrk is missing: bash scripts/wrk.sh install")
         return False
     with tempfile.TemporaryDirectory(prefix="edge-bench-") as tmp_name:
         tmp = Path(tmp_name)

@@ -136,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.quick:
         args.seconds, args.rounds, args.warmup_s, args.idle_s = 2, 3, 1, 5.0
     if shutil.which("wrk") is None:
-        say("wrk is missing: apt-get install -y wrk")
+        say("wrk is missing: bash scripts/wrk.sh install")
         return 1
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.no_litellm:
