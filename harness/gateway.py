@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import uvicorn
@@ -24,10 +25,17 @@ from server.uvicorn_config import uvicorn_config
 class GatewayThread:
     """The gateway as clients see it: a real HTTP server on 127.0.0.1."""
 
-    def __init__(self, config: GatewayConfig, registry: ModelRegistry | None = None) -> None:
+    def __init__(
+        self,
+        config: GatewayConfig,
+        registry: ModelRegistry | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """``clock``: the app's calendar clock (``create_app``)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.app = create_app(config, registry)
+        self.app = create_app(config, registry, clock=clock)
         self._server = uvicorn.Server(uvicorn_config(self.app, "127.0.0.1", self.port))
         # A daemon: a gateway that never stops fails its test (``stop``), not the whole run.
         self._thread = threading.Thread(

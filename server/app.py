@@ -6,7 +6,7 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -97,8 +97,18 @@ async def sweep_batches(batches: BatchesServing, every_s: float = 60.0) -> None:
         await asyncio.sleep(every_s)
 
 
-def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> Litestar:
-    """Build the gateway app for ``config``; backend clients are made here, models load at start."""
+def create_app(
+    config: GatewayConfig,
+    registry: ModelRegistry | None = None,
+    *,
+    clock: Callable[[], float] = time.time,
+) -> Litestar:
+    """Build the gateway app for ``config``; backend clients are made here, models load at start.
+
+    ``clock`` is the wall clock of calendar days and months: the usage ledger's days, the
+    budgets' periods, the request records' times (tests set it; rate windows keep the
+    storage's own clock).
+    """
     registry = registry or registry_from_config(config)
     metrics = GatewayMetrics(CollectorRegistry())
     # the vLLM servers: in-flight, health, errors, P/D hops, hand-off latency, their own counters
@@ -133,7 +143,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         data_dir=config.data_path(),
         redis_url=tiers.redis.url,
         redis_prefix=tiers.redis.prefix,
-        clock=time.time,
+        clock=clock,
     )
     limiter = build_limiter(
         config.limits,
@@ -141,6 +151,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         redis_url=tiers.redis.url,
         redis_prefix=tiers.redis.prefix,
         spent=ledger.spent,
+        calendar=clock,
     )
     tenancy = Tenancy(
         auth=auth,
@@ -150,6 +161,7 @@ def create_app(config: GatewayConfig, registry: ModelRegistry | None = None) -> 
         ledger=ledger,
         limiter=limiter,
         max_body_bytes=config.server.max_body_bytes,
+        clock=clock,
     )
     dashboard = DashboardState(CounterSeries(metrics.registry))
     drain = Drain()  # SIGTERM: `semcache serve` drains (server/draining.py)
