@@ -59,12 +59,14 @@ class GatewayThread:
 
 
 class GatewayProcess:
-    """``python -m server.cli serve --no-launch`` as a child process that the caller can kill."""
+    """``python -m server.cli serve --no-launch`` as a child process that the caller can kill;
+    with ``launch=True``, ``semcache serve`` starting the vLLM servers its config launches."""
 
-    def __init__(self, config: Path, port: int | None = None) -> None:
+    def __init__(self, config: Path, port: int | None = None, *, launch: bool = False) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.config = config
+        self.launch = launch
         self.proc: subprocess.Popen[str] | None = None
         self.lines: list[str] = []
 
@@ -74,7 +76,7 @@ class GatewayProcess:
             "-m",
             "server.cli",
             "serve",
-            "--no-launch",
+            *(() if self.launch else ("--no-launch",)),
             "--config",
             str(self.config),
             "--port",
