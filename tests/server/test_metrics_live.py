@@ -6,7 +6,8 @@ the tiny model as ``tiny-chat``; the same server behind a one-slot pool (``narro
 the same server behind a backend that gives up after 0.3 s of silence (``slow-chat``); the
 embedded MiniLM with the default policy's semantic rule. Every value asserted is one this
 module's traffic produced, read as a difference from before the traffic where the session's
-vLLM server is shared.
+vLLM server is shared. The same gateway proves two tokens' limits (tokens per minute, a
+daily token budget) against the usage vLLM reports.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 
 from backends.launch.process import VllmProcess
@@ -33,6 +35,8 @@ TOKEN = "live-token"
 ADMIN = "live-admin"
 HEADERS = {"authorization": f"Bearer {TOKEN}"}
 TIMEOUT_S = 120.0
+TPM_TOKEN, TPM = "tpm-token", 2000
+BUDGET_TOKEN, DAILY_TOKENS = "budget-token", 30
 
 
 def write_config(tmp_path: Path, models_dir: Path, vllm_url: str) -> Path:
@@ -54,6 +58,10 @@ def write_config(tmp_path: Path, models_dir: Path, vllm_url: str) -> Path:
         "[batch]\nmax_attempts = 2\nretry_delay_s = 0\nsync_idle_s = 0\n"
         f'[[auth.tokens]]\ntenant = "acme"\ntoken = "{TOKEN}"\n'
         f'[[auth.tokens]]\ntenant = "ops"\ntoken = "{ADMIN}"\nroles = ["admin"]\n'
+        f'[[auth.tokens]]\ntenant = "tpm"\ntoken = "{TPM_TOKEN}"\n'
+        f"limits = {{ tokens_per_minute = {TPM} }}\n"
+        f'[[auth.tokens]]\ntenant = "budgeted"\ntoken = "{BUDGET_TOKEN}"\n'
+        f"limits = {{ daily_tokens = {DAILY_TOKENS} }}\n"
         '[[models]]\nid = "tiny-chat"\nbackend = "tiny"\naliases = ["@cf/test/tiny"]\n'
         '[[models]]\nid = "narrow-chat"\nbackend = "narrow"\n'
         '[[models]]\nid = "slow-chat"\nbackend = "slow"\naliases = ["@cf/test/slow"]\n'
@@ -267,9 +275,8 @@ async def test_a_full_pool_refuses_and_its_signals_come_from_vllm(
     seen: dict[str, float] = {}
     server = {"backend": "narrow", "server": tiny_vllm.url, "role": "both"}
 
-    async def busy() -> bool:
-        """One request running on the one slot, one waiting in the gateway's queue."""
-        await page.read()
+    def note() -> None:
+        """The highest value of each signal seen so far (gauges, as last scraped)."""
         for name in (
             "semcache_pool_inflight",
             "semcache_pool_queue_depth",
@@ -282,21 +289,34 @@ async def test_a_full_pool_refuses_and_its_signals_come_from_vllm(
             "semcache_upstream_vllm_kv_cache_usage_perc",
         ):
             seen[name] = max(seen.get(name, 0.0), page.value(name, server))
+
+    async def full() -> bool:
+        """One request running on the one slot, one waiting in the gateway's queue, now."""
+        await page.read()
+        note()
         return (
-            seen["semcache_upstream_vllm_num_requests_running"] >= 1
-            and seen["semcache_pool_inflight"] == 1
-            and seen["semcache_pool_queue_depth"] >= 1
-            and seen["semcache_pool_kv_cache_usage"] > 0
+            page.value("semcache_pool_inflight", narrow) == 1
+            and page.value("semcache_backend_queue_waiting", narrow) == 1
         )
 
-    await wait_until_async(busy, timeout_s=60, interval_s=0.1)
-    third = await client.post(url, json=long_chat("narrow-chat"))  # slot and queue are full
-    assert third.status_code == 429
-    assert third.json()["error"]["code"] == "backend_overloaded"
+    await wait_until_async(full, timeout_s=60, interval_s=0.05)
+    # The slot and the queue are full: more requests at once are refused (one may still slip
+    # into the queue if the running answer ended meanwhile).
+    extra = asyncio.gather(*(client.post(url, json=long_chat("narrow-chat")) for _ in range(3)))
+    while not (running.done() and extra.done()):  # the signals vLLM reports while it runs
+        await page.read()
+        note()
+        await asyncio.sleep(0.1)
+    more = await extra
+    refused = [r for r in more if r.status_code == 429]
+    assert refused and all(r.status_code in (200, 429) for r in more)
+    assert {r.json()["error"]["code"] for r in refused} == {"backend_overloaded"}
     answers = await running
     assert [r.status_code for r in answers] == [200, 200]
+    assert seen["semcache_pool_inflight"] == 1 and seen["semcache_pool_queue_depth"] >= 1
+    assert seen["semcache_upstream_vllm_num_requests_running"] >= 1
+    assert 0 < seen["semcache_pool_kv_cache_usage"] <= 1
     assert seen["semcache_pool_kv_cache_usage_max"] >= seen["semcache_pool_kv_cache_usage"]
-    assert seen["semcache_pool_kv_cache_usage"] <= 1
 
     async def scraped() -> bool:
         """vLLM's own counters of the two requests, as the health checks copied them."""
@@ -308,11 +328,11 @@ async def test_a_full_pool_refuses_and_its_signals_come_from_vllm(
     assert page.value("semcache_pool_ttft_seconds_sum", narrow) > 0
     assert page.value("semcache_pool_inflight", narrow) == 0
     assert page.value("semcache_backend_refused_total", {**narrow, "kind": "overloaded"}) == (
-        refused_before + 1
+        refused_before + len(refused)
     )
     assert page.value(
         "semcache_backend_errors_total", {"backend": "narrow", "kind": "overloaded"}
-    ) == (errors_before + 1)
+    ) == (errors_before + len(refused))
     assert seen["semcache_upstream_vllm_kv_cache_usage_perc"] == pytest.approx(
         seen["semcache_pool_kv_cache_usage_max"]  # the pool's one server
     )
@@ -367,3 +387,49 @@ async def test_batch_items_run_retry_and_fail_on_a_backend_that_times_out(
     assert page.value("semcache_batch_retries_total") == retries + 1  # max_attempts = 2
     assert page.value("semcache_batch_running") == 0
     assert page.value("semcache_backend_errors_total", {"backend": "slow", "kind": "timeout"}) == 2
+
+
+def estimate(body: bytes, max_tokens: int) -> int:
+    """The limiter's estimate of a request before its usage is known (bytes / 4 + max_tokens)."""
+    return len(body) // 4 + max_tokens
+
+
+async def test_tokens_per_minute_count_the_usage_vllm_reports(gw: GatewayProcess) -> None:
+    url = f"{gw.url}/v1/chat/completions"
+    headers = {"authorization": f"Bearer {TPM_TOKEN}", "content-type": "application/json"}
+    async with httpx.AsyncClient(timeout=TIMEOUT_S, headers=headers) as http:
+        first = await http.post(
+            url, content=orjson.dumps(long_chat("tiny-chat") | {"max_tokens": 40})
+        )
+        assert first.status_code == 200
+        used = first.json()["usage"]["total_tokens"]
+        assert used >= 40  # ignore_eos: every one of the 40 completion tokens, plus the prompt
+        second_body = orjson.dumps(long_chat("tiny-chat") | {"max_tokens": 10})
+        second = await http.post(url, content=second_body)
+        assert second.status_code == 200
+        # Admitted on its estimate, after the first request's estimate was replaced by its usage.
+        assert second.headers["x-ratelimit-remaining-tokens"] == str(
+            TPM - used - estimate(second_body, 10)
+        )
+        used += second.json()["usage"]["total_tokens"]
+        left = TPM - used
+        too_big = orjson.dumps(long_chat("tiny-chat") | {"max_tokens": left})
+        refused = await http.post(url, content=too_big)
+    assert refused.status_code == 429
+    assert refused.json()["error"]["type"] == "tokens"
+    assert refused.headers["x-ratelimit-remaining-tokens"] == str(left)
+
+
+async def test_a_daily_token_budget_is_spent_by_the_usage_vllm_reports(gw: GatewayProcess) -> None:
+    url = f"{gw.url}/v1/chat/completions"
+    headers = {"authorization": f"Bearer {BUDGET_TOKEN}"}
+    async with httpx.AsyncClient(timeout=TIMEOUT_S, headers=headers) as http:
+        first = await http.post(url, json=long_chat("tiny-chat") | {"max_tokens": 40})
+        assert first.status_code == 200
+        spent = first.json()["usage"]["total_tokens"]
+        assert spent > DAILY_TOKENS
+        refused = await http.post(url, json=chat("tiny-chat", "and another"))
+    assert refused.status_code == 429
+    error = refused.json()["error"]
+    assert error["code"] == "insufficient_quota"
+    assert f"daily budget of {DAILY_TOKENS} tokens (spent {spent})" in error["message"]
