@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import uvicorn
@@ -32,11 +32,13 @@ class GatewayThread:
         registry: ModelRegistry | None = None,
         *,
         span_exporter: SpanExporter | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
-        """``span_exporter``: tracing on, every span handed to it (``create_app``)."""
+        """``span_exporter``: tracing on, every span handed to it; ``clock``: the app's
+        calendar clock (both ``create_app``)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.app = create_app(config, registry, span_exporter=span_exporter)
+        self.app = create_app(config, registry, span_exporter=span_exporter, clock=clock)
         self._server = uvicorn.Server(uvicorn_config(self.app, "127.0.0.1", self.port))
         # A daemon: a gateway that never stops fails its test (``stop``), not the whole run.
         self._thread = threading.Thread(
@@ -60,16 +62,23 @@ class GatewayThread:
 
 
 class GatewayProcess:
-    """``python -m server.cli serve --no-launch`` as a child process that the caller can kill."""
+    """``python -m server.cli serve --no-launch`` as a child process that the caller can kill;
+    with ``launch=True``, ``semcache serve`` starting the vLLM servers its config launches."""
 
     def __init__(
-        self, config: Path, port: int | None = None, env: Mapping[str, str] | None = None
+        self,
+        config: Path,
+        port: int | None = None,
+        env: Mapping[str, str] | None = None,
+        *,
+        launch: bool = False,
     ) -> None:
         """``env``: added to the child's environment (e.g. ``OTEL_*``)."""
         self.extra_env = dict(env or {})
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.config = config
+        self.launch = launch
         self.proc: subprocess.Popen[str] | None = None
         self.lines: list[str] = []
 
@@ -79,7 +88,7 @@ class GatewayProcess:
             "-m",
             "server.cli",
             "serve",
-            "--no-launch",
+            *(() if self.launch else ("--no-launch",)),
             "--config",
             str(self.config),
             "--port",

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -104,10 +104,15 @@ def create_app(
     registry: ModelRegistry | None = None,
     *,
     span_exporter: SpanExporter | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> Litestar:
     """Build the gateway app for ``config``; backend clients are made here, models load at start.
 
-    ``span_exporter`` (tests) turns tracing on, every span handed to it as it ends."""
+    ``span_exporter`` (tests) turns tracing on, every span handed to it as it ends. ``clock``
+    is the wall clock of calendar days and months: the usage ledger's days, the budgets'
+    periods, the request records' times (tests set it; rate windows keep the storage's own
+    clock).
+    """
     registry = registry or registry_from_config(config)
     tracing = build_tracing(config.tracing, exporter=span_exporter)
     metrics = GatewayMetrics(CollectorRegistry())
@@ -143,7 +148,7 @@ def create_app(
         data_dir=config.data_path(),
         redis_url=tiers.redis.url,
         redis_prefix=tiers.redis.prefix,
-        clock=time.time,
+        clock=clock,
     )
     limiter = build_limiter(
         config.limits,
@@ -151,6 +156,7 @@ def create_app(
         redis_url=tiers.redis.url,
         redis_prefix=tiers.redis.prefix,
         spent=ledger.spent,
+        calendar=clock,
     )
     tenancy = Tenancy(
         auth=auth,
@@ -161,6 +167,7 @@ def create_app(
         limiter=limiter,
         max_body_bytes=config.server.max_body_bytes,
         tracing=tracing,
+        clock=clock,
     )
     dashboard = DashboardState(CounterSeries(metrics.registry))
     drain = Drain()  # SIGTERM: `semcache serve` drains (server/draining.py)

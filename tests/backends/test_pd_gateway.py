@@ -354,6 +354,8 @@ async def test_gateway_metrics_count_hops_and_copy_the_servers_counters(
     assert parse_metric(page, "semcache_pd_hops_total", {"hop": "prefill"}) >= 9
     assert parse_metric(page, "semcache_pd_prefill_skipped_total", {"reason": "short_prompt"}) >= 1
     assert parse_metric(page, "semcache_pd_kv_handoff_seconds_count") >= 8  # the streams
+    prefills = parse_metric(page, "semcache_pd_prefill_seconds_count")
+    assert prefills >= 9 and parse_metric(page, "semcache_pd_prefill_seconds_sum") > 0
     assert parse_metric(page, "semcache_backend_server_healthy", decode) == 1
     assert parse_metric(page, "semcache_backend_server_inflight", decode) == 0
     copied = parse_metric(page, copied_name, decode)

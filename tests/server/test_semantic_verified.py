@@ -111,7 +111,7 @@ def test_a_verified_partition_explores_learns_then_serves_and_forgets_on_purge(
     assert decision(hit) == "hit"
     assert hit.json()["id"] == first.json()["id"]  # the cached answer itself
     assert counter(gw, "tiny-learns", "explore") == 3
-    assert counter(gw, "tiny-learns", "exploit") == 1
+    assert metric(gw, 'semcache_semantic_verified_total{event="exploit",model="tiny-learns"}') == 1
     assert counter(gw, "tiny-learns", "judged_wrong") == 0
 
     r = httpx.post(

@@ -9,7 +9,6 @@ import re
 import socket
 import sys
 import threading
-import time
 import tomllib
 from importlib.metadata import version
 from pathlib import Path
@@ -431,12 +430,14 @@ async def test_only_aiohttp_body_writers_start_eagerly() -> None:
 
 
 class _RecordingServer:
-    """A bare TCP server in a thread: notes when each request's bytes arrive, answers 200."""
+    """A bare TCP server in a thread: counts the requests whose bytes are all in (``arrived``
+    is set at each), answers 200."""
 
     def __init__(self) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
-        self.arrivals: list[float] = []
+        self.requests = 0
+        self.arrived = threading.Event()
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -444,8 +445,9 @@ class _RecordingServer:
         conn, _ = self.sock.accept()
         with conn:
             while data := conn.recv(65536):
-                self.arrivals.append(time.monotonic())
                 if data.endswith(b"{}"):  # head and body are in: answer
+                    self.requests += 1
+                    self.arrived.set()
                     conn.sendall(
                         b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                         b"content-length: 2\r\n\r\n{}"
@@ -473,22 +475,20 @@ async def test_a_request_leaves_before_the_work_queued_behind_it(eager: bool) ->
         await (await http.post(url, b"{}", headers)).read()  # connect (pooled from now on)
         if not eager:  # the control: aiohttp's own behaviour on this Python
             loop.set_task_factory(None)
-        server.arrivals.clear()
-        blocked_until = 0.0
+        server.arrived.clear()
+        arrived_while_busy: list[bool] = []
 
-        def busy() -> None:  # another request's CPU-bound handling, queued before ours
-            nonlocal blocked_until
-            time.sleep(0.1)
-            blocked_until = time.monotonic()
+        def busy() -> None:
+            """Another request's CPU-bound handling, queued before ours: it holds the loop
+            until our request has reached the server (eager), or for as long as the control
+            needs to show that it cannot (the body is written from a task of the loop)."""
+            arrived_while_busy.append(server.arrived.wait(timeout=30 if eager else 0.2))
 
         loop.call_soon(busy)
         response = await http.post(url, b"{}", headers)
         await response.read()
-        assert len(server.arrivals) == 1
-        if eager:
-            assert server.arrivals[0] < blocked_until - 0.05
-        else:
-            assert server.arrivals[0] >= blocked_until
+        assert server.requests == 2
+        assert arrived_while_busy == [eager]
     finally:
         await http.aclose()
         loop.set_task_factory(before)

@@ -96,6 +96,7 @@ def build_limiter(
     redis_url: str | None,
     redis_prefix: str,
     spent: SpentFn | None,
+    calendar: Callable[[], float] = time.time,
 ) -> TenantLimiter | None:
     """The app's limiter: on the policy's Redis when it has one (read at start), else in
     memory; ``None`` when neither the defaults nor any token set a limit."""
@@ -103,7 +104,9 @@ def build_limiter(
     if not limited:
         return None
     uri = "async+" + redis_url if redis_url else "async+memory://"
-    return TenantLimiter(defaults, storage_uri=uri, spent=spent, redis_prefix=redis_prefix)
+    return TenantLimiter(
+        defaults, storage_uri=uri, spent=spent, redis_prefix=redis_prefix, calendar=calendar
+    )
 
 
 class TenantLimiter:
@@ -116,13 +119,17 @@ class TenantLimiter:
         storage_uri: str,
         spent: SpentFn | None,
         clock: Callable[[], float] = time.time,
+        calendar: Callable[[], float] | None = None,
         redis_prefix: str = "semcache",
         timeout_s: float = 0.25,
     ) -> None:
-        """``clock`` must be the storage's clock (``time.time``): window resets are read on it."""
+        """``clock`` must be the storage's clock (``time.time``): window resets are read on it.
+        ``calendar`` says which UTC day and month the budgets spend (the ledger's clock;
+        default ``clock``)."""
         self.defaults = defaults
         self.spent = spent
         self.clock = clock
+        self.calendar = calendar or clock
         self.rates = RateWindows(
             storage_uri, clock=clock, prefix=f"{redis_prefix}:limits", timeout_s=timeout_s
         )
@@ -225,7 +232,7 @@ class TenantLimiter:
         )
         if settings.budgets and self.spent is not None:
             for period, tokens, usd in budget_periods(settings):
-                spend = await self.spent(tenant, period, self.clock())
+                spend = await self.spent(tenant, period, self.calendar())
                 status.budgets.append(budget_status(spend, settings, period, tokens, usd))
         return status
 
@@ -305,7 +312,7 @@ class TenantLimiter:
                 log.warning("budgets are configured but no usage ledger is: budgets not enforced")
                 self._no_ledger_logged = True
             return
-        now = self.clock()
+        now = self.calendar()
         for period, tokens, usd in budget_periods(settings):
             try:
                 spend = await self.spent(admission.tenant, period, now)

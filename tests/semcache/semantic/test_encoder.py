@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from typing import Any
 
 import numpy as np
 
-from semcache.semantic.encoder import Encoder
+from semcache.semantic.encoder import Encoder, TextModel
 
 TEXTS = [
     f"How do I cook {food} for {n} people?"
@@ -40,13 +42,37 @@ async def test_a_lone_request_is_one_model_call(encoder: Encoder) -> None:
     assert encoder.stats.model_calls == calls + 1
 
 
+class HeldModel:
+    """The real model, whose first call waits until the test lets it run."""
+
+    def __init__(self, model: TextModel) -> None:
+        self.model = model
+        self.calls = 0
+        self.running = threading.Event()
+        self.release = threading.Event()
+
+    def encode(self, sentences: list[str], **kwargs: Any) -> Any:
+        self.calls += 1
+        self.running.set()
+        assert self.release.wait(timeout=60)
+        return self.model.encode(sentences, **kwargs)
+
+
 async def test_concurrent_requests_are_batched_with_the_same_vectors(encoder: Encoder) -> None:
     one_by_one = [await encoder.encode([text]) for text in TEXTS]
-    calls = encoder.stats.model_calls
-    together = await asyncio.gather(*(encoder.encode([text]) for text in TEXTS))
-    used = encoder.stats.model_calls - calls
-    # The first request starts alone; the others queue up behind it and share batches.
-    assert used < len(TEXTS) // 2
+    held = HeldModel(encoder.model)
+    enc = Encoder(held, dimensions=encoder.dimensions, version="held")
+    try:
+        first = asyncio.ensure_future(enc.encode([TEXTS[0]]))
+        assert await asyncio.to_thread(held.running.wait, 60)  # the worker runs it alone
+        rest = [asyncio.ensure_future(enc.encode([text])) for text in TEXTS[1:]]
+        await asyncio.sleep(0)  # each of the others queues up behind the running call
+        held.release.set()
+        together = await asyncio.gather(first, *rest)
+    finally:
+        held.release.set()
+        await enc.aclose()
+    assert held.calls == 2 and enc.stats.batch_sizes == [1, len(TEXTS) - 1]
     for alone, batched in zip(one_by_one, together, strict=True):
         np.testing.assert_allclose(alone, batched, atol=2e-5)
 

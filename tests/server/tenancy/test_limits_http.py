@@ -8,7 +8,7 @@ import threading
 import time
 import tomllib
 from collections.abc import AsyncIterator, Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ def registry(fake: FakeGeneration) -> ModelRegistry:
 
 
 GatewayFactory = Callable[..., GatewayThread]
+NOON = datetime(2026, 3, 14, 12, tzinfo=UTC).timestamp()
 
 
 @pytest.fixture
@@ -44,10 +45,13 @@ def gateway(tmp_path: Path) -> Iterator[GatewayFactory]:
     """Start gateways from TOML text (each on its own data dir); all stop at the end."""
     started: list[GatewayThread] = []
 
-    def start(toml: str, fake: FakeGeneration | None = None) -> GatewayThread:
+    def start(
+        toml: str, fake: FakeGeneration | None = None, clock: Callable[[], float] = time.time
+    ) -> GatewayThread:
         data_dir = tmp_path / f"gw{len(started)}"
         doc = tomllib.loads(f'data_dir = "{data_dir}"\n' + toml)
-        gw = GatewayThread(parse_config(doc), registry(fake or FakeGeneration())).start()
+        config = parse_config(doc)
+        gw = GatewayThread(config, registry(fake or FakeGeneration()), clock=clock).start()
         started.append(gw)
         return gw
 
@@ -237,6 +241,7 @@ token = "tok"
 tenant = "acme"
 """,
         fake,
+        clock=lambda: NOON,  # the budget's day, whenever the test runs
     )
     with httpx.Client(base_url=gw.url, timeout=30) as http:
         body = chat("a long story", stream=True)
@@ -247,14 +252,13 @@ tenant = "acme"
             for content in ("one", "two"):  # 4 tokens each (the fake's usage): 8 >= 6
                 assert http.post(CHAT, content=chat(content), headers=bearer("tok")).is_success
             refused = http.post(CHAT, content=chat("three"), headers=bearer("tok"))
-            midnight = (datetime.now(UTC).date() + timedelta(days=1)).isoformat()
-            until = datetime.fromisoformat(midnight + "T00:00:00+00:00").timestamp()
             assert refused.status_code == 429
-            assert abs(int(refused.headers["retry-after"]) - (until - time.time())) <= 2
+            assert refused.headers["retry-after"] == str(12 * 3600)  # noon to midnight
             assert refused.headers["x-ratelimit-remaining-requests"] == "97"
             error = refused.json()["error"]
             assert (error["code"], error["type"]) == ("insufficient_quota", "insufficient_quota")
             assert "daily budget of 6 tokens (spent 8)" in error["message"]
+            assert "renews at 2026-03-15T00:00:00Z" in error["message"]
             envelope = http.post(RUN, content=b'{"prompt": "hi"}', headers=bearer("tok"))
             assert envelope.status_code == 429
             assert envelope.json()["errors"][0]["code"] == 4290
