@@ -202,3 +202,28 @@ async def test_another_tenant_never_matches_the_first_ones_blocks(gateway: Gatew
     assert usage["prompt_tokens_details"]["cached_tokens"] == 0  # vLLM agrees: a miss
     assert after.get("no_match", 0) == before.get("no_match", 0) + 1
     assert after.get("cache", 0) == before.get("cache", 0)
+
+
+async def test_the_kv_families_count_what_the_servers_sent(gateway: Gateway) -> None:
+    """Runs last: the 12 chats above, read back from the ``semcache_kv_*`` families."""
+    samples = await gateway.metrics()
+
+    def total(name: str, **labels: str) -> float:
+        return sum(
+            value
+            for (sample, keys), value in samples.items()
+            if sample == name and all(dict(keys).get(k) == v for k, v in labels.items())
+        )
+
+    assert total("semcache_kv_events_total", kind="batches") >= 2  # both servers stored blocks
+    assert total("semcache_kv_events_total", kind="bad_messages") == 0
+    assert total("semcache_kv_hash_checks_total", result="match") >= 1
+    assert total("semcache_kv_hash_checks_total", result="mismatch") == 0
+    assert total("semcache_kv_index_evicted_total") == 0  # two prefixes fit under the cap
+    assert total("semcache_kv_placement_decisions_total") == 12
+    prefix_tokens = PREFIX_BLOCKS * 32
+    ranked = total("semcache_kv_ranked_prompt_tokens_total")
+    predicted = total("semcache_kv_predicted_cached_tokens_total")
+    assert ranked >= 12 * prefix_tokens
+    # the 5 + 3 repeats were predicted to find their prefix; the misses predicted nothing
+    assert 8 * prefix_tokens <= predicted <= ranked
