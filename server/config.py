@@ -12,6 +12,7 @@ import msgspec
 from backends.config import BackendConfig, VllmBackend
 from foundation.package_files import package_file
 from semcache.ledger.settings import LedgerSettings
+from server.apikeys.settings import KeySettings
 from server.auth import AuthSettings
 from server.batch.settings import BatchSettings
 from server.tenancy.limits.settings import LimitSettings
@@ -66,6 +67,8 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Default rate limits and budgets of every token (a token entry may override them)."""
     ledger: LedgerSettings = msgspec.field(default_factory=LedgerSettings)
     """The usage and cost ledger: SQLite under the data dir, or Redis counters."""
+    keys: KeySettings = msgspec.field(default_factory=KeySettings)
+    """API keys made through the admin API: their store and hash (server/apikeys/)."""
 
     def data_path(self) -> Path:
         """The data directory (prepared models, disk cache), created on demand."""

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from backends.protocol import BackendError, RequestContext
 from backends.registry import ModelInfo, ModelRegistry
 from foundation.sse import MEDIA_TYPE
+from server.auth import check_model
 from server.batch.dispatch import ItemDispatch
 from server.batch.gates import CapacityGates
 from server.batch.metrics import BatchMetrics
@@ -96,6 +97,7 @@ class WorkersAIServing:
     ) -> Reply:
         """One ``/ai/run/{model}`` request: a model run, a batch submission or a poll."""
         info = self.resolve(model)
+        check_model(ctx.models, model, info)
         given = body.get("options")
         options: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
         queued = (
