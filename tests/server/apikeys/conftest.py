@@ -12,6 +12,9 @@ from server.apikeys.hashing import KeyHasher
 from server.apikeys.store import LocalKeyStore
 from server.apikeys.view import KeyView
 from server.tenancy.limits.settings import LimitSettings
+from tests.semcache.conftest import redis_prefix
+
+__all__ = ["redis_prefix"]  # a Redis key prefix of its own per test
 
 ADMIN = Actor("ops-admin", "ops")
 

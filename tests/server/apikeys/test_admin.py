@@ -55,5 +55,5 @@ async def test_every_change_is_audited_without_the_secret(admin: KeyAdmin, clock
     assert entries[-1].time == clock.now - 1
     text = msgspec.json.encode(entries).decode()
     for secret in (made.secret, rotated.secret):
-        assert secret not in text and secret.split("-")[-1] not in text
+        assert secret not in text and secret.split("-", 3)[3] not in text
     assert [e.action for e in await admin.audit_log(1)] == ["revoke"]
