@@ -6,6 +6,8 @@ on every route; and no secret appears in any log line, metric or dashboard page.
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +17,7 @@ import httpx
 import orjson
 import pytest
 
-from harness.gateway import GatewayProcess
+from harness.gateway import REPO_ROOT, GatewayProcess
 from tests.semcache.conftest import RedisServer
 from tests.support.fake_vllm import FakeVllm
 from tests.support.waiting import wait_until
@@ -246,3 +248,85 @@ def test_keys_across_two_gateways(gateways: tuple[GatewayProcess, GatewayProcess
         random_part = secret.split("-", 3)[3]
         for text in outputs:
             assert secret not in text and random_part not in text
+
+
+def cli(gateway: GatewayProcess, *args: str) -> str:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "server.cli",
+            "keys",
+            *args,
+            "--url",
+            gateway.url,
+            "--token",
+            "tok-admin",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO_ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_cli_manages_keys_through_the_admin_api(
+    gateways: tuple[GatewayProcess, GatewayProcess],
+) -> None:
+    one, two = gateways
+    out = cli(
+        one,
+        "create",
+        "--tenant",
+        "acme",
+        "--name",
+        "cli",
+        "--model",
+        "chat",
+        "--limit",
+        "requests_per_minute=50",
+        "--meta",
+        "team=search",
+        "--expires-in",
+        "3600",
+    )
+    *shown, secret_line = out.strip().splitlines()
+    key = orjson.loads("\n".join(shown))
+    secret = secret_line.removeprefix("secret (shown once): ")
+    assert secret.startswith(f"sk-sc-{key['id']}-")
+    assert key["models"] == ["chat"] and key["metadata"] == {"team": "search"}
+    assert key["limits"]["requests_per_minute"] == 50 and key["limits"]["daily_usd"] is None
+    with httpx.Client(timeout=30) as http:
+        wait_until(lambda: chat_status(http, two, secret) == 200, timeout_s=PROPAGATION_S)
+        listed = cli(two, "list", "--tenant", "acme")
+        assert key["id"] in listed and "cli" in listed and secret not in listed
+        updated = orjson.loads(cli(one, "update", key["id"], "--any-model", "--no-expiry"))
+        assert updated["models"] is None and updated["expires_at"] is None
+        assert orjson.loads(cli(two, "show", key["id"], "--json"))["models"] is None
+        rotated = cli(two, "rotate", key["id"], "--grace", "0").strip().splitlines()[-1]
+        new_secret = rotated.removeprefix("secret (shown once): ")
+        wait_until(lambda: chat_status(http, one, secret) == 401, timeout_s=PROPAGATION_S)
+        assert chat_status(http, one, new_secret) == 200
+        assert orjson.loads(cli(one, "revoke", key["id"]))["status"] == "revoked"
+        wait_until(lambda: chat_status(http, two, new_secret) == 401, timeout_s=PROPAGATION_S)
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "server.cli",
+            "keys",
+            "revoke",
+            "acme-prod",
+            "--url",
+            one.url,
+            "--token",
+            "tok-admin",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO_ROOT,
+    )
+    assert refused.returncode == 1 and "gateway config" in refused.stderr
