@@ -299,13 +299,18 @@ class TokenAuth:
             return cached[1]
         principal = Principal(
             tenant=key.tenant,
-            token_id=f"key:{key.id}",
+            token_id=key_token_id(key.id),
             roles=frozenset(key.roles),
             limits=key.limits,
             models=None if key.models is None else frozenset(key.models),
         )
         self._key_principals[key.id] = (key, principal)
         return principal
+
+
+def key_token_id(key_id: str) -> str:
+    """How logs and limits name an API key: its id, never its secret."""
+    return f"key:{key_id}"
 
 
 def _iso(seconds: float) -> str:

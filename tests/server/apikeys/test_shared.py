@@ -229,6 +229,8 @@ def test_keys_across_two_gateways(gateways: tuple[GatewayProcess, GatewayProcess
                 "/admin/logs",
                 "/dashboard/overview",
                 "/dashboard/tenants",
+                "/dashboard/keys",
+                "/dashboard/api/keys",
                 "/dashboard/requests",
                 "/dashboard/api/tenants",
                 "/dashboard/api/requests",
