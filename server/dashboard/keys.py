@@ -1,7 +1,7 @@
 """The dashboard's keys page: every API key with its spend against its budgets and its last
 use, and the forms that create (the secret shown once, in the answer only) and revoke.
 
-The forms post JSON to ``/dashboard/actions/keys/new`` and ``…/{id}/revoke`` with
+The forms post JSON to ``/dashboard/api/actions/keys/new`` and ``…/{id}/revoke`` with
 ``x-semcache-dashboard: 1`` (as the purge form does), through the admin API's own
 operations, so they are audited alike.
 """
@@ -54,7 +54,7 @@ async def keys_page(request: Request[Any, Any, Any]) -> dict[str, Any]:
     return {"keys": rows, "note": None}
 
 
-@post("/actions/keys/new", status_code=200)
+@post("/api/actions/keys/new", status_code=200)
 async def create_key(request: Request[Any, Any, Any]) -> Response[bytes]:
     """The create form: the answer holds the secret, which no page ever shows again."""
     keys, actor = _admin(request)
@@ -63,7 +63,7 @@ async def create_key(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(msgspec.json.encode(made), media_type="application/json")
 
 
-@post("/actions/keys/{key_id:str}/revoke", status_code=200)
+@post("/api/actions/keys/{key_id:str}/revoke", status_code=200)
 async def revoke_key(request: Request[Any, Any, Any], key_id: FromPath[str]) -> Response[bytes]:
     keys, actor = _admin(request)
     return Response(

@@ -107,7 +107,7 @@ async function createKey(event) {
   const models = form.models.value.split(",").map((m) => m.trim()).filter((m) => m);
   if (models.length) body.models = models;
   if (form.expires_in_s.value) body.expires_in_s = Number(form.expires_in_s.value);
-  const [ok, answer] = await sendKeyChange("/dashboard/actions/keys/new", body);
+  const [ok, answer] = await sendKeyChange("/dashboard/api/actions/keys/new", body);
   document.getElementById("created-key").textContent = ok
     ? `key ${answer.key.id}: secret (shown once) ${answer.secret}`
     : `refused: ${answer.error ? answer.error.message : "error"}`;
@@ -117,7 +117,7 @@ async function createKey(event) {
 async function revokeKey(event) {
   const button = event.target.closest(".revoke-key");
   if (!button || !confirm(`Revoke the key ${button.dataset.key} on every gateway?`)) return;
-  await sendKeyChange(`/dashboard/actions/keys/${encodeURIComponent(button.dataset.key)}/revoke`, {});
+  await sendKeyChange(`/dashboard/api/actions/keys/${encodeURIComponent(button.dataset.key)}/revoke`, {});
   refreshData();
 }
 

@@ -16,9 +16,9 @@ FORM = {**ADMIN, "x-semcache-dashboard": "1"}
 
 def test_keys_are_made_listed_and_revoked_from_the_dashboard(client: TestClient[Any]) -> None:
     body = {"tenant": "acme", "name": "dash", "limits": {"daily_tokens": 1000}}
-    refused = client.post("/dashboard/actions/keys/new", json=body, headers=ADMIN)
+    refused = client.post("/dashboard/api/actions/keys/new", json=body, headers=ADMIN)
     assert refused.status_code == 403  # a form posted from elsewhere lacks the header
-    r = client.post("/dashboard/actions/keys/new", json=body, headers=FORM)
+    r = client.post("/dashboard/api/actions/keys/new", json=body, headers=FORM)
     assert r.status_code == 200, r.text
     key_id, secret = r.json()["key"]["id"], r.json()["secret"]
     used = client.post("/v1/chat/completions", json=CHAT, headers=bearer(secret))
@@ -30,7 +30,7 @@ def test_keys_are_made_listed_and_revoked_from_the_dashboard(client: TestClient[
     assert row["last_used_at"] is not None and row["status"] == "active"
     (day,) = row["budgets"]
     assert day["tokens"] == 1000 and day["tokens_spent"] == used.json()["usage"]["total_tokens"]
-    r = client.post(f"/dashboard/actions/keys/{key_id}/revoke", headers=FORM)
+    r = client.post(f"/dashboard/api/actions/keys/{key_id}/revoke", headers=FORM)
     assert r.status_code == 200 and r.json()["status"] == "revoked", r.text
     assert client.post("/v1/chat/completions", json=CHAT, headers=bearer(secret)).status_code == 401
     (row,) = client.get("/dashboard/api/keys", headers=ADMIN).json()["keys"]
