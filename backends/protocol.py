@@ -97,6 +97,8 @@ class RequestContext(msgspec.Struct, kw_only=True):
     ``"shared"`` for models the policy shares; backends derive vLLM's ``cache_salt`` from it."""
     background: bool = False
     """A batch item: it runs on idle capacity and never makes batch work yield."""
+    models: frozenset[str] | None = None
+    """The models (ids or aliases) the request's API key may use; ``None``: every model."""
     usage: RequestUsage = msgspec.field(default_factory=RequestUsage)
     """What the request used and saved, for the ledger, the limits and the request log."""
 

@@ -23,6 +23,8 @@ from semcache.ledger import open_ledger
 from semcache.policy import PolicyHolder
 from semcache.semantic.service import SemanticService
 from server.apidoc.document import docs_router, openapi_config
+from server.apikeys.admin import KeyAdmin
+from server.apikeys.factory import build_key_view
 from server.auth import TokenAuth, policy_admin_token
 from server.config import GatewayConfig
 from server.dashboard.formats import template_config
@@ -47,7 +49,7 @@ from server.openai.responses import api_router as responses
 from server.openai.responses.owners import ResponseOwners
 from server.openai.serving import OpenAIServing
 from server.openai.stores import build_stores
-from server.routes import admin, cached_answer, health, pools, usage
+from server.routes import admin, api_keys, cached_answer, health, pools, usage
 from server.speedups import before_routing, write_bodies_eagerly
 from server.tenancy.limits.limiter import build_limiter
 from server.tenancy.middleware import Tenancy, tenancy_middleware
@@ -139,7 +141,18 @@ def create_app(
     batches = BatchesServing(stores.batches, stores.files, registry, config.batch)
     openai_items = OpenAIItemRunner(serving, batches.stop_reason)
     serving.responses.owners = ResponseOwners(openai_dir / "responses")
-    auth = TokenAuth(config.auth, admin_token=policy_admin_token(policy))
+    key_view = build_key_view(
+        config.keys,
+        data_dir=config.data_path(),
+        redis_url=tiers.redis.url,
+        redis_prefix=tiers.redis.prefix,
+    )
+    auth = TokenAuth(config.auth, admin_token=policy_admin_token(policy), keys=key_view)
+    key_admin = (
+        KeyAdmin(key_view, defaults=config.limits, config_tokens=auth.config_token_ids)
+        if key_view is not None
+        else None
+    )
     request_log = (
         RequestLog(config.request_log, config.data_path()) if config.request_log.enabled else None
     )
@@ -157,6 +170,7 @@ def create_app(
         redis_prefix=tiers.redis.prefix,
         spent=ledger.spent,
         calendar=clock,
+        overrides_later=key_view is not None,
     )
     tenancy = Tenancy(
         auth=auth,
@@ -178,6 +192,8 @@ def create_app(
         if request_log is not None:
             request_log.start()
         await ledger.start()
+        if key_view is not None:
+            await key_view.start()
         await registry.check_revisions()  # models versioned by what their servers report
         for backend in registry.embedding.values():
             await backend.start()
@@ -230,6 +246,8 @@ def create_app(
                 await limiter.aclose()
             if tracing is not None:
                 await asyncio.to_thread(tracing.close)  # the spans still queued are sent
+            if key_view is not None:
+                await key_view.aclose()
 
     api_routes = [
         *models.ROUTES,
@@ -239,6 +257,7 @@ def create_app(
         *pooling.ROUTES,
         *health.ROUTES,
         *admin.ROUTES,
+        *api_keys.ROUTES,
         *pools.ROUTES,
         *cached_answer.ROUTES,
         *usage.ROUTES,
@@ -263,6 +282,7 @@ def create_app(
                 "batches": batches,
                 "dashboard": dashboard,
                 "tracing": tracing,
+                "api_keys": key_admin,
             }
         ),
         middleware=[drain_middleware(drain), tenancy_middleware(tenancy)],

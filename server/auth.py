@@ -39,15 +39,17 @@ import hashlib
 import hmac
 import ipaddress
 from collections.abc import Callable, Mapping
-from typing import Literal
+from datetime import UTC, datetime
 
 import msgspec
 
+from backends.registry import ModelInfo
 from semcache.policy import Policy, PolicyHolder
+from server.apikeys.hashing import looks_like_key
+from server.apikeys.records import ApiKey, Role
+from server.apikeys.view import KeyView
 from server.errors import ApiError
 from server.tenancy.limits.settings import LimitSettings
-
-Role = Literal["admin"]
 
 ANONYMOUS = "anonymous"
 """The tenant of an OpenAI request without a key, on an open gateway."""
@@ -110,10 +112,31 @@ class Principal(msgspec.Struct, frozen=True, kw_only=True):
     """The token's ``name`` (open gateway: the tenant): what logs and limits use."""
     roles: frozenset[str] = frozenset()
     limits: LimitSettings | None = None
+    models: frozenset[str] | None = None
+    """The models (ids or aliases) an API key is scoped to; ``None``: every model."""
 
     @property
     def admin(self) -> bool:
         return "admin" in self.roles
+
+
+def model_allowed(allowed: frozenset[str] | None, name: str, info: ModelInfo | None) -> bool:
+    """Whether a key scoped to ``allowed`` (``None``: every model) may use model ``name``
+    (resolved to ``info``: its id and aliases count too)."""
+    if allowed is None or name in allowed:
+        return True
+    return info is not None and (info.id in allowed or not allowed.isdisjoint(info.aliases))
+
+
+def check_model(allowed: frozenset[str] | None, name: str, info: ModelInfo | None) -> None:
+    """A 403 naming the model when a key scoped to ``allowed`` may not use it."""
+    if not model_allowed(allowed, name, info):
+        raise ApiError(
+            403,
+            f"This API key may not use the model `{name}`.",
+            param="model",
+            code="model_not_allowed",
+        )
 
 
 def token_digest(token: str) -> str:
@@ -158,11 +181,11 @@ def policy_admin_token(policy: PolicyHolder) -> Callable[[], str | None]:
     return token
 
 
-def _unauthorized(message: str) -> ApiError:
+def _unauthorized(message: str, code: str = "invalid_api_key") -> ApiError:
     return ApiError(
         401,
         message,
-        code="invalid_api_key",
+        code=code,
         type="invalid_request_error",
         headers={"www-authenticate": "Bearer"},
     )
@@ -173,8 +196,14 @@ class TokenAuth:
     admin token)."""
 
     def __init__(
-        self, settings: AuthSettings, admin_token: Callable[[], str | None] | None = None
+        self,
+        settings: AuthSettings,
+        admin_token: Callable[[], str | None] | None = None,
+        keys: KeyView | None = None,
     ) -> None:
+        self.keys = keys
+        """API keys made through the admin API (``server/apikeys``); ``None``: none."""
+        self._key_principals: dict[str, tuple[ApiKey, Principal]] = {}
         self._by_digest: dict[str, tuple[Principal, TokenEntry]] = {}
         for entry in settings.tokens:
             digest = entry.digest()
@@ -186,6 +215,11 @@ class TokenAuth:
             )
             self._by_digest[digest] = (principal, entry)
         self._admin_token = admin_token
+
+    @property
+    def config_token_ids(self) -> list[str]:
+        """How the config's tokens are named (what the key API refuses to change)."""
+        return [principal.token_id for principal, _ in self._by_digest.values()]
 
     @property
     def principals(self) -> list[Principal]:
@@ -218,6 +252,9 @@ class TokenAuth:
         if token is not None and admin is not None:
             if hmac.compare_digest(token.encode(), admin.encode()):
                 return Principal(tenant="admin", token_id="admin", roles=frozenset({"admin"}))
+        if token is not None and self.keys is not None and looks_like_key(token):
+            if not self._by_digest or token_digest(token) not in self._by_digest:
+                return self._key_principal(self.keys, token)
         if self.open:
             if token is None and key_required:
                 raise _unauthorized("Send `Authorization: Bearer <API token>`.")
@@ -238,6 +275,46 @@ class TokenAuth:
                 code="account_not_allowed",
             )
         return principal
+
+    def _key_principal(self, keys: KeyView, token: str) -> Principal:
+        found = keys.lookup(token)
+        if found is None:
+            raise _unauthorized("Incorrect API key provided.")
+        key = found.key
+        if found.refused == "revoked":
+            raise _unauthorized(f"The API key `{key.id}` has been revoked.", "api_key_revoked")
+        if found.refused == "expired":
+            assert key.expires_at is not None
+            raise _unauthorized(
+                f"The API key `{key.id}` expired at {_iso(key.expires_at)}.", "api_key_expired"
+            )
+        if found.refused == "rotated":
+            raise _unauthorized(
+                f"This secret of the API key `{key.id}` was rotated and its grace period "
+                "has ended: use the new secret.",
+                "api_key_rotated",
+            )
+        cached = self._key_principals.get(key.id)
+        if cached is not None and cached[0] is key:
+            return cached[1]
+        principal = Principal(
+            tenant=key.tenant,
+            token_id=key_token_id(key.id),
+            roles=frozenset(key.roles),
+            limits=key.limits,
+            models=None if key.models is None else frozenset(key.models),
+        )
+        self._key_principals[key.id] = (key, principal)
+        return principal
+
+
+def key_token_id(key_id: str) -> str:
+    """How logs and limits name an API key: its id, never its secret."""
+    return f"key:{key_id}"
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def is_loopback(host: str) -> bool:

@@ -12,6 +12,7 @@ import msgspec
 from backends.config import BackendConfig, VllmBackend
 from foundation.package_files import package_file
 from semcache.ledger.settings import LedgerSettings
+from server.apikeys.settings import KeySettings
 from server.auth import AuthSettings
 from server.batch.settings import BatchSettings
 from server.tenancy.limits.settings import LimitSettings
@@ -69,6 +70,8 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """The usage and cost ledger: SQLite under the data dir, or Redis counters."""
     tracing: TracingSettings = msgspec.field(default_factory=TracingSettings)
     """OpenTelemetry traces of every request (server/tracing.py); off by default."""
+    keys: KeySettings = msgspec.field(default_factory=KeySettings)
+    """API keys made through the admin API: their store and hash (server/apikeys/)."""
 
     def data_path(self) -> Path:
         """The data directory (prepared models, disk cache), created on demand."""

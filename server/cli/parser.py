@@ -1,8 +1,8 @@
 """The `semcache` command line: every user command, in one parser.
 
 Serve the gateway, start its backends, check config and policy files, purge a running
-gateway's cache, print its usage ledger, calibrate the semantic matcher, retrain the shipped
-verifier and classifier head.
+gateway's cache, print its usage ledger, manage its API keys, calibrate the semantic
+matcher, retrain the shipped verifier and classifier head.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from server.cli import backends, cache, calibrate, checks, serve, training, usage
+from server.cli import backends, cache, calibrate, checks, keys, serve, training, usage
 from server.cli.options import environment_help
 
 
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     checks.add_policy_commands(commands)
     cache.add_commands(commands)
     usage.add_commands(commands)
+    keys.add_commands(commands)
     calibrate.add_commands(commands)
     training.add_commands(commands)
     return parser

@@ -26,13 +26,15 @@ from litestar.types import ASGIApp, Receive, Scope, Send
 
 from foundation.package_files import package_file
 from server.dashboard import figures as fig
+from server.dashboard import keys as dashboard_keys
+from server.dashboard.keys import keys_page
 from server.dashboard.series import WINDOWS, CounterSeries
 from server.errors import ApiError
 from server.openai.routing import parse_body
 from server.routes.admin import PurgeRequest, purge_caches, require_admin
 from server.tenancy.middleware import Tenancy
 
-PAGES = ("overview", "tenants", "backends", "cache", "batches", "requests")
+PAGES = ("overview", "tenants", "keys", "backends", "cache", "batches", "requests")
 COOKIE = "semcache_admin"
 REFRESH_S = 5
 CSP = (
@@ -262,6 +264,7 @@ async def requests(request: Request[Any, Any, Any]) -> dict[str, Any]:
 DATA = {
     "overview": overview,
     "tenants": tenants,
+    "keys": keys_page,
     "backends": backends,
     "cache": cache,
     "batches": batches,
@@ -381,7 +384,17 @@ def dashboard_router() -> Router:
     )
     return Router(
         path="/dashboard",
-        route_handlers=[index, login_form, login, page, page_data, series, purge, static],
+        route_handlers=[
+            index,
+            login_form,
+            login,
+            page,
+            page_data,
+            series,
+            purge,
+            *dashboard_keys.ROUTES,
+            static,
+        ],
         middleware=[cookie_as_bearer],
         opt={"auth": "self"},
         include_in_schema=False,

@@ -36,6 +36,7 @@ from foundation import tracing as spans
 from semcache import replay
 from semcache.exact import CacheRequest
 from semcache.policy import Policy
+from server.auth import model_allowed
 from server.caching import DIRECTIVE_HEADERS, CacheDirectives, edge_headers, result_headers
 from server.draining import Drain
 from server.errors import ApiError
@@ -187,6 +188,8 @@ class EarlyHits:
         cache = self.state.cache
         assert cache is not None
         started = time.perf_counter()
+        if not model_allowed(record.principal.models, memo.model, memo.info):
+            return False  # the route answers the 403
         if not await self._valid(memo):
             return False
         creq = memo.creq

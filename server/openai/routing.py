@@ -59,6 +59,7 @@ def context(request: Request[Any, Any, Any]) -> RequestContext:
         request_id=rec.request_id,
         session_affinity=request.headers.get("x-session-affinity"),
         tenant=rec.principal.tenant,
+        models=rec.principal.models,
         usage=rec.usage,
     )
 

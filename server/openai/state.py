@@ -12,6 +12,7 @@ from backends.registry import ModelInfo, ModelRegistry, Task
 from semcache.exact import CacheRequest, ExactCache
 from semcache.policy import PolicyHolder
 from semcache.semantic.service import SemanticService
+from server.auth import check_model
 from server.caching import CacheDirectives
 from server.errors import ApiError
 from server.metrics import GatewayMetrics
@@ -46,11 +47,14 @@ class ServingState:
         if self.live_request is not None and not ctx.background:
             self.live_request(backend)
 
-    def resolve(self, name: str, task: Task) -> ModelInfo:
-        """The model ``name`` (an id or alias) serving ``task``; a 404 or 400 otherwise."""
+    def resolve(self, name: str, task: Task, ctx: RequestContext | None = None) -> ModelInfo:
+        """The model ``name`` (an id or alias) serving ``task``; a 404 or 400 otherwise, a
+        403 when the request's API key may not use it."""
         info = self.registry.resolve(name)
         if info is None:
             raise unknown_model(name)
+        if ctx is not None:
+            check_model(ctx.models, name, info)
         if info.task != task:
             raise ApiError(
                 400,

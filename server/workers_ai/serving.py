@@ -16,6 +16,7 @@ from backends.protocol import BackendError, RequestContext
 from backends.registry import ModelInfo, ModelRegistry
 from foundation.sse import MEDIA_TYPE
 from foundation.tracing import Tracing
+from server.auth import check_model
 from server.batch.dispatch import ItemDispatch
 from server.batch.gates import CapacityGates
 from server.batch.metrics import BatchMetrics
@@ -97,6 +98,7 @@ class WorkersAIServing:
     ) -> Reply:
         """One ``/ai/run/{model}`` request: a model run, a batch submission or a poll."""
         info = self.resolve(model)
+        check_model(ctx.models, model, info)
         given = body.get("options")
         options: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
         queued = (

@@ -3,6 +3,7 @@ refusing an invalid policy, SIGHUP reload."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from semcache.tuning.calibrate import CalibrationReport
 from semcache.tuning.pairs import QQP_PAIRS, load_pairs, split_pairs
 from semcache.tuning.stream_eval import Comparison
 from server.cli import build_parser, main
+from server.cli.keys import fields_of, format_keys, limits_of
 from server.cli.options import ENVIRONMENT
 from server.cli.usage import format_usage
 from server.config import DEFAULT_CONFIG
@@ -39,6 +41,9 @@ COMMANDS = [
     ["policy", "check"],
     ["cache", "purge"],
     ["usage"],
+    ["keys"],
+    ["keys", "create"],
+    ["keys", "rotate"],
     ["calibrate"],
     ["train-verifier"],
     ["train-classifier"],
@@ -295,3 +300,62 @@ print("ok")
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_keys_table_and_fields_from_options() -> None:
+    keys = [
+        {
+            "id": "abc",
+            "tenant": "acme",
+            "name": "ci",
+            "status": "active",
+            "models": None,
+            "expires_at": None,
+            "last_used_at": 0.0,
+        },
+        {
+            "id": "def",
+            "tenant": "acme",
+            "name": "x",
+            "status": "revoked",
+            "models": ["a", "b"],
+            "expires_at": 86400.0,
+            "last_used_at": None,
+        },
+    ]
+    lines = format_keys(keys).splitlines()
+    assert lines[0].split() == [
+        "id",
+        "tenant",
+        "name",
+        "status",
+        "models",
+        "expires",
+        "last",
+        "used",
+    ]
+    assert lines[1].split()[:5] == ["abc", "acme", "ci", "active", "*"]
+    assert "1970-01-02 00:00:00Z" in lines[2] and "a,b" in lines[2]
+    assert limits_of(["requests_per_minute=5", "daily_usd=1.5"]) == {
+        "requests_per_minute": 5,
+        "daily_usd": 1.5,
+    }
+    with pytest.raises(argparse.ArgumentTypeError, match="--limit"):
+        limits_of(["requests_per_minute=-1"])
+    args = argparse.Namespace(
+        tenant="acme",
+        name=None,
+        role=None,
+        model=None,
+        any_model=True,
+        expires_in=None,
+        expires_at=None,
+        no_expiry=True,
+        limit=None,
+        meta=["team=a"],
+    )
+    assert fields_of(args, creating=False) == {
+        "models": None,
+        "expires_at": None,
+        "metadata": {"team": "a"},
+    }

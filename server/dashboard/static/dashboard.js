@@ -1,5 +1,6 @@
 // The dashboard's only script: refreshes the page's data section from the server every few
-// seconds, draws the overview's charts (uPlot, vendored) and sends the purge form.
+// seconds, draws the overview's charts (uPlot, vendored), sends the purge form and the
+// keys page's forms.
 "use strict";
 
 const main = document.querySelector("main[data-page]");
@@ -87,3 +88,41 @@ setInterval(() => {
   refreshData();
   if (page === "overview") refreshCharts();
 }, refreshMs);
+
+// The keys page: create (the secret is shown here once, never again) and revoke.
+async function sendKeyChange(url, body) {
+  const answer = await fetch(url, {
+    method: "POST",
+    credentials: "same-origin",
+    headers: { "content-type": "application/json", "x-semcache-dashboard": "1" },
+    body: JSON.stringify(body),
+  });
+  return [answer.ok, await answer.json()];
+}
+
+async function createKey(event) {
+  event.preventDefault();
+  const form = event.target;
+  const body = { tenant: form.tenant.value.trim(), name: form.name.value.trim() };
+  const models = form.models.value.split(",").map((m) => m.trim()).filter((m) => m);
+  if (models.length) body.models = models;
+  if (form.expires_in_s.value) body.expires_in_s = Number(form.expires_in_s.value);
+  const [ok, answer] = await sendKeyChange("/dashboard/api/actions/keys/new", body);
+  document.getElementById("created-key").textContent = ok
+    ? `key ${answer.key.id}: secret (shown once) ${answer.secret}`
+    : `refused: ${answer.error ? answer.error.message : "error"}`;
+  refreshData();
+}
+
+async function revokeKey(event) {
+  const button = event.target.closest(".revoke-key");
+  if (!button || !confirm(`Revoke the key ${button.dataset.key} on every gateway?`)) return;
+  await sendKeyChange(`/dashboard/api/actions/keys/${encodeURIComponent(button.dataset.key)}/revoke`, {});
+  refreshData();
+}
+
+const keyForm = document.getElementById("create-key");
+if (keyForm) {
+  keyForm.addEventListener("submit", createKey);
+  document.addEventListener("click", revokeKey);
+}

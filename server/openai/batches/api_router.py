@@ -21,7 +21,7 @@ from server.apidoc.request_headers import STRING
 from server.openai.batches.protocol import BatchCreate, BatchObject
 from server.openai.batches.serving import BatchesServing
 from server.openai.protocol import ListPage
-from server.openai.routing import parse_body, principal_tenant, respond
+from server.openai.routing import parse_body, principal_tenant, record, respond
 
 BATCH_ID = {"batch_id": "$response.body#/id"}
 
@@ -55,9 +55,9 @@ def batches(request: Request[Any, Any, Any]) -> BatchesServing:
     ),
 )
 async def create_batch(request: Request[Any, Any, Any]) -> Response[Any]:
-    tenant = principal_tenant(request)
+    principal = record(request).principal
     body = parse_body(await request.body())
-    return respond(await batches(request).create(tenant, body))
+    return respond(await batches(request).create(principal.tenant, body, principal.models))
 
 
 @get(

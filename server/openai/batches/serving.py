@@ -131,7 +131,11 @@ class BatchesServing:
 
     # -- the routes --------------------------------------------------------------------
 
-    async def create(self, tenant: str, body: dict[str, Any]) -> Reply:
+    async def create(
+        self, tenant: str, body: dict[str, Any], models: frozenset[str] | None = None
+    ) -> Reply:
+        """``models``: what the creating API key may use (``None``: every model); a line
+        naming another fails the batch with that line's error, as any invalid line does."""
         queue = self._queue()
         req = msgspec.convert(body, BatchCreate)
         if req.endpoint not in ENDPOINTS:
@@ -180,6 +184,7 @@ class BatchesServing:
             endpoint=req.endpoint,
             registry=self.registry,
             max_lines=self.settings.max_items,
+            models=models,
         )
         if checked.errors:  # nothing of an invalid file runs
             batch.status = "failed"

@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from backends.registry import ModelRegistry
+from server.auth import model_allowed
 from server.openai.batches.protocol import ENDPOINTS, BatchError, InputLine
 
 MAX_ERRORS = 100
@@ -24,10 +25,17 @@ class Checked:
 
 
 def check_input(
-    data: bytes, *, batch_id: str, endpoint: str, registry: ModelRegistry, max_lines: int
+    data: bytes,
+    *,
+    batch_id: str,
+    endpoint: str,
+    registry: ModelRegistry,
+    max_lines: int,
+    models: frozenset[str] | None = None,
 ) -> Checked:
     """Check every line of ``data`` (JSONL of ``{custom_id, method, url, body}``): one model
-    for the whole file (as OpenAI requires), the batch's endpoint, unique ``custom_id``s."""
+    for the whole file (as OpenAI requires), the batch's endpoint, unique ``custom_id``s, and
+    a model the submitting API key may use (``models``; ``None``: any)."""
     out = Checked()
     seen: set[str] = set()
     task = ENDPOINTS[endpoint]
@@ -101,6 +109,14 @@ def check_input(
                 number,
                 "model_not_found",
                 f"The model `{model}` does not exist or you do not have access to it.",
+                "body.model",
+            )
+            continue
+        if not model_allowed(models, model, info):
+            fail(
+                number,
+                "model_not_allowed",
+                f"This API key may not use the model `{model}`.",
                 "body.model",
             )
             continue

@@ -23,7 +23,7 @@ class ChatCompletionServing:
         self, body: dict[str, Any], ctx: RequestContext, cache: CacheDirectives | None = None
     ) -> Reply:
         req = msgspec.convert(body, ChatCompletionRequest)
-        info = self.state.resolve(req.model, "chat")
+        info = self.state.resolve(req.model, "chat", ctx)
         return await self.generation.generate(
             "/v1/chat/completions", "chat", info, body, bool(req.stream), ctx, cache
         )

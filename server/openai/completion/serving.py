@@ -23,7 +23,7 @@ class CompletionServing:
         self, body: dict[str, Any], ctx: RequestContext, cache: CacheDirectives | None = None
     ) -> Reply:
         req = msgspec.convert(body, CompletionRequest)
-        info = self.state.resolve(req.model, "chat")
+        info = self.state.resolve(req.model, "chat", ctx)
         return await self.generation.generate(
             "/v1/completions", "completions", info, body, bool(req.stream), ctx, cache
         )

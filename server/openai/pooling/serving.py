@@ -46,7 +46,7 @@ class PoolingServing:
         self, body: dict[str, Any], ctx: RequestContext, cache: CacheDirectives | None = None
     ) -> Reply:
         req = msgspec.convert(body, EmbeddingRequest)
-        info = self.state.resolve(req.model, "embeddings")
+        info = self.state.resolve(req.model, "embeddings", ctx)
         if info.backend_name in self.state.registry.generation:
             return await self.generation.generate(
                 "/v1/embeddings", "embeddings", info, body, False, ctx, cache
@@ -94,7 +94,7 @@ class PoolingServing:
         """``POST /v1/classify`` in vLLM's shape, on the embedded classifier or a vLLM
         classification model (``task = "classify"`` backend): one path, the same caches."""
         req = msgspec.convert(body, ClassificationRequest)
-        info = self.state.resolve(req.model, "classification")
+        info = self.state.resolve(req.model, "classification", ctx)
         if info.backend_name not in self.state.registry.classifiers:
             raise ApiError(
                 400,
@@ -115,7 +115,7 @@ class PoolingServing:
             await backend.start()
         if backend.fixed_revision is None:
             self.state.registry.set_revision(info.backend_name, backend.version)
-            info = self.state.resolve(req.model, "classification")
+            info = self.state.resolve(req.model, "classification", ctx)
         started = time.perf_counter()
         ctx.salt_scope = (
             "shared"

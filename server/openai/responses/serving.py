@@ -47,7 +47,7 @@ class ResponsesServing:
         self, body: dict[str, Any], ctx: RequestContext, cache: CacheDirectives | None = None
     ) -> Reply:
         req = msgspec.convert(body, ResponsesRequest)
-        info = self.state.resolve(req.model, "chat")
+        info = self.state.resolve(req.model, "chat", ctx)
         previous = req.previous_response_id
         if previous is not None and not await self._owned(ctx, previous):
             raise ApiError(

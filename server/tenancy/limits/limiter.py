@@ -97,11 +97,13 @@ def build_limiter(
     redis_prefix: str,
     spent: SpentFn | None,
     calendar: Callable[[], float] = time.time,
+    overrides_later: bool = False,
 ) -> TenantLimiter | None:
     """The app's limiter: on the policy's Redis when it has one (read at start), else in
-    memory; ``None`` when neither the defaults nor any token set a limit."""
+    memory; ``None`` when neither the defaults nor any token set a limit and none can come
+    later (``overrides_later``: API keys, made while serving, may have limits)."""
     limited = [s for s in (defaults, *overrides) if s is not None and s.limited]
-    if not limited:
+    if not limited and not overrides_later:
         return None
     uri = "async+" + redis_url if redis_url else "async+memory://"
     return TenantLimiter(
