@@ -25,7 +25,7 @@ from backends.pool import Pool
 from backends.pool_metrics import BackendStats
 from backends.protocol import BackendError, RequestContext, UpstreamResponse
 from backends.salt import ANONYMOUS_SCOPE, CacheSalter
-from backends.upstream import HttpSession
+from backends.upstream import HTTP_ERRORS, HttpSession, body_failure
 from backends.vllm_stream import VllmStream, is_server_error_event, read_first_event
 from foundation import tracing as spans
 
@@ -134,6 +134,8 @@ class PDRouter:
                     body=await response.read(),
                     content_type=response.headers.get("content-type", "application/json"),
                 )
+            except HTTP_ERRORS as exc:
+                return body_failure(exc, server.url)
             finally:
                 response.release()
             if answer.status >= 500:
@@ -158,7 +160,10 @@ class PDRouter:
             relayed = False
             try:
                 if response.status == 200:
-                    head, rest = await read_first_event(response)
+                    try:
+                        head, rest = await read_first_event(response)
+                    except HTTP_ERRORS as exc:
+                        return body_failure(exc, server.url)
                     if head and not is_server_error_event(head):
                         self.decode_pool.answered(server)
                         if prefilled_at is not None:

@@ -142,3 +142,18 @@ def http_failure(exc: BaseException, url: str) -> BackendError:
         # refused, reset, disconnected, or the body cut short
         return BackendError("unreachable", f"backend {url} is unreachable", retry_after_s=2)
     return BackendError("broken", f"backend {url} failed: {type(exc).__name__}", retry_after_s=1)
+
+
+def body_failure(exc: BaseException, url: str) -> BackendError:
+    """The ``BackendError`` for an exception reading the body of an answer whose status came.
+
+    The server answered, so it is reachable: a body cut short is this answer broken (vLLM
+    closes the connection when its handler fails mid-stream), not the server gone, and does
+    not eject it. A server that died is ejected by the next connection it refuses, or by its
+    health check.
+    """
+    if isinstance(exc, asyncio.TimeoutError):
+        return BackendError("timeout", f"backend {url} timed out", retry_after_s=1)
+    return BackendError(
+        "broken", f"backend {url} broke off its answer ({type(exc).__name__})", retry_after_s=1
+    )

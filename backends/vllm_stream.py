@@ -12,7 +12,7 @@ import aiohttp
 import orjson
 
 from backends.protocol import BackendError
-from backends.upstream import HTTP_ERRORS, http_failure, raw_chunks
+from backends.upstream import HTTP_ERRORS, body_failure, raw_chunks
 from foundation.sse import SSEReader
 
 
@@ -49,7 +49,7 @@ class VllmStream:
             async for chunk in self._rest or raw_chunks(self._response):
                 yield chunk
         except HTTP_ERRORS as exc:
-            failure = http_failure(exc, self._url)
+            failure = body_failure(exc, self._url)
             if self._on_failure is not None:
                 self._on_failure(failure)
             raise failure from exc
@@ -62,7 +62,7 @@ class VllmStream:
                 return self._head + await self._response.read()
             return self._head + b"".join([chunk async for chunk in self._rest])
         except HTTP_ERRORS as exc:
-            raise http_failure(exc, self._url) from exc
+            raise body_failure(exc, self._url) from exc
         finally:
             await self.aclose()
 

@@ -394,9 +394,39 @@ async def test_a_stream_broken_after_the_first_bytes_raises_and_frees_the_slot(
         async for chunk in answer.chunks():
             received.append(chunk)
             received_first.set()
-    assert len(received) == 1 and broken.value.kind == "unreachable"
+    assert len(received) == 1 and broken.value.kind == "broken"
     assert c.inflight() == 0
-    assert not c.decode_pool.servers[0].healthy  # ejected until a health check passes
+    # It answered: a handler failing mid-stream is not a dead server (the next connection
+    # it refused, or its health check, would eject it).
+    assert c.decode_pool.servers[0].healthy
+    assert c.decode_pool.servers[0].errors["broken"] == 1
+    await c.aclose()
+
+
+async def test_a_stream_cut_before_its_first_event_is_retried_on_another_server(
+    upstream: Make,
+) -> None:
+    cuts = 0
+
+    async def cut_once(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        nonlocal cuts
+        if cuts:
+            return await decode_ok(request, body)
+        cuts += 1
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'data: {"type":"response.created"}\n\n')
+        assert request.transport is not None
+        request.transport.close()  # the handler failed after its headers went out
+        return response
+
+    up = await upstream({PREFILL: prefill_ok, DECODE_1: cut_once, DECODE_2: cut_once})
+    c = client(up, decode=(DECODE_1, DECODE_2))
+    answer = await c.open_stream(CHAT, chat(stream=True), ctx())
+    assert b"Hi" in b"".join([chunk async for chunk in answer.chunks()])
+    assert cuts == 1 and len(up.bodies(DECODE_1)) + len(up.bodies(DECODE_2)) == 2
+    assert all(server.healthy for server in c.decode_pool.servers)
+    assert sum(server.errors["broken"] for server in c.decode_pool.servers) == 1
     await c.aclose()
 
 

@@ -36,6 +36,18 @@ def response_not_found(response_id: str) -> ApiError:
     )
 
 
+def without_nulls(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` without its top-level nulls, which the Responses API reads as the field's
+    default (and so do the cache keys: ``"background": null`` and no ``background`` are one
+    request).
+
+    vLLM (checked against 0.32) accepts a null ``background`` or ``truncation`` but builds its
+    final ``response.completed`` event with them, whose model declares them non-null: the
+    stream is cut after it began, and a non-streamed request is refused.
+    """
+    return {name: value for name, value in body.items() if value is not None}
+
+
 class ResponsesServing:
     def __init__(self, state: ServingState, generation: Generation) -> None:
         self.state = state
@@ -46,6 +58,7 @@ class ResponsesServing:
     async def create(
         self, body: dict[str, Any], ctx: RequestContext, cache: CacheDirectives | None = None
     ) -> Reply:
+        body = without_nulls(body)
         req = msgspec.convert(body, ResponsesRequest)
         info = self.state.resolve(req.model, "chat", ctx)
         previous = req.previous_response_id

@@ -203,3 +203,13 @@ def test_tokens_of_responses_are_counted(client: Client, fake: FakeGeneration) -
     metrics = client.get("/metrics").text
     line = 'semcache_tokens_total{kind="completion",model="chat-model"}'
     assert orjson.loads(metrics.split(line, 1)[1].split("\n", 1)[0]) == 2
+
+
+def test_null_fields_are_left_to_their_defaults(client: Client, fake: FakeGeneration) -> None:
+    nulls = {"background": None, "truncation": None, "top_p": None}
+    first = create(client, {**STATELESS, **nulls})
+    again = create(client, STATELESS)  # the same request: null is the default
+    assert first.status_code == again.status_code == 200
+    assert again.headers["cf-aig-cache-status"] == "HIT"
+    assert [path for path, _ in fake.calls] == [PATH]
+    assert not set(nulls) & set(fake.calls[0][1])  # vLLM cuts its stream on a null background
