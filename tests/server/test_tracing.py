@@ -194,13 +194,21 @@ async def test_a_miss_is_one_trace_through_placement_prefill_and_decode(
     assert parents(hops.traceparents["decode"]) == [f"00-{trace_hex}-{span_id(decode)}"]
 
 
+async def logged(gw: GatewayThread, lines: int) -> list[dict[str, Any]]:
+    """The request log once it holds ``lines`` lines: a stream's line is written as it
+    ends on the server, which may come after the client read its last byte."""
+    recent = gw.app.state.tenancy.request_log.recent
+    await wait_until_async(lambda: len(recent) >= lines)
+    return list(recent)
+
+
 async def test_a_hit_has_no_backend_span_early_or_routed(tmp_path: Path, hops: Hops) -> None:
     exporter = InMemorySpanExporter()
     with gateway(tmp_path, hops, exporter) as gw:
         for _ in range(3):  # a miss, a hit through the route, then an early hit
             r = await post(gw.url, chat())
             assert r.status_code == 200
-        log = list(gw.app.state.tenancy.request_log.recent)
+        log = await logged(gw, 3)
     spans = list(exporter.get_finished_spans())
     roots = sorted((s for s in spans if s.kind is SpanKind.SERVER), key=lambda s: s.start_time)
     assert [r.attributes["semcache.cache"] for r in roots if r.attributes] == [
@@ -246,7 +254,7 @@ async def test_tracing_off_sends_no_traceparent_and_logs_no_trace_id(
         assert gw.app.state.tracing is None
         r = await post(gw.url, chat(stream=True))
         assert r.status_code == 200
-        log = list(gw.app.state.tenancy.request_log.recent)
+        log = await logged(gw, 1)
     assert hops.traceparents == {"prefill": [None], "decode": [None]}
     assert [line["trace_id"] for line in log] == [None]
 
@@ -290,7 +298,7 @@ async def test_an_unsampled_trace_keeps_no_span_and_tells_vllm_so(
     with gateway(tmp_path, hops, exporter, TracingSettings(sample_ratio=0.0)) as gw:
         r = await post(gw.url, chat(stream=True))
         assert r.status_code == 200
-        log = list(gw.app.state.tenancy.request_log.recent)
+        log = await logged(gw, 1)
     assert list(exporter.get_finished_spans()) == []
     for role in ("prefill", "decode"):
         (traceparent,) = hops.traceparents[role]
