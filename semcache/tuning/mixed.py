@@ -83,12 +83,25 @@ def mixed_stream(
 ) -> Stream:
     """Each source's stream (``limit`` questions at most, or ``repeated`` requests over
     ``clusters`` clusters, per source) interleaved with ``seed``."""
-    streams: dict[str, Stream] = {}
-    for name in names:
-        pairs = source_pairs(name, files, seed=seed, limit=limit)
-        streams[name] = (
-            build_repeated_stream(pairs, requests=repeated, clusters=clusters, seed=seed).stream
+    pairs = {name: source_pairs(name, files, seed=seed, limit=limit) for name in names}
+    return stream_of_sources(pairs, seed=seed, limit=limit, repeated=repeated, clusters=clusters)
+
+
+def stream_of_sources(
+    pairs: dict[str, list[Pair]],
+    *,
+    seed: int,
+    limit: int | None = None,
+    repeated: int = 0,
+    clusters: int = 500,
+) -> Stream:
+    """``mixed_stream`` on pairs already loaded, by source name."""
+    streams = {
+        name: (
+            build_repeated_stream(part, requests=repeated, clusters=clusters, seed=seed).stream
             if repeated
-            else build_stream(pairs, limit=limit, seed=seed)
+            else build_stream(part, limit=limit, seed=seed)
         )
+        for name, part in pairs.items()
+    }
     return build_mixed_stream(streams, seed=seed)
