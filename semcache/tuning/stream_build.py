@@ -26,6 +26,8 @@ class Stream(msgspec.Struct, kw_only=True):
     texts: list[str]
     cluster: list[int]
     """Cluster id of each text (same id: the same question)."""
+    source: list[str] = []
+    """A mixed stream's source of each text (``build_mixed_stream``); empty for one source."""
 
 
 def _shuffled_components(
@@ -120,6 +122,47 @@ def build_repeated_stream(
         cluster.append(ids[root])
     return RepeatedStream(
         stream=Stream(texts=texts, cluster=cluster), drawn=requests, clusters=len(chosen)
+    )
+
+
+def build_mixed_stream(streams: dict[str, Stream], *, seed: int) -> Stream:
+    """The streams of several labelled sources interleaved in one, in a seeded order that
+    keeps each source's own order; clusters never span sources (an answer of one workload
+    is wrong for another), and each text keeps its source's name."""
+    rng = random.Random(seed)
+    names = sorted(streams)
+    order = [name for name in names for _ in streams[name].texts]
+    rng.shuffle(order)
+    offset: dict[str, int] = {}
+    base = 0
+    for name in names:
+        offset[name] = base
+        base += max(streams[name].cluster, default=-1) + 1
+    position = dict.fromkeys(names, 0)
+    texts: list[str] = []
+    cluster: list[int] = []
+    seen: set[str] = set()
+    source: list[str] = []
+    for name in order:
+        k = position[name]
+        position[name] = k + 1
+        text = streams[name].texts[k]
+        if text in seen:  # the same text in two sources: the exact cache's, left out
+            continue
+        seen.add(text)
+        texts.append(text)
+        cluster.append(offset[name] + streams[name].cluster[k])
+        source.append(name)
+    return Stream(texts=texts, cluster=cluster, source=source)
+
+
+def source_stream(stream: Stream, name: str) -> Stream:
+    """The requests of one source of a mixed stream, in order."""
+    keep = [i for i, s in enumerate(stream.source) if s == name]
+    return Stream(
+        texts=[stream.texts[i] for i in keep],
+        cluster=[stream.cluster[i] for i in keep],
+        source=[name] * len(keep),
     )
 
 

@@ -29,7 +29,12 @@ import numpy as np
 from semcache.semantic.encoder import Encoder
 from semcache.semantic.verified import VerifiedParams
 from semcache.semantic.verifier import PairVerifier
-from semcache.tuning.stream_build import Stream, build_repeated_stream, build_stream
+from semcache.tuning.stream_build import (
+    Stream,
+    build_repeated_stream,
+    build_stream,
+    source_stream,
+)
 from semcache.tuning.stream_policies import (
     Outcome,
     best_static,
@@ -57,6 +62,11 @@ class Comparison(msgspec.Struct, kw_only=True):
     """The best static cosine threshold under vCache's error rate (wrong / requests)."""
     ceiling_per_request: int = 0
     """The ceiling under vCache's error rate."""
+    static_cosine_every_source: Outcome | None = None
+    """A mixed stream: the best static cosine threshold that holds max_error on every source
+    (``static_cosine`` holds it overall only)."""
+    ceiling_by_source: dict[str, int] = {}
+    """A mixed stream: the ceiling of each source's requests."""
 
     @property
     def top_static(self) -> Outcome | None:
@@ -118,6 +128,13 @@ def compare(
                 ceiling=ceiling(stream, delta),
                 static_cosine_per_request=best_static(static_cos, delta, per_request=True),
                 ceiling_per_request=ceiling(stream, delta, per_request=True),
+                static_cosine_every_source=(
+                    best_static(static_cos, delta, every_source=True) if stream.source else None
+                ),
+                ceiling_by_source={
+                    name: ceiling(source_stream(stream, name), delta)
+                    for name in sorted(set(stream.source))
+                },
             )
         )
     return rows
@@ -140,8 +157,7 @@ def compare_file(
 
     ``repeated``: that many requests of a repeated stream over ``clusters`` clusters
     (``build_repeated_stream``) instead of each question once."""
-    from semcache.semantic.verifier import load_verifier
-    from semcache.tuning.pairs import embed_texts, load_pairs
+    from semcache.tuning.pairs import load_pairs
 
     loaded = load_pairs(pairs)
     stream = (
@@ -149,8 +165,28 @@ def compare_file(
         if repeated
         else build_stream(loaded, limit=limit, seed=seed)
     )
+    return compare_stream(
+        stream, params, encoder=encoder, seed=seed, floor=floor, use_verifier=use_verifier
+    )
+
+
+def compare_stream(
+    stream: Stream,
+    params: VerifiedParams,
+    *,
+    encoder: Encoder,
+    seed: int = 0,
+    floor: float = 0.7,
+    use_verifier: bool = True,
+    cache_dir: Path | None = None,
+) -> list[Comparison]:
+    """``compare`` on a built stream with ``encoder`` (and the verifier); blocking; closes
+    the encoder. ``cache_dir``: keep the texts' vectors there (``embed_texts``)."""
+    from semcache.semantic.verifier import load_verifier
+    from semcache.tuning.pairs import embed_texts
+
     try:
-        embedded = embed_texts(encoder, sorted(set(stream.texts)), cache_dir=None)
+        embedded = embed_texts(encoder, sorted(set(stream.texts)), cache_dir=cache_dir)
     finally:
         asyncio.run(encoder.aclose())
     verifier = load_verifier() if use_verifier else None

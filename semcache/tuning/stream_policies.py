@@ -17,6 +17,7 @@ policy could go on a stream, whatever its decision rule.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import msgspec
@@ -46,6 +47,8 @@ class Outcome(msgspec.Struct, kw_only=True):
     """Requests sent to the backend although an entry was a candidate (judged)."""
     informed: int = 0
     """Verified: decisions on an entry that had judged observations of its own."""
+    by_source: dict[str, Outcome] = {}
+    """A mixed stream's requests of each source, counted apart (``Stream.source``)."""
 
     @property
     def hit_rate(self) -> float:
@@ -73,21 +76,16 @@ class Outcome(msgspec.Struct, kw_only=True):
 def run_static(stream: Stream, sims: np.ndarray, score: Score, threshold: float) -> Outcome:
     """A fixed threshold on the nearest entry's score (``sims``: the cosine matrix)."""
     entries: list[int] = []
-    hits = wrong = 0
+    tally = _Tally(stream)
     for i in range(len(stream.texts)):
         j = _nearest(sims, i, entries)
         if j is not None and score(i, j) >= threshold:
-            hits += 1
-            wrong += stream.cluster[i] != stream.cluster[j]
+            tally.count(i, "hits")
+            if stream.cluster[i] != stream.cluster[j]:
+                tally.count(i, "wrong")
             continue
         entries.append(i)
-    return Outcome(
-        policy=f"static {threshold:.3f}",
-        requests=len(stream.texts),
-        hits=hits,
-        wrong=wrong,
-        explores=0,
-    )
+    return tally.outcome(f"static {threshold:.3f}")
 
 
 def run_verified(
@@ -104,7 +102,7 @@ def run_verified(
     entries: list[int] = []
     observations: dict[int, list[Observation]] = {}
     prior = PartitionPrior()
-    hits = wrong = explores = informed = 0
+    tally = _Tally(stream)
     for i in range(len(stream.texts)):
         j = _nearest(sims, i, entries)
         if j is None or sims[i, j] < floor:
@@ -112,27 +110,60 @@ def run_verified(
             continue
         s = score(i, j)
         own = observations.get(j, [])
-        informed += bool(own)
+        if own:
+            tally.count(i, "informed")
         decision = decide(s, own, prior, params, rng.random())
         correct = stream.cluster[i] == stream.cluster[j]
         if decision.action is Action.EXPLOIT:
-            hits += 1
-            wrong += not correct
+            tally.count(i, "hits")
+            if not correct:
+                tally.count(i, "wrong")
             continue
-        explores += 1
+        tally.count(i, "explores")
         kept, dropped = observed(own, Observation(similarity=s, correct=correct, at=float(i)))
         observations[j] = kept
         prior.add([kept[-1]])
         prior.remove(dropped)
         if not correct:
             entries.append(i)
+    return tally.outcome(f"verified {params.max_error:.2f}")
+
+
+class _Tally:
+    """Counts of a run, overall and per source of a mixed stream."""
+
+    FIELDS = ("hits", "wrong", "explores", "informed")
+
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
+        self.total = dict.fromkeys(self.FIELDS, 0)
+        self.per_source: dict[str, dict[str, int]] = {
+            name: dict.fromkeys(self.FIELDS, 0) for name in sorted(set(stream.source))
+        }
+
+    def count(self, i: int, field: str) -> None:
+        self.total[field] += 1
+        if self.stream.source:
+            self.per_source[self.stream.source[i]][field] += 1
+
+    def outcome(self, policy: str) -> Outcome:
+        requests = Counter(self.stream.source)
+        by_source = {
+            name: _outcome(policy, requests[name], counts)
+            for name, counts in self.per_source.items()
+        }
+        overall = _outcome(policy, len(self.stream.texts), self.total)
+        return msgspec.structs.replace(overall, by_source=by_source)
+
+
+def _outcome(policy: str, requests: int, counts: dict[str, int]) -> Outcome:
     return Outcome(
-        policy=f"verified {params.max_error:.2f}",
-        requests=len(stream.texts),
-        hits=hits,
-        wrong=wrong,
-        explores=explores,
-        informed=informed,
+        policy=policy,
+        requests=requests,
+        hits=counts["hits"],
+        wrong=counts["wrong"],
+        explores=counts["explores"],
+        informed=counts["informed"],
     )
 
 
@@ -158,15 +189,21 @@ def ceiling(stream: Stream, max_error: float, *, per_request: bool = False) -> i
 
 
 def best_static(
-    outcomes: Sequence[Outcome], max_error: float, *, per_request: bool = False
+    outcomes: Sequence[Outcome],
+    max_error: float,
+    *,
+    per_request: bool = False,
+    every_source: bool = False,
 ) -> Outcome | None:
     """Of static runs on one stream, the one with the most hits whose realized error (among
     answers served, or with ``per_request`` among all requests) is at most max_error (tuned
-    after the fact: the most favourable static setting)."""
+    after the fact: the most favourable static setting); with ``every_source``, at most
+    max_error on each source of a mixed stream as well."""
     best: Outcome | None = None
     for out in outcomes:
-        error = out.wrong_per_request if per_request else out.error_rate
-        if out.hits and error <= max_error and (best is None or out.hits > best.hits):
+        held = [out, *out.by_source.values()] if every_source else [out]
+        errors = [o.wrong_per_request if per_request else o.error_rate for o in held]
+        if out.hits and max(errors) <= max_error and (best is None or out.hits > best.hits):
             best = out
     return best
 

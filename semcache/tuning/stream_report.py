@@ -54,6 +54,50 @@ def format_comparison(rows: Sequence[Comparison]) -> str:
     return "\n".join(lines)
 
 
+def format_sources(rows: Sequence[Comparison]) -> str:
+    """A mixed stream, per max_error: the verified mode (cosine), the static threshold tuned
+    to hold max_error overall and the best one that holds it on every source, each per
+    source and overall, beside each source's ceiling."""
+    lines = [
+        f"{'max_error':>9} {'policy':<30}{'source':<12}{'hits':>6}{'wrong':>6}{'error':>8}"
+        f"{'error<=':>9}{'holds':>6}{'ceiling':>8}"
+    ]
+    for row in rows:
+        best = row.static_cosine_every_source
+        policies = (
+            ("verified (cosine)", row.verified_cosine),
+            (_static_name("static, tuned overall", row.static_cosine), row.static_cosine),
+            (_static_name("static, every source", best), best),
+        )
+        for name, out in policies:
+            if out is None:
+                lines.append(f"{row.max_error:>9.2f} {name:<30}(no threshold meets it)")
+                continue
+            cells = [*sorted(out.by_source.items()), ("overall", out)]
+            for source, part in cells:
+                ceil = row.ceiling_by_source.get(source, row.ceiling)
+                held = "yes" if part.error_rate <= row.max_error else "NO"
+                lines.append(
+                    f"{row.max_error:>9.2f} {name:<30}{source:<12}{part.hits:>6}{part.wrong:>6}"
+                    f"{part.error_rate:>8.3f}{part.error_upper:>9.3f}{held:>6}{ceil:>8}"
+                )
+        verified = row.verified_cosine.hits
+        ratio = f"{verified / best.hits:.2f}x" if best and best.hits else "-"
+        lines.append(
+            f"{row.max_error:>9.2f} verified / static every source: {ratio} "
+            f"({verified} vs {best.hits if best else 0} hits; ceiling {row.ceiling})"
+        )
+    lines.append(
+        "holds: error <= max_error on that source; error<=: the one-sided 95 % Wilson bound; "
+        "ceiling: every repeat of the source served right plus max_error wrong"
+    )
+    return "\n".join(lines)
+
+
+def _static_name(name: str, out: Outcome | None) -> str:
+    return f"{name} ({out.policy.split()[-1]})" if out is not None else name
+
+
 def format_seeds(runs: Sequence[tuple[int, Sequence[Comparison]]]) -> str:
     """One line per max_error over streams of several seeds: the verified mode's (cosine)
     hits/wrong and the best static threshold's hits in each, and their ratio."""

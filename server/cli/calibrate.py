@@ -14,6 +14,11 @@ from server.encoders import load_encoder
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    if args.sources is not None:
+        return _calibrate_mixed(args)
+    if args.pairs is None:
+        print("semcache: cannot calibrate: --pairs FILE (or --stream --sources)", file=sys.stderr)
+        return 2
     if not args.pairs.is_file():
         print(f"semcache: cannot calibrate: no pairs file {args.pairs}", file=sys.stderr)
         return 2
@@ -69,6 +74,47 @@ def _calibrate_stream(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate_mixed(args: argparse.Namespace) -> int:
+    """``calibrate --stream --sources a,b``: the stream evaluation on a mixed workload."""
+    from backends.classifier import DEFAULT_EXAMPLES
+    from semcache.semantic.verified import VerifiedParams
+    from semcache.tuning.mixed import mixed_stream
+    from semcache.tuning.pairs import PARAPHRASE_PAIRS, QQP_PAIRS
+    from semcache.tuning.stream_eval import compare_stream
+    from semcache.tuning.stream_report import format_comparison, format_sources
+
+    if args.task != "chat" or not args.stream:
+        print("semcache: cannot calibrate: --sources is for --task chat --stream", file=sys.stderr)
+        return 2
+    files = {"qqp": QQP_PAIRS, "paraphrase": PARAPHRASE_PAIRS, "classify": DEFAULT_EXAMPLES}
+    names = [name.strip() for name in args.sources.split(",") if name.strip()]
+    try:
+        stream = mixed_stream(
+            names,
+            files,
+            seed=args.seed,
+            limit=args.limit,
+            repeated=args.repeated,
+            clusters=args.clusters,
+        )
+        rows = compare_stream(
+            stream,
+            VerifiedParams(max_error=0.05),  # the rule's defaults; each max_error is run
+            encoder=load_encoder(),
+            seed=args.seed,
+            use_verifier=not args.no_verifier,
+        )
+    except (OSError, ValueError) as exc:
+        print(f"semcache: cannot calibrate: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(rows)).decode() + "\n")
+    else:
+        print(format_comparison(rows))
+        print(format_sources(rows))
+    return 0
+
+
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     calibrate = commands.add_parser(
         "calibrate",
@@ -77,7 +123,9 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "verifier) on a JSONL file of {text_a, text_b, label} pairs, and the policy "
         "setting with the highest hit rate that reaches the target precision.",
     )
-    calibrate.add_argument("--pairs", type=Path, required=True, help="JSONL (or .jsonl.gz) pairs")
+    calibrate.add_argument(
+        "--pairs", type=Path, default=None, help="JSONL (or .jsonl.gz) pairs (unless --sources)"
+    )
     calibrate.add_argument(
         "--task",
         choices=TASKS,
@@ -104,4 +152,11 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--clusters duplicate clusters, surface variants of their questions); 0: each once",
     )
     calibrate.add_argument("--clusters", type=int, default=500, help="--repeated: clusters")
+    calibrate.add_argument(
+        "--sources",
+        default=None,
+        help="--stream: a mixed workload instead of --pairs, comma-separated from qqp, "
+        "paraphrase, templates (generated with --seed), classify (the embedded classifier's "
+        "labelled sentences); --limit and --repeated apply per source; reported per source",
+    )
     calibrate.set_defaults(func=cmd_calibrate)
