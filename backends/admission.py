@@ -1,20 +1,31 @@
-"""Admission to one pool's servers: per-server limits and a bounded FIFO wait queue.
+"""Admission to one pool's servers: per-server limits and a bounded wait queue.
 
 Each server runs at most ``limit`` requests of this gateway at once; a request that finds every
 acceptable server full waits in the queue (at most ``max_queue`` waiters, at most
 ``queue_timeout_s``), past which it is refused as ``overloaded`` (HTTP 429 with Retry-After)
 instead of piling up. With no healthy server left it is refused as ``unavailable`` (HTTP 503
 with Retry-After).
+
+The queue (``backends.fair_queue``) serves waiters by band, then fairly between tenants, from
+the ``QueueTicket`` each request brings; without one (the ``[queue]`` switch off) every
+request has the same ticket and the queue is first come, first served. A ticket's own bounds
+(waiters per tenant, wait) refuse as ``overloaded`` too.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import Counter, deque
+import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
+from prometheus_client import Histogram
+
+from backends.fair_queue import FIFO, FairQueue, QueueTicket, Waiter
 from backends.protocol import BackendError
 from backends.servers import ServerState
+
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 class Lease:
@@ -55,7 +66,13 @@ class Admission:
         self.waiting = 0
         self.refused: Counter[str] = Counter()
         """Requests refused, by kind (``overloaded`` → 429, ``unavailable`` → 503)."""
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self.queue = FairQueue()
+        self.rejected: Counter[tuple[str, str, str]] = Counter()
+        """Queued or queueing requests refused, by (band, tenant, reason): ``queue_full``,
+        ``tenant_queue_full``, ``wait``."""
+        self.waits: dict[str, Histogram] = {}
+        """Seconds each request that queued waited, by band (registered nowhere:
+        ``BackendCollector`` exposes them)."""
 
     def _any_healthy(self) -> bool:
         return any(s.healthy for s in self.servers)
@@ -68,8 +85,9 @@ class Admission:
             retry_after_s=self.unavailable_retry_after_s,
         )
 
-    def _overloaded(self, why: str) -> BackendError:
+    def _overloaded(self, why: str, ticket: QueueTicket, reason: str) -> BackendError:
         self.refused["overloaded"] += 1
+        self.rejected[(ticket.band, ticket.tenant, reason)] += 1
         return BackendError(
             "overloaded",
             f"backend {self.backend} is overloaded ({why})",
@@ -86,47 +104,71 @@ class Admission:
 
     def try_acquire(self, order: Iterable[ServerState]) -> Lease | None:
         """A slot on the first free server of ``order`` now, or None (never waits)."""
-        if self._waiters:
-            return None  # first come, first served: waiters go before newcomers
+        if self.queue:
+            return None  # waiters go before newcomers
         return self._take(order)
 
-    async def acquire(self, rank: Callable[[], Sequence[ServerState]]) -> Lease:
+    def _wait_histogram(self, band: str) -> Histogram:
+        histogram = self.waits.get(band)
+        if histogram is None:
+            histogram = self.waits[band] = Histogram(
+                "semcache_queue_wait_seconds", "", buckets=WAIT_BUCKETS, registry=None
+            )
+        return histogram
+
+    async def acquire(
+        self, rank: Callable[[], Sequence[ServerState]], ticket: QueueTicket | None = None
+    ) -> Lease:
         """A slot on the first free server ``rank()`` names (re-ranked after each wait).
 
         Raises ``BackendError("unavailable")`` when no server is healthy and
-        ``BackendError("overloaded")`` when the queue is full or the wait too long.
+        ``BackendError("overloaded")`` when the queue (or the ticket's tenant's share of it)
+        is full or the wait too long. A cancelled waiter (its client left) leaves the queue.
         """
         if not self._any_healthy():
             raise self._unavailable()
         lease = self.try_acquire(rank())
         if lease is not None:
             return lease
+        ticket = ticket or FIFO
         if self.waiting >= self.max_queue:
-            raise self._overloaded(f"{self.waiting} requests already wait")
+            why = f"{self.waiting} requests already wait"
+            raise self._overloaded(why, ticket, "queue_full")
+        if ticket.max_queued is not None and self.queue.queued(ticket.tenant) >= ticket.max_queued:
+            why = f"{ticket.max_queued} requests of tenant {ticket.tenant} already wait"
+            raise self._overloaded(why, ticket, "tenant_queue_full")
+        wait_s = self.queue_timeout_s
+        if ticket.max_wait_s is not None:
+            wait_s = min(wait_s, ticket.max_wait_s)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.queue_timeout_s
+        deadline = loop.time() + wait_s
+        queued_at = time.perf_counter()
         self.waiting += 1
+        waiter: Waiter | None = None
         try:
             while True:
-                waiter: asyncio.Future[None] = loop.create_future()
-                self._waiters.append(waiter)
+                future: asyncio.Future[None] = loop.create_future()
+                if waiter is None:
+                    waiter = self.queue.push(future, ticket)
+                else:
+                    waiter = self.queue.requeue(waiter, future)
                 try:
                     async with asyncio.timeout_at(deadline):
-                        await waiter
+                        await future
                 except BaseException as exc:
-                    if waiter in self._waiters:
-                        self._waiters.remove(waiter)
-                    elif waiter.done() and not waiter.cancelled():
+                    if not self.queue.remove(waiter) and future.done() and not future.cancelled():
                         self.wake_one()  # woken, but leaving: pass the free slot on
                     if isinstance(exc, TimeoutError):
-                        why = f"no free server within {self.queue_timeout_s:g} s"
-                        raise self._overloaded(why) from None
+                        self._wait_histogram(ticket.band).observe(time.perf_counter() - queued_at)
+                        why = f"no free server within {wait_s:g} s"
+                        raise self._overloaded(why, ticket, "wait") from None
                     raise
                 if not self._any_healthy():
                     raise self._unavailable()
                 lease = self._take(rank())
                 if lease is not None:
-                    if self._waiters and any(s.free for s in self.servers):
+                    self._wait_histogram(ticket.band).observe(time.perf_counter() - queued_at)
+                    if self.queue and any(s.free for s in self.servers):
                         self.wake_one()
                     return lease
         finally:
@@ -140,15 +182,14 @@ class Admission:
         self.wake_one()
 
     def wake_one(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
+        """The next waiter (by band, then fair share) tries to take the free slot."""
+        while (waiter := self.queue.pop()) is not None:
+            if not waiter.future.done():
+                waiter.future.set_result(None)
                 return
 
     def wake_all(self) -> None:
         """Every waiter re-checks the servers (one left or came back)."""
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
+        while (waiter := self.queue.pop()) is not None:
+            if not waiter.future.done():
+                waiter.future.set_result(None)

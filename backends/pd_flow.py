@@ -146,7 +146,7 @@ class PrefillHop:
                 return False, None
             try:
                 lease = await pool.admission.acquire(
-                    lambda: self.placement.rank(pool.servers, plan.key, excluded)
+                    lambda: self.placement.rank(pool.servers, plan.key, excluded), ctx.queue
                 )
             except BackendError as exc:
                 self._skip("prefill_down" if exc.kind == "unavailable" else "prefill_overloaded")

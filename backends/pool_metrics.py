@@ -154,6 +154,7 @@ class BackendCollector:
         )
         upstream: dict[str, Metric] = {}
         kv = KvFamilies()
+        queues = QueueFamilies()
         for stats in self._stats():
             if stats.kv is not None:
                 kv.add(stats.name, stats.kv)
@@ -162,6 +163,7 @@ class BackendCollector:
                 for kind, n in pool.admission.refused.items():
                     refused.add_metric([stats.name, pool.role, kind], n)
                 pools.add(pool)
+                queues.add(f"{stats.name}/{pool.role}", pool)
                 for s in (*pool.servers, *pool.leaving()):
                     key = [stats.name, s.url, s.role]
                     inflight.add_metric(key, s.inflight)
@@ -184,6 +186,7 @@ class BackendCollector:
         yield from (inflight, limit, healthy, requests, errors, ejections, waiting, refused)
         yield from (hops, skipped, prefill_s, handoff_s, over_bound)
         yield from pools.families()
+        yield from queues.families()
         yield from kv.families()
         yield from upstream.values()
 
@@ -275,3 +278,38 @@ def _add_upstream(families: dict[str, Metric], sample: UpstreamSample, key: list
             family = GaugeMetricFamily(name, doc, labels=labels)
         families[name] = family
     family.add_metric([*key, *(v for _, v in sample.labels)], sample.value)  # type: ignore[attr-defined]
+
+
+class QueueFamilies:
+    """The ``semcache_queue_*`` families: each pool's fair wait queue (``backends.fair_queue``);
+    ``pool`` is ``backend/role``."""
+
+    def __init__(self) -> None:
+        self.depth = GaugeMetricFamily(
+            "semcache_queue_depth",
+            "Requests waiting for a slot in a pool, by band and tenant.",
+            labels=["pool", "band", "tenant"],
+        )
+        self.wait = HistogramMetricFamily(
+            "semcache_queue_wait_seconds",
+            "How long requests that queued waited for a slot (or until refused), by band.",
+            labels=["pool", "band"],
+        )
+        self.rejected = CounterMetricFamily(
+            "semcache_queue_rejected",
+            "Requests a pool's queue refused with a 429, by band, tenant and reason "
+            "(queue_full, tenant_queue_full, wait).",
+            labels=["pool", "band", "tenant", "reason"],
+        )
+
+    def add(self, name: str, pool: Pool) -> None:
+        admission = pool.admission
+        for (band, tenant), n in admission.queue.depth.items():
+            self.depth.add_metric([name, band, tenant], n)
+        for waited, histogram in admission.waits.items():
+            self.wait.add_metric([name, waited], *histogram_buckets(histogram))
+        for (refused, who, reason), n in admission.rejected.items():
+            self.rejected.add_metric([name, refused, who, reason], n)
+
+    def families(self) -> Iterator[Metric]:
+        yield from (self.depth, self.wait, self.rejected)

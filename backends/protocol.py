@@ -8,6 +8,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import msgspec
 import numpy as np
 
+from backends.fair_queue import QueueTicket
+
 FailureKind = Literal["unreachable", "timeout", "overloaded", "unavailable", "broken"]
 
 
@@ -101,6 +103,9 @@ class RequestContext(msgspec.Struct, kw_only=True):
     """The models (ids or aliases) the request's API key may use; ``None``: every model."""
     usage: RequestUsage = msgspec.field(default_factory=RequestUsage)
     """What the request used and saved, for the ledger, the limits and the request log."""
+    queue: QueueTicket | None = None
+    """Its place in a full pool's wait queue (band, tenant, weight, bounds); ``None``: first
+    come, first served."""
 
 
 class UpstreamResponse(msgspec.Struct, kw_only=True):

@@ -106,7 +106,7 @@ class PDRouter:
         pool = self.decode_pool
         with spans.span("placement") as span:
             first = await pool.admission.acquire(
-                lambda: self.placement.rank(pool.servers, plan.key)
+                lambda: self.placement.rank(pool.servers, plan.key), ctx.queue
             )
             if span is not None:
                 span.set_attributes(placement_attributes(plan, first.server.url))

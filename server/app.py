@@ -53,6 +53,7 @@ from server.routes import admin, api_keys, cached_answer, health, pools, usage
 from server.speedups import before_routing, write_bodies_eagerly
 from server.tenancy.limits.limiter import build_limiter
 from server.tenancy.middleware import Tenancy, tenancy_middleware
+from server.tenancy.queueing import Tickets
 from server.tenancy.request_log import RequestLog
 from server.tracing import build_tracing
 from server.workers_ai import api_router as workers_ai_routes
@@ -172,6 +173,7 @@ def create_app(
         calendar=clock,
         overrides_later=key_view is not None,
     )
+    tickets = Tickets(config.queue)
     tenancy = Tenancy(
         auth=auth,
         metrics=metrics,
@@ -216,6 +218,7 @@ def create_app(
             item_runners={PAYLOAD_KEY: openai_items},
             accounting=tenancy.finish_item,
             tracing=tracing,
+            tickets=tickets,
         )
         if app.state.workers_ai.batch is not None:
             batches.queue = app.state.workers_ai.batch.queue
@@ -276,6 +279,7 @@ def create_app(
                 "policy": policy,
                 "auth": auth,
                 "tenancy": tenancy,
+                "queue_tickets": tickets,
                 "drain": drain,
                 "ledger": ledger,
                 "files": FilesServing(stores.files, files_settings.max_bytes),

@@ -32,6 +32,7 @@ from server.batch.metrics import BatchMetrics
 from server.batch.queue.base import BatchQueue, WorkItem
 from server.batch.results import ItemOutcome, ItemRunner, StoredItem, response_object
 from server.batch.settings import BatchSettings
+from server.tenancy.queueing import Tickets
 
 log = logging.getLogger("semcache.batch")
 
@@ -58,8 +59,11 @@ class BatchWorkers:
         clock: Callable[[], float] = time.monotonic,
         accounting: Callable[[RequestContext, bool], None] | None = None,
         tracing: Tracing | None = None,
+        tickets: Tickets | None = None,
     ) -> None:
         self.queue = queue
+        self.tickets = tickets
+        """Each item's place in a full pool's queue: the ``batch`` band, below live traffic."""
         self.tracing = tracing
         """Each item its own trace (``semcache.batch_id`` names the batch it belongs to)."""
         self.accounting = accounting
@@ -205,8 +209,12 @@ class BatchWorkers:
             await gate.acquire()
             acquired = True
             self.metrics.running.inc()
+            ticket = self.tickets.ticket(item.tenant, batch=True) if self.tickets else None
             ctx = RequestContext(
-                request_id=f"{item.job_id}:{item.index}", tenant=item.tenant, background=True
+                request_id=f"{item.job_id}:{item.index}",
+                tenant=item.tenant,
+                background=True,
+                queue=ticket,
             )
             try:
                 outcome = await self._run(item, body, ctx, gate)

@@ -15,6 +15,7 @@ from server.errors import ApiError
 from server.openai.reply import Reply, aclose_stream
 from server.openai.serving import OpenAIServing
 from server.speedups import EncodedResponse, RelayStream
+from server.tenancy.queueing import PRIORITY_HEADER, Tickets
 from server.tenancy.record import RequestRecord, record_of
 
 
@@ -55,12 +56,15 @@ def record(request: Request[Any, Any, Any]) -> RequestRecord:
 def context(request: Request[Any, Any, Any]) -> RequestContext:
     """The request's context: its id, tenant and usage are the tenancy record's."""
     rec = record(request)
+    tickets: Tickets = request.app.state.queue_tickets
+    tenant = rec.principal.tenant
     return RequestContext(
         request_id=rec.request_id,
         session_affinity=request.headers.get("x-session-affinity"),
-        tenant=rec.principal.tenant,
+        tenant=tenant,
         models=rec.principal.models,
         usage=rec.usage,
+        queue=tickets.ticket(tenant, priority=request.headers.get(PRIORITY_HEADER)),
     )
 
 

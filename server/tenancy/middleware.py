@@ -156,7 +156,7 @@ class Tenancy:
         assert self.limiter is not None
         principal = record.principal
         estimate = 0
-        if self.limiter.settings_of(principal.limits).tokens_per_minute is not None:
+        if self.limiter.settings_of(principal.limits).estimates_tokens:
             body, receive = await read_ahead(receive, self.max_body_bytes)
             estimate = estimate_tokens(body)
         with spans.span("limits"):

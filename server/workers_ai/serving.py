@@ -30,6 +30,7 @@ from server.config import GatewayConfig
 from server.errors import ApiError, from_backend, from_validation
 from server.openai.reply import SSE_HEADERS, ClosingStream, Reply, aclose_stream
 from server.openai.serving import OpenAIServing
+from server.tenancy.queueing import Tickets
 from server.workers_ai.protocol import (
     ClassificationInput,
     EmbeddingInput,
@@ -299,6 +300,7 @@ async def open_workers_ai(
     item_runners: Mapping[str, ItemRunner] | None = None,
     accounting: Callable[[RequestContext, bool], None] | None = None,
     tracing: Tracing | None = None,
+    tickets: Tickets | None = None,
 ) -> WorkersAIServing:
     """Build the Workers-AI surface for ``config`` and start this gateway's batch workers,
     which also run the items other APIs queue (``item_runners``, by payload key)."""
@@ -316,6 +318,7 @@ async def open_workers_ai(
             BatchMetrics(metrics_registry),
             accounting=accounting,
             tracing=tracing,
+            tickets=tickets,
         )
         wai.workers.start()
     return wai

@@ -19,23 +19,27 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import msgspec
 from limits.aio.storage import Storage
 
+from semcache.ledger.records import utc_day, utc_month
 from semcache.tiers.redis import CircuitBreaker
 from server.tenancy.limits.budgets import (
     BudgetStatus,
+    Period,
     SpentFn,
     budget_periods,
     budget_reached,
     budget_status,
     period_end,
+    tokens_spent,
 )
 from server.tenancy.limits.headers import rate_headers
 from server.tenancy.limits.refusals import quota_exceeded, rate_limited, too_many_concurrent
+from server.tenancy.limits.reservations import RedisReservations, Reservation, Reservations
 from server.tenancy.limits.settings import LimitSettings
 from server.tenancy.limits.windows import RateWindows, Window
 
@@ -87,6 +91,8 @@ class Admission:
     """Tokens this request added to its tokens-per-minute window so far."""
     holds_slot: bool = False
     settled: bool = False
+    reserved: list[Reservation] = field(default_factory=list)
+    """The token budgets' charges this request holds its worst case on until it settles."""
 
 
 def build_limiter(
@@ -135,6 +141,10 @@ class TenantLimiter:
         self.rates = RateWindows(
             storage_uri, clock=clock, prefix=f"{redis_prefix}:limits", timeout_s=timeout_s
         )
+        self.reservations = (
+            RedisReservations(self.rates.pool) if self.rates.pool is not None else Reservations()
+        )
+        self._budget_prefix = f"{redis_prefix}:budget"
         self._in_flight: dict[str, int] = {}
         self._merged: dict[LimitSettings | None, LimitSettings] = {}
         self._no_ledger_logged = False
@@ -173,9 +183,11 @@ class TenantLimiter:
         try:
             if settings.budgets:
                 await self._check_budgets(admission)
+                await self._reserve_budgets(admission)
             await self._count(admission)
         except BaseException:
             self._release(admission)
+            await self._settle_budgets(admission, 0)
             raise
         return admission
 
@@ -187,11 +199,13 @@ class TenantLimiter:
             return
         admission.settled = True
         self._release(admission)
+        spends = not cache_hit or bool(admission.settings.hits_spend_tokens)
+        used = prompt_tokens + completion_tokens if spends else 0
+        await self._settle_budgets(admission, used)
         window = admission.tokens
         if window is None:
             return
-        spends = not cache_hit or bool(admission.settings.hits_spend_tokens)
-        delta = (prompt_tokens + completion_tokens if spends else 0) - admission.tokens_counted
+        delta = used - admission.tokens_counted
         if delta < 0 and self.clock() >= window.reset_at:
             return  # the estimate was counted in a window that has ended: nothing to give back
         if delta:
@@ -306,6 +320,53 @@ class TenantLimiter:
             window = await self.rates.peek(kind, admission.key, per_minute)
             if window is not None:
                 setattr(admission, kind, window)
+
+    async def _reserve_budgets(self, admission: Admission) -> None:
+        """Reserve the request's worst case on each token budget's charge (see
+        ``reservations``); 429 when a charge already reached its budget."""
+        settings = admission.settings
+        spent = self.spent
+        if spent is None:
+            return
+        now = self.calendar()
+        cost = max(1, admission.estimated_tokens)
+        for period, tokens, _ in budget_periods(settings):
+            if tokens is None:
+                continue
+            period_key = utc_day(now) if period == "day" else utc_month(now)
+            key = f"{self._budget_prefix}:{admission.tenant}:{period_key}"
+            end = period_end(now, period)
+
+            async def seed(period: Period = period) -> int:
+                return tokens_spent(await spent(admission.tenant, period, now), settings)
+
+            answer = await self.rates.guarded(
+                partial(
+                    self.reservations.reserve, key, cost, tokens, seed, int(end - now) + 86_400
+                ),
+                None,
+            )
+            if answer is None:
+                continue  # the shared store is down: fail open
+            reserved, charged = answer
+            if not reserved:
+                adjective = "daily" if period == "day" else "monthly"
+                reached = f"{adjective} budget of {tokens} tokens (charged {charged})"
+                await self._peek(admission)
+                raise quota_exceeded(reached, end, now, dict(self.headers(admission)))
+            admission.reserved.append(Reservation(key, cost))
+
+    async def _settle_budgets(self, admission: Admission, used: int) -> None:
+        """Move each reservation to what the request used (all back when it used nothing)."""
+        for reservation in admission.reserved:
+            if reservation.settled:
+                continue
+            reservation.settled = True
+            delta = used - reservation.tokens
+            if delta:
+                await self.rates.guarded(
+                    partial(self.reservations.settle, reservation.key, delta), None
+                )
 
     async def _check_budgets(self, admission: Admission) -> None:
         settings = admission.settings

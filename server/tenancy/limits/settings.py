@@ -46,6 +46,14 @@ class LimitSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
         return any(getattr(self, name) is not None for name in _LIMIT_FIELDS)
 
     @property
+    def estimates_tokens(self) -> bool:
+        """Whether admission needs the request's token estimate: tokens per minute, or a
+        token budget (which reserves it)."""
+        return any(
+            v is not None for v in (self.tokens_per_minute, self.daily_tokens, self.monthly_tokens)
+        )
+
+    @property
     def budgets(self) -> bool:
         return any(
             v is not None

@@ -20,6 +20,7 @@ from typing import TypeVar
 
 from limits import RateLimitItem, RateLimitItemPerMinute
 from limits.aio.strategies import FixedWindowRateLimiter
+from redis.asyncio import ConnectionPool
 
 from semcache.tiers.redis import OUTAGE_ERRORS, CircuitBreaker
 from server.tenancy.limits.storage import STORAGE_FAILURES, open_storage
@@ -129,6 +130,11 @@ class RateWindows:
             return None
         window.remaining, window.reset_at = stats.remaining, stats.reset_time
         return window
+
+    @property
+    def pool(self) -> ConnectionPool | None:
+        """The Redis connection pool of a shared storage (None in memory)."""
+        return self._pool
 
     async def aclose(self) -> None:
         if self._pool is not None:

@@ -21,6 +21,7 @@ from backends.registry import ModelInfo, ModelRegistry
 from harness.fake_backend import FakeGeneration, FakeStream
 from harness.gateway import GatewayThread
 from server.config import parse_config
+from server.tenancy.limits.limiter import estimate_tokens
 from tests.semcache.conftest import RedisServer
 from tests.support.waiting import wait_until
 
@@ -231,10 +232,15 @@ def test_a_reached_budget_refuses_the_next_request_and_a_stream_in_flight_ends_n
     gateway: GatewayFactory,
 ) -> None:
     fake = GatedStreams()
+    body = chat("a long story", stream=True)
+    # The stream in flight holds its worst case (its estimate) on the day's charge until it
+    # ends; "one" and "two" settle to 4 tokens each (the fake's usage): then the charge is
+    # the budget.
+    budget = estimate_tokens(body) + 8
     gw = gateway(
-        """
+        f"""
 [limits]
-daily_tokens = 6
+daily_tokens = {budget}
 requests_per_minute = 100
 [[auth.tokens]]
 token = "tok"
@@ -244,12 +250,11 @@ tenant = "acme"
         clock=lambda: NOON,  # the budget's day, whenever the test runs
     )
     with httpx.Client(base_url=gw.url, timeout=30) as http:
-        body = chat("a long story", stream=True)
         with http.stream("POST", CHAT, content=body, headers=bearer("tok")) as stream:
             assert stream.status_code == 200
             events = stream.iter_lines()
             assert next(events).startswith("data: ")  # the stream is in flight
-            for content in ("one", "two"):  # 4 tokens each (the fake's usage): 8 >= 6
+            for content in ("one", "two"):
                 assert http.post(CHAT, content=chat(content), headers=bearer("tok")).is_success
             refused = http.post(CHAT, content=chat("three"), headers=bearer("tok"))
             assert refused.status_code == 429
@@ -257,7 +262,7 @@ tenant = "acme"
             assert refused.headers["x-ratelimit-remaining-requests"] == "97"
             error = refused.json()["error"]
             assert (error["code"], error["type"]) == ("insufficient_quota", "insufficient_quota")
-            assert "daily budget of 6 tokens (spent 8)" in error["message"]
+            assert f"daily budget of {budget} tokens (charged {budget})" in error["message"]
             assert "renews at 2026-03-15T00:00:00Z" in error["message"]
             envelope = http.post(RUN, content=b'{"prompt": "hi"}', headers=bearer("tok"))
             assert envelope.status_code == 429
