@@ -31,8 +31,8 @@ from typing import Any, Final
 
 import msgspec
 import orjson
-from redis.asyncio import Redis
 
+from foundation.redis_client import RedisClient, open_redis
 from semcache.generation import Generation
 from semcache.keys import scope_for
 from semcache.tiers.base import Store
@@ -241,14 +241,14 @@ class RedisEpochs(EpochBook):
         self.local = local or LocalEpochs()
         self.recheck_s = recheck_s
         self.clock = clock
-        self._hash = link.key("epochs")
-        self._gen_key = link.key("epochs:gen")
+        self._hash = link.key("{epochs}")
+        self._gen_key = link.key("{epochs}:gen")
         self.channel = link.key("epochs:bump")
         self._remote_gen: int | None = None
         self._checked_at = -1e18
         self._pending: set[str] = set()
         self._listener: asyncio.Task[None] | None = None
-        self._pubsub_client: Redis | None = None
+        self._pubsub_client: RedisClient | None = None
         self.messages = 0
 
     async def _refresh(self, *, force: bool = False) -> None:
@@ -280,7 +280,7 @@ class RedisEpochs(EpochBook):
         for f, n in values.items():
             args += [f, n]
 
-        async def op(r: Redis) -> None:
+        async def op(r: RedisClient) -> None:
             await r.eval(_RAISE_LUA, 2, self._hash, self._gen_key, *args)
             await r.publish(self.channel, orjson.dumps(dict(values)))
 
@@ -304,7 +304,7 @@ class RedisEpochs(EpochBook):
         return local
 
     async def _bump_remote(self, fields: Sequence[str]) -> bool:
-        async def op(r: Redis) -> dict[str, int]:
+        async def op(r: RedisClient) -> dict[str, int]:
             async with r.pipeline(transaction=True) as p:
                 for f in fields:
                     p.hincrby(self._hash, f, 1)
@@ -339,7 +339,7 @@ class RedisEpochs(EpochBook):
     async def _listen(self) -> None:
         delay = self.link.breaker.base_s
         while True:
-            client = Redis.from_url(
+            client = open_redis(
                 self.link.url,
                 socket_connect_timeout=self.link.timeout_s,
                 socket_timeout=None,

@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from typing import Final
 
 import orjson
-from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from foundation.redis_client import RedisClient, hash_tag, open_redis
 from semcache.ledger.base import Batch, LedgerUnavailable, Row, Storage
 from semcache.ledger.records import INT_FIELDS, SUM_FIELDS
 from semcache.tiers.redis import OUTAGE_ERRORS
@@ -84,9 +84,9 @@ class RedisStorage(Storage):
     def __init__(self, url: str, *, prefix: str = "semcache", timeout_s: float = 1.0) -> None:
         self.url = url
         self.name = f"redis {url}"
-        self.base = f"{prefix}:usage"
+        self.base = hash_tag(f"{prefix}:usage")
         self.timeout_s = timeout_s
-        self.client: Redis = Redis.from_url(
+        self.client: RedisClient = open_redis(
             url,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter
 
+from foundation.redis_client import open_redis
 from semcache.semantic.cache import SemanticCache
 from semcache.semantic.encoder import Encoder
 from semcache.semantic.feed import RedisEntryFeed
@@ -123,9 +124,7 @@ class SemanticService:
             self._store = store
         feed = None
         if self.redis_url:
-            import redis.asyncio as redis_asyncio
-
-            client = redis_asyncio.from_url(self.redis_url)
+            client = open_redis(self.redis_url)
             self._redis = client
             cursor = await asyncio.to_thread(store.cursor) if store is not None else None
             feed = RedisEntryFeed(

@@ -17,13 +17,13 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Self, TypeVar
 
-from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from foundation.redis_client import RedisClient, open_redis
 from semcache.tiers.base import Store
 
 log = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ class RedisLink:
         self.url = url
         self.prefix = prefix
         self.timeout_s = timeout_s
-        self.client: Redis = Redis.from_url(
+        self.client: RedisClient = open_redis(
             url,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
@@ -138,7 +138,7 @@ class RedisLink:
         return f"{self.prefix}:{name}"
 
     async def call(
-        self, op: Callable[[Redis], Awaitable[T]], default: T, *, limit_s: float | None = None
+        self, op: Callable[[RedisClient], Awaitable[T]], default: T, *, limit_s: float | None = None
     ) -> T:
         """Run ``op`` unless the breaker is open; on an outage return ``default``, never raise.
 
@@ -210,7 +210,7 @@ class RedisStore(Store[bytes]):
         base = self.link.key(self.namespace) if self.namespace else self.link.prefix + ":"
         pattern = _glob_escape(base) + ("/*" if self.namespace else "*")
 
-        async def _clear(r: Redis) -> None:
+        async def _clear(r: RedisClient) -> None:
             if self.namespace:
                 await r.delete(base)
             batch: list[bytes] = []

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import msgspec
-from redis.asyncio import Redis
 
+from foundation.redis_client import RedisClient, open_redis
 from server.apikeys.records import ApiKey, AuditEntry
 from server.apikeys.store import Changed
 
@@ -38,7 +38,7 @@ class RedisKeyStore:
         self.audit_key = f"{base}:audit"
         self.channel = f"{base}:changed"
         self.audit_keep = audit_keep
-        self.redis: Redis = Redis.from_url(
+        self.redis: RedisClient = open_redis(
             url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s
         )
 
@@ -59,7 +59,7 @@ class RedisKeyStore:
     async def watch(self, changed: Changed) -> None:
         delay = 0.1
         while True:
-            client = Redis.from_url(
+            client = open_redis(
                 self.url, socket_connect_timeout=self.timeout_s, socket_timeout=None
             )
             try:

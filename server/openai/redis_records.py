@@ -11,8 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
-from redis.asyncio import Redis
-
+from foundation.redis_client import RedisClient
 from server.openai.records import tenant_key
 
 T = TypeVar("T")
@@ -40,7 +39,7 @@ def ms(seconds: float) -> int:
 
 
 async def page(
-    client: Redis,
+    client: RedisClient,
     index: str,
     load: Callable[[list[str]], Awaitable[list[T | None]]],
     *,

@@ -6,8 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from redis.asyncio import Redis
-
+from foundation.redis_client import RedisClient, open_redis
 from server.batch.settings import BatchSettings
 from server.openai.batches.redis_store import RedisBatchStore
 from server.openai.batches.store import BatchStore, DiskBatchStore
@@ -19,7 +18,7 @@ from server.openai.files.store import DiskFileStore, FileStore
 class OpenAIStores:
     files: FileStore
     batches: BatchStore
-    redis: Redis | None = None
+    redis: RedisClient | None = None
     """The client of the Redis stores (closed by :meth:`aclose`)."""
 
     async def aclose(self) -> None:
@@ -36,7 +35,7 @@ def build_stores(settings: BatchSettings, openai_dir: Path) -> OpenAIStores:
     """The stores ``settings`` describe; no connection is made before their first use."""
     retention_s = settings.files.retention_s
     if uses_redis(settings):
-        client = Redis.from_url(settings.queue.redis_url)
+        client = open_redis(settings.queue.redis_url)
         prefix = f"{settings.queue.prefix}:openai"
         return OpenAIStores(
             RedisFileStore(client, prefix=prefix, retention_s=retention_s),

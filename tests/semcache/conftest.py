@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness.ports import free_port
+from harness.redis_cluster import RedisClusterProcess
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "redis.sh"
 
@@ -94,3 +95,15 @@ def redis_factory(redis_installed: None, tmp_path: Path) -> Iterator[Callable[[]
 def redis_prefix() -> str:
     """A key prefix of its own per test, so tests sharing the session server never collide."""
     return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(
+    redis_installed: None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RedisClusterProcess]:
+    """One real Redis Cluster (3 primaries + 3 replicas) for the session, on loopback."""
+    cluster = RedisClusterProcess(tmp_path_factory.mktemp("redis-cluster"))
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()

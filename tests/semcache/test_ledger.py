@@ -244,7 +244,7 @@ def test_open_ledger_picks_the_storage(tmp_path: Path) -> None:
     assert auto.storage.path == tmp_path / "usage.sqlite3"
     shared = build("redis://127.0.0.1:1/0")
     assert isinstance(shared, BufferedLedger) and isinstance(shared.storage, RedisStorage)
-    assert shared.storage.base == "p:usage"
+    assert shared.storage.base == "{p:usage}"
     local = build("redis://127.0.0.1:1/0", storage="sqlite", path="ledger/u.db")
     assert isinstance(local, BufferedLedger) and isinstance(local.storage, SqliteStorage)
     assert local.storage.path == tmp_path / "ledger" / "u.db"

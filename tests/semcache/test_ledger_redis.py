@@ -251,7 +251,7 @@ async def test_a_flush_whose_answer_is_lost_is_not_counted_twice(
         proxy.eating = True
         await ledger.flush()
         assert ledger.failed_flushes == 1
-        assert await admin.keys(f"{redis_prefix}:usage:batch:*")  # applied all the same
+        assert await admin.keys(f"{{{redis_prefix}:usage}}:batch:*")  # applied all the same
         proxy.eating = False
         more = [usage(i) for i in range(31, 41)]
         for r in more:
@@ -263,7 +263,7 @@ async def test_a_flush_whose_answer_is_lost_is_not_counted_twice(
         spend = await ledger.spent("acme", "day", at(DAY))
         assert spend.tokens == sum(r.prompt_tokens + r.completion_tokens for r in sent + more)
         assert spend.usd == pytest.approx(sum(r.cost_usd for r in sent + more), rel=1e-9)
-        assert len(await admin.keys(f"{redis_prefix}:usage:batch:*")) == 2
+        assert len(await admin.keys(f"{{{redis_prefix}:usage}}:batch:*")) == 2
     finally:
         await admin.aclose()
         await ledger.aclose()

@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from foundation.redis_client import RedisClient, hash_tag, open_redis
 from server.batch.queue.base import ItemResult, JobState, QueueDepth, WorkItem
 
 _COMPLETE = """
@@ -68,7 +68,7 @@ class RedisQueue:
 
     def __init__(
         self,
-        client: Redis,
+        client: RedisClient,
         *,
         prefix: str = "semcache:batch",
         lease_s: float = 30.0,
@@ -77,7 +77,7 @@ class RedisQueue:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.client = client
-        self.prefix = prefix
+        self.prefix = prefix = hash_tag(prefix)
         self.stream = f"{prefix}:items"
         self.lease_s = lease_s
         self.results_ttl_s = results_ttl_s
@@ -88,7 +88,7 @@ class RedisQueue:
 
     @classmethod
     async def open(cls, url: str, **kwargs: Any) -> RedisQueue:
-        client = Redis.from_url(url)
+        client = open_redis(url)
         queue = cls(client, **kwargs)
         try:
             await client.xgroup_create(queue.stream, cls.group, id="0", mkstream=True)

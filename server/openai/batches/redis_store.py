@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 
 import msgspec
-from redis.asyncio import Redis
 
+from foundation.redis_client import RedisClient
 from server.openai.batches.protocol import COMPLETION_WINDOWS, BatchObject
 from server.openai.batches.store import decode_batch
 from server.openai.records import tenant_key, valid_id
@@ -58,7 +58,7 @@ class RedisBatchStore:
 
     def __init__(
         self,
-        client: Redis,
+        client: RedisClient,
         *,
         prefix: str,
         retention_s: float,

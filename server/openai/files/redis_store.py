@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 
 import msgspec
-from redis.asyncio import Redis
 
+from foundation.redis_client import RedisClient
 from server.openai.files.protocol import FileObject, Purpose
 from server.openai.records import new_id, valid_id
 from server.openai.redis_records import ms, page, raw, tenant_tag
@@ -31,7 +31,7 @@ class RedisFileStore:
 
     def __init__(
         self,
-        client: Redis,
+        client: RedisClient,
         *,
         prefix: str,
         retention_s: float,

@@ -11,6 +11,7 @@ from redis.asyncio import ConnectionPool
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
+from foundation.redis_client import is_cluster_url
 from semcache.tiers.redis import OUTAGE_ERRORS
 
 STORAGE_FAILURES: tuple[type[BaseException], ...] = (StorageError, *OUTAGE_ERRORS)
@@ -28,6 +29,16 @@ def open_storage(
     """
     if not uri.startswith(("async+redis", "async+valkey")):
         return cast(Storage, storage_from_string(uri)), None
+    if is_cluster_url(uri):  # limits builds its own RedisCluster; its keys carry hash tags
+        storage = storage_from_string(
+            uri,
+            implementation="redispy",
+            key_prefix=prefix,
+            wrap_exceptions=True,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+        )
+        return cast(Storage, storage), None
     pool = ConnectionPool.from_url(
         uri.removeprefix("async+"),
         socket_timeout=timeout_s,

@@ -802,11 +802,13 @@ def test_kill_9_of_one_gateway_its_items_are_reclaimed_by_the_other(
             leases = redis.Redis.from_url(redis_url)
 
             def leased() -> bool:
-                return int(leases.xpending(f"{queue['prefix']}:items", "workers")["pending"]) > 0
+                return (
+                    int(leases.xpending(f"{{{queue['prefix']}}}:items", "workers")["pending"]) > 0
+                )
 
             wait_until(leased, timeout_s=240, interval_s=0.01)
             doomed.kill()
-            pending = leases.xpending(f"{queue['prefix']}:items", "workers")
+            pending = leases.xpending(f"{{{queue['prefix']}}}:items", "workers")
             assert pending["pending"] > 0, "the killed gateway held leases"
             survivor = GatewayThread(
                 workers_ai_config(data_dir, tiny_vllm.url, msgspec.convert(queue, QueueSettings))

@@ -14,7 +14,6 @@ import pytest
 from server.batch.queue.base import BatchQueue, WorkItem
 from server.batch.queue.disk import DiskQueue
 from server.batch.queue.redis import RedisQueue
-from tests.semcache.conftest import RedisServer
 from tests.support.waiting import wait_until_async
 
 QueueFactory = Callable[..., Awaitable[BatchQueue]]
@@ -42,7 +41,13 @@ def clock() -> Clock:
     return Clock()
 
 
-@pytest.fixture(params=["disk", pytest.param("redis", marks=pytest.mark.slow)])
+@pytest.fixture(
+    params=[
+        "disk",
+        pytest.param("redis", marks=pytest.mark.slow),
+        pytest.param("redis-cluster", marks=pytest.mark.slow),
+    ]
+)
 def kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -61,8 +66,9 @@ async def make_queue(
         if kind == "disk":
             queue = await DiskQueue.open(tmp_path / "q.sqlite3", poll_s=0.02, clock=clock, **kwargs)
         else:
-            server: RedisServer = request.getfixturevalue("redis_server")
-            queue = await RedisQueue.open(server.url, prefix=prefix, **kwargs)
+            fixture = "redis_cluster" if kind == "redis-cluster" else "redis_server"
+            url: str = request.getfixturevalue(fixture).url
+            queue = await RedisQueue.open(url, prefix=prefix, **kwargs)
         opened.append(queue)
         return queue
 

@@ -1,0 +1,85 @@
+"""The one place that builds a Redis client: single-node Redis/Valkey or a Redis Cluster.
+
+A URL whose scheme ends in ``+cluster`` (``redis+cluster://host:port[,host:port…]``,
+``rediss+cluster://…``, ``valkey+cluster://…``) selects redis-py's
+:class:`redis.asyncio.cluster.RedisCluster`; the listed hosts are its startup nodes and it
+learns the rest of the cluster from them. Any other URL gives a plain
+:class:`redis.asyncio.Redis`, exactly as before.
+
+On a cluster, keys a script, a transaction or a stream touch together must share a slot:
+:func:`hash_tag` wraps a key family's prefix in ``{…}`` so all its keys do. Classic pub/sub
+works unchanged on a cluster (a ``PUBLISH`` reaches subscribers on every node).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+
+RedisClient = Redis | RedisCluster
+"""What :func:`open_redis` returns; both speak the same command API."""
+
+_CLUSTER_SUFFIX = "+cluster"
+
+
+def is_cluster_url(url: str) -> bool:
+    """True when ``url`` names a Redis Cluster (its scheme ends in ``+cluster``)."""
+    scheme, sep, _ = url.partition("://")
+    return bool(sep) and scheme.endswith(_CLUSTER_SUFFIX)
+
+
+def startup_nodes(url: str) -> list[tuple[str, int]]:
+    """The ``(host, port)`` pairs a cluster URL lists (``host:port,host:port``; 6379 default)."""
+    _, _, rest = url.partition("://")
+    hosts = rest.split("/", 1)[0].rsplit("@", 1)[-1]
+    nodes: list[tuple[str, int]] = []
+    for item in filter(None, hosts.split(",")):
+        host, _, port = item.rpartition(":") if ":" in item else (item, "", "6379")
+        nodes.append((host.strip("[]"), int(port)))
+    if not nodes:
+        raise ValueError(f"no cluster nodes in {url!r}")
+    return nodes
+
+
+def _credentials(url: str) -> dict[str, Any]:
+    _, _, rest = url.partition("://")
+    netloc = rest.split("/", 1)[0]
+    if "@" not in netloc:
+        return {}
+    user, _, password = netloc.rsplit("@", 1)[0].partition(":")
+    out: dict[str, Any] = {"password": password or user}
+    if password and user:
+        out["username"] = user
+    return out
+
+
+def open_redis(url: str, **options: Any) -> RedisClient:
+    """A client for ``url``; ``options`` (timeouts, retry, decode_responses) go to it as given.
+
+    No connection is made before the first command.
+    """
+    if not is_cluster_url(url):
+        return Redis.from_url(url, **options)
+    scheme = url.partition("://")[0]
+    nodes = [ClusterNode(host, port) for host, port in startup_nodes(url)]
+    if scheme.startswith("rediss") or scheme.startswith("valkeys"):
+        options.setdefault("ssl", True)
+    return RedisCluster(startup_nodes=nodes, **_credentials(url), **options)
+
+
+def single_node_url(url: str) -> str:
+    """``url`` with ``+cluster`` dropped from its scheme (for libraries that take a URL)."""
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme.removesuffix(_CLUSTER_SUFFIX)}{sep}{rest}"
+
+
+def hash_tag(prefix: str) -> str:
+    """``prefix`` as a Redis Cluster hash tag, so every ``<tag>:…`` key shares one slot.
+
+    A prefix that already holds a tag is returned as it is.
+    """
+    if "{" in prefix and "}" in prefix.split("{", 1)[1]:
+        return prefix
+    return f"{{{prefix}}}"
