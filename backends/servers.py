@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from backends.config import ServerRole, VllmServer
 from backends.scraped_metrics import UpstreamSample
@@ -28,8 +29,9 @@ class ServerState:
     idle: asyncio.Event | None = None
     """Set while the server drains, by the release of its last request."""
 
-    @property
+    @cached_property
     def url(self) -> str:
+        # cached: placement reads it per server per request (the config does not change)
         return self.config.url.rstrip("/")
 
     @property

@@ -67,21 +67,31 @@ class PoolBlockIndex:
     def holds(self, server: str, block: int) -> bool:
         return block in self._blocks.get(server, ())
 
+    def sizes(self, servers: Sequence[str]) -> list[int]:
+        """Blocks indexed for each of ``servers``, in order."""
+        blocks = self._blocks
+        return [len(blocks[s]) if s in blocks else 0 for s in servers]
+
     def matched_blocks(self, hashes: Sequence[int], servers: Iterable[str]) -> dict[str, int]:
         """For each of ``servers``, how many of ``hashes`` (a request's blocks, in order) it
-        holds from the first on."""
+        holds from the first on. The walk starts from the first block's holders, so its cost
+        follows the request's blocks and their holders, not the number of servers."""
         matched = dict.fromkeys(servers, 0)
-        alive = set(matched)
-        depth = 0
-        for block in hashes:
-            holders = self._holders.get(block)
+        first = self._holders.get(hashes[0]) if hashes else None
+        if not first:
+            return matched
+        alive = matched.keys() & first
+        depth = 1
+        holders_of = self._holders.get
+        for block in hashes[1:]:
+            if not alive:
+                break
+            holders = holders_of(block)
             still = alive & holders if holders else set()
             if len(still) != len(alive):
                 for server in alive - still:
                     matched[server] = depth
                 alive = still
-                if not alive:
-                    break
             depth += 1
         for server in alive:
             matched[server] = depth

@@ -23,18 +23,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from backends.kv.index import PoolBlockIndex
+from backends.scraped_metrics import UpstreamSample
 from backends.servers import ServerState
 
 WAITING = "vllm:num_requests_waiting"
-
-
-def server_load(server: ServerState) -> float:
-    """Open requests from this gateway plus those waiting inside vLLM (last scrape)."""
-    waiting = 0.0
-    for sample in server.upstream:
-        if sample.name == WAITING:
-            waiting += sample.value
-    return server.inflight + waiting
 
 
 @dataclass
@@ -63,6 +55,18 @@ class KvScorer:
         self.occupancy_weight = occupancy_weight
         self.slack = slack
         self.decisions = KvDecisions()
+        self._waiting: dict[str, tuple[list[UpstreamSample], float]] = {}
+
+    def _scraped(self, server: ServerState) -> tuple[list[UpstreamSample], float]:
+        """vLLM's waiting queue from the server's last scrape, summed once per scrape: a
+        scrape replaces ``server.upstream`` with a new list, so the cache keys on that list."""
+        samples = server.upstream
+        entry = (samples, sum(s.value for s in samples if s.name == WAITING))
+        self._waiting[server.url] = entry
+        return entry
+
+    def forget(self, server: str) -> None:
+        self._waiting.pop(server, None)
 
     def rank(
         self,
@@ -75,31 +79,41 @@ class KvScorer:
         if not by_load:
             return []
         role = by_load[0].role
-        loads = {s.url: server_load(s) for s in by_load}
-        least = min(loads.values())
-        ceiling = min(s.inflight for s in by_load) + self.slack
-        matched = self.index.matched_blocks(blocks, loads)
-        total = max(1, len(blocks))
-        scale = self.slack + 1
-        held = {url: self.index.size(url) for url in loads}
-        most = max(held.values()) or 1
-
-        def score(server: ServerState) -> float:
-            hit = matched[server.url] / total
-            busy = self.load_weight * (loads[server.url] - least) / scale
-            return hit - busy - self.occupancy_weight * held[server.url] / most
-
-        within = [s for s in by_load if s.inflight <= ceiling]
-        over = [s for s in by_load if s.inflight > ceiling]
-        # sorted() is stable: equal scores keep the least-outstanding order
-        ranked = sorted(within, key=score, reverse=True) + over
+        urls = [s.url for s in by_load]
+        inflight = [s.inflight for s in by_load]
+        cache = self._waiting
+        missing = (None, 0.0)
+        waiting = [
+            hit[1] if (hit := cache.get(url, missing))[0] is s.upstream else self._scraped(s)[1]
+            for url, s in zip(urls, by_load, strict=True)
+        ]
+        loads = [n + w for n, w in zip(inflight, waiting, strict=True)]
+        fewest = min(inflight)
+        ceiling = fewest + self.slack
+        least = min(loads)
+        matched = self.index.matched_blocks(blocks, urls)
+        held = self.index.sizes(urls)
+        load_cost = self.load_weight / (self.slack + 1)
+        held_cost = self.occupancy_weight / (max(held) or 1)
+        hit_gain = 1 / max(1, len(blocks))
+        # one pass computes every score; sort() is stable: equal scores keep the
+        # least-outstanding order
+        scores = [
+            matched[url] * hit_gain - load_cost * (load - least) - held_cost * h
+            for url, load, h in zip(urls, loads, held, strict=True)
+        ]
+        within = [i for i, n in enumerate(inflight) if n <= ceiling]
+        within.sort(key=scores.__getitem__, reverse=True)
+        ranked = [by_load[i] for i in within]
+        if len(ranked) < len(by_load):
+            ranked += [s for s, n in zip(by_load, inflight, strict=True) if n > ceiling]
         best = max(matched.values(), default=0)
         chosen = matched[ranked[0].url]
         if chosen > 0:
             reason = "cache"
         elif best == 0:
             reason = "no_match"
-        elif any(matched[s.url] for s in within):
+        elif any(matched[urls[i]] for i in within):
             reason = "load"
         else:
             reason = "bounded"

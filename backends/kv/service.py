@@ -94,6 +94,7 @@ class KvPlacement:
     def forget(self, server: str) -> None:
         """A server left: drop its feed and its blocks."""
         self.feeds.drop(server)
+        self.scorer.forget(server)
 
     async def aclose(self) -> None:
         if self._loading is not None and not self._loading.done():

@@ -177,6 +177,35 @@ def backend_pools(samples: Samples) -> list[dict[str, object]]:
     return rows
 
 
+def kv_placement(samples: Samples) -> list[dict[str, object]]:
+    """One row per backend and pool role that KV placement ranked: the prefix-cache hit rate
+    it predicted (tokens the chosen server held / prompt tokens) next to the one vLLM
+    counted on that pool's servers, its decisions by reason, and the index size."""
+    ranked = samples.get("semcache_kv_ranked_prompt_tokens_total", ())
+    rows: list[dict[str, object]] = []
+    for backend, role in sorted({(k.get("backend", ""), k.get("role", "")) for k, _ in ranked}):
+        pool = {"backend": backend, "role": role}
+        prompt = total(samples, "semcache_kv_ranked_prompt_tokens_total", **pool)
+        predicted = total(samples, "semcache_kv_predicted_cached_tokens_total", **pool)
+        queries = total(samples, "semcache_upstream_vllm_prefix_cache_queries_total", **pool)
+        hits = total(samples, "semcache_upstream_vllm_prefix_cache_hits_total", **pool)
+        rows.append(
+            {
+                **pool,
+                "predicted_hit_rate": predicted / prompt if prompt else None,
+                "realised_hit_rate": hits / queries if queries else None,
+                "decisions": {
+                    labels["reason"]: n
+                    for labels, n in samples.get("semcache_kv_placement_decisions_total", ())
+                    if labels.get("backend") == backend and labels.get("role") == role
+                },
+                "index_blocks": total(samples, "semcache_kv_index_blocks", backend=backend),
+                "index_evicted": total(samples, "semcache_kv_index_evicted_total", backend=backend),
+            }
+        )
+    return rows
+
+
 def labelled_rows(samples: Samples, name: str, labels: Iterable[str]) -> list[dict[str, object]]:
     """A family's samples as rows of their labels and value."""
     keys = list(labels)

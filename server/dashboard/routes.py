@@ -134,6 +134,7 @@ async def backends(request: Request[Any, Any, Any]) -> dict[str, Any]:
     return {
         "servers": fig.backend_servers(samples),
         "pools": fig.backend_pools(samples),
+        "kv": fig.kv_placement(samples),
         "semantic_loaded": cache is not None,
         "partitions": partitions,
     }

@@ -86,6 +86,35 @@ def test_vllm_waiting_queue_counts_as_load() -> None:
     assert kv_placement(index).rank(servers, key(hashes))[0] is servers[1]
 
 
+def test_a_new_scrape_replaces_the_cached_waiting_queue() -> None:
+    servers = pool(2)
+    hashes = chat_hashes()
+    index = PoolBlockIndex(1000)
+    index.store(servers[0].url, hashes[:2])
+    index.store(servers[1].url, hashes[:2])
+    placement = kv_placement(index)
+    servers[0].upstream = [UpstreamSample("vllm:num_requests_waiting", (), 3.0, counter=False)]
+    assert placement.rank(servers, key(hashes))[0] is servers[1]
+    servers[0].upstream = [UpstreamSample("vllm:num_requests_waiting", (), 0.0, counter=False)]
+    servers[1].upstream = [UpstreamSample("vllm:num_requests_waiting", (), 3.0, counter=False)]
+    assert placement.rank(servers, key(hashes))[0] is servers[0]
+
+
+def test_matched_blocks_counts_only_prefixes_from_the_first_block() -> None:
+    index = PoolBlockIndex(1000)
+    index.store("a", [1, 2, 3])
+    index.store("b", [2, 3])
+    index.store("c", [1, 2])
+    assert index.matched_blocks([1, 2, 3, 4], ["a", "b", "c", "d"]) == {
+        "a": 3,
+        "b": 0,
+        "c": 2,
+        "d": 0,
+    }
+    assert index.matched_blocks([], ["a"]) == {"a": 0}
+    assert index.sizes(["a", "d"]) == [3, 0]
+
+
 def test_session_affinity_still_pins_and_no_blocks_falls_back_to_the_hash() -> None:
     servers = pool(4)
     placement = kv_placement(PoolBlockIndex(10))
