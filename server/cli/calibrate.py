@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -13,15 +14,27 @@ from semcache.tuning.calibrate import TASKS, calibrate_file, format_report
 from server.encoders import load_encoder
 
 
+def _refused(why: str) -> int:
+    print(f"semcache: cannot calibrate: {why}", file=sys.stderr)
+    return 2
+
+
+def _emit(args: argparse.Namespace, result: object, text: Callable[[], str]) -> int:
+    """``result`` as JSON with ``--json``, else as ``text()`` renders it."""
+    if args.json:
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(result)).decode() + "\n")
+    else:
+        print(text())
+    return 0
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.sources is not None:
         return _calibrate_mixed(args)
     if args.pairs is None:
-        print("semcache: cannot calibrate: --pairs FILE (or --stream --sources)", file=sys.stderr)
-        return 2
+        return _refused("--pairs FILE (or --stream --sources)")
     if not args.pairs.is_file():
-        print(f"semcache: cannot calibrate: no pairs file {args.pairs}", file=sys.stderr)
-        return 2
+        return _refused(f"no pairs file {args.pairs}")
     if args.stream:
         return _calibrate_stream(args)
     try:
@@ -34,13 +47,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             classifier_factory=embedded_classifier,
         )
     except (OSError, ValueError) as exc:
-        print(f"semcache: cannot calibrate: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        sys.stdout.write(msgspec.json.format(msgspec.json.encode(report)).decode() + "\n")
-    else:
-        print(format_report(report))
-    return 0
+        return _refused(str(exc))
+    return _emit(args, report, lambda: format_report(report))
 
 
 def _calibrate_stream(args: argparse.Namespace) -> int:
@@ -50,8 +58,7 @@ def _calibrate_stream(args: argparse.Namespace) -> int:
     from semcache.tuning.stream_report import format_comparison
 
     if args.task != "chat":
-        print("semcache: cannot calibrate: --stream is for --task chat", file=sys.stderr)
-        return 2
+        return _refused("--stream is for --task chat")
     params = VerifiedParams(max_error=0.05)  # the rule's defaults; each max_error is run
     try:
         rows = compare_file(
@@ -65,13 +72,8 @@ def _calibrate_stream(args: argparse.Namespace) -> int:
             clusters=args.clusters,
         )
     except (OSError, ValueError) as exc:
-        print(f"semcache: cannot calibrate: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        sys.stdout.write(msgspec.json.format(msgspec.json.encode(rows)).decode() + "\n")
-    else:
-        print(format_comparison(rows))
-    return 0
+        return _refused(str(exc))
+    return _emit(args, rows, lambda: format_comparison(rows))
 
 
 def _calibrate_mixed(args: argparse.Namespace) -> int:
@@ -84,8 +86,7 @@ def _calibrate_mixed(args: argparse.Namespace) -> int:
     from semcache.tuning.stream_report import format_comparison, format_sources
 
     if args.task != "chat" or not args.stream:
-        print("semcache: cannot calibrate: --sources is for --task chat --stream", file=sys.stderr)
-        return 2
+        return _refused("--sources is for --task chat --stream")
     files = {"qqp": QQP_PAIRS, "paraphrase": PARAPHRASE_PAIRS, "classify": DEFAULT_EXAMPLES}
     names = [name.strip() for name in args.sources.split(",") if name.strip()]
     try:
@@ -105,14 +106,8 @@ def _calibrate_mixed(args: argparse.Namespace) -> int:
             use_verifier=not args.no_verifier,
         )
     except (OSError, ValueError) as exc:
-        print(f"semcache: cannot calibrate: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        sys.stdout.write(msgspec.json.format(msgspec.json.encode(rows)).decode() + "\n")
-    else:
-        print(format_comparison(rows))
-        print(format_sources(rows))
-    return 0
+        return _refused(str(exc))
+    return _emit(args, rows, lambda: f"{format_comparison(rows)}\n{format_sources(rows)}")
 
 
 def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
