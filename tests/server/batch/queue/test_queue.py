@@ -7,9 +7,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
+from redis.asyncio.cluster import RedisCluster
 
 from server.batch.queue.base import BatchQueue, WorkItem
 from server.batch.queue.disk import DiskQueue
@@ -125,7 +126,16 @@ def count_looks(q: BatchQueue) -> list[int]:
 async def redis_claim_blocks(q: BatchQueue) -> bool:
     """True once a claim of ``q`` waits for new work: its connection is blocked in XREADGROUP."""
     assert isinstance(q, RedisQueue)
-    clients: list[dict[str, Any]] = await q.client.client_list()
+    clients: list[dict[str, Any]]
+    if isinstance(q.client, RedisCluster):
+        # CLIENT LIST goes to the cluster's default node, not the one holding the stream: ask all
+        per_node = cast(
+            dict[str, list[dict[str, Any]]],
+            await q.client.client_list(target_nodes=RedisCluster.ALL_NODES),
+        )
+        clients = [c for listed in per_node.values() for c in listed]
+    else:
+        clients = await q.client.client_list()
     return any(c.get("cmd") == "xreadgroup" and "b" in str(c.get("flags")) for c in clients)
 
 
