@@ -29,6 +29,7 @@ import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -39,6 +40,8 @@ from backends.servers import ServerState
 if TYPE_CHECKING:
     from backends.kv.scoring import KvScorer
 
+
+inflight_of = attrgetter("inflight")
 
 PER_MESSAGE_TOKENS = 4
 """Chat-template tokens around each message (role header, separators), roughly."""
@@ -85,7 +88,7 @@ class Placement:
             return []
         start = next(self._rr) % len(servers)
         rotated = [*servers[start:], *servers[:start]]
-        return sorted(rotated, key=lambda s: s.inflight)  # stable: ties keep the rotation
+        return sorted(rotated, key=inflight_of)  # stable: ties keep the rotation
 
     def rank(
         self,

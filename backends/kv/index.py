@@ -74,24 +74,33 @@ class PoolBlockIndex:
 
     def matched_blocks(self, hashes: Sequence[int], servers: Iterable[str]) -> dict[str, int]:
         """For each of ``servers``, how many of ``hashes`` (a request's blocks, in order) it
-        holds from the first on. The walk starts from the first block's holders, so its cost
-        follows the request's blocks and their holders, not the number of servers."""
+        holds from the first on."""
         matched = dict.fromkeys(servers, 0)
+        for server, depth in self.matched_holders(hashes).items():
+            if server in matched:
+                matched[server] = depth
+        return matched
+
+    def matched_holders(self, hashes: Sequence[int]) -> dict[str, int]:
+        """The servers holding a prefix of ``hashes`` (a request's blocks, in order), each with
+        how many blocks from the first on. The walk starts from the first block's holders, so
+        its cost follows the request's blocks and their holders, not the number of servers."""
         first = self._holders.get(hashes[0]) if hashes else None
         if not first:
-            return matched
-        alive = matched.keys() & first
+            return {}
+        matched: dict[str, int] = {}
+        alive = set(first)
         depth = 1
         holders_of = self._holders.get
         for block in hashes[1:]:
-            if not alive:
-                break
             holders = holders_of(block)
             still = alive & holders if holders else set()
             if len(still) != len(alive):
                 for server in alive - still:
                     matched[server] = depth
                 alive = still
+                if not alive:
+                    break
             depth += 1
         for server in alive:
             matched[server] = depth

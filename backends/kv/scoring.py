@@ -14,6 +14,10 @@ Bounded load: a server more than ``slack`` requests above the least loaded one i
 for its cache (it comes after the others, by load), so one hot prefix cannot pile onto one
 server; its blocks are then computed again on another, which then holds them too. Ties go to
 the less loaded server, then the rotation of ``least_outstanding``.
+
+Scored per request: the ``SCORED`` least outstanding servers and every server holding a
+prefix of the request; the others follow in load order, so a decision over a large fleet
+costs the request's holders, not the number of servers.
 """
 
 from __future__ import annotations
@@ -21,12 +25,18 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from backends.kv.index import PoolBlockIndex
 from backends.scraped_metrics import UpstreamSample
 from backends.servers import ServerState
 
 WAITING = "vllm:num_requests_waiting"
+
+SCORED = 8
+"""The least outstanding servers scored for every request, beside the prefix holders."""
+
+inflight_of = attrgetter("inflight")
 
 
 @dataclass
@@ -75,23 +85,37 @@ class KvScorer:
         block_size: int,
         prompt_tokens: int,
     ) -> list[ServerState]:
-        """``by_load`` (healthy, least loaded first) re-ranked for a request of ``blocks``."""
+        """``by_load`` (healthy, least loaded first) re-ranked for a request of ``blocks``.
+
+        Scored: the ``SCORED`` least outstanding servers and every server holding a prefix of
+        the request; the others follow in load order. The decision then costs the request's
+        holders, not the fleet's size (the rest are only copied)."""
         if not by_load:
             return []
         role = by_load[0].role
-        urls = [s.url for s in by_load]
-        inflight = [s.inflight for s in by_load]
+        holders = self.index.matched_holders(blocks)
+        fewest = by_load[0].inflight
+        ceiling = fewest + self.slack
+        head = list(by_load[:SCORED])
+        rest = list(by_load[SCORED:])
+        if holders and rest:
+            held_rest = [s for s in rest if s.url in holders]
+            candidates = head + held_rest
+            if held_rest:
+                chosen_ids = {id(s) for s in held_rest}
+                rest = [s for s in rest if id(s) not in chosen_ids]
+        else:
+            candidates = head
+        urls = [s.url for s in candidates]
         cache = self._waiting
         missing = (None, 0.0)
-        waiting = [
-            hit[1] if (hit := cache.get(url, missing))[0] is s.upstream else self._scraped(s)[1]
-            for url, s in zip(urls, by_load, strict=True)
+        loads = [
+            s.inflight
+            + (hit[1] if (hit := cache.get(url, missing))[0] is s.upstream else self._scraped(s)[1])
+            for url, s in zip(urls, candidates, strict=True)
         ]
-        loads = [n + w for n, w in zip(inflight, waiting, strict=True)]
-        fewest = min(inflight)
-        ceiling = fewest + self.slack
         least = min(loads)
-        matched = self.index.matched_blocks(blocks, urls)
+        matched = [holders.get(url, 0) for url in urls]
         held = self.index.sizes(urls)
         load_cost = self.load_weight / (self.slack + 1)
         held_cost = self.occupancy_weight / (max(held) or 1)
@@ -99,21 +123,23 @@ class KvScorer:
         # one pass computes every score; sort() is stable: equal scores keep the
         # least-outstanding order
         scores = [
-            matched[url] * hit_gain - load_cost * (load - least) - held_cost * h
-            for url, load, h in zip(urls, loads, held, strict=True)
+            m * hit_gain - load_cost * (load - least) - held_cost * h
+            for m, load, h in zip(matched, loads, held, strict=True)
         ]
-        within = [i for i, n in enumerate(inflight) if n <= ceiling]
+        within = [i for i, s in enumerate(candidates) if s.inflight <= ceiling]
         within.sort(key=scores.__getitem__, reverse=True)
-        ranked = [by_load[i] for i in within]
-        if len(ranked) < len(by_load):
-            ranked += [s for s, n in zip(by_load, inflight, strict=True) if n > ceiling]
-        best = max(matched.values(), default=0)
-        chosen = matched[ranked[0].url]
+        ranked = [candidates[i] for i in within]
+        over = [s for s in candidates if s.inflight > ceiling]
+        # ``rest`` is in load order, so its servers within the bound come first
+        cut = next((i for i, s in enumerate(rest) if s.inflight > ceiling), len(rest))
+        ranked += rest[:cut]
+        ranked += sorted(over + rest[cut:], key=inflight_of)
+        chosen = holders.get(ranked[0].url, 0)
         if chosen > 0:
             reason = "cache"
-        elif best == 0:
+        elif not any(matched):
             reason = "no_match"
-        elif any(matched[urls[i]] for i in within):
+        elif any(matched[i] for i in within):
             reason = "load"
         else:
             reason = "bounded"

@@ -177,3 +177,19 @@ def test_a_prompt_nobody_holds_goes_where_it_evicts_the_least() -> None:
     index.store(servers[2].url, range(300, 340))
     placement = Placement(2, "kv", KvScorer(index, 0.5, 2, occupancy_weight=0.05))
     assert placement.rank(servers, key(chat_hashes()))[0] is servers[1]
+
+
+def test_a_large_fleet_scores_the_holders_and_keeps_every_server_once() -> None:
+    servers = pool(40)
+    for i, server in enumerate(servers):
+        server.inflight = 5 if i < 4 else i % 3  # the holder is not among the 8 least loaded
+    hashes = chat_hashes()
+    index = PoolBlockIndex(1000)
+    holder = servers[31]  # inflight 1: within the bound of the least loaded (0)
+    index.store(holder.url, hashes)
+    placement = kv_placement(index)
+    ranked = placement.rank(servers, key(hashes))
+    assert ranked[0] is holder
+    assert sorted(s.url for s in ranked) == sorted(s.url for s in servers)
+    assert {s.inflight for s in ranked[-4:]} == {5}  # over the bound (0 + 2): last
+    assert [s.inflight for s in ranked[1:]] == sorted(s.inflight for s in ranked[1:])
