@@ -97,7 +97,11 @@ class Placement:
         exclude: Iterable[ServerState] = (),
     ) -> list[ServerState]:
         skip = set(exclude)
-        healthy = [s for s in servers if s.healthy and s not in skip]
+        healthy = (
+            [s for s in servers if s.healthy and s not in skip]
+            if skip
+            else [s for s in servers if s.healthy]
+        )
         if key.session is not None:
             return rendezvous_order(key.session, healthy)
         if self.policy == "round-robin":

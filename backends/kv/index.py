@@ -94,6 +94,9 @@ class PoolBlockIndex:
         holders_of = self._holders.get
         for block in hashes[1:]:
             holders = holders_of(block)
+            if holders is not None and alive <= holders:  # the common case: nobody drops out
+                depth += 1
+                continue
             still = alive & holders if holders else set()
             if len(still) != len(alive):
                 for server in alive - still:

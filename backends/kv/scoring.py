@@ -22,6 +22,7 @@ costs the request's holders, not the number of servers.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -98,14 +99,13 @@ class KvScorer:
         ceiling = fewest + self.slack
         head = list(by_load[:SCORED])
         rest = list(by_load[SCORED:])
+        candidates = head
         if holders and rest:
-            held_rest = [s for s in rest if s.url in holders]
-            candidates = head + held_rest
-            if held_rest:
-                chosen_ids = {id(s) for s in held_rest}
-                rest = [s for s in rest if id(s) not in chosen_ids]
-        else:
-            candidates = head
+            held_at = [i for i, s in enumerate(rest) if s.url in holders]
+            if held_at:
+                candidates = head + [rest[i] for i in held_at]
+                for i in reversed(held_at):
+                    del rest[i]
         urls = [s.url for s in candidates]
         cache = self._waiting
         missing = (None, 0.0)
@@ -131,7 +131,7 @@ class KvScorer:
         ranked = [candidates[i] for i in within]
         over = [s for s in candidates if s.inflight > ceiling]
         # ``rest`` is in load order, so its servers within the bound come first
-        cut = next((i for i, s in enumerate(rest) if s.inflight > ceiling), len(rest))
+        cut = bisect_right(rest, ceiling, key=inflight_of)
         ranked += rest[:cut]
         ranked += sorted(over + rest[cut:], key=inflight_of)
         chosen = holders.get(ranked[0].url, 0)
