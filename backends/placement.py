@@ -52,8 +52,18 @@ def _hash64(text: str) -> int:
 
 
 def rendezvous_order(key: str, servers: Iterable[ServerState]) -> list[ServerState]:
-    """``servers`` by decreasing rendezvous score for ``key`` (the first is the owner)."""
-    return sorted(servers, key=lambda s: _hash64(f"{key}\x00{s.url}"), reverse=True)
+    """``servers`` by decreasing rendezvous score for ``key`` (the first is the owner).
+
+    The score is ``_hash64(f"{key}\\x00{url}")``; the key's part of the hash state is computed
+    once and copied per server, and 8 big-endian bytes sort as the integer does."""
+    base = hashlib.blake2b(key.encode() + b"\x00", digest_size=8)
+
+    def score(server: ServerState) -> bytes:
+        h = base.copy()
+        h.update(server.url.encode())
+        return h.digest()
+
+    return sorted(servers, key=score, reverse=True)
 
 
 @dataclass(frozen=True)
@@ -118,7 +128,8 @@ class Placement:
             return by_load
         ceiling = by_load[0].inflight + self.slack
         preferred = [s for s in rendezvous_order(key.prefix, healthy) if s.inflight <= ceiling]
-        return preferred + [s for s in by_load if s not in preferred]
+        taken = {id(s) for s in preferred}
+        return preferred + [s for s in by_load if id(s) not in taken]
 
 
 # -- the prompt, cheaply ---------------------------------------------------------------------

@@ -6,7 +6,14 @@ import uuid
 from collections import Counter
 
 from backends.config import VllmServer
-from backends.placement import Placement, RouteKey, prefix_key, prompt_shape, rendezvous_order
+from backends.placement import (
+    Placement,
+    RouteKey,
+    _hash64,
+    prefix_key,
+    prompt_shape,
+    rendezvous_order,
+)
 from backends.servers import ServerState
 
 
@@ -151,3 +158,11 @@ def test_a_responses_body_has_the_shape_of_the_same_chat() -> None:
     tool_output = {"type": "function_call_output", "call_id": "c1", "output": "42"}
     other = prompt_shape("/v1/responses", {"input": [tool_output]}, 4.0)
     assert other.single and "function_call_output" in other.text
+
+
+def test_rendezvous_order_is_the_integer_hash_order_it_always_was() -> None:
+    """Copying the key's hash state per server must not move any session or prefix."""
+    servers = [ServerState(VllmServer(url=f"http://10.1.0.{i}:8000"), limit=4) for i in range(40)]
+    for key in ("session-1", "a" * 64, "", "ünïcode"):
+        expected = sorted(servers, key=lambda s: _hash64(f"{key}\x00{s.url}"), reverse=True)
+        assert rendezvous_order(key, servers) == expected
