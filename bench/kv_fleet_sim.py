@@ -18,7 +18,8 @@ one server; below 1 it does not fit the fleet either.
 
 Printed per fleet size and policy: the prefix-cache hit rate (blocks held / blocks asked,
 as vLLM counts), TTFT p50 / p90 in simulated ms, the most requests one server took over
-the mean, and the cost of ``Placement.rank`` per decision (µs, wall clock).
+the mean, and the cost of ``Placement.rank`` per decision (µs, wall clock); per trace, the
+ceiling: the hit rate of one server that never evicts (only a block's first request misses).
 
     taskset -c 1 .venv/bin/python -m bench.kv_fleet_sim
 """
@@ -219,9 +220,11 @@ def main() -> int:
                 f" {r['p90']:>6.0f}ms {r['spread']:>8.2f} {r['us50']:>11.1f} {r['us99']:>7.1f}"
                 f" {r['indexed']:>8.0f}"
             )
+        asked = sum(len(r.blocks) for r in trace)
+        ceiling = 1 - len(working) / asked  # every block held from its first request on
         print(
             f"{'':>7} (trace: {len(trace)} requests, {len(working)} distinct blocks,"
-            f" {args.capacity_blocks} per server)"
+            f" {args.capacity_blocks} per server; ceiling hit rate {ceiling:.3f})"
         )
     return 0
 

@@ -33,13 +33,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from backends.kv.hashing import BlockHasher
 from backends.kv.settings import KvSettings
+from backends.kv.tokens import PromptTokenizer
 from backends.launch.process import VllmProcess
 from bench.support import pct
 from harness.gateway import GatewayProcess
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm, test_data_dir
 
+BLOCK_SIZE = 32
 POLICIES = ("round-robin", "least-loaded", "prefix-hash", "kv")
 NO_CACHE = {"cache-control": "no-cache, no-store"}
 WORDS = "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima".split()
@@ -71,6 +74,24 @@ def build_trace(args: argparse.Namespace) -> list[tuple[float, str, list[dict[st
         trace.append((at, tenant, history))
         histories[conversation] = [*history, {"role": "assistant", "content": "noted."}]
     return trace
+
+
+def ceiling_hit_rate(trace: list[tuple[float, str, list[dict[str, str]]]]) -> float:
+    """The prefix-cache hit rate of one server that never evicts, as vLLM counts it (tokens
+    of full blocks already seen / prompt tokens): no policy can beat it on this trace."""
+    tokenizer = PromptTokenizer(test_data_dir() / "models" / TINY_MODEL_NAME)
+    hasher = BlockHasher()
+    seen: set[bytes] = set()
+    hit = asked = 0
+    for _, tenant, messages in trace:
+        ids = tokenizer.prompt_tokens("/v1/chat/completions", {"messages": messages}) or []
+        asked += len(ids)
+        for block in hasher.block_hashes(ids, BLOCK_SIZE, cache_salt=tenant):
+            if block in seen:
+                hit += BLOCK_SIZE
+            else:
+                seen.add(block)
+    return hit / asked if asked else 0.0
 
 
 def config_text(
@@ -210,7 +231,7 @@ async def main_async(args: argparse.Namespace) -> int:
                 data_dir,
                 free_port(),
                 cpu_cores=core,
-                block_size=32,
+                block_size=BLOCK_SIZE,
                 kv_cache_gib=args.kv_tokens / (1 << 20),
                 extra_args=flags,
                 env={"VLLM_SERVER_DEV_MODE": "1"},
@@ -241,6 +262,8 @@ async def main_async(args: argparse.Namespace) -> int:
                         break
                     await asyncio.sleep(0.2)
             trace = build_trace(args)
+            ceiling = ceiling_hit_rate(trace)
+            print(f"ceiling hit rate (one server that never evicts): {ceiling:.3f}", flush=True)
             results: dict[str, list[dict[str, Any]]] = {p: [] for p in args.policy}
             for run in range(args.runs):
                 for policy in args.policy:
