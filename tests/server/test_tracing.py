@@ -26,6 +26,7 @@ from opentelemetry.trace import SpanKind
 from backends.config import VllmBackend, VllmServer
 from harness.gateway import GatewayThread
 from server.config import GatewayConfig, ModelEntry
+from server.tenancy.limits.settings import LimitSettings
 from server.tracing import TracingSettings
 from tests.support.fake_upstream import FakeServer, sse
 from tests.support.waiting import wait_until_async
@@ -193,6 +194,27 @@ async def test_a_miss_is_one_trace_through_placement_prefill_and_decode(
     trace_hex = format(root.context.trace_id, "032x")
     assert parents(hops.traceparents["prefill"]) == [f"00-{trace_hex}-{span_id(prefill)}"]
     assert parents(hops.traceparents["decode"]) == [f"00-{trace_hex}-{span_id(decode)}"]
+
+
+async def test_auth_and_limits_are_spans_of_the_request(tmp_path: Path, hops: Hops) -> None:
+    exporter = InMemorySpanExporter()
+    settings = msgspec.structs.replace(
+        config(tmp_path, hops), limits=LimitSettings(requests_per_minute=1000)
+    )
+    running = GatewayThread(settings, span_exporter=exporter).start()
+    try:
+        r = await post(running.url, chat())
+        assert r.status_code == 200
+    finally:
+        running.stop()
+    spans = list(exporter.get_finished_spans())
+    root = root_of(spans)
+    assert root.context is not None
+    trace = trace_of(spans, root.context.trace_id)
+    (limits,) = trace["limits"]
+    assert parent_id(limits) == span_id(root)
+    # the token is checked by the early hits before routing, then by the route's middleware
+    assert [parent_id(auth) for auth in trace["auth"]] == [span_id(root)] * 2
 
 
 async def logged(gw: GatewayThread, lines: int) -> list[dict[str, Any]]:
