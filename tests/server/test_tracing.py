@@ -217,6 +217,52 @@ async def test_auth_and_limits_are_spans_of_the_request(tmp_path: Path, hops: Ho
     assert [parent_id(auth) for auth in trace["auth"]] == [span_id(root)] * 2
 
 
+SEMANTIC_POLICY = """
+version = 1
+[models."chat".routes.chat.semantic]
+enabled = true
+threshold = 0.8
+min_threshold = 0.8
+"""
+
+
+@pytest.mark.slow  # the real MiniLM encoder is loaded
+async def test_the_semantic_lookup_is_a_span_and_a_semantic_hit_has_no_backend_span(
+    tmp_path: Path, hops: Hops
+) -> None:
+    exporter = InMemorySpanExporter()
+    policy = tmp_path / "policy.toml"
+    policy.write_text(SEMANTIC_POLICY)
+    settings = msgspec.structs.replace(config(tmp_path, hops), policy=str(policy))
+    asked = ["What is the capital of France?", "What's the capital of France?"]
+    running = GatewayThread(settings, span_exporter=exporter).start()
+    try:
+        for text in asked:
+            body = {"model": "chat", "messages": [{"role": "user", "content": text}]}
+            r = await post(running.url, {**body, "temperature": 0})
+            assert r.status_code == 200
+    finally:
+        running.stop()
+    spans = list(exporter.get_finished_spans())
+    roots = sorted((s for s in spans if s.kind is SpanKind.SERVER), key=lambda s: s.start_time)
+    assert [r.attributes["semcache.cache"] for r in roots if r.attributes] == ["miss", "semantic"]
+    looked: list[Any] = []
+    for root in roots:
+        assert root.context is not None
+        trace = trace_of(spans, root.context.trace_id)
+        (encode,) = trace["semantic.encode"]
+        (lookup,) = trace["cache.semantic"]
+        assert parent_id(encode) is not None and lookup.attributes is not None
+        looked.append(lookup.attributes["semcache.hit"])
+    assert looked == [False, True]
+    assert roots[1].context is not None
+    hit = trace_of(spans, roots[1].context.trace_id)
+    assert not {"placement", "prefill", "decode", "stream"} & set(hit)
+    (lookup,) = hit["cache.semantic"]
+    assert lookup.attributes is not None and float(lookup.attributes["semcache.similarity"]) >= 0.8
+    assert len(hops.traceparents["decode"]) == 1  # only the miss reached a backend
+
+
 async def logged(gw: GatewayThread, lines: int) -> list[dict[str, Any]]:
     """The request log once it holds ``lines`` lines: a stream's line is written as it
     ends on the server, which may come after the client read its last byte."""
