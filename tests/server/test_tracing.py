@@ -186,6 +186,11 @@ async def test_a_miss_is_one_trace_through_placement_prefill_and_decode(
     assert placement.attributes is not None
     assert placement.attributes["semcache.server"] == hops.decode.url
     assert placement.attributes["semcache.prefill"] is True
+    assert placement.attributes["semcache.placement.reason"] in {
+        "session",
+        "prefix",
+        "least_loaded",
+    }
     tiers = {s.attributes["semcache.tier"] for s in trace["cache.tier"] if s.attributes}
     assert tiers == {"memory", "disk"}
     # each hop's traceparent names its own span: vLLM's spans join the trace under it
