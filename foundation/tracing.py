@@ -15,13 +15,20 @@ ever set.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from contextvars import ContextVar, Token
 from typing import Final
 
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind, Tracer, TracerProvider, get_current_span
+from opentelemetry.trace import (
+    Link,
+    Span,
+    SpanKind,
+    Tracer,
+    TracerProvider,
+    get_current_span,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
@@ -50,12 +57,15 @@ class Tracing:
         *,
         kind: SpanKind = SpanKind.SERVER,
         attributes: Mapping[str, AttributeValue] | None = None,
+        links: Sequence[Link] = (),
     ) -> AbstractContextManager[Span]:
         """The span a request's trace starts with: a child of the client's ``traceparent``
-        when ``headers`` carry one, else the root of a new trace."""
-        parent: Context | None = _PROPAGATOR.extract(headers) if headers else None
+        when ``headers`` carry one, else the root of a new trace (never a child of whatever
+        span is current). ``links``: spans it follows from in other traces (a batch item's
+        submit, :func:`link_to`)."""
+        parent: Context = _PROPAGATOR.extract(headers or {})
         return self.tracer.start_as_current_span(
-            name, context=parent, kind=kind, attributes=attributes
+            name, context=parent, kind=kind, attributes=attributes, links=links
         )
 
 
@@ -128,6 +138,29 @@ def inject(headers: MutableMapping[str, str]) -> None:
     """Add the current span's ``traceparent`` to an outgoing request's headers."""
     if _CURRENT.get() is not None:
         _PROPAGATOR.inject(headers)
+
+
+def current_traceparent() -> str | None:
+    """The current span's W3C ``traceparent``, for work done later in a trace of its own to
+    link back to (a batch's submit, stored with its job); ``None`` when tracing is off or
+    the span is not sampled."""
+    if _CURRENT.get() is None or not get_current_span().is_recording():
+        return None
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    return carrier.get("traceparent")
+
+
+def link_to(
+    traceparent: str | None, attributes: Mapping[str, AttributeValue] | None = None
+) -> list[Link]:
+    """A span link to the span a stored ``traceparent`` names; none when there is none (or it
+    does not parse)."""
+    if not traceparent:
+        return []
+    linked = get_current_span(_PROPAGATOR.extract({"traceparent": traceparent}))
+    context = linked.get_span_context()
+    return [Link(context, attributes)] if context.is_valid else []
 
 
 def current_trace_id() -> str | None:

@@ -8,10 +8,10 @@ from typing import Any
 import msgspec
 import orjson
 
-from foundation import tracing as spans
 from server.batch.queue.base import BatchQueue, JobState
 from server.batch.results import StoredItem, sum_usage
 from server.batch.settings import BatchSettings
+from server.batch.traces import submit_traced
 from server.errors import ApiError
 
 
@@ -57,8 +57,7 @@ class BatchService:
                     code="invalid_value",
                 )
         job_id = str(uuid.uuid4())
-        await self.queue.submit(job_id, tenant, model, [orjson.dumps(r) for r in requests])
-        spans.annotate({"semcache.batch_id": job_id})  # the items' traces carry it too
+        await submit_traced(self.queue, job_id, tenant, model, [orjson.dumps(r) for r in requests])
         return {"status": "queued", "request_id": job_id, "model": model}
 
     async def state(self, tenant: str, request_id: Any) -> JobState:

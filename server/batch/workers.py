@@ -22,7 +22,6 @@ from typing import Any, Literal
 
 import msgspec
 import orjson
-from opentelemetry.trace import SpanKind
 
 from backends.protocol import RequestContext
 from foundation import tracing as spans
@@ -32,6 +31,7 @@ from server.batch.metrics import BatchMetrics
 from server.batch.queue.base import BatchQueue, WorkItem
 from server.batch.results import ItemOutcome, ItemRunner, StoredItem, response_object
 from server.batch.settings import BatchSettings
+from server.batch.traces import item_span
 from server.tenancy.queueing import Tickets
 
 log = logging.getLogger("semcache.batch")
@@ -65,7 +65,7 @@ class BatchWorkers:
         self.tickets = tickets
         """Each item's place in a full pool's queue: the ``batch`` band, below live traffic."""
         self.tracing = tracing
-        """Each item its own trace (``semcache.batch_id`` names the batch it belongs to)."""
+        """Each item its own trace, linked to its batch's submit (``server/batch/traces.py``)."""
         self.accounting = accounting
         """Told of each item this gateway finished first (its context, and whether it
         succeeded): the usage ledger and the limits count batch items too."""
@@ -184,13 +184,7 @@ class BatchWorkers:
             return
         token = spans.activate(tracing)
         try:
-            attributes: dict[str, str | int] = {
-                "semcache.batch_id": item.job_id,
-                "semcache.batch_index": item.index,
-                "gen_ai.request.model": item.model,
-                "semcache.attempt": item.attempts,
-            }
-            with tracing.root("batch item", kind=SpanKind.CONSUMER, attributes=attributes):
+            with item_span(tracing, item):
                 await self._process_item(item)
         finally:
             spans.reset(token)

@@ -1,5 +1,6 @@
 """Tracing on the request path, fast: the span tree of a miss through a P/D pair, of a hit,
-the client's ``traceparent``, the ``traceparent`` sent on each hop, the request log's trace id.
+the client's ``traceparent``, the ``traceparent`` sent on each hop, the request log's trace id,
+batch items as traces of their own linked to their batch's submit.
 
 The prefill and decode servers are local HTTP servers answering like vLLM
 (``tests.support.fake_upstream``); spans go to the SDK's in-memory exporter. The same
@@ -25,6 +26,7 @@ from opentelemetry.trace import SpanKind
 from backends.config import VllmBackend, VllmServer
 from harness.gateway import GatewayThread
 from server.config import GatewayConfig, ModelEntry
+from server.tenancy.limits.settings import LimitSettings
 from server.tracing import TracingSettings
 from tests.support.fake_upstream import FakeServer, sse
 from tests.support.waiting import wait_until_async
@@ -184,6 +186,11 @@ async def test_a_miss_is_one_trace_through_placement_prefill_and_decode(
     assert placement.attributes is not None
     assert placement.attributes["semcache.server"] == hops.decode.url
     assert placement.attributes["semcache.prefill"] is True
+    assert placement.attributes["semcache.placement.reason"] in {
+        "session",
+        "prefix",
+        "least_loaded",
+    }
     tiers = {s.attributes["semcache.tier"] for s in trace["cache.tier"] if s.attributes}
     assert tiers == {"memory", "disk"}
     # each hop's traceparent names its own span: vLLM's spans join the trace under it
@@ -192,6 +199,73 @@ async def test_a_miss_is_one_trace_through_placement_prefill_and_decode(
     trace_hex = format(root.context.trace_id, "032x")
     assert parents(hops.traceparents["prefill"]) == [f"00-{trace_hex}-{span_id(prefill)}"]
     assert parents(hops.traceparents["decode"]) == [f"00-{trace_hex}-{span_id(decode)}"]
+
+
+async def test_auth_and_limits_are_spans_of_the_request(tmp_path: Path, hops: Hops) -> None:
+    exporter = InMemorySpanExporter()
+    settings = msgspec.structs.replace(
+        config(tmp_path, hops), limits=LimitSettings(requests_per_minute=1000)
+    )
+    running = GatewayThread(settings, span_exporter=exporter).start()
+    try:
+        r = await post(running.url, chat())
+        assert r.status_code == 200
+    finally:
+        running.stop()
+    spans = list(exporter.get_finished_spans())
+    root = root_of(spans)
+    assert root.context is not None
+    trace = trace_of(spans, root.context.trace_id)
+    (limits,) = trace["limits"]
+    assert parent_id(limits) == span_id(root)
+    # the token is checked by the early hits before routing, then by the route's middleware
+    assert [parent_id(auth) for auth in trace["auth"]] == [span_id(root)] * 2
+
+
+SEMANTIC_POLICY = """
+version = 1
+[models."chat".routes.chat.semantic]
+enabled = true
+threshold = 0.8
+min_threshold = 0.8
+"""
+
+
+@pytest.mark.slow  # the real MiniLM encoder is loaded
+async def test_the_semantic_lookup_is_a_span_and_a_semantic_hit_has_no_backend_span(
+    tmp_path: Path, hops: Hops
+) -> None:
+    exporter = InMemorySpanExporter()
+    policy = tmp_path / "policy.toml"
+    policy.write_text(SEMANTIC_POLICY)
+    settings = msgspec.structs.replace(config(tmp_path, hops), policy=str(policy))
+    asked = ["What is the capital of France?", "What's the capital of France?"]
+    running = GatewayThread(settings, span_exporter=exporter).start()
+    try:
+        for text in asked:
+            body = {"model": "chat", "messages": [{"role": "user", "content": text}]}
+            r = await post(running.url, {**body, "temperature": 0})
+            assert r.status_code == 200
+    finally:
+        running.stop()
+    spans = list(exporter.get_finished_spans())
+    roots = sorted((s for s in spans if s.kind is SpanKind.SERVER), key=lambda s: s.start_time)
+    assert [r.attributes["semcache.cache"] for r in roots if r.attributes] == ["miss", "semantic"]
+    looked: list[Any] = []
+    for root in roots:
+        assert root.context is not None
+        trace = trace_of(spans, root.context.trace_id)
+        (encode,) = trace["semantic.encode"]
+        (lookup,) = trace["cache.semantic"]
+        assert parent_id(encode) is not None and lookup.attributes is not None
+        looked.append(lookup.attributes["semcache.hit"])
+    assert looked == [False, True]
+    assert roots[1].context is not None
+    hit = trace_of(spans, roots[1].context.trace_id)
+    assert not {"placement", "prefill", "decode", "stream"} & set(hit)
+    (lookup,) = hit["cache.semantic"]
+    assert lookup.attributes is not None and float(lookup.attributes["semcache.similarity"]) >= 0.8
+    assert len(hops.traceparents["decode"]) == 1  # only the miss reached a backend
 
 
 async def logged(gw: GatewayThread, lines: int) -> list[dict[str, Any]]:
@@ -259,35 +333,88 @@ async def test_tracing_off_sends_no_traceparent_and_logs_no_trace_id(
     assert [line["trace_id"] for line in log] == [None]
 
 
-async def test_batch_items_are_traces_of_their_own_naming_their_batch(
-    tmp_path: Path, hops: Hops
+async def submit_workers_ai(client: httpx.AsyncClient, contents: list[str]) -> str:
+    items = [{"messages": [{"role": "user", "content": c}]} for c in contents]
+    r = await client.post(
+        "/client/v4/accounts/a/ai/run/chat?queueRequest=true", json={"requests": items}
+    )
+    assert r.status_code == 200, r.text
+    return str(r.json()["result"]["request_id"])
+
+
+async def submit_openai(client: httpx.AsyncClient, contents: list[str]) -> str:
+    lines = [
+        orjson.dumps(
+            {
+                "custom_id": f"c{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": "chat", "messages": [{"role": "user", "content": c}]},
+            }
+        )
+        for i, c in enumerate(contents)
+    ]
+    upload = await client.post(
+        "/v1/files",
+        files={"file": ("in.jsonl", b"\n".join(lines) + b"\n")},
+        data={"purpose": "batch"},
+    )
+    assert upload.status_code == 200, upload.text
+    r = await client.post(
+        "/v1/batches",
+        json={
+            "input_file_id": upload.json()["id"],
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        },
+    )
+    assert r.status_code == 200, r.text
+    return str(r.json()["id"])
+
+
+@pytest.mark.parametrize("submit", [submit_workers_ai, submit_openai], ids=["workers-ai", "openai"])
+async def test_batch_items_are_traces_of_their_own_linked_to_the_submit(
+    tmp_path: Path, hops: Hops, submit: Any
 ) -> None:
     exporter = InMemorySpanExporter()
-    items = [{"messages": [{"role": "user", "content": f"{LONG} {i}"}]} for i in range(2)]
     with gateway(tmp_path, hops, exporter) as gw:
-        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as client:
-            r = await client.post(
-                "/client/v4/accounts/a/ai/run/chat?queueRequest=true",
-                json={"requests": items},
-                headers={"authorization": "Bearer any"},
-            )
-        assert r.status_code == 200, r.text
-        batch_id = r.json()["result"]["request_id"]
+        async with httpx.AsyncClient(
+            base_url=gw.url, timeout=30, headers={"authorization": "Bearer any"}
+        ) as client:
+            batch_id = await submit(client, [f"{LONG} {i}" for i in range(2)])
 
         def item_roots() -> list[ReadableSpan]:
             return [s for s in exporter.get_finished_spans() if s.name == "batch item"]
 
         await wait_until_async(lambda: len(item_roots()) == 2)
     spans = list(exporter.get_finished_spans())
-    submit = next(s for s in spans if s.kind is SpanKind.SERVER)
-    assert submit.attributes is not None and submit.attributes["semcache.batch_id"] == batch_id
+    (queued,) = [s for s in spans if s.name == "batch.submit"]
+    assert queued.attributes is not None and queued.attributes["semcache.batch_id"] == batch_id
+    assert queued.context is not None
+    (submit_root,) = [
+        s
+        for s in spans
+        if s.kind is SpanKind.SERVER and s.context and s.context.trace_id == queued.context.trace_id
+    ]
+    assert submit_root.attributes is not None
+    assert submit_root.attributes["semcache.batch_id"] == batch_id
     roots = item_roots()
-    assert {r.attributes["semcache.batch_index"] for r in roots if r.attributes} == {0, 1}
+    assert sorted(r.attributes["semcache.batch_index"] for r in roots if r.attributes) == [0, 1]
     assert {r.attributes["semcache.batch_id"] for r in roots if r.attributes} == {batch_id}
     traces = {r.context.trace_id for r in roots if r.context}
-    assert submit.context is not None and len(traces | {submit.context.trace_id}) == 3
+    assert len(traces | {queued.context.trace_id}) == 3  # the submit's trace and one per item
     for root in roots:
-        assert root.parent is None and root.context is not None
+        assert root.parent is None and root.context is not None and root.attributes is not None
+        (link,) = root.links
+        assert (link.context.trace_id, link.context.span_id) == (
+            queued.context.trace_id,
+            queued.context.span_id,
+        )
+        assert link.attributes is not None
+        assert dict(link.attributes) == {
+            "semcache.batch_id": batch_id,
+            "semcache.batch_index": root.attributes["semcache.batch_index"],
+        }
         assert "decode" in trace_of(spans, root.context.trace_id)
 
 

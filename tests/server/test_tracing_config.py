@@ -6,6 +6,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import ParentBased
 
+from server.cli.backends import launcher
 from server.config import ConfigError, parse_config
 from server.tracing import (
     DEFAULT_ENDPOINT,
@@ -73,3 +74,19 @@ def test_one_config_setting_turns_it_on_with_its_ratio_and_name() -> None:
 def test_a_bad_setting_is_refused_at_load(bad: dict[str, object]) -> None:
     with pytest.raises(ConfigError, match="tracing"):
         parse_config({"tracing": bad})
+
+
+def test_semcache_serve_launches_vllm_with_the_endpoint_while_tracing_is_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
+    monkeypatch.delenv("OTEL_SDK_DISABLED", raising=False)
+    on = parse_config({"tracing": {"endpoint": COLLECTOR}})
+    assert launcher(on).traces_endpoint == COLLECTOR  # what `serve` and `backends up` start
+    assert launcher(parse_config({})).traces_endpoint is None
+    kept = parse_config({"tracing": {"endpoint": COLLECTOR, "launched_vllm": False}})
+    assert launcher(kept).traces_endpoint is None
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")
+    assert launcher(parse_config({})).traces_endpoint == COLLECTOR

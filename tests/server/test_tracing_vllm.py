@@ -1,7 +1,8 @@
 """One trace per request through ``semcache serve``, real vLLM prefill/decode and a real OTLP
 receiver (``harness/otlp_receiver.py``): the gateway's spans and vLLM's own ``llm_request``
 spans of the prefill and the decode server in one trace, parent links intact; a hit with no
-backend span; a client's ``traceparent`` as the trace's parent; the trace id in the request log.
+backend span; a client's ``traceparent`` as the trace's parent; the trace id in the request log;
+a batch's items as traces of their own, each root span linked to the batch's submit span.
 """
 
 from __future__ import annotations
@@ -225,3 +226,44 @@ def test_the_clients_traceparent_is_the_traces_parent(
     assert (root.trace_id, root.parent_id) == (CLIENT_TRACE, CLIENT_SPAN)
     wait_until(lambda: all(vllm_spans(receiver, CLIENT_TRACE).values()), SPANS_WAIT_S)
     wait_until(lambda: logged_trace_id(gateway_dir, "client-1") == CLIENT_TRACE)
+
+
+def test_batch_items_are_traces_of_their_own_linked_to_the_submit(
+    gateway: GatewayProcess, receiver: OtlpReceiver
+) -> None:
+    items = [
+        {
+            "messages": [{"role": "user", "content": f"Batch item {i}. " + SENTENCE * 2}],
+            "max_tokens": 4,
+        }
+        for i in range(2)
+    ]
+    with httpx.Client(timeout=60) as http:
+        r = http.post(
+            gateway.url + "/client/v4/accounts/a/ai/run/tiny-chat?queueRequest=true",
+            json={"requests": items},
+            headers={"x-request-id": "batch-submit-1", "authorization": "Bearer any"},
+        )
+    assert r.status_code == 200, r.text
+    batch_id = r.json()["result"]["request_id"]
+    root = root_span(receiver, "batch-submit-1")
+    assert root.attributes["semcache.batch_id"] == batch_id
+
+    def item_roots() -> list[ReceivedSpan]:
+        return receiver.matching(
+            lambda s: s.name == "batch item" and s.attributes.get("semcache.batch_id") == batch_id
+        )
+
+    wait_until(lambda: len(item_roots()) == 2, SPANS_WAIT_S * 3)
+    submit = one(receiver.trace(root.trace_id), "batch.submit")
+    assert submit.parent_id in {s.span_id for s in receiver.trace(root.trace_id)}
+    roots = item_roots()
+    assert sorted(s.attributes["semcache.batch_index"] for s in roots) == [0, 1]
+    assert len({s.trace_id for s in roots} | {root.trace_id}) == 3  # one trace per item
+    for item_root in roots:
+        assert item_root.parent_id == ""  # a root of its own trace, linked to the submit
+        assert item_root.links == ((submit.trace_id, submit.span_id),)
+    # each item's trace runs through vLLM like a live request's
+    wait_until(
+        lambda: all(vllm_spans(receiver, s.trace_id)["vllm-decode"] for s in roots), SPANS_WAIT_S
+    )

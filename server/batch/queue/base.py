@@ -32,6 +32,9 @@ class WorkItem(msgspec.Struct, frozen=True, kw_only=True):
     attempts: int
     """How many times the item has been claimed, this claim included."""
     receipt: str
+    trace_context: str | None = None
+    """The submitting span's ``traceparent`` stored with the job; ``None``: no link (tracing
+    was off, or the job was queued before jobs kept it)."""
 
 
 class JobState(msgspec.Struct, frozen=True, kw_only=True):
@@ -75,8 +78,17 @@ class BatchQueue(Protocol):
         """How much work is queued (the dashboard's batches page)."""
         ...
 
-    async def submit(self, job_id: str, tenant: str, model: str, payloads: Sequence[bytes]) -> None:
-        """Store a job and all its items atomically (all or nothing)."""
+    async def submit(
+        self,
+        job_id: str,
+        tenant: str,
+        model: str,
+        payloads: Sequence[bytes],
+        *,
+        trace_context: str | None = None,
+    ) -> None:
+        """Store a job and all its items atomically (all or nothing); ``trace_context``: the
+        submitter's ``traceparent``, handed back on each claimed item."""
         ...
 
     async def claim(self, consumer: str, limit: int, wait_s: float) -> list[WorkItem]:

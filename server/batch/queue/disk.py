@@ -5,7 +5,9 @@ batch and every stored result survive ``kill -9`` (and a power cut). Items live 
 until their result is stored in ``results``; a claim is a lease (``leased_by``,
 ``lease_until``) that expires unless renewed, so the items of a killed worker are claimed
 again. ``results`` has the primary key ``(job_id, idx)`` and is written with
-``INSERT OR IGNORE``: an item that ran twice still has one result.
+``INSERT OR IGNORE``: an item that ran twice still has one result. A job's ``traceparent``
+(the submitter's trace context) is a column added to files made before it existed, so an
+old queue loads and its jobs have none.
 
 Several gateway processes on one machine may share the file (SQLite locks it); all calls of
 one process go through a single thread that owns the connection.
@@ -34,7 +36,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     completed INTEGER NOT NULL DEFAULT 0,
     started INTEGER NOT NULL DEFAULT 0,
     created_at REAL NOT NULL,
-    finished_at REAL
+    finished_at REAL,
+    traceparent TEXT
 );
 CREATE TABLE IF NOT EXISTS items (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -54,6 +57,14 @@ CREATE TABLE IF NOT EXISTS results (
     PRIMARY KEY (job_id, idx)
 ) WITHOUT ROWID;
 """
+
+
+def _add_trace_column(db: sqlite3.Connection) -> None:
+    """Give a jobs table made before jobs kept a trace context its ``traceparent`` column
+    (in a write transaction: two processes opening one old file add it once)."""
+    columns = {row[1] for row in db.execute("PRAGMA table_info(jobs)")}
+    if "traceparent" not in columns:
+        db.execute("ALTER TABLE jobs ADD COLUMN traceparent TEXT")
 
 
 class DiskQueue:
@@ -96,6 +107,7 @@ class DiskQueue:
         db.execute("PRAGMA synchronous=FULL")
         db.executescript(_SCHEMA)
         self._db = db
+        self._tx(_add_trace_column)
 
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
@@ -138,14 +150,23 @@ class DiskQueue:
 
         return await self._call(run)
 
-    async def submit(self, job_id: str, tenant: str, model: str, payloads: Sequence[bytes]) -> None:
+    async def submit(
+        self,
+        job_id: str,
+        tenant: str,
+        model: str,
+        payloads: Sequence[bytes],
+        *,
+        trace_context: str | None = None,
+    ) -> None:
         now = self._clock()
         rows = [(job_id, i, p) for i, p in enumerate(payloads)]
 
         def run(db: sqlite3.Connection) -> None:
             db.execute(
-                "INSERT INTO jobs (id, tenant, model, total, created_at) VALUES (?, ?, ?, ?, ?)",
-                (job_id, tenant, model, len(rows), now),
+                "INSERT INTO jobs (id, tenant, model, total, created_at, traceparent) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (job_id, tenant, model, len(rows), now, trace_context),
             )
             db.executemany("INSERT INTO items (job_id, idx, payload) VALUES (?, ?, ?)", rows)
 
@@ -157,7 +178,8 @@ class DiskQueue:
 
         def run(db: sqlite3.Connection) -> list[WorkItem]:
             rows = db.execute(
-                "SELECT i.seq, i.job_id, i.idx, i.payload, i.attempts, j.tenant, j.model "
+                "SELECT i.seq, i.job_id, i.idx, i.payload, i.attempts, j.tenant, j.model, "
+                "j.traceparent "
                 "FROM items i JOIN jobs j ON j.id = i.job_id "
                 "WHERE i.lease_until <= ? ORDER BY i.seq LIMIT ?",
                 (now, limit),
@@ -183,6 +205,7 @@ class DiskQueue:
                     tenant=r[5],
                     model=r[6],
                     receipt=str(r[0]),
+                    trace_context=r[7],
                 )
                 for r in rows
             ]

@@ -4,7 +4,9 @@ Layout under the prefix ``P``:
 
 - ``P:items``: the stream of pending items (fields ``j`` job, ``i`` index, ``t`` tenant,
   ``m`` model, ``p`` payload), read by the consumer group ``workers``;
-- ``P:job:<id>``: the job's hash (tenant, model, total, created_at, started, finished_at);
+- ``P:job:<id>``: the job's hash (tenant, model, total, created_at, started, finished_at,
+  and ``traceparent`` when the submitter's trace context was kept: a job without the field
+  has none);
 - ``P:res:<id>``: its results, one hash field per item index, written with ``HSETNX``;
 - ``P:att:<id>``: how many times each item was claimed.
 
@@ -23,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.exceptions import ResponseError
+from redis.typing import EncodableT, FieldT
 
 from foundation.redis_client import RedisClient, hash_tag, open_redis
 from server.batch.queue.base import ItemResult, JobState, QueueDepth, WorkItem
@@ -127,18 +130,26 @@ class RedisQueue:
         leased = int(pending["pending"]) if isinstance(pending, dict) else 0
         return QueueDepth(items=int(items), leased=leased, oldest_age_s=oldest)
 
-    async def submit(self, job_id: str, tenant: str, model: str, payloads: Sequence[bytes]) -> None:
+    async def submit(
+        self,
+        job_id: str,
+        tenant: str,
+        model: str,
+        payloads: Sequence[bytes],
+        *,
+        trace_context: str | None = None,
+    ) -> None:
         job = self._job_key(job_id)
+        record: dict[FieldT, EncodableT] = {
+            "tenant": tenant,
+            "model": model,
+            "total": len(payloads),
+            "created_at": repr(self._clock()),
+        }
+        if trace_context:
+            record["traceparent"] = trace_context
         async with self.client.pipeline(transaction=True) as pipe:
-            pipe.hset(
-                job,
-                mapping={
-                    "tenant": tenant,
-                    "model": model,
-                    "total": len(payloads),
-                    "created_at": repr(self._clock()),
-                },
-            )
+            pipe.hset(job, mapping=record)
             pipe.pexpire(job, self._ms(self.max_age_s))
             for i, payload in enumerate(payloads):
                 pipe.xadd(self.stream, {"j": job_id, "i": i, "t": tenant, "m": model, "p": payload})
@@ -174,7 +185,8 @@ class RedisQueue:
                 pipe.hincrby(self._att_key(job_id), index, 1)
                 pipe.pexpire(self._att_key(job_id), self._ms(self.max_age_s))
                 pipe.hset(self._job_key(job_id), "started", 1)
-            counts = await pipe.execute()
+                pipe.hget(self._job_key(job_id), "traceparent")
+            answers = await pipe.execute()
         return [
             WorkItem(
                 job_id=_text(fields[b"j"]),
@@ -182,8 +194,9 @@ class RedisQueue:
                 tenant=_text(fields[b"t"]),
                 model=_text(fields[b"m"]),
                 payload=bytes(fields[b"p"]),
-                attempts=int(counts[3 * n]),
+                attempts=int(answers[4 * n]),
                 receipt=_text(entry_id),
+                trace_context=_text(answers[4 * n + 3]) if answers[4 * n + 3] else None,
             )
             for n, (entry_id, fields) in enumerate(entries)
         ]

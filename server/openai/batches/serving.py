@@ -13,10 +13,10 @@ import msgspec
 import orjson
 
 from backends.registry import ModelRegistry
-from foundation import tracing as spans
 from server.batch.queue.base import BatchQueue
 from server.batch.results import StoredItem
 from server.batch.settings import BatchSettings
+from server.batch.traces import submit_traced
 from server.errors import ApiError
 from server.openai.batches.protocol import (
     COMPLETION_WINDOWS,
@@ -197,8 +197,7 @@ class BatchesServing:
         batch.request_counts = RequestCounts(total=len(checked.lines))
         await self.store.save(batch)  # validating: a crash before the queue has it fails it
         payloads = [msgspec.json.encode({PAYLOAD_KEY: line}) for line in checked.lines]
-        await queue.submit(batch.id, tenant, checked.model, payloads)
-        spans.annotate({"semcache.batch_id": batch.id})  # the items' traces carry it too
+        await submit_traced(queue, batch.id, tenant, checked.model, payloads)
         batch.status = "in_progress"
         batch.in_progress_at = self._now()
         await self.store.save(batch)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -288,6 +290,74 @@ async def test_finished_jobs_expire(make_queue: QueueFactory, kind: str, clock: 
         await wait_until_async(gone, timeout_s=5.0)
     assert await q.job("j") is None
     assert await q.results("j") == []
+
+
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+async def test_a_jobs_trace_context_comes_back_with_each_claim(
+    make_queue: QueueFactory, kind: str, clock: Clock
+) -> None:
+    q = await make_queue()
+    await q.submit("traced", "t", "m", payloads(2), trace_context=TRACEPARENT)
+    await q.submit("plain", "t", "m", payloads(1))
+    items = await drain(q, "w1")
+    assert {(i.job_id, i.index): i.trace_context for i in items} == {
+        ("traced", 0): TRACEPARENT,
+        ("traced", 1): TRACEPARENT,
+        ("plain", 0): None,
+    }
+    first = next(i for i in items if i.job_id == "traced")
+    await q.retry(first, 0.0)  # given back and claimed again: still linked
+    again = await claim_after_lease(q, kind, clock, "w2", 1)
+    assert [(i.job_id, i.trace_context) for i in again] == [("traced", TRACEPARENT)]
+
+
+OLD_DISK_SCHEMA = """
+CREATE TABLE jobs (
+    id TEXT PRIMARY KEY, tenant TEXT NOT NULL, model TEXT NOT NULL, total INTEGER NOT NULL,
+    completed INTEGER NOT NULL DEFAULT 0, started INTEGER NOT NULL DEFAULT 0,
+    created_at REAL NOT NULL, finished_at REAL
+);
+CREATE TABLE items (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, idx INTEGER NOT NULL,
+    payload BLOB NOT NULL, leased_by TEXT, lease_until REAL NOT NULL DEFAULT 0,
+    attempts INTEGER NOT NULL DEFAULT 0, UNIQUE (job_id, idx)
+);
+CREATE TABLE results (
+    job_id TEXT NOT NULL, idx INTEGER NOT NULL, body BLOB NOT NULL, PRIMARY KEY (job_id, idx)
+) WITHOUT ROWID;
+"""
+"""The queue file as gateways wrote it before jobs kept the submitter's trace context."""
+
+
+async def test_a_disk_queue_written_before_trace_contexts_loads(
+    tmp_path: Path, clock: Clock
+) -> None:
+    path = tmp_path / "q.sqlite3"
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.executescript(OLD_DISK_SCHEMA)
+        db.execute(
+            "INSERT INTO jobs (id, tenant, model, total, created_at) VALUES (?, ?, ?, ?, ?)",
+            ("old", "t", "m", 1, clock()),
+        )
+        db.execute("INSERT INTO items (job_id, idx, payload) VALUES ('old', 0, x'6f6c64')")
+        db.commit()
+    q = await DiskQueue.open(path, lease_s=LEASE_S, clock=clock)
+    try:
+        await q.submit("new", "t", "m", payloads(1), trace_context=TRACEPARENT)
+        items = await drain(q, "w1")
+        assert [(i.job_id, i.payload, i.trace_context) for i in items] == [
+            ("old", b"old", None),
+            ("new", b"item-0", TRACEPARENT),
+        ]
+        assert await q.complete(items[0], b"r")
+        state = await q.job("old")
+        assert state is not None and state.status == "done"
+    finally:
+        await q.aclose()
+    reopened = await DiskQueue.open(path, lease_s=LEASE_S, clock=clock)  # the column once
+    await reopened.aclose()
 
 
 async def test_disk_queue_survives_reopen(tmp_path: Path, clock: Clock) -> None:
