@@ -226,3 +226,23 @@ def test_a_key_past_its_budget_is_429_until_the_period_ends(client: TestClient[A
     assert r.json()["error"]["code"] == "insufficient_quota"
     assert "T00:00:00Z" in r.json()["error"]["message"]  # renews at the next UTC midnight
     assert 1 <= int(r.headers["retry-after"]) <= 86400
+
+
+def test_a_scoped_key_lists_and_retrieves_only_its_models(client: TestClient[Any]) -> None:
+    _, secret = create(client, models=["@cf/test/embed"])  # scoped by an alias
+    listed = client.get("/v1/models", headers=bearer(secret))
+    assert listed.status_code == 200, listed.text
+    assert [m["id"] for m in listed.json()["data"]] == ["embed-model"]
+    for name in ("embed-model", "@cf/test/embed"):
+        r = client.get(f"/v1/models/{name}", headers=bearer(secret))
+        assert r.status_code == 200 and r.json()["id"] == "embed-model", r.text
+    hidden = client.get("/v1/models/chat-model", headers=bearer(secret))
+    assert hidden.status_code == 404, hidden.text
+    assert hidden.json()["error"]["code"] == "model_not_found"
+    missing = client.get("/v1/models/no-such", headers=bearer(secret)).json()["error"]
+    assert hidden.json()["error"] == {  # the same answer as for a model that does not exist
+        **missing,
+        "message": missing["message"].replace("no-such", "chat-model"),
+    }
+    everything = client.get("/v1/models", headers={"authorization": "Bearer tok-acme"}).json()
+    assert {m["id"] for m in everything["data"]} == {"chat-model", "embed-model"}

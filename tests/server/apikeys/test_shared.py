@@ -124,7 +124,18 @@ def test_keys_across_two_gateways(gateways: tuple[GatewayProcess, GatewayProcess
         secrets.append(secret)
         wait_until(lambda: chat_status(http, two, secret) == 200, timeout_s=PROPAGATION_S)
 
-        # scoped to `chat`: `other` is refused on the OpenAI route, Workers AI and in a batch
+        # scoped to `chat`: /v1/models lists only it, and `other` is a 404 there
+        listed = http.get(f"{two.url}/v1/models", headers=bearer(secret))
+        assert [m["id"] for m in listed.json()["data"]] == ["chat"], listed.text
+        hidden = http.get(f"{two.url}/v1/models/other", headers=bearer(secret))
+        assert hidden.status_code == 404, hidden.text
+        assert hidden.json()["error"]["code"] == "model_not_found"
+        assert (
+            http.get(f"{two.url}/v1/models/@cf/test/chat", headers=bearer(secret)).json()["id"]
+            == "chat"
+        )
+
+        # `other` is refused on the OpenAI route, Workers AI and in a batch
         r = http.post(
             f"{two.url}/v1/chat/completions",
             json={**CHAT, "model": "other"},
