@@ -246,3 +246,30 @@ def test_a_scoped_key_lists_and_retrieves_only_its_models(client: TestClient[Any
     }
     everything = client.get("/v1/models", headers={"authorization": "Bearer tok-acme"}).json()
     assert {m["id"] for m in everything["data"]} == {"chat-model", "embed-model"}
+
+
+def test_a_key_spends_its_own_budget_shown_beside_it(client: TestClient[Any]) -> None:
+    spender, secret = create(client, limits={"daily_tokens": 3})
+    other_id, other = create(client, limits={"daily_tokens": 3})
+    assert client.get(f"/admin/keys/{spender}", headers=ADMIN).json()["spend"] == [
+        {"period": "day", "tokens": 3, "tokens_spent": 0, "usd": None, "usd_spent": 0.0}
+    ]
+    first = client.post("/v1/chat/completions", json=CHAT, headers=bearer(secret))
+    assert first.status_code == 200, first.text
+    used = first.json()["usage"]["total_tokens"]
+    (spend,) = client.get(f"/admin/keys/{spender}", headers=ADMIN).json()["spend"]
+    assert spend["tokens_spent"] == used and used >= 3
+    w = client.post(WAI + "@cf/test/chat", json={"prompt": "again"}, headers=bearer(secret))
+    assert w.status_code == 429 and w.json()["success"] is False, w.text
+    message = w.json()["errors"][0]["message"]
+    assert "API key's daily budget of 3 tokens" in message and "T00:00:00Z" in message
+    assert 1 <= int(w.headers["retry-after"]) <= 86400
+    # the tenant's other key has a budget of its own, untouched
+    assert client.post("/v1/chat/completions", json=CHAT, headers=bearer(other)).status_code == 200
+    listed = {k["id"]: k for k in client.get("/admin/keys", headers=ADMIN).json()["data"]}
+    assert listed[spender]["spend"][0]["tokens_spent"] == used
+    assert listed[other_id]["spend"][0]["tokens_spent"] > 0
+    page = client.get("/dashboard/api/keys", headers=ADMIN)
+    assert page.status_code == 200, page.text
+    rows = {k["id"]: k for k in page.json()["keys"]}
+    assert rows[spender]["budgets"][0]["tokens_spent"] == used
