@@ -1,22 +1,28 @@
-"""Exact-cache hits with 1,000 API keys in the store vs none (issue 33): no slower.
+"""Exact-cache hits with 1,000 API keys in the store vs one (issue 33): no slower.
 
 Two gateways, each a ``python -m server.cli serve --no-launch`` process pinned to core 0
 with taskset, running side by side with the same config (a config token of tenant
-``bench``, an admin token, keys on in their default local store):
+``bench``, an admin token, keys on in their default local store). ``small`` holds one API
+key, ``large`` 1,000, all created through the admin API (``POST /admin/keys``) before
+measuring. The targets, each a gateway and the token ``wrk`` sends:
 
-- ``none``: no API key in its store; ``wrk`` sends the config token;
-- ``keys``: 1,000 API keys created through its admin API (``POST /admin/keys``) before
-  measuring; ``wrk`` sends the secret of the last one made (``keys``), and the config token
-  (``keys-config``, the store's size alone).
+- ``config``: ``small``, the config token (the baseline: no API key involved);
+- ``key-of-1``: ``small``, its one key's secret;
+- ``key-of-1000``: ``large``, the secret of the last key made;
+- ``config-1000``: ``large``, the config token (the store's size alone).
+
+The claim is ``key-of-1000`` against ``key-of-1`` (the store's size, on the API-key path);
+``key-of-1`` against ``config`` is what authenticating by an API key costs at all.
 
 The backend is a local HTTP server in this process answering like vLLM: only each target's
 first request reaches it, every measured request is an exact hit (the early-hit path). This
 process and ``wrk`` (one thread, a fixed Lua request) share core 1. Each round runs one wrk
 run per target, the order reversed every other round, so drift on this shared machine
 touches every target. Printed: the median over the rounds of req/s, p50 and p99 for each
-target, the ratio of each to ``none`` (the median of the per-round ratios, with a bootstrap
-95 % interval over the rounds), and wrk's CPU share of its core: well under 100 % says the
-gateway, not wrk, sets the figure. Every run must see no non-2xx answer nor socket error.
+target, the ratio of each to its baseline (the median of the per-round ratios, with a
+bootstrap 95 % interval over the rounds), and wrk's CPU share of its core: well under 100 %
+says the gateway, not wrk, sets the figure. Every run must see no non-2xx answer nor socket
+error.
 
     .venv/bin/python bench/keys.py                       # 5 s runs, 6 rounds
     .venv/bin/python bench/keys.py --seconds 3 --rounds 4 --keys 1000 --connections 16
@@ -59,8 +65,11 @@ from harness.ports import free_port
 say = stderr_printer("keys")
 TOKEN = "bench-config-token"
 ADMIN = "bench-admin-token"
-TARGETS = ("none", "keys", "keys-config")
+TARGETS = ("config", "key-of-1", "key-of-1000", "config-1000")
 """Each measured target: (the gateway it runs on, the token wrk sends) in ``cells``."""
+BASELINE = {"config": "config", "key-of-1": "config", "key-of-1000": "key-of-1"}
+BASELINE |= {"config-1000": "config"}
+"""What each target's ratio is against."""
 
 
 def config_text(data_dir: Path, port: int, upstream: str) -> str:
@@ -169,7 +178,7 @@ async def run(args: argparse.Namespace) -> bool:
     try:
         with tempfile.TemporaryDirectory(prefix="bench-keys-") as tmp:
             folder = Path(tmp)
-            for name in ("none", "keys"):
+            for name in ("small", "large"):
                 port = free_port()
                 config = folder / f"{name}.toml"
                 config.write_text(config_text(folder / name, port, upstream_url))
@@ -178,15 +187,17 @@ async def run(args: argparse.Namespace) -> bool:
                 server.start()
             for server in servers.values():
                 await server.wait_ready(240)
+            one = await create_keys(servers["small"].url, 1)
             started = time.monotonic()
-            secret = await create_keys(servers["keys"].url, args.keys)
+            secret = await create_keys(servers["large"].url, args.keys)
             say(
                 f"{args.keys} keys made through the admin API in {time.monotonic() - started:.1f} s"
             )
             cells = {
-                "none": (servers["none"], TOKEN),
-                "keys": (servers["keys"], secret),
-                "keys-config": (servers["keys"], TOKEN),
+                "config": (servers["small"], TOKEN),
+                "key-of-1": (servers["small"], one),
+                "key-of-1000": (servers["large"], secret),
+                "config-1000": (servers["large"], TOKEN),
             }
             scripts = {}
             for name, (server, token) in cells.items():
@@ -220,11 +231,10 @@ async def run(args: argparse.Namespace) -> bool:
     )
     print(
         f"{'target':11} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'wrk cpu':>8} "
-        f"{'req/s vs none [95 % CI]':>26} {'p50 vs none':>11}"
+        f"{'vs':>9} {'req/s ratio [95 % CI]':>24} {'p50 ratio':>9}"
     )
-    base = runs["none"]
     for name in TARGETS:
-        mine = runs[name]
+        mine, base = runs[name], runs[BASELINE[name]]
         rps = statistics.median(r.report.rps for r in mine)
         p50 = statistics.median(r.report.p50_ms for r in mine)
         p99 = statistics.median(r.report.p99_ms for r in mine)
@@ -234,8 +244,8 @@ async def run(args: argparse.Namespace) -> bool:
         low, high = ratio_interval(ratios)
         cell = f"{statistics.median(ratios):.3f} [{low:.3f}, {high:.3f}]"
         print(
-            f"{name:11} {rps:8.0f} {p50:7.2f} {p99:7.2f} {cpu:8.0%} {cell:>26} "
-            f"{statistics.median(p50s):11.3f}"
+            f"{name:11} {rps:8.0f} {p50:7.2f} {p99:7.2f} {cpu:8.0%} {BASELINE[name]:>9} "
+            f"{cell:>24} {statistics.median(p50s):9.3f}"
         )
     return True
 
@@ -245,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seconds", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--connections", type=int, default=16)
-    parser.add_argument("--keys", type=int, default=1000, help="API keys in the `keys` store")
+    parser.add_argument("--keys", type=int, default=1000, help="API keys in the `large` store")
     return exit_status(run(parser.parse_args(argv)), say)
 
 
