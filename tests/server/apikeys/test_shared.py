@@ -343,3 +343,47 @@ def test_the_cli_manages_keys_through_the_admin_api(
         cwd=REPO_ROOT,
     )
     assert refused.returncode == 1 and "gateway config" in refused.stderr
+
+
+def test_a_keys_budget_is_shared_by_every_gateway(
+    gateways: tuple[GatewayProcess, GatewayProcess],
+) -> None:
+    one, two = gateways
+    with httpx.Client(timeout=30) as http:
+        made = create(http, one, limits={"daily_tokens": 2})  # the fake vLLM's one answer
+        secret, key_id = made["secret"], made["key"]["id"]
+        wait_until(
+            lambda: http.get(f"{two.url}/v1/models", headers=bearer(secret)).status_code == 200,
+            timeout_s=PROPAGATION_S,
+        )
+        spent = http.post(f"{two.url}/v1/chat/completions", json=CHAT, headers=bearer(secret))
+        assert spent.status_code == 200, spent.text
+        used = spent.json()["usage"]["total_tokens"]
+        (day,) = http.get(f"{one.url}/admin/keys/{key_id}", headers=ADMIN).json()["spend"]
+        assert day == {
+            "period": "day",
+            "tokens": 2,
+            "tokens_spent": used,
+            "usd": None,
+            "usd_spent": 0.0,
+        }
+        # refused on the other gateway, in each route's format, with the reset time
+        r = http.post(
+            f"{one.url}/v1/chat/completions",
+            json={**CHAT, "seed": 7},
+            headers=bearer(secret),
+        )
+        assert r.status_code == 429, r.text
+        error = r.json()["error"]
+        assert error["code"] == "insufficient_quota" and "T00:00:00Z" in error["message"]
+        assert "API key's daily budget of 2 tokens" in error["message"]
+        assert 1 <= int(r.headers["retry-after"]) <= 86_400
+        w = http.post(f"{one.url}{WAI}@cf/test/chat", json={"prompt": "x"}, headers=bearer(secret))
+        assert w.status_code == 429 and w.json()["success"] is False, w.text
+        assert "T00:00:00Z" in w.json()["errors"][0]["message"]
+        assert 1 <= int(w.headers["retry-after"]) <= 86_400
+        # the tenant's config token has no such budget
+        assert chat_status(http, one, "tok-acme") == 200
+        page = http.get(f"{two.url}/dashboard/api/keys", headers=ADMIN).json()
+        (row,) = [k for k in page["keys"] if k["id"] == key_id]
+        assert row["budgets"][0]["tokens_spent"] == used
