@@ -273,3 +273,21 @@ def test_a_key_spends_its_own_budget_shown_beside_it(client: TestClient[Any]) ->
     assert page.status_code == 200, page.text
     rows = {k["id"]: k for k in page.json()["keys"]}
     assert rows[spender]["budgets"][0]["tokens_spent"] == used
+
+
+def test_a_scoped_key_reads_no_cached_answer_of_another_model(client: TestClient[Any]) -> None:
+    _, scoped = create(client, models=["embed-model"])
+    answer = client.post(
+        "/v1/chat/completions",
+        json={**CHAT, "temperature": 0},  # deterministic: cached
+        headers={"authorization": "Bearer tok-acme"},
+    )
+    where = answer.headers["content-location"]
+    assert client.get(where, headers={"authorization": "Bearer tok-acme"}).status_code == 200
+    refused = client.get(where, headers=bearer(scoped))  # the same tenant, another model
+    assert refused.status_code == 404 and refused.json()["error"]["code"] == "cache_miss"
+    embedded = client.post(
+        "/v1/embeddings", json={"model": "embed-model", "input": "x"}, headers=bearer(scoped)
+    )
+    again = client.get(embedded.headers["content-location"], headers=bearer(scoped))
+    assert again.status_code == 200 and again.content == embedded.content
