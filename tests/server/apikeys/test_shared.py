@@ -348,10 +348,17 @@ def test_the_cli_manages_keys_through_the_admin_api(
 def test_a_keys_budget_is_shared_by_every_gateway(
     gateways: tuple[GatewayProcess, GatewayProcess],
 ) -> None:
+    """Made and revoked from the dashboard's forms; its budget spent on one gateway."""
     one, two = gateways
+    form = {**ADMIN, "x-semcache-dashboard": "1"}
     with httpx.Client(timeout=30) as http:
-        made = create(http, one, limits={"daily_tokens": 2})  # the fake vLLM's one answer
-        secret, key_id = made["secret"], made["key"]["id"]
+        r = http.post(
+            f"{one.url}/dashboard/api/actions/keys/new",
+            json={"tenant": "acme", "limits": {"daily_tokens": 2}},  # the fake vLLM's answer
+            headers=form,
+        )
+        assert r.status_code == 200, r.text
+        secret, key_id = r.json()["secret"], r.json()["key"]["id"]
         wait_until(
             lambda: http.get(f"{two.url}/v1/models", headers=bearer(secret)).status_code == 200,
             timeout_s=PROPAGATION_S,
@@ -387,3 +394,25 @@ def test_a_keys_budget_is_shared_by_every_gateway(
         page = http.get(f"{two.url}/dashboard/api/keys", headers=ADMIN).json()
         (row,) = [k for k in page["keys"] if k["id"] == key_id]
         assert row["budgets"][0]["tokens_spent"] == used
+        html = http.get(f"{two.url}/dashboard/keys", headers=ADMIN).text
+        assert f'data-key="{key_id}"' in html and secret not in html
+        # revoked from the other gateway's dashboard: refused here within a second
+        r = http.post(f"{two.url}/dashboard/api/actions/keys/{key_id}/revoke", headers=form)
+        assert r.status_code == 200 and r.json()["status"] == "revoked", r.text
+
+        def refused_as_revoked() -> bool:
+            w = http.post(
+                f"{one.url}{WAI}@cf/test/chat", json={"prompt": "x"}, headers=bearer(secret)
+            )
+            return w.status_code == 401 and "revoked" in w.json()["errors"][0]["message"]
+
+        wait_until(refused_as_revoked, timeout_s=PROPAGATION_S)
+        audit = http.get(f"{one.url}/admin/audit", headers=ADMIN).json()["data"]
+        assert [(e["action"], e["key_id"]) for e in audit] == [
+            ("revoke", key_id),
+            ("create", key_id),
+        ]
+    for gateway in (one, two):
+        gateway.stop()
+    logs = "".join(one.lines + two.lines)
+    assert secret not in logs and secret.split("-", 3)[3] not in logs
