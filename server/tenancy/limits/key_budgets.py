@@ -71,6 +71,7 @@ class KeyBudgets:
         spent: then nothing stays reserved."""
         reserved: list[Reservation] = []
         usd_keys: list[str] = []
+        spent: tuple[str, float] | None = None
         try:
             for period, tokens, usd in budget_periods(own):
                 end = period_end(now, period)
@@ -80,37 +81,27 @@ class KeyBudgets:
                 if usd is not None:
                     answer = await self._reserve(usd_key, 0, round(usd * MICRO), ttl)
                     if answer is not None and not answer[0]:
-                        spent = answer[1] / MICRO
-                        await self.settle(reserved, KeyCharge(usd_keys=[]), 0, 0.0)
-                        return (
-                            [],
-                            KeyCharge(usd_keys=[]),
-                            (
-                                f"API key's {adjective} budget of ${usd:.2f} (spent ${spent:.2f})",
-                                end,
-                            ),
-                        )
+                        used = answer[1] / MICRO
+                        spent = (f"{adjective} budget of ${usd:.2f} (spent ${used:.2f})", end)
+                        break
                     usd_keys.append(usd_key)
-                if tokens is None:
-                    continue
-                answer = await self._reserve(tokens_key, max(1, cost), tokens, ttl)
-                if answer is None:
-                    continue  # the shared store is down: fail open
-                if not answer[0]:
-                    await self.settle(reserved, KeyCharge(usd_keys=[]), 0, 0.0)
-                    return (
-                        [],
-                        KeyCharge(usd_keys=[]),
-                        (
-                            f"API key's {adjective} budget of {tokens} tokens "
-                            f"(charged {answer[1]})",
+                if tokens is not None:
+                    answer = await self._reserve(tokens_key, max(1, cost), tokens, ttl)
+                    if answer is None:
+                        continue  # the shared store is down: fail open
+                    if not answer[0]:
+                        spent = (
+                            f"{adjective} budget of {tokens} tokens (charged {answer[1]})",
                             end,
-                        ),
-                    )
-                reserved.append(Reservation(tokens_key, max(1, cost)))
+                        )
+                        break
+                    reserved.append(Reservation(tokens_key, max(1, cost)))
         except BaseException:
             await self.settle(reserved, KeyCharge(usd_keys=[]), 0, 0.0)
             raise
+        if spent is not None:
+            await self.settle(reserved, KeyCharge(usd_keys=[]), 0, 0.0)
+            return [], KeyCharge(usd_keys=[]), (f"API key's {spent[0]}", spent[1])
         return reserved, KeyCharge(usd_keys=usd_keys), None
 
     async def _reserve(self, key: str, cost: int, budget: int, ttl: int) -> tuple[bool, int] | None:
