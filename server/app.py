@@ -149,11 +149,6 @@ def create_app(
         redis_prefix=tiers.redis.prefix,
     )
     auth = TokenAuth(config.auth, admin_token=policy_admin_token(policy), keys=key_view)
-    key_admin = (
-        KeyAdmin(key_view, defaults=config.limits, config_tokens=auth.config_token_ids)
-        if key_view is not None
-        else None
-    )
     request_log = (
         RequestLog(config.request_log, config.data_path()) if config.request_log.enabled else None
     )
@@ -172,6 +167,16 @@ def create_app(
         spent=ledger.spent,
         calendar=clock,
         overrides_later=key_view is not None,
+    )
+    key_admin = (
+        KeyAdmin(
+            key_view,
+            defaults=config.limits,
+            config_tokens=auth.config_token_ids,
+            limiter=limiter,
+        )
+        if key_view is not None
+        else None
     )
     tickets = Tickets(config.queue)
     tenancy = Tenancy(

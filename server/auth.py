@@ -49,6 +49,7 @@ from server.apikeys.hashing import looks_like_key
 from server.apikeys.records import ApiKey, Role
 from server.apikeys.view import KeyView
 from server.errors import ApiError
+from server.tenancy.limits.key_budgets import split_budgets
 from server.tenancy.limits.settings import LimitSettings
 
 ANONYMOUS = "anonymous"
@@ -114,6 +115,8 @@ class Principal(msgspec.Struct, frozen=True, kw_only=True):
     limits: LimitSettings | None = None
     models: frozenset[str] | None = None
     """The models (ids or aliases) an API key is scoped to; ``None``: every model."""
+    budgets: LimitSettings | None = None
+    """An API key's own budgets, spent by it alone (its tenant's stay in force too)."""
 
     @property
     def admin(self) -> bool:
@@ -297,11 +300,13 @@ class TokenAuth:
         cached = self._key_principals.get(key.id)
         if cached is not None and cached[0] is key:
             return cached[1]
+        limits, budgets = split_budgets(key.limits)
         principal = Principal(
             tenant=key.tenant,
             token_id=key_token_id(key.id),
             roles=frozenset(key.roles),
-            limits=key.limits,
+            limits=limits,
+            budgets=budgets,
             models=None if key.models is None else frozenset(key.models),
         )
         self._key_principals[key.id] = (key, principal)

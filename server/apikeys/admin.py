@@ -20,7 +20,10 @@ from server.apikeys.records import (
     KeyUpdate,
 )
 from server.apikeys.view import KeyView
+from server.auth import key_token_id
 from server.errors import ApiError
+from server.tenancy.limits.key_budgets import split_budgets
+from server.tenancy.limits.limiter import TenantLimiter
 from server.tenancy.limits.settings import LimitSettings
 
 
@@ -43,8 +46,10 @@ class KeyAdmin:
         defaults: LimitSettings,
         config_tokens: Collection[str],
         clock: Callable[[], float] | None = None,
+        limiter: TenantLimiter | None = None,
     ) -> None:
-        """``config_tokens``: how the config's ``[[auth.tokens]]`` are named (their
+        """``limiter``: where a key's spend against its own budgets is read.
+        ``config_tokens``: how the config's ``[[auth.tokens]]`` are named (their
         ``name``, or their digest's first 12 hex digits): the API refuses to change them."""
         self.view = view
         self.store = view.store
@@ -52,6 +57,7 @@ class KeyAdmin:
         self.defaults = defaults
         self.config_tokens = frozenset(config_tokens)
         self.clock = clock or view.clock
+        self.limiter = limiter
 
     def info(self, key: ApiKey) -> KeyInfo:
         return key.public(self.clock(), self.view.last_used(key.id))
@@ -61,7 +67,7 @@ class KeyAdmin:
         now = self.clock()
         keys = sorted(await self.store.load_all(), key=lambda k: (k.created_at, k.id))
         return [
-            k.public(now, self.view.last_used(k.id) or used.get(k.id))
+            await self._with_spend(k, k.public(now, self.view.last_used(k.id) or used.get(k.id)))
             for k in keys
             if tenant is None or k.tenant == tenant
         ]
@@ -69,7 +75,17 @@ class KeyAdmin:
     async def show(self, key_id: str) -> KeyInfo:
         key = await self._get(key_id)
         used = self.view.last_used(key.id) or (await self.store.last_used()).get(key.id)
-        return key.public(self.clock(), used)
+        return await self._with_spend(key, key.public(self.clock(), used))
+
+    async def _with_spend(self, key: ApiKey, info: KeyInfo) -> KeyInfo:
+        """``info`` with the key's spend against its own budgets, when it has some."""
+        _, own = split_budgets(key.limits)
+        if own is None or self.limiter is None:
+            return info
+        info.spend = await self.limiter.key_budgets.status(
+            key_token_id(key.id), own, self.limiter.calendar()
+        )
+        return info
 
     async def create(self, req: KeyCreate, actor: Actor) -> CreatedKey:
         if not req.tenant.strip():

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from server.tenancy.limits.budgets import BudgetStatus
 from server.tenancy.limits.settings import LimitSettings
 
 Role = Literal["admin"]
@@ -90,6 +91,9 @@ class KeyInfo(msgspec.Struct, kw_only=True):
     last_used_at: float | None
     revoked_at: float | None
     previous_secret_valid_until: float | None
+    spend: list[BudgetStatus] | None = None
+    """What the key spent of each of its own budgets (today, this month); ``None``: it has
+    none, or the gateway counts no limits."""
 
 
 class CreatedKey(msgspec.Struct, kw_only=True):

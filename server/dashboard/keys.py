@@ -16,10 +16,9 @@ from litestar.params import FromPath
 
 from server.apikeys.admin import Actor, KeyAdmin
 from server.apikeys.records import KeyCreate
-from server.auth import Principal, TokenAuth, key_token_id
+from server.auth import Principal, TokenAuth
 from server.errors import ApiError
 from server.openai.routing import parse_body
-from server.tenancy.middleware import Tenancy
 
 KEYS_NOTE = "API keys are off on this gateway ([keys] enabled = false)"
 
@@ -39,18 +38,15 @@ def _admin(request: Request[Any, Any, Any]) -> tuple[KeyAdmin, Actor]:
 
 
 async def keys_page(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    """The page's data (the caller has checked the admin role)."""
+    """The page's data (the caller has checked the admin role): each key with its own spend
+    against its own budgets (``KeyInfo.spend``)."""
     keys: KeyAdmin | None = request.app.state.api_keys
     if keys is None:
         return {"keys": [], "note": KEYS_NOTE}
-    tenancy: Tenancy = request.app.state.tenancy
-    rows = []
-    for info in await keys.list_keys(request.query_params.get("tenant") or None):
-        budgets: list[Any] = []
-        if tenancy.limiter is not None and info.limits is not None and info.status == "active":
-            status = await tenancy.limiter.status(key_token_id(info.id), info.tenant, info.limits)
-            budgets = msgspec.to_builtins(status.budgets)
-        rows.append({**msgspec.to_builtins(info), "budgets": budgets})
+    rows = [
+        {**msgspec.to_builtins(info), "budgets": msgspec.to_builtins(info.spend or [])}
+        for info in await keys.list_keys(request.query_params.get("tenant") or None)
+    ]
     return {"keys": rows, "note": None}
 
 

@@ -2,8 +2,9 @@
 every cacheable answer names, for a client or an HTTP cache to read it again.
 
 Scoped as the answer's key is: a shared answer is anyone's, a tenant's answer only its own
-(another tenant gets the same 404 as for a key that does not exist). A purged or expired
-entry, or one of a model revision no longer served, is a 404 too.
+(another tenant gets the same 404 as for a key that does not exist), and an API key scoped
+to some models sees only their answers. A purged or expired entry, or one of a model
+revision no longer served, is a 404 too.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from semcache import replay
 from semcache.keys import SHARED_SCOPE, CacheKey, scope_for
 from server.apidoc.operation import SERVER_ERROR, Answer, Field, RouteDoc, documented
 from server.apidoc.request_headers import CONTEXT_HEADERS, STRING
+from server.auth import model_allowed
 from server.caching import edge_headers, result_headers
 from server.errors import ApiError
 from server.openai.reply import Reply
@@ -67,6 +69,7 @@ async def cached_answer(request: Request[Any, Any, Any]) -> Response[Any]:
         or info is None
         or info.revision != res.key.revision
         or not _visible(res.key, ctx.tenant)
+        or not model_allowed(ctx.models, info.id, info)
     ):
         raise ApiError(
             404,

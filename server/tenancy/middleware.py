@@ -156,7 +156,10 @@ class Tenancy:
         assert self.limiter is not None
         principal = record.principal
         estimate = 0
-        if self.limiter.settings_of(principal.limits).estimates_tokens:
+        own = principal.budgets
+        if self.limiter.settings_of(principal.limits).estimates_tokens or (
+            own is not None and own.estimates_tokens
+        ):
             body, receive = await read_ahead(receive, self.max_body_bytes)
             estimate = estimate_tokens(body)
         with spans.span("limits"):
@@ -166,6 +169,7 @@ class Tenancy:
                 principal.limits,
                 estimate,
                 background=record.background,
+                own_budgets=own,
             )
         return admission, receive
 
@@ -178,7 +182,11 @@ class Tenancy:
         if hit or (usage.cache == "partial" and admission.settings.hits_spend_tokens):
             prompt += usage.saved_prompt_tokens
             completion += usage.saved_completion_tokens
-        await self.limiter.settle(admission, prompt, completion, cache_hit=hit)
+        cost = 0.0
+        if admission.key_charge is not None and admission.key_charge.usd_keys and usage.model:
+            prices = self.policy.current.rule(usage.model, usage.route or "").prices
+            cost = prices.cost_usd(usage.prompt_tokens, usage.completion_tokens)
+        await self.limiter.settle(admission, prompt, completion, cache_hit=hit, cost_usd=cost)
 
     def finish_item(self, ctx: RequestContext, success: bool) -> None:
         """Account for a batch item this gateway finished (it never passed the middleware)."""

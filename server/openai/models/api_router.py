@@ -9,7 +9,7 @@ from litestar.params import FromPath
 
 from server.apidoc.operation import SERVER_ERROR, Answer, RouteDoc, documented
 from server.openai.models.protocol import ModelCard, ModelList
-from server.openai.routing import respond, serving
+from server.openai.routing import record, respond, serving
 
 
 @get(
@@ -19,13 +19,19 @@ from server.openai.routing import respond, serving
         RouteDoc(
             summary="List models",
             tag="OpenAI",
-            answers=(Answer(200, ModelList, "Every model the gateway serves."),),
+            answers=(
+                Answer(
+                    200,
+                    ModelList,
+                    "Every model the gateway serves (a key scoped to some models: those).",
+                ),
+            ),
             errors=(401, 429, *SERVER_ERROR),
         )
     ),
 )
 def list_models(request: Request[Any, Any, Any]) -> Response[Any]:
-    return respond(serving(request).models.list_models())
+    return respond(serving(request).models.list_models(record(request).principal.models))
 
 
 @get(
@@ -35,14 +41,16 @@ def list_models(request: Request[Any, Any, Any]) -> Response[Any]:
         RouteDoc(
             summary="Retrieve a model",
             tag="OpenAI",
-            description="`model` is an id or an alias; aliases may contain `/`.",
+            description="`model` is an id or an alias; aliases may contain `/`. A model "
+            "outside an API key's scope is a 404, as one that does not exist.",
             answers=(Answer(200, ModelCard, "The model."),),
             errors=(401, 404, 429, *SERVER_ERROR),
         )
     ),
 )
 def get_model(request: Request[Any, Any, Any], model: FromPath[str]) -> Response[Any]:
-    return respond(serving(request).models.get_model(model.lstrip("/")))
+    allowed = record(request).principal.models
+    return respond(serving(request).models.get_model(model.lstrip("/"), allowed))
 
 
 ROUTES = [list_models, get_model]

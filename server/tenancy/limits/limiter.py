@@ -38,6 +38,7 @@ from server.tenancy.limits.budgets import (
     tokens_spent,
 )
 from server.tenancy.limits.headers import rate_headers
+from server.tenancy.limits.key_budgets import KeyBudgets, KeyCharge
 from server.tenancy.limits.refusals import quota_exceeded, rate_limited, too_many_concurrent
 from server.tenancy.limits.reservations import RedisReservations, Reservation, Reservations
 from server.tenancy.limits.settings import LimitSettings
@@ -74,6 +75,8 @@ class TokenStatus(msgspec.Struct, kw_only=True):
     requests_remaining: int | None
     tokens_remaining: int | None
     budgets: list[BudgetStatus] = msgspec.field(default_factory=list)
+    key_budgets: list[BudgetStatus] = msgspec.field(default_factory=list)
+    """An API key's own budgets and what the key spent of them."""
 
 
 @dataclass(slots=True, eq=False)
@@ -93,6 +96,10 @@ class Admission:
     settled: bool = False
     reserved: list[Reservation] = field(default_factory=list)
     """The token budgets' charges this request holds its worst case on until it settles."""
+    key_reserved: list[Reservation] = field(default_factory=list)
+    """The same on an API key's own token budgets (``key_budgets``)."""
+    key_charge: KeyCharge | None = None
+    """An API key's USD counters, charged the request's cost when it settles."""
 
 
 def build_limiter(
@@ -145,6 +152,7 @@ class TenantLimiter:
             RedisReservations(self.rates.pool) if self.rates.pool is not None else Reservations()
         )
         self._budget_prefix = f"{redis_prefix}:budget"
+        self.key_budgets = KeyBudgets(self.reservations, self.rates, redis_prefix)
         self._in_flight: dict[str, int] = {}
         self._merged: dict[LimitSettings | None, LimitSettings] = {}
         self._no_ledger_logged = False
@@ -169,8 +177,12 @@ class TenantLimiter:
         estimated_tokens: int,
         *,
         background: bool = False,
+        own_budgets: LimitSettings | None = None,
     ) -> Admission:
-        """Count one request of token ``key``; ApiError 429 (headers attached) when over."""
+        """Count one request of token ``key``; ApiError 429 (headers attached) when over.
+
+        ``own_budgets``: an API key's budgets, spent by that key alone (``key_budgets``),
+        checked besides its tenant's."""
         settings = self.settings_of(override)
         admission = Admission(key, tenant, settings, estimated_tokens, background=background)
         if background:
@@ -184,6 +196,8 @@ class TenantLimiter:
             if settings.budgets:
                 await self._check_budgets(admission)
                 await self._reserve_budgets(admission)
+            if own_budgets is not None and own_budgets.budgets:
+                await self._reserve_key_budgets(admission, own_budgets)
             await self._count(admission)
         except BaseException:
             self._release(admission)
@@ -192,16 +206,23 @@ class TenantLimiter:
         return admission
 
     async def settle(
-        self, admission: Admission, prompt_tokens: int, completion_tokens: int, *, cache_hit: bool
+        self,
+        admission: Admission,
+        prompt_tokens: int,
+        completion_tokens: int,
+        *,
+        cache_hit: bool,
+        cost_usd: float = 0.0,
     ) -> None:
-        """Release the request's slot and reconcile its token estimate with its real usage."""
+        """Release the request's slot and reconcile its token estimate with its real usage;
+        ``cost_usd``: what the backends' work cost (an API key's USD budgets count it)."""
         if admission.settled:
             return
         admission.settled = True
         self._release(admission)
         spends = not cache_hit or bool(admission.settings.hits_spend_tokens)
         used = prompt_tokens + completion_tokens if spends else 0
-        await self._settle_budgets(admission, used)
+        await self._settle_budgets(admission, used, cost_usd)
         window = admission.tokens
         if window is None:
             return
@@ -231,7 +252,13 @@ class TenantLimiter:
     async def aclose(self) -> None:
         await self.rates.aclose()
 
-    async def status(self, key: str, tenant: str, override: LimitSettings | None) -> TokenStatus:
+    async def status(
+        self,
+        key: str,
+        tenant: str,
+        override: LimitSettings | None,
+        own_budgets: LimitSettings | None = None,
+    ) -> TokenStatus:
         """What token ``key`` may still do now, without counting anything (the dashboard)."""
         settings = self.settings_of(override)
         admission = Admission(key, tenant, settings, 0)
@@ -250,6 +277,8 @@ class TenantLimiter:
             for period, tokens, usd in budget_periods(settings):
                 spend = await self.spent(tenant, period, self.calendar())
                 status.budgets.append(budget_status(spend, settings, period, tokens, usd))
+        if own_budgets is not None and own_budgets.budgets:
+            status.key_budgets = await self.key_budgets.status(key, own_budgets, self.calendar())
         return status
 
     # --- admission steps ---------------------------------------------------------------
@@ -356,8 +385,23 @@ class TenantLimiter:
                 raise quota_exceeded(reached, end, now, dict(self.headers(admission)))
             admission.reserved.append(Reservation(key, cost))
 
-    async def _settle_budgets(self, admission: Admission, used: int) -> None:
+    async def _reserve_key_budgets(self, admission: Admission, own: LimitSettings) -> None:
+        """Reserve on an API key's own budgets; 429 when one is spent."""
+        now = self.calendar()
+        reserved, charge, spent = await self.key_budgets.admit(
+            admission.key, own, admission.estimated_tokens, now
+        )
+        admission.key_reserved, admission.key_charge = reserved, charge
+        if spent is not None:
+            await self._peek(admission)
+            raise quota_exceeded(spent[0], spent[1], now, dict(self.headers(admission)))
+
+    async def _settle_budgets(self, admission: Admission, used: int, cost_usd: float = 0.0) -> None:
         """Move each reservation to what the request used (all back when it used nothing)."""
+        if admission.key_charge is not None:
+            await self.key_budgets.settle(
+                admission.key_reserved, admission.key_charge, used, cost_usd
+            )
         for reservation in admission.reserved:
             if reservation.settled:
                 continue

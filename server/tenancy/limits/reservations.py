@@ -63,6 +63,10 @@ class Reservations:
     def charge(self, key: str) -> int | None:
         return self._charges.get(key)
 
+    async def read(self, key: str) -> int | None:
+        """The charge now (``None``: not started this period)."""
+        return self._charges.get(key)
+
     async def reserve(
         self, key: str, cost: int, budget: int, seed: SeedFn, ttl_s: int
     ) -> tuple[bool, int]:

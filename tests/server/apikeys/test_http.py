@@ -226,3 +226,68 @@ def test_a_key_past_its_budget_is_429_until_the_period_ends(client: TestClient[A
     assert r.json()["error"]["code"] == "insufficient_quota"
     assert "T00:00:00Z" in r.json()["error"]["message"]  # renews at the next UTC midnight
     assert 1 <= int(r.headers["retry-after"]) <= 86400
+
+
+def test_a_scoped_key_lists_and_retrieves_only_its_models(client: TestClient[Any]) -> None:
+    _, secret = create(client, models=["@cf/test/embed"])  # scoped by an alias
+    listed = client.get("/v1/models", headers=bearer(secret))
+    assert listed.status_code == 200, listed.text
+    assert [m["id"] for m in listed.json()["data"]] == ["embed-model"]
+    for name in ("embed-model", "@cf/test/embed"):
+        r = client.get(f"/v1/models/{name}", headers=bearer(secret))
+        assert r.status_code == 200 and r.json()["id"] == "embed-model", r.text
+    hidden = client.get("/v1/models/chat-model", headers=bearer(secret))
+    assert hidden.status_code == 404, hidden.text
+    assert hidden.json()["error"]["code"] == "model_not_found"
+    missing = client.get("/v1/models/no-such", headers=bearer(secret)).json()["error"]
+    assert hidden.json()["error"] == {  # the same answer as for a model that does not exist
+        **missing,
+        "message": missing["message"].replace("no-such", "chat-model"),
+    }
+    everything = client.get("/v1/models", headers={"authorization": "Bearer tok-acme"}).json()
+    assert {m["id"] for m in everything["data"]} == {"chat-model", "embed-model"}
+
+
+def test_a_key_spends_its_own_budget_shown_beside_it(client: TestClient[Any]) -> None:
+    spender, secret = create(client, limits={"daily_tokens": 3})
+    other_id, other = create(client, limits={"daily_tokens": 3})
+    assert client.get(f"/admin/keys/{spender}", headers=ADMIN).json()["spend"] == [
+        {"period": "day", "tokens": 3, "tokens_spent": 0, "usd": None, "usd_spent": 0.0}
+    ]
+    first = client.post("/v1/chat/completions", json=CHAT, headers=bearer(secret))
+    assert first.status_code == 200, first.text
+    used = first.json()["usage"]["total_tokens"]
+    (spend,) = client.get(f"/admin/keys/{spender}", headers=ADMIN).json()["spend"]
+    assert spend["tokens_spent"] == used and used >= 3
+    w = client.post(WAI + "@cf/test/chat", json={"prompt": "again"}, headers=bearer(secret))
+    assert w.status_code == 429 and w.json()["success"] is False, w.text
+    message = w.json()["errors"][0]["message"]
+    assert "API key's daily budget of 3 tokens" in message and "T00:00:00Z" in message
+    assert 1 <= int(w.headers["retry-after"]) <= 86400
+    # the tenant's other key has a budget of its own, untouched
+    assert client.post("/v1/chat/completions", json=CHAT, headers=bearer(other)).status_code == 200
+    listed = {k["id"]: k for k in client.get("/admin/keys", headers=ADMIN).json()["data"]}
+    assert listed[spender]["spend"][0]["tokens_spent"] == used
+    assert listed[other_id]["spend"][0]["tokens_spent"] > 0
+    page = client.get("/dashboard/api/keys", headers=ADMIN)
+    assert page.status_code == 200, page.text
+    rows = {k["id"]: k for k in page.json()["keys"]}
+    assert rows[spender]["budgets"][0]["tokens_spent"] == used
+
+
+def test_a_scoped_key_reads_no_cached_answer_of_another_model(client: TestClient[Any]) -> None:
+    _, scoped = create(client, models=["embed-model"])
+    answer = client.post(
+        "/v1/chat/completions",
+        json={**CHAT, "temperature": 0},  # deterministic: cached
+        headers={"authorization": "Bearer tok-acme"},
+    )
+    where = answer.headers["content-location"]
+    assert client.get(where, headers={"authorization": "Bearer tok-acme"}).status_code == 200
+    refused = client.get(where, headers=bearer(scoped))  # the same tenant, another model
+    assert refused.status_code == 404 and refused.json()["error"]["code"] == "cache_miss"
+    embedded = client.post(
+        "/v1/embeddings", json={"model": "embed-model", "input": "x"}, headers=bearer(scoped)
+    )
+    again = client.get(embedded.headers["content-location"], headers=bearer(scoped))
+    assert again.status_code == 200 and again.content == embedded.content

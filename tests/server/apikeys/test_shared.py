@@ -124,7 +124,18 @@ def test_keys_across_two_gateways(gateways: tuple[GatewayProcess, GatewayProcess
         secrets.append(secret)
         wait_until(lambda: chat_status(http, two, secret) == 200, timeout_s=PROPAGATION_S)
 
-        # scoped to `chat`: `other` is refused on the OpenAI route, Workers AI and in a batch
+        # scoped to `chat`: /v1/models lists only it, and `other` is a 404 there
+        listed = http.get(f"{two.url}/v1/models", headers=bearer(secret))
+        assert [m["id"] for m in listed.json()["data"]] == ["chat"], listed.text
+        hidden = http.get(f"{two.url}/v1/models/other", headers=bearer(secret))
+        assert hidden.status_code == 404, hidden.text
+        assert hidden.json()["error"]["code"] == "model_not_found"
+        assert (
+            http.get(f"{two.url}/v1/models/@cf/test/chat", headers=bearer(secret)).json()["id"]
+            == "chat"
+        )
+
+        # `other` is refused on the OpenAI route, Workers AI and in a batch
         r = http.post(
             f"{two.url}/v1/chat/completions",
             json={**CHAT, "model": "other"},
@@ -332,3 +343,76 @@ def test_the_cli_manages_keys_through_the_admin_api(
         cwd=REPO_ROOT,
     )
     assert refused.returncode == 1 and "gateway config" in refused.stderr
+
+
+def test_a_keys_budget_is_shared_by_every_gateway(
+    gateways: tuple[GatewayProcess, GatewayProcess],
+) -> None:
+    """Made and revoked from the dashboard's forms; its budget spent on one gateway."""
+    one, two = gateways
+    form = {**ADMIN, "x-semcache-dashboard": "1"}
+    with httpx.Client(timeout=30) as http:
+        r = http.post(
+            f"{one.url}/dashboard/api/actions/keys/new",
+            json={"tenant": "acme", "limits": {"daily_tokens": 2}},  # the fake vLLM's answer
+            headers=form,
+        )
+        assert r.status_code == 200, r.text
+        secret, key_id = r.json()["secret"], r.json()["key"]["id"]
+        wait_until(
+            lambda: http.get(f"{two.url}/v1/models", headers=bearer(secret)).status_code == 200,
+            timeout_s=PROPAGATION_S,
+        )
+        spent = http.post(f"{two.url}/v1/chat/completions", json=CHAT, headers=bearer(secret))
+        assert spent.status_code == 200, spent.text
+        used = spent.json()["usage"]["total_tokens"]
+        (day,) = http.get(f"{one.url}/admin/keys/{key_id}", headers=ADMIN).json()["spend"]
+        assert day == {
+            "period": "day",
+            "tokens": 2,
+            "tokens_spent": used,
+            "usd": None,
+            "usd_spent": 0.0,
+        }
+        # refused on the other gateway, in each route's format, with the reset time
+        r = http.post(
+            f"{one.url}/v1/chat/completions",
+            json={**CHAT, "seed": 7},
+            headers=bearer(secret),
+        )
+        assert r.status_code == 429, r.text
+        error = r.json()["error"]
+        assert error["code"] == "insufficient_quota" and "T00:00:00Z" in error["message"]
+        assert "API key's daily budget of 2 tokens" in error["message"]
+        assert 1 <= int(r.headers["retry-after"]) <= 86_400
+        w = http.post(f"{one.url}{WAI}@cf/test/chat", json={"prompt": "x"}, headers=bearer(secret))
+        assert w.status_code == 429 and w.json()["success"] is False, w.text
+        assert "T00:00:00Z" in w.json()["errors"][0]["message"]
+        assert 1 <= int(w.headers["retry-after"]) <= 86_400
+        # the tenant's config token has no such budget
+        assert chat_status(http, one, "tok-acme") == 200
+        page = http.get(f"{two.url}/dashboard/api/keys", headers=ADMIN).json()
+        (row,) = [k for k in page["keys"] if k["id"] == key_id]
+        assert row["budgets"][0]["tokens_spent"] == used
+        html = http.get(f"{two.url}/dashboard/keys", headers=ADMIN).text
+        assert f'data-key="{key_id}"' in html and secret not in html
+        # revoked from the other gateway's dashboard: refused here within a second
+        r = http.post(f"{two.url}/dashboard/api/actions/keys/{key_id}/revoke", headers=form)
+        assert r.status_code == 200 and r.json()["status"] == "revoked", r.text
+
+        def refused_as_revoked() -> bool:
+            w = http.post(
+                f"{one.url}{WAI}@cf/test/chat", json={"prompt": "x"}, headers=bearer(secret)
+            )
+            return w.status_code == 401 and "revoked" in w.json()["errors"][0]["message"]
+
+        wait_until(refused_as_revoked, timeout_s=PROPAGATION_S)
+        audit = http.get(f"{one.url}/admin/audit", headers=ADMIN).json()["data"]
+        assert [(e["action"], e["key_id"]) for e in audit] == [
+            ("revoke", key_id),
+            ("create", key_id),
+        ]
+    for gateway in (one, two):
+        gateway.stop()
+    logs = "".join(one.lines + two.lines)
+    assert secret not in logs and secret.split("-", 3)[3] not in logs

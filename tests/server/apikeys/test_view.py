@@ -91,20 +91,21 @@ async def test_another_process_writing_the_store_is_seen(
     made = await other.create(KeyCreate(tenant="acme"), ADMIN)
     assert view.lookup(made.secret) is None
     seen: list[str | None] = []
+    reloaded = asyncio.Event()
 
     async def changed(key_id: str | None) -> None:
-        await view.reload()
+        await view.reload()  # reads the file in a thread: loop turns alone do not bound it
         seen.append(key_id)
+        reloaded.set()
 
     store = view.store
     assert isinstance(store, LocalKeyStore)
     store.poll_s = 0.0
     watching = asyncio.create_task(store.watch(changed))
-    for _ in range(100):  # bounded: the poll runs on every turn of the loop
-        if seen:
-            break
-        await asyncio.sleep(0)
-    watching.cancel()
+    try:
+        await asyncio.wait_for(reloaded.wait(), timeout=30)  # a bound, not a margin
+    finally:
+        watching.cancel()
     assert seen == [None]
     assert view.lookup(made.secret) is not None
 
