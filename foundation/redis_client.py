@@ -8,7 +8,8 @@ learns the rest of the cluster from them. Any other URL gives a plain
 
 On a cluster, keys a script, a transaction or a stream touch together must share a slot:
 :func:`hash_tag` wraps a key family's prefix in ``{…}`` so all its keys do. Classic pub/sub
-works unchanged on a cluster (a ``PUBLISH`` reaches subscribers on every node).
+works unchanged on a cluster (a ``PUBLISH`` reaches subscribers on every node), once the
+client knows the slots: :func:`ready_for_pubsub` makes it learn them first.
 """
 
 from __future__ import annotations
@@ -67,6 +68,17 @@ def open_redis(url: str, **options: Any) -> RedisClient:
     if scheme.startswith("rediss") or scheme.startswith("valkeys"):
         options.setdefault("ssl", True)
     return RedisCluster(startup_nodes=nodes, **_credentials(url), **options)
+
+
+async def ready_for_pubsub(client: RedisClient) -> RedisClient:
+    """``client``, ready to subscribe: a cluster client learns the slot map first.
+
+    redis-py's cluster pub/sub picks the node to subscribe on from the slot map, which a
+    fresh client fills only on its first command; without this ``SUBSCRIBE`` fails.
+    """
+    if isinstance(client, RedisCluster):
+        await client.initialize()
+    return client
 
 
 def single_node_url(url: str) -> str:

@@ -32,7 +32,7 @@ from typing import Any, Final
 import msgspec
 import orjson
 
-from foundation.redis_client import RedisClient, open_redis
+from foundation.redis_client import RedisClient, open_redis, ready_for_pubsub
 from semcache.generation import Generation
 from semcache.keys import scope_for
 from semcache.tiers.base import Store
@@ -347,6 +347,7 @@ class RedisEpochs(EpochBook):
             )
             self._pubsub_client = client
             try:
+                await ready_for_pubsub(client)
                 async with client.pubsub() as ps:
                     await ps.subscribe(self.channel)
                     self._checked_at = -1e18  # we may have missed bumps: recheck on next read

@@ -15,9 +15,21 @@ from harness.gateway import GatewayThread
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm, test_data_dir
 from server.config import GatewayConfig, ModelEntry, ServerSettings
-from tests.semcache.conftest import redis_cluster, redis_factory, redis_installed, redis_server
+from tests.semcache.conftest import (
+    redis_cluster,
+    redis_factory,
+    redis_installed,
+    redis_server,
+    shared_redis_url,
+)
 
-__all__ = ["redis_cluster", "redis_factory", "redis_installed", "redis_server"]  # shared fixtures
+__all__ = [
+    "redis_cluster",
+    "redis_factory",
+    "redis_installed",
+    "redis_server",
+    "shared_redis_url",
+]  # shared fixtures
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgspec
 
-from foundation.redis_client import RedisClient, open_redis
+from foundation.redis_client import RedisClient, open_redis, ready_for_pubsub
 from server.apikeys.records import ApiKey, AuditEntry
 from server.apikeys.store import Changed
 
@@ -51,10 +51,10 @@ class RedisKeyStore:
         return None if raw is None else _record.decode(raw)
 
     async def put(self, key: ApiKey) -> None:
-        async with self.redis.pipeline(transaction=True) as p:
-            p.hset(self.records_key, key.id, msgspec.json.encode(key))
-            p.publish(self.channel, key.id)
-            await p.execute()
+        # Two commands, not one transaction: a cluster runs no PUBLISH inside MULTI, and a
+        # message lost between them is caught up by the views' periodic resync.
+        await self.redis.hset(self.records_key, key.id, msgspec.json.encode(key))
+        await self.redis.publish(self.channel, key.id)
 
     async def watch(self, changed: Changed) -> None:
         delay = 0.1
@@ -63,6 +63,7 @@ class RedisKeyStore:
                 self.url, socket_connect_timeout=self.timeout_s, socket_timeout=None
             )
             try:
+                await ready_for_pubsub(client)
                 async with client.pubsub() as ps:
                     await ps.subscribe(self.channel)
                     await changed(None)  # whatever changed while we were not subscribed

@@ -107,3 +107,10 @@ def redis_cluster(
         yield cluster.start()
     finally:
         cluster.stop()
+
+
+@pytest.fixture(params=["single", pytest.param("cluster", marks=pytest.mark.slow)])
+def shared_redis_url(request: pytest.FixtureRequest) -> str:
+    """The URL of the session's single redis-server, then of the session's Redis Cluster."""
+    name = "redis_cluster" if request.param == "cluster" else "redis_server"
+    return str(request.getfixturevalue(name).url)

@@ -124,12 +124,10 @@ async def test_two_gateways_on_one_redis_sum_into_one_ledger(
         await b.aclose()
 
 
-async def test_a_batch_sent_twice_is_applied_once(
-    redis_server: RedisServer, redis_prefix: str
-) -> None:
+async def test_a_batch_sent_twice_is_applied_once(shared_redis_url: str, redis_prefix: str) -> None:
     """A flush whose answer was lost (Redis applied it, the client timed out) is retried as
     the same batch; Redis must not count it twice."""
-    storage = RedisStorage(redis_server.url, prefix=redis_prefix)
+    storage = RedisStorage(shared_redis_url, prefix=redis_prefix)
     counts = Counts()
     counts.add(usage(7).key, usage(7).values())
     batch = Batch(counts)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from redis.asyncio.cluster import RedisCluster
 
 from harness.ports import free_port
 from semcache.entry import CachedAnswer
@@ -90,9 +91,9 @@ class Gateway:
 
 @pytest.fixture
 async def gateways(
-    redis_server: RedisServer, redis_prefix: str
+    shared_redis_url: str, redis_prefix: str
 ) -> AsyncIterator[tuple[Gateway, Gateway]]:
-    one, two = Gateway(redis_server.url, redis_prefix), Gateway(redis_server.url, redis_prefix)
+    one, two = Gateway(shared_redis_url, redis_prefix), Gateway(shared_redis_url, redis_prefix)
     await one.cache.start()
     await two.cache.start()
     yield one, two
@@ -103,8 +104,8 @@ async def gateways(
 # --------------------------------------------------------------------------- the store
 
 
-async def test_redis_store_operations(redis_server: RedisServer, redis_prefix: str) -> None:
-    link = RedisLink(redis_server.url, prefix=redis_prefix)
+async def test_redis_store_operations(shared_redis_url: str, redis_prefix: str) -> None:
+    link = RedisLink(shared_redis_url, prefix=redis_prefix)
     try:
         store = RedisStore(link, namespace="exact")
         await store.set("a", b"1")
@@ -195,10 +196,10 @@ async def test_a_purge_stops_every_gateway_at_once(
 
 
 async def test_pubsub_pushes_bumps_when_reads_do_not_recheck(
-    redis_server: RedisServer, redis_prefix: str
+    shared_redis_url: str, redis_prefix: str
 ) -> None:
-    one = Gateway(redis_server.url, redis_prefix)
-    lazy = Gateway(redis_server.url, redis_prefix, recheck_s=3600)
+    one = Gateway(shared_redis_url, redis_prefix)
+    lazy = Gateway(shared_redis_url, redis_prefix, recheck_s=3600)
     await one.cache.start()
     await lazy.cache.start()
     try:
@@ -223,7 +224,12 @@ async def test_pubsub_pushes_bumps_when_reads_do_not_recheck(
 
 async def subscribers(gateway: Gateway) -> int:
     """Clients subscribed to ``gateway``'s purge-epoch channel (its own listener among them)."""
-    ((_, count),) = await gateway.link.client.pubsub_numsub(gateway.book.channel)
+    client = gateway.link.client
+    if isinstance(client, RedisCluster):  # subscribers are counted per node: ask them all
+        numsub = client.pubsub_numsub(gateway.book.channel, target_nodes=RedisCluster.ALL_NODES)
+    else:
+        numsub = client.pubsub_numsub(gateway.book.channel)
+    ((_, count),) = await numsub
     return int(count)
 
 

@@ -149,7 +149,7 @@ class TenantLimiter:
             storage_uri, clock=clock, prefix=f"{redis_prefix}:limits", timeout_s=timeout_s
         )
         self.reservations = (
-            RedisReservations(self.rates.pool) if self.rates.pool is not None else Reservations()
+            RedisReservations(self.rates.redis) if self.rates.redis is not None else Reservations()
         )
         self._budget_prefix = f"{redis_prefix}:budget"
         self.key_budgets = KeyBudgets(self.reservations, self.rates, redis_prefix)

@@ -18,7 +18,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from redis.asyncio import ConnectionPool, Redis
+from foundation.redis_client import RedisClient
 
 RESERVE = """
 local key = KEYS[1]
@@ -92,9 +92,11 @@ class Reservations:
 class RedisReservations(Reservations):
     """Tenants' budget charges in Redis, shared by every gateway on it."""
 
-    def __init__(self, pool: ConnectionPool) -> None:
+    def __init__(self, redis: RedisClient) -> None:
+        """``redis`` belongs to the caller (the rate windows close it); each charge is one key,
+        so the scripts run on a cluster too."""
         super().__init__()
-        self.redis = Redis(connection_pool=pool)
+        self.redis = redis
         self._reserve = self.redis.register_script(RESERVE)
         self._settle = self.redis.register_script(SETTLE)
 

@@ -7,11 +7,11 @@ from typing import Any, cast
 from limits.aio.storage import Storage
 from limits.errors import StorageError
 from limits.storage import storage_from_string
-from redis.asyncio import ConnectionPool
+from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
-from foundation.redis_client import is_cluster_url
+from foundation.redis_client import RedisClient, is_cluster_url, open_redis
 from semcache.tiers.redis import OUTAGE_ERRORS
 
 STORAGE_FAILURES: tuple[type[BaseException], ...] = (StorageError, *OUTAGE_ERRORS)
@@ -20,9 +20,10 @@ STORAGE_FAILURES: tuple[type[BaseException], ...] = (StorageError, *OUTAGE_ERROR
 
 def open_storage(
     uri: str, *, prefix: str = "semcache:limits", timeout_s: float = 0.25
-) -> tuple[Storage, ConnectionPool | None]:
-    """The `limits` storage for ``uri`` (``async+memory://`` or ``async+redis://host:port/db``)
-    and the Redis connection pool it uses, which the caller closes.
+) -> tuple[Storage, RedisClient | None]:
+    """The `limits` storage for ``uri`` (``async+memory://``, ``async+redis://host:port/db``
+    or ``async+redis+cluster://host:port,…``) and a Redis client on the same Redis for the
+    budget reservations, which the caller closes (on one node it owns the storage's pool).
 
     Redis gets short socket timeouts and no retries, so an outage costs one timeout, then the
     breaker keeps requests off it.
@@ -38,7 +39,13 @@ def open_storage(
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
         )
-        return cast(Storage, storage), None
+        client = open_redis(
+            uri.removeprefix("async+"),
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+        )
+        return cast(Storage, storage), client
     pool = ConnectionPool.from_url(
         uri.removeprefix("async+"),
         socket_timeout=timeout_s,
@@ -49,4 +56,4 @@ def open_storage(
     storage = storage_from_string(
         uri, implementation="redispy", key_prefix=prefix, wrap_exceptions=True, **options
     )
-    return cast(Storage, storage), pool
+    return cast(Storage, storage), Redis.from_pool(pool)

@@ -20,8 +20,8 @@ from typing import TypeVar
 
 from limits import RateLimitItem, RateLimitItemPerMinute
 from limits.aio.strategies import FixedWindowRateLimiter
-from redis.asyncio import ConnectionPool
 
+from foundation.redis_client import RedisClient
 from semcache.tiers.redis import OUTAGE_ERRORS, CircuitBreaker
 from server.tenancy.limits.storage import STORAGE_FAILURES, open_storage
 
@@ -57,7 +57,7 @@ class RateWindows:
         """``clock`` must be the storage's clock (``time.time``): window resets are read on it."""
         self.clock = clock
         self.timeout_s = timeout_s
-        self.storage, self._pool = open_storage(storage_uri, prefix=prefix, timeout_s=timeout_s)
+        self.storage, self._redis = open_storage(storage_uri, prefix=prefix, timeout_s=timeout_s)
         self.shared = not storage_uri.startswith("async+memory")
         self.strategy = FixedWindowRateLimiter(self.storage)
         self.breaker = CircuitBreaker(f"rate-limit storage {storage_uri}", clock=clock)
@@ -132,14 +132,14 @@ class RateWindows:
         return window
 
     @property
-    def pool(self) -> ConnectionPool | None:
-        """The Redis connection pool of a shared storage (None in memory)."""
-        return self._pool
+    def redis(self) -> RedisClient | None:
+        """A client on the shared storage's Redis (None in memory)."""
+        return self._redis
 
     async def aclose(self) -> None:
-        if self._pool is not None:
+        if self._redis is not None:
             try:
-                await self._pool.aclose()
+                await self._redis.aclose()
             except OUTAGE_ERRORS:
                 pass
         timer = getattr(self.storage, "timer", None)  # the memory storage's expiry task

@@ -20,14 +20,14 @@ pytestmark = pytest.mark.slow
 SECRET = b"shared-server-secret-of-the-test"
 
 
-def view_on(redis: RedisServer, prefix: str) -> KeyView:
-    return KeyView(RedisKeyStore(redis.url, prefix), KeyHasher(SECRET))
+def view_on(url: str, prefix: str) -> KeyView:
+    return KeyView(RedisKeyStore(url, prefix), KeyHasher(SECRET))
 
 
 async def test_a_change_on_one_view_reaches_the_other_through_pubsub(
-    redis_server: RedisServer, redis_prefix: str
+    shared_redis_url: str, redis_prefix: str
 ) -> None:
-    one, two = view_on(redis_server, redis_prefix), view_on(redis_server, redis_prefix)
+    one, two = view_on(shared_redis_url, redis_prefix), view_on(shared_redis_url, redis_prefix)
     await one.start()
     await two.start()
     try:
@@ -54,8 +54,8 @@ async def test_a_change_on_one_view_reaches_the_other_through_pubsub(
 async def test_a_view_reads_the_whole_store_when_it_reloads(
     redis_server: RedisServer, redis_prefix: str
 ) -> None:
-    writer = view_on(redis_server, redis_prefix)
-    reader = view_on(redis_server, redis_prefix)  # not started: it hears no message
+    writer = view_on(redis_server.url, redis_prefix)
+    reader = view_on(redis_server.url, redis_prefix)  # not started: it hears no message
     try:
         admin = KeyAdmin(writer, defaults=LimitSettings(), config_tokens=[])
         made = [await admin.create(KeyCreate(tenant=f"t{i}"), ADMIN) for i in range(3)]

@@ -9,13 +9,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from redis.asyncio import Redis
 
+from foundation.redis_client import RedisClient, open_redis
 from server.openai.batches.redis_store import RedisBatchStore
 from server.openai.batches.store import BatchStore, DiskBatchStore
 from server.openai.files.redis_store import RedisFileStore
 from server.openai.files.store import DiskFileStore, FileStore
-from tests.semcache.conftest import RedisServer
 
 
 class Clock:
@@ -33,14 +32,20 @@ class Stores:
     files: FileStore
     batches: BatchStore
     clock: Clock
-    redis: Redis | None
+    redis: RedisClient | None
     prefix: str
 
 
 StoresFactory = Callable[..., Stores]
 
 
-@pytest.fixture(params=["disk", pytest.param("redis", marks=pytest.mark.slow)])
+@pytest.fixture(
+    params=[
+        "disk",
+        pytest.param("redis", marks=pytest.mark.slow),
+        pytest.param("cluster", marks=pytest.mark.slow),
+    ]
+)
 def store_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -52,7 +57,7 @@ async def make_stores(
     """Builds a file store and a batch store of one kind; stores built by one test share
     their storage (as gateways on one disk or one Redis do)."""
     prefix = f"t{uuid.uuid4().hex[:10]}:openai"
-    clients: list[Redis] = []
+    clients: list[RedisClient] = []
 
     def make(retention_s: float = 3600.0, clock: Clock | None = None) -> Stores:
         clock = clock or Clock()
@@ -64,8 +69,10 @@ async def make_stores(
                 None,
                 prefix,
             )
-        server: RedisServer = request.getfixturevalue("redis_server")
-        client = Redis.from_url(server.url)
+        server = request.getfixturevalue(
+            "redis_cluster" if store_kind == "cluster" else "redis_server"
+        )
+        client = open_redis(str(server.url))
         clients.append(client)
         return Stores(
             RedisFileStore(client, prefix=prefix, retention_s=retention_s, clock=clock),

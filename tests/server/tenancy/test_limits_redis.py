@@ -26,10 +26,10 @@ def on_redis(url: str, prefix: str, **defaults: int) -> TenantLimiter:
 
 
 async def test_two_limiters_on_one_redis_enforce_one_limit(
-    redis_server: RedisServer, redis_prefix: str
+    shared_redis_url: str, redis_prefix: str
 ) -> None:
-    one = on_redis(redis_server.url, redis_prefix, requests_per_minute=7, tokens_per_minute=1000)
-    two = on_redis(redis_server.url, redis_prefix, requests_per_minute=7, tokens_per_minute=1000)
+    one = on_redis(shared_redis_url, redis_prefix, requests_per_minute=7, tokens_per_minute=1000)
+    two = on_redis(shared_redis_url, redis_prefix, requests_per_minute=7, tokens_per_minute=1000)
 
     async def attempt(limiter: TenantLimiter) -> bool:
         try:

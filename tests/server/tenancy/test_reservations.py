@@ -11,7 +11,6 @@ import pytest
 from server.errors import ApiError
 from server.tenancy.limits.limiter import Admission, TenantLimiter
 from server.tenancy.limits.settings import LimitSettings
-from tests.semcache.conftest import RedisServer
 
 START = 1_796_144_400.0  # 2026-12-01 17:00 UTC
 
@@ -98,10 +97,10 @@ async def test_a_refusal_after_the_reservation_refunds_it() -> None:
 
 @pytest.mark.slow
 async def test_two_gateways_on_one_redis_share_one_charge(
-    redis_server: RedisServer, redis_prefix: str
+    shared_redis_url: str, redis_prefix: str
 ) -> None:
     ledger = Ledger(tokens=0)
-    uri = "async+" + redis_server.url
+    uri = "async+" + shared_redis_url
     one, two = limiter(ledger, uri, redis_prefix), limiter(ledger, uri, redis_prefix)
     key = f"{redis_prefix}:budget:acme:2026-12-01"
     admitted = await burst([one, two], 50, 100)
