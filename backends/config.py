@@ -12,7 +12,7 @@ import orjson
 
 from backends.kv.settings import KvSettings, PlacementPolicy
 from backends.profiles import LaunchProfile, check_profile_for_model, merge_flags
-from foundation.config_types import NonNegInt, PosFloat, PosInt
+from foundation.config_types import NonNegInt, PosFloat, PosInt, Unit
 
 ServerRole = Literal["both", "prefill", "decode"]
 VllmTask = Literal["generate", "classify"]
@@ -130,6 +130,14 @@ class VllmBackend(
     """Longest wait in that queue before a 429."""
     retry_after_s: PosInt = 1
     """``Retry-After`` of a 429 (overloaded)."""
+    hold_above_waiting: NonNegInt | None = None
+    """Dispatch gate: a server whose vLLM reports more waiting requests than this
+    (``vllm:num_requests_waiting``; 0: any) takes no new request, which waits in the
+    gateway's fair queue instead (``backends.dispatch_gate``; needs ``scrape_metrics``, and
+    reacts within one ``health_interval_s``). Default: off."""
+    hold_above_kv_usage: Unit | None = None
+    """Dispatch gate: a server whose KV cache usage (``vllm:kv_cache_usage_perc``, 0..1) is
+    above this takes no new request. Default: off."""
     health_interval_s: PosFloat = 5.0
     """Period of the ``/health`` checks that eject and re-admit servers (also the 503
     ``Retry-After`` when every server is down). A server is ejected when it refuses a

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from backends.dispatch_gate import DispatchGate
 from backends.pool import Pool
 from backends.remote_revision import remote_revision, reported_identity
 from backends.scraped_metrics import parse_upstream_metrics
@@ -61,10 +62,11 @@ class HealthMonitor:
         scrape_metrics: bool,
         scrape_idle_interval_s: float = 60.0,
         served_model: str | None = None,
+        gate: DispatchGate | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``served_model``: read each server's report of it (the backend's revision comes
-        from its servers)."""
+        from its servers); ``gate``: refreshed from each round's scrapes."""
         self.http = http
         self.pools = list(pools)
         self.interval_s = interval_s
@@ -76,6 +78,7 @@ class HealthMonitor:
         self._scraped: dict[str, _Scrape] = {}
         self.last_check = 0.0
         self.served_model = served_model
+        self.gate = gate
         self.revision: str | None = None
         """The revision the servers last reported (``served_model`` only)."""
         self.on_revision: Callable[[str], None] | None = None
@@ -96,6 +99,9 @@ class HealthMonitor:
         """One round of checks over every server, concurrently."""
         await asyncio.gather(*(self.check(p, s) for p in self.pools for s in p.servers))
         self.last_check = time.monotonic()
+        if self.gate is not None:
+            for pool in self.pools:
+                self.gate.refresh(pool)
         self._update_revision()
 
     def _update_revision(self) -> None:

@@ -28,6 +28,9 @@ class ServerState:
     """The scrape before ``upstream``: the two give recent averages of vLLM's histograms."""
     idle: asyncio.Event | None = None
     """Set while the server drains, by the release of its last request."""
+    held: bool = False
+    """The dispatch gate holds it: its vLLM queues or its KV cache is full
+    (``backends.dispatch_gate``)."""
 
     @cached_property
     def url(self) -> str:
@@ -40,7 +43,9 @@ class ServerState:
 
     @property
     def free(self) -> bool:
-        return self.healthy and self.inflight < self.limit
+        # a held server still takes a request when the gateway runs none there: the gate's
+        # signals are older than the gateway's last request to it
+        return self.healthy and self.inflight < self.limit and not (self.held and self.inflight)
 
 
 @dataclass(frozen=True)

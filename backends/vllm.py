@@ -13,6 +13,7 @@ import aiohttp
 import orjson
 
 from backends.config import ServerRole, VllmBackend, VllmServer
+from backends.dispatch_gate import DispatchGate
 from backends.health import HealthMonitor
 from backends.kv.service import KvPlacement
 from backends.pool import Pool, build_pools
@@ -57,6 +58,9 @@ class VllmClient:
             timeout_s=config.health_timeout_s,
             scrape_metrics=config.scrape_metrics,
             scrape_idle_interval_s=config.scrape_idle_interval_s,
+            gate=DispatchGate(
+                max_waiting=config.hold_above_waiting, max_kv_usage=config.hold_above_kv_usage
+            ),
             # no pinned revision and no files to hash: the servers' report is the revision
             served_model=(
                 config.served_model if not config.revision and config.model_path is None else None

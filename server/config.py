@@ -66,9 +66,9 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     batch: BatchSettings = msgspec.field(default_factory=BatchSettings)
     """Asynchronous batches (Workers AI ``queueRequest``): the queue and its workers."""
     limits: LimitSettings = msgspec.field(default_factory=LimitSettings)
+    """Default rate limits and budgets of every token (a token entry may override them)."""
     queue: QueueSettings = msgspec.field(default_factory=QueueSettings)
     """How requests wait for a full pool: bands, fair shares (server/tenancy/queueing.py)."""
-    """Default rate limits and budgets of every token (a token entry may override them)."""
     ledger: LedgerSettings = msgspec.field(default_factory=LedgerSettings)
     """The usage and cost ledger: SQLite under the data dir, or Redis counters."""
     tracing: TracingSettings = msgspec.field(default_factory=TracingSettings)

@@ -206,6 +206,47 @@ def kv_placement(samples: Samples) -> list[dict[str, object]]:
     return rows
 
 
+def fair_queue(samples: Samples) -> dict[str, list[dict[str, object]]]:
+    """The pools' fair wait queues: per band, how many waited and for how long; per band
+    and tenant, how many wait now and how many were refused, by reason."""
+    waits: list[dict[str, object]] = []
+    counted = samples.get("semcache_queue_wait_seconds_count", ())
+    for pool, band in sorted({(k.get("pool", ""), k.get("band", "")) for k, _ in counted}):
+        key = {"pool": pool, "band": band}
+        count = total(samples, "semcache_queue_wait_seconds_count", **key)
+        cumulative = {
+            labels["le"]: n
+            for labels, n in samples.get("semcache_queue_wait_seconds_bucket", ())
+            if labels.get("pool") == pool and labels.get("band") == band
+        }
+        waits.append(
+            {
+                **key,
+                "waited": count,
+                "wait_mean_s": total(samples, "semcache_queue_wait_seconds_sum", **key) / count
+                if count
+                else None,
+                "wait_p99_s": quantile(cumulative, 0.99),
+            }
+        )
+    tenants: dict[tuple[str, str, str], dict[str, object]] = {}
+
+    def row(labels: Mapping[str, str]) -> dict[str, object]:
+        key = (labels.get("pool", ""), labels.get("band", ""), labels.get("tenant", ""))
+        if key not in tenants:
+            tenants[key] = dict(zip(("pool", "band", "tenant"), key, strict=True))
+            tenants[key].update(depth=0.0, rejected={})
+        return tenants[key]
+
+    for labels, n in samples.get("semcache_queue_depth", ()):
+        row(labels)["depth"] = n
+    for labels, n in samples.get("semcache_queue_rejected_total", ()):
+        rejected = row(labels)["rejected"]
+        assert isinstance(rejected, dict)
+        rejected[labels.get("reason", "")] = n
+    return {"bands": waits, "tenants": [tenants[k] for k in sorted(tenants)]}
+
+
 def labelled_rows(samples: Samples, name: str, labels: Iterable[str]) -> list[dict[str, object]]:
     """A family's samples as rows of their labels and value."""
     keys = list(labels)

@@ -135,6 +135,7 @@ async def backends(request: Request[Any, Any, Any]) -> dict[str, Any]:
         "servers": fig.backend_servers(samples),
         "pools": fig.backend_pools(samples),
         "kv": fig.kv_placement(samples),
+        "queue": fig.fair_queue(samples),
         "semantic_loaded": cache is not None,
         "partitions": partitions,
     }
