@@ -55,10 +55,11 @@ from bench.support import (
     bootstrap_interval,
     child_env,
     exit_status,
+    gateway_toml,
     stderr_printer,
     toml_value,
 )
-from bench.tracing import HIT_BODY, MODEL, SERVED, fake_vllm
+from bench.tracing import HIT_BODY, SERVED, fake_vllm
 from bench.wrk import WrkReport, parse_wrk, wrk_version
 from harness.ports import free_port
 
@@ -73,20 +74,7 @@ BASELINE |= {"config-1000": "config"}
 
 
 def config_text(data_dir: Path, port: int, upstream: str) -> str:
-    lines = [
-        f"data_dir = {toml_value(str(data_dir))}",
-        "[server]",
-        f"port = {port}",
-        "[[models]]",
-        f"id = {toml_value(MODEL)}",
-        'backend = "bench"',
-        "[[backends]]",
-        'kind = "vllm"',
-        'name = "bench"',
-        f"served_model = {toml_value(SERVED)}",
-        'revision = "bench"',
-        "[[backends.servers]]",
-        f"url = {toml_value(upstream)}",
+    tokens = [
         "[[auth.tokens]]",
         f"token = {toml_value(TOKEN)}",
         'tenant = "bench"',
@@ -97,7 +85,14 @@ def config_text(data_dir: Path, port: int, upstream: str) -> str:
         'name = "ops"',
         'roles = ["admin"]',
     ]
-    return "\n".join(lines) + "\n"
+    return gateway_toml(
+        data_dir=data_dir,
+        port=port,
+        vllm_url=upstream,
+        served=SERVED,
+        model=None,
+        extra="\n".join(tokens) + "\n",
+    )
 
 
 def gateway(name: str, config: Path, port: int, log: Path) -> ServerProcess:

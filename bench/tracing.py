@@ -42,13 +42,22 @@ from aiohttp import web
 sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.support import REPO, ServerProcess, child_env, exit_status, stderr_printer, toml_value
+from bench.support import (
+    GATEWAY_MODEL_ID,
+    REPO,
+    ServerProcess,
+    child_env,
+    exit_status,
+    gateway_toml,
+    stderr_printer,
+    toml_value,
+)
 from bench.wrk import WrkReport, parse_wrk, wrk_version
 from harness.otlp_receiver import OtlpReceiver
 from harness.ports import free_port
 
 say = stderr_printer("tracing")
-MODEL = "bench-chat"
+MODEL = GATEWAY_MODEL_ID
 SERVED = "bench-model"
 MESSAGES = [{"role": "user", "content": "What is the capital of France? One sentence."}]
 HIT_BODY = orjson.dumps({"model": MODEL, "messages": MESSAGES, "temperature": 0, "max_tokens": 16})
@@ -106,26 +115,19 @@ async def fake_vllm() -> tuple[web.AppRunner, str]:
 def config_text(
     data_dir: Path, port: int, upstream: str, tracing: str | None, endpoint: str
 ) -> str:
-    lines = [
-        f"data_dir = {toml_value(str(data_dir))}",
-        "[server]",
-        f"port = {port}",
-        "[[models]]",
-        f"id = {toml_value(MODEL)}",
-        'backend = "bench"',
-        "[[backends]]",
-        'kind = "vllm"',
-        'name = "bench"',
-        f"served_model = {toml_value(SERVED)}",
-        'revision = "bench"',
-        "[[backends.servers]]",
-        f"url = {toml_value(upstream)}",
-    ]
+    extra: list[str] = []
     if tracing is not None:
-        lines += ["[tracing]", tracing]
+        extra += ["[tracing]", tracing]
         if tracing.startswith("sample_ratio"):
-            lines.append(f"endpoint = {toml_value(endpoint)}")
-    return "\n".join(lines) + "\n"
+            extra.append(f"endpoint = {toml_value(endpoint)}")
+    return gateway_toml(
+        data_dir=data_dir,
+        port=port,
+        vllm_url=upstream,
+        served=SERVED,
+        model=None,
+        extra="".join(f"{line}\n" for line in extra),
+    )
 
 
 def baseline_tree(revision: str, into: Path) -> Path:
