@@ -55,7 +55,13 @@ import psutil
 from backends.config import ServerRole, VllmLaunch, VllmServer
 from backends.launch.command import build_command, detect_device
 from harness.tiny_llama import build_tiny_llama
-from harness.vllm_process import REPO_ROOT, TINY_MODEL_NAME, test_data_dir
+from harness.vllm_process import (
+    REPO_ROOT,
+    SINGLE_PROCESS_ARGS,
+    SINGLE_PROCESS_ENV,
+    TINY_MODEL_NAME,
+    test_data_dir,
+)
 
 KvTransport = Literal["tcp", "shm"]
 
@@ -256,7 +262,8 @@ class Cluster:
                 kv_cache_gib=0.25,
                 max_model_len=1024,
                 nixl_side_channel_port=NIXL_PORT,
-                env=self.kv_env(host),
+                extra_args=list(SINGLE_PROCESS_ARGS),
+                env={**SINGLE_PROCESS_ENV, **self.kv_env(host)},
             ),
         )
         command, env = build_command(

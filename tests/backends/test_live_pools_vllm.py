@@ -28,6 +28,8 @@ from harness.metrics import metric_value
 from harness.ports import free_port
 from harness.vllm_process import (
     REPO_ROOT,
+    SINGLE_PROCESS_ARGS,
+    SINGLE_PROCESS_ENV,
     TINY_MODEL_NAME,
     start_tiny_vllm,
     tiny_llama,
@@ -143,6 +145,8 @@ role = "prefill"
 cpu_cores = "0"
 kv_cache_gib = 0.25
 max_model_len = 1024
+extra_args = {list(SINGLE_PROCESS_ARGS)!r}
+env = {{ {" , ".join(f'{k} = "{v}"' for k, v in SINGLE_PROCESS_ENV.items())} }}
 [[backends.servers]]
 url = "{decode.url}"
 role = "decode"

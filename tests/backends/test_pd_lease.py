@@ -32,7 +32,12 @@ from backends.launch.process import VllmProcess
 from harness.gateway import GatewayThread
 from harness.metrics import metric_value, parse_metric
 from harness.ports import free_port
-from harness.vllm_process import TINY_MODEL_NAME, tiny_llama
+from harness.vllm_process import (
+    SINGLE_PROCESS_ARGS,
+    SINGLE_PROCESS_ENV,
+    TINY_MODEL_NAME,
+    tiny_llama,
+)
 from server.config import GatewayConfig, ModelEntry
 
 # Starting the two vLLM servers counts towards the first test's time limit (minutes on a busy box).
@@ -76,6 +81,8 @@ async def pd_pair(
                 kv_cache_gib=kv_gib,
                 max_model_len=1024,
                 nixl_side_channel_port=free_port(),
+                extra_args=list(SINGLE_PROCESS_ARGS),
+                env=dict(SINGLE_PROCESS_ENV),
             ),
         )
 

@@ -22,6 +22,7 @@ from harness.gateway import GatewayThread
 from harness.metrics import metric_value
 from harness.ports import free_port
 from harness.tiny_classifier import LABELS, tiny_classifier
+from harness.vllm_process import SINGLE_PROCESS_ARGS, SINGLE_PROCESS_ENV
 from server.config import GatewayConfig, ModelEntry, ServerSettings
 from tests.server.test_semantic_http import near_duplicate, questions
 
@@ -60,7 +61,15 @@ def vllm_backend(model_dir: Path, url: str) -> VllmBackend:
         model_path=str(model_dir),
         health_interval_s=1.0,
         servers=[
-            VllmServer(url=url, launch=VllmLaunch(kv_cache_gib=1.0, max_model_len=MAX_MODEL_LEN))
+            VllmServer(
+                url=url,
+                launch=VllmLaunch(
+                    kv_cache_gib=1.0,
+                    max_model_len=MAX_MODEL_LEN,
+                    extra_args=list(SINGLE_PROCESS_ARGS),
+                    env=dict(SINGLE_PROCESS_ENV),
+                ),
+            )
         ],
     )
 
