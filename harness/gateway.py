@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import msgspec
+import tomli_w
 import uvicorn
 from opentelemetry.sdk.trace.export import SpanExporter
 
@@ -21,6 +23,26 @@ from harness.vllm_process import REPO_ROOT
 from server.app import create_app
 from server.config import GatewayConfig
 from server.uvicorn_config import uvicorn_config
+
+
+def write_config_toml(config: GatewayConfig, path: Path) -> Path:
+    """``config`` as the TOML file ``semcache serve --config`` reads: a test that builds its
+    config as objects starts the real process (:class:`GatewayProcess`) on the same one.
+
+    TOML has no null: a field left ``None`` is left out, which loads as the same default.
+    """
+
+    def present(value: object) -> object:
+        if isinstance(value, dict):
+            return {k: present(v) for k, v in value.items() if v is not None}
+        if isinstance(value, list):
+            return [present(v) for v in value]
+        return value
+
+    data = present(msgspec.to_builtins(config))
+    assert isinstance(data, dict)
+    path.write_text(tomli_w.dumps(data))
+    return path
 
 
 class GatewayThread:

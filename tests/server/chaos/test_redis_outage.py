@@ -1,6 +1,7 @@
-"""Redis stopped and started under load: no 5xx, hits go on from the local tiers, L3 comes
-back by itself, and a purge made while it was down is applied at once where it was made
-and reaches the other gateways once Redis is back (not lost, not refused)."""
+"""Redis stopped and started under load, between two ``semcache serve`` processes: no 5xx,
+hits go on from the local tiers, L3 comes back by itself, and a purge made while it was down
+is applied at once where it was made and reaches the other gateway once Redis is back (not
+lost, not refused)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import httpx
 import pytest
 
 from backends.launch.process import VllmProcess
-from harness.gateway import GatewayThread
+from harness.gateway import GatewayProcess, write_config_toml
 from harness.vllm_process import TINY_MODEL_NAME
 from tests.conftest import gateway_config
 from tests.server.chaos.common import ADMIN, chat, metric, write_policy
@@ -71,8 +72,15 @@ def test_redis_stopped_and_started_under_load(
     model = data_dir / "models" / TINY_MODEL_NAME
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    a = GatewayThread(gateway_config(tmp_path / "a", tiny_vllm.url, model, policy=str(policy)))
-    b = GatewayThread(gateway_config(tmp_path / "b", tiny_vllm.url, model, policy=str(policy)))
+    a, b = (
+        GatewayProcess(
+            write_config_toml(
+                gateway_config(tmp_path / name, tiny_vllm.url, model, policy=str(policy)),
+                tmp_path / f"{name}.toml",
+            )
+        )
+        for name in ("a", "b")
+    )
     a.start()
     b.start()
     run = uuid.uuid4().hex[:8]
@@ -80,7 +88,7 @@ def test_redis_stopped_and_started_under_load(
     admin = {"authorization": f"Bearer {ADMIN}"}
     http = httpx.Client(timeout=60)
 
-    def status(gw: GatewayThread, body: dict[str, Any]) -> str:
+    def status(gw: GatewayProcess, body: dict[str, Any]) -> str:
         r = http.post(f"{gw.url}/v1/chat/completions", json=body)
         assert r.status_code == 200
         return str(r.headers["cf-aig-cache-status"])
