@@ -53,6 +53,9 @@ class KeyView:
         """digest → (key, whether it is the previous secret of a rotation)."""
         self._used: dict[str, float] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self.following = asyncio.Event()
+        """Set the first time the store's change feed has the view read it all: for Redis,
+        right after subscribing, so every change from then on reaches the view by message."""
 
     def __len__(self) -> int:
         return len(self._by_id)
@@ -119,6 +122,7 @@ class KeyView:
     async def _changed(self, key_id: str | None) -> None:
         if key_id is None:
             await self.reload()
+            self.following.set()
             return
         key = await self.store.get(key_id)
         if key is not None:

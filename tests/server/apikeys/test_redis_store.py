@@ -3,6 +3,8 @@ pub/sub, and a view that missed messages catches up on its resync."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from server.apikeys.admin import KeyAdmin
@@ -31,6 +33,9 @@ async def test_a_change_on_one_view_reaches_the_other_through_pubsub(
     await one.start()
     await two.start()
     try:
+        # The second looks for changes once subscribed (a cluster first learns its slot map,
+        # seconds on a loaded machine); from then on a change reaches it within a second.
+        await asyncio.wait_for(two.following.wait(), 30)
         admin = KeyAdmin(one, defaults=LimitSettings(), config_tokens=[])
         made = await admin.create(KeyCreate(tenant="acme"), ADMIN)
         await wait_until_async(lambda: two.lookup(made.secret) is not None, timeout_s=1.0)

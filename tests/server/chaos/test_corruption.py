@@ -1,5 +1,6 @@
-"""Bytes flipped in the L2 files and in the Redis values: every damaged copy is detected,
-none is served, each is counted (``semcache_exact_integrity_failures_total``)."""
+"""Bytes flipped in the L2 files and in the Redis values between two runs of the
+``semcache serve`` process: every damaged copy is detected, none is served, each is counted
+(``semcache_exact_integrity_failures_total``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import redis
 
 from backends.launch.process import VllmProcess
-from harness.gateway import GatewayThread
+from harness.gateway import GatewayProcess, write_config_toml
 from harness.vllm_process import TINY_MODEL_NAME
 from tests.conftest import gateway_config
 from tests.server.chaos.common import chat, metric, write_policy
@@ -67,10 +68,11 @@ def test_flipped_bytes_in_l2_and_redis_are_all_detected_and_never_served(
     config = gateway_config(
         tmp_path, tiny_vllm.url, data_dir / "models" / TINY_MODEL_NAME, policy=str(policy)
     )
+    config_file = write_config_toml(config, tmp_path / "gateway.toml")
     run = uuid.uuid4().hex[:8]
     bodies = [chat(f"corrupt {run} {i}") for i in range(N)]
     with httpx.Client(timeout=60) as http:
-        gw = GatewayThread(config).start()
+        gw = GatewayProcess(config_file).start()
         try:
             first = [http.post(f"{gw.url}/v1/chat/completions", json=b) for b in bodies]
             assert all(r.headers["cf-aig-cache-status"] == "MISS" for r in first)
@@ -80,7 +82,7 @@ def test_flipped_bytes_in_l2_and_redis_are_all_detected_and_never_served(
         assert flip_l2(tmp_path / "cache", rng) == N
         assert flip_redis(server.url, rng) == N
 
-        gw = GatewayThread(config).start()  # an empty memory tier: reads go to L2, then Redis
+        gw = GatewayProcess(config_file).start()  # empty memory: reads go to L2, then Redis
         try:
             again = [http.post(f"{gw.url}/v1/chat/completions", json=b) for b in bodies]
             disk = metric(gw.url, "semcache_exact_integrity_failures_total", tier="disk")

@@ -1,5 +1,6 @@
-"""vLLM killed (SIGKILL) mid-stream: the client gets an error event, nothing partial is
-stored, and the next request is served by the pool's other server."""
+"""vLLM killed (SIGKILL) mid-stream under the ``semcache serve`` process: the client gets an
+error event, nothing partial is stored, and the next request is served by the pool's other
+server."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from backends.config import VllmServer
 from backends.launch.process import VllmProcess
 from backends.placement import rendezvous_order
-from harness.gateway import GatewayThread
+from harness.gateway import GatewayProcess, write_config_toml
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm
 from tests.conftest import gateway_config
@@ -50,7 +51,7 @@ def test_vllm_killed_mid_stream_error_event_nothing_stored_next_served(
         policy=str(write_policy(tmp_path / "policy.toml")),
     )
     config.backends[0].servers = [VllmServer(url=doomed.url), VllmServer(url=tiny_vllm.url)]
-    gw = GatewayThread(config).start()
+    gw = GatewayProcess(write_config_toml(config, tmp_path / "gateway.toml")).start()
     # x-session-affinity places by rendezvous hashing: a session whose first choice is the
     # doomed server puts the stream there, and spills to the other once it is gone.
     session = next(
