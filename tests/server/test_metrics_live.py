@@ -415,7 +415,9 @@ async def test_batch_items_run_retry_and_fail_on_a_backend_that_times_out(
         running_seen = max(running_seen, page.value("semcache_batch_running"))
         return running_seen >= 1
 
-    await wait_until_async(running, timeout_s=60, interval_s=0.1)
+    # The item starts once the gate finds the tiny server idle; on a loaded machine that once
+    # took more than 60 s (in 1 of 4 full runs), for a reason not yet pinned down.
+    await wait_until_async(running, timeout_s=180, interval_s=0.1)
     ok = await done("@cf/test/tiny", ok_id)
     assert [r["success"] for r in ok["responses"]] == [True, True]
     # An answer slower than the backend's read timeout: tried twice, then failed.
