@@ -52,14 +52,13 @@ from typing import Literal
 import httpx
 import psutil
 
-from backends.config import ServerRole, VllmLaunch, VllmServer
+from backends.config import ServerRole, VllmServer
 from backends.launch.command import build_command, detect_device
 from harness.tiny_llama import build_tiny_llama
 from harness.vllm_process import (
     REPO_ROOT,
-    SINGLE_PROCESS_ARGS,
-    SINGLE_PROCESS_ENV,
     TINY_MODEL_NAME,
+    single_process_launch,
     test_data_dir,
 )
 
@@ -257,13 +256,12 @@ class Cluster:
         server = VllmServer(
             url=self.vllm_url(host),
             role=role,
-            launch=VllmLaunch(
+            launch=single_process_launch(
                 cpu_cores=core,
                 kv_cache_gib=0.25,
                 max_model_len=1024,
                 nixl_side_channel_port=NIXL_PORT,
-                extra_args=list(SINGLE_PROCESS_ARGS),
-                env={**SINGLE_PROCESS_ENV, **self.kv_env(host)},
+                env=self.kv_env(host),
             ),
         )
         command, env = build_command(

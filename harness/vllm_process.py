@@ -6,6 +6,7 @@ import asyncio
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from backends.config import ServerRole, VllmLaunch, VllmServer
 from backends.launch.process import Progress, VllmProcess
@@ -19,6 +20,16 @@ its CPU platform keeps a separate worker unless multiprocessing is off). Two int
 import torch and vLLM instead of three: a tiny server, or a prefill/decode pair with NIXL,
 is ready in about 0.6 of the time on a CPU. The API server stays its own process.
 Launched servers (``semcache serve``) keep vLLM's own layout, as users run them."""
+
+
+def single_process_launch(**fields: Any) -> VllmLaunch:
+    """A ``VllmLaunch`` of ``fields`` whose server runs as ``SINGLE_PROCESS_ARGS`` say: for
+    launched servers of tests whose process layout is not what they prove."""
+    extra_args = [*SINGLE_PROCESS_ARGS, *fields.pop("extra_args", ())]
+    env = {**SINGLE_PROCESS_ENV, **fields.pop("env", {})}
+    return VllmLaunch(extra_args=extra_args, env=env, **fields)
+
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 """The checkout this package runs from (tests and benchmarks run from one)."""
 
@@ -62,13 +73,11 @@ async def start_tiny_vllm(
     healthy, it is stopped and ``VllmStartError`` (with the log tail) is raised.
     """
     model = await tiny_llama(data_dir)
-    if single_process:
-        env = {**SINGLE_PROCESS_ENV, **(env or {})}
-        extra_args = [*SINGLE_PROCESS_ARGS, *extra_args]
+    launch = single_process_launch if single_process else VllmLaunch
     server = VllmServer(
         url=f"http://127.0.0.1:{port}",
         role=role,
-        launch=VllmLaunch(
+        launch=launch(
             cpu_cores=cpu_cores,
             kv_cache_gib=kv_cache_gib,
             block_size=block_size,

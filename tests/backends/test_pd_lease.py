@@ -26,18 +26,13 @@ import httpx
 import orjson
 import pytest
 
-from backends.config import VllmBackend, VllmLaunch, VllmServer
+from backends.config import VllmBackend, VllmServer
 from backends.launch.launcher import Launcher
 from backends.launch.process import VllmProcess
 from harness.gateway import GatewayThread
 from harness.metrics import metric_value, parse_metric
 from harness.ports import free_port
-from harness.vllm_process import (
-    SINGLE_PROCESS_ARGS,
-    SINGLE_PROCESS_ENV,
-    TINY_MODEL_NAME,
-    tiny_llama,
-)
+from harness.vllm_process import TINY_MODEL_NAME, single_process_launch, tiny_llama
 from server.config import GatewayConfig, ModelEntry
 
 # Starting the two vLLM servers counts towards the first test's time limit (minutes on a busy box).
@@ -76,13 +71,11 @@ async def pd_pair(
         return VllmServer(
             url=f"http://127.0.0.1:{free_port()}",
             role=role,  # type: ignore[arg-type]
-            launch=VllmLaunch(
+            launch=single_process_launch(
                 cpu_cores=core,
                 kv_cache_gib=kv_gib,
                 max_model_len=1024,
                 nixl_side_channel_port=free_port(),
-                extra_args=list(SINGLE_PROCESS_ARGS),
-                env=dict(SINGLE_PROCESS_ENV),
             ),
         )
 

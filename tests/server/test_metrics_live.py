@@ -28,7 +28,8 @@ import pytest
 from backends.launch.process import VllmProcess
 from harness.gateway import GatewayProcess
 from harness.metrics import parse_metric
-from harness.vllm_process import REPO_ROOT, TINY_MODEL_NAME
+from harness.vllm_process import TINY_MODEL_NAME
+from semcache.policy import DEFAULT_POLICY
 from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.slow
@@ -93,7 +94,7 @@ def write_config(tmp_path: Path, models_dir: Path, vllm_url: str) -> Path:
 def write_policy(tmp_path: Path) -> Path:
     """The default policy, with a price on ``priced-chat``."""
     policy = tmp_path / "policy.toml"
-    default = (REPO_ROOT / "policies" / "default.toml").read_text()
+    default = DEFAULT_POLICY.read_text()
     policy.write_text(
         f'{default}\n[models."priced-chat"]\n'
         f"prices = {{ input_per_m = {USD_PER_M}, output_per_m = {USD_PER_M} }}\n"

@@ -16,13 +16,13 @@ from typing import Any
 import httpx
 import pytest
 
-from backends.config import EmbeddedClassifierBackend, VllmBackend, VllmLaunch, VllmServer
+from backends.config import EmbeddedClassifierBackend, VllmBackend, VllmServer
 from backends.launch.launcher import Launcher
 from harness.gateway import GatewayThread
 from harness.metrics import metric_value
 from harness.ports import free_port
 from harness.tiny_classifier import LABELS, tiny_classifier
-from harness.vllm_process import SINGLE_PROCESS_ARGS, SINGLE_PROCESS_ENV
+from harness.vllm_process import single_process_launch
 from server.config import GatewayConfig, ModelEntry, ServerSettings
 from tests.server.test_semantic_http import near_duplicate, questions
 
@@ -63,12 +63,7 @@ def vllm_backend(model_dir: Path, url: str) -> VllmBackend:
         servers=[
             VllmServer(
                 url=url,
-                launch=VllmLaunch(
-                    kv_cache_gib=1.0,
-                    max_model_len=MAX_MODEL_LEN,
-                    extra_args=list(SINGLE_PROCESS_ARGS),
-                    env=dict(SINGLE_PROCESS_ENV),
-                ),
+                launch=single_process_launch(kv_cache_gib=1.0, max_model_len=MAX_MODEL_LEN),
             )
         ],
     )
