@@ -10,7 +10,7 @@ LOWEST = 10_000
 """The lowest port handed out (below it: well-known and registered services)."""
 
 
-def _ephemeral_start() -> int:
+def ephemeral_start() -> int:
     """Where the kernel's ephemeral range begins (ports it gives to ``bind(0)`` and outgoing
     connections); 32768 when it cannot be read."""
     try:
@@ -27,7 +27,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     was picked for binds it: a vLLM server lost its NIXL side-channel port that way to its
     partner's ephemeral socket. Below that range only explicit binds take ports.
     """
-    top = _ephemeral_start()
+    top = ephemeral_start()
     rng = random.SystemRandom()
     for _ in range(200):
         port = rng.randrange(LOWEST, top) if top > LOWEST else 0

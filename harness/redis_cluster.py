@@ -11,15 +11,35 @@ import functools
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from harness.ports import free_port
+from harness.ports import ephemeral_start, free_port
 
 NODES = 6
+BUS_OFFSET = 10_000
+"""A cluster node also listens on its port + 10000 (the cluster bus)."""
+
+
+def cluster_port() -> int:
+    """A free port whose bus port is free too and below the ephemeral range, where an
+    outgoing connection could take it first (a node whose bus port is taken exits)."""
+    for _ in range(200):
+        port = free_port()
+        bus = port + BUS_OFFSET
+        if bus >= ephemeral_start():
+            continue
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", bus))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for a Redis Cluster node")
 
 
 def _binary(*names: str) -> str:
@@ -45,7 +65,7 @@ class RedisClusterProcess:
 
     def start(self, timeout_s: float = 60.0) -> RedisClusterProcess:
         server = _binary("redis-server", "valkey-server")
-        self.ports = [free_port() for _ in range(NODES)]
+        self.ports = [cluster_port() for _ in range(NODES)]
         for port in self.ports:
             d = self.directory / str(port)
             d.mkdir(parents=True, exist_ok=True)

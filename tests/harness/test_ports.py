@@ -10,7 +10,7 @@ from harness import ports
 
 
 def test_a_free_port_is_bindable_and_below_the_ephemeral_range() -> None:
-    start = ports._ephemeral_start()
+    start = ports.ephemeral_start()
     for _ in range(20):
         port = ports.free_port()
         assert ports.LOWEST <= port < start
@@ -30,5 +30,5 @@ def test_a_port_in_use_is_never_handed_out(monkeypatch: pytest.MonkeyPatch) -> N
                 return next(picks)
 
         monkeypatch.setattr(ports.random, "SystemRandom", Picks)
-        monkeypatch.setattr(ports, "_ephemeral_start", lambda: 65_536)
+        monkeypatch.setattr(ports, "ephemeral_start", lambda: 65_536)
         assert ports.free_port() == taken - 1
