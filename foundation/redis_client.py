@@ -70,6 +70,13 @@ def open_redis(url: str, **options: Any) -> RedisClient:
     return RedisCluster(startup_nodes=nodes, **_credentials(url), **options)
 
 
+def node_client(url: str, host: str, port: int, **options: Any) -> Redis:
+    """A plain client of one node of the cluster ``url`` names (its credentials and TLS)."""
+    if url.partition("://")[0].startswith(("rediss", "valkeys")):
+        options.setdefault("ssl", True)
+    return Redis(host=host, port=port, **_credentials(url), **options)
+
+
 async def ready_for_pubsub(client: RedisClient) -> RedisClient:
     """``client``, ready to subscribe: a cluster client learns the slot map first.
 

@@ -21,6 +21,7 @@ from redis.exceptions import OutOfMemoryError as RedisOutOfMemoryError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from backends.protocol import BackendError
+from foundation.redis_replication import NotReplicated
 
 log = logging.getLogger("semcache.server")
 
@@ -194,6 +195,15 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
             507,
             "The gateway's shared store is full: the request could not be stored. Retry later.",
             code="insufficient_storage",
+        )
+    elif isinstance(exc, NotReplicated):
+        log.warning("%s refused: %s", request.url.path, exc)
+        err = ApiError(
+            503,
+            "The gateway's shared store could not copy the request to a replica in time; "
+            "it was not accepted. Retry later.",
+            code="not_replicated",
+            retry_after_s=1,
         )
     elif isinstance(exc, (RedisConnectionError, RedisTimeoutError)):  # the shared store
         log.warning("%s refused: Redis is unreachable (%s)", request.url.path, exc)

@@ -34,7 +34,12 @@ def open_ledger(
             raise ValueError(
                 'ledger.storage = "redis" needs a Redis: set the policy\'s [tiers.redis] url'
             )
-        storage = RedisStorage(redis_url, prefix=redis_prefix)
+        storage = RedisStorage(
+            redis_url,
+            prefix=redis_prefix,
+            replicas=settings.replicas,
+            replica_timeout_s=settings.replica_timeout_s,
+        )
     else:
         path = Path(settings.path).expanduser() if settings.path else Path(DEFAULT_FILE)
         storage = SqliteStorage(data_dir / path)  # an absolute path replaces data_dir

@@ -25,6 +25,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from foundation.redis_client import RedisClient, hash_tag, open_redis
+from foundation.redis_replication import replica_ack
 from semcache.ledger.base import Batch, LedgerUnavailable, Row, Storage
 from semcache.ledger.records import INT_FIELDS, SUM_FIELDS
 from semcache.tiers.redis import OUTAGE_ERRORS
@@ -81,7 +82,15 @@ def _days(start: str, end: str) -> list[str]:
 class RedisStorage(Storage):
     """Usage counters on the Redis at ``url``, under ``<prefix>:usage:``."""
 
-    def __init__(self, url: str, *, prefix: str = "semcache", timeout_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        prefix: str = "semcache",
+        timeout_s: float = 1.0,
+        replicas: int = 0,
+        replica_timeout_s: float = 1.0,
+    ) -> None:
         self.url = url
         self.name = f"redis {url}"
         self.base = hash_tag(f"{prefix}:usage")
@@ -93,12 +102,16 @@ class RedisStorage(Storage):
             retry=Retry(NoBackoff(), 0),
             decode_responses=False,
         )
+        self.ack = replica_ack(self.client, url, replicas=replicas, timeout_s=replica_timeout_s)
+        """Confirms each flush on replicas; one not confirmed is kept and sent again."""
 
     async def open(self) -> None:
         """Nothing to open: the client connects on its first command (Redis may be down)."""
 
     async def close(self) -> None:
         try:
+            if self.ack is not None:
+                await self.ack.aclose()
             await self.client.aclose()
         except OUTAGE_ERRORS:
             pass
@@ -140,6 +153,8 @@ class RedisStorage(Storage):
             for b in batches:  # from here on Redis may apply them without our knowing
                 b.attempted = True
             await pipe.execute()
+        if self.ack is not None:  # every key of the ledger shares its base's slot
+            await self.ack.confirm(self.base)
 
     async def read(
         self, start: str, end: str, group_by: Sequence[str], tenant: str | None

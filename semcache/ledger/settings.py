@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-from foundation.config_types import NonNegFloat, PosFloat
+from foundation.config_types import NonNegFloat, NonNegInt, PosFloat
 
 
 class LedgerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -18,6 +18,12 @@ class LedgerSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw
     flush_interval_s: PosFloat = 1.0
     """Counts are aggregated in memory and written this often: a ``kill -9`` loses at most
     this much usage; a normal stop (SIGTERM) writes everything."""
+    replicas: NonNegInt = 0
+    """On Redis: a flush counts as written only once this many replicas hold it (``WAIT``);
+    until then it is kept and sent again (each flush is applied once, by its id), so a
+    failover loses no usage. ``0``: written once the primary has it."""
+    replica_timeout_s: PosFloat = 1.0
+    """Longest wait for those replicas on one flush."""
     path: str | None = None
     """The SQLite file; default ``<data_dir>/usage.sqlite3``. Relative paths are resolved
     against the data directory."""

@@ -19,6 +19,13 @@ class QueueSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     redis_url: str = "redis://127.0.0.1:6379/0"
     prefix: NonEmptyStr = "semcache:batch"
     """Key prefix of the Redis queue: gateways sharing one prefix share one queue."""
+    replicas: NonNegInt = 0
+    """A submit to the Redis queue (and an upload to the Redis files store) is acknowledged
+    only once this many replicas hold it (``WAIT``), so a failover cannot lose it; ``0``:
+    at once (replication stays asynchronous)."""
+    replica_timeout_s: PosFloat = 1.0
+    """Longest wait for those replicas; past it the request is refused with a 503
+    (``not_replicated``) and what it wrote is removed: the client retries."""
     lease_s: PosFloat = 30.0
     """A claimed item returns to the queue when its worker has not renewed it for this long."""
     results_ttl_s: PosFloat = 86400.0

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from foundation.redis_client import RedisClient, open_redis
+from foundation.redis_replication import ReplicaAck, replica_ack
 from server.batch.settings import BatchSettings
 from server.openai.batches.redis_store import RedisBatchStore
 from server.openai.batches.store import BatchStore, DiskBatchStore
@@ -20,8 +21,11 @@ class OpenAIStores:
     batches: BatchStore
     redis: RedisClient | None = None
     """The client of the Redis stores (closed by :meth:`aclose`)."""
+    ack: ReplicaAck | None = None
 
     async def aclose(self) -> None:
+        if self.ack is not None:
+            await self.ack.aclose()
         if self.redis is not None:
             await self.redis.aclose()
 
@@ -35,12 +39,17 @@ def build_stores(settings: BatchSettings, openai_dir: Path) -> OpenAIStores:
     """The stores ``settings`` describe; no connection is made before their first use."""
     retention_s = settings.files.retention_s
     if uses_redis(settings):
-        client = open_redis(settings.queue.redis_url)
-        prefix = f"{settings.queue.prefix}:openai"
+        queue = settings.queue
+        client = open_redis(queue.redis_url)
+        prefix = f"{queue.prefix}:openai"
+        ack = replica_ack(
+            client, queue.redis_url, replicas=queue.replicas, timeout_s=queue.replica_timeout_s
+        )
         return OpenAIStores(
-            RedisFileStore(client, prefix=prefix, retention_s=retention_s),
-            RedisBatchStore(client, prefix=prefix, retention_s=retention_s),
+            RedisFileStore(client, prefix=prefix, retention_s=retention_s, ack=ack),
+            RedisBatchStore(client, prefix=prefix, retention_s=retention_s, ack=ack),
             client,
+            ack,
         )
     return OpenAIStores(
         DiskFileStore(openai_dir / "files", retention_s=retention_s),

@@ -266,3 +266,48 @@ async def test_a_flush_whose_answer_is_lost_is_not_counted_twice(
         await admin.aclose()
         await ledger.aclose()
         await proxy.aclose()
+
+
+async def test_a_flush_no_replica_confirmed_is_kept_sent_again_and_counted_once(
+    redis_factory: Callable[[], RedisServer], redis_prefix: str, tmp_path: Path
+) -> None:
+    """``replicas = 1``: with no replica the flush is applied on the primary but not
+    confirmed, so it is kept; once a replica follows, the next flush sends it again, it is
+    confirmed, and the primary (and the replica) count it once."""
+    primary, replica = redis_factory(), redis_factory()
+    clock = FakeClock(at(DAY))
+    ledger = open_ledger(
+        LedgerSettings(flush_interval_s=3600.0, replicas=1, replica_timeout_s=0.2),
+        data_dir=tmp_path,
+        redis_url=primary.url,
+        redis_prefix=redis_prefix,
+        clock=clock,
+    )
+    await ledger.start()
+    follower = Redis.from_url(replica.url)
+    try:
+        sent = [usage(i) for i in range(1, 21)]
+        for r in sent:
+            ledger.add(r)
+        await ledger.flush()
+        assert isinstance(ledger, BufferedLedger)
+        assert ledger.failed_flushes == 1  # applied on the primary, not confirmed: kept
+        await follower.execute_command("REPLICAOF", "127.0.0.1", str(primary.port))
+        for _ in range(100):  # the replica's first sync
+            info = await follower.info("replication")
+            if info.get("master_link_status") == "up":
+                break
+            await asyncio.sleep(0.1)
+        await ledger.flush()
+        assert ledger.failed_flushes == 1
+        (row,) = await ledger.query(DAY, DAY, [], None)
+        assert_totals(row, sent)  # sent twice, counted once
+        copy = redis_ledger(replica.url, redis_prefix, tmp_path / "replica", clock)
+        try:
+            (row,) = await copy.query(DAY, DAY, [], None)
+            assert_totals(row, sent)
+        finally:
+            await copy.aclose()
+    finally:
+        await follower.aclose()
+        await ledger.aclose()

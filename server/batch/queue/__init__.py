@@ -19,6 +19,12 @@ async def open_queue(settings: QueueSettings, data_dir: Path) -> BatchQueue:
         "max_age_s": settings.max_age_s,
     }
     if settings.kind == "redis":
-        return await RedisQueue.open(settings.redis_url, prefix=settings.prefix, **common)
+        return await RedisQueue.open(
+            settings.redis_url,
+            prefix=settings.prefix,
+            replicas=settings.replicas,
+            replica_timeout_s=settings.replica_timeout_s,
+            **common,
+        )
     path = Path(settings.path) if settings.path else data_dir / "queue" / "batch.sqlite3"
     return await DiskQueue.open(path.expanduser(), **common)

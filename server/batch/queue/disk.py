@@ -139,7 +139,8 @@ class DiskQueue:
             items, leased, oldest = (
                 self._read()
                 .execute(
-                    "SELECT count(*), coalesce(sum(lease_until > ?), 0), min(jobs.created_at) "
+                    "SELECT count(*), coalesce(sum(leased_by IS NOT NULL AND lease_until > ?), 0), "
+                    "min(jobs.created_at) "
                     "FROM items JOIN jobs ON jobs.id = items.job_id",
                     (now,),
                 )

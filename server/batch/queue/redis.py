@@ -8,18 +8,24 @@ Layout under the prefix ``P``:
   and ``traceparent`` when the submitter's trace context was kept: a job without the field
   has none);
 - ``P:res:<id>``: its results, one hash field per item index, written with ``HSETNX``;
-- ``P:att:<id>``: how many times each item was claimed.
+- ``P:att:<id>``: how many times each item was claimed;
+- ``P:delayed``: items given back with a delay, a sorted set of their stream entry ids by
+  the time (ms) they are due.
 
 A claim is a stream delivery (``XREADGROUP``); a delivered entry stays in the group's pending
 list until its result is stored. A worker renews its claims by resetting their idle time
 (``XCLAIM ... JUSTID``); entries idle for longer than the lease belong to a dead worker and
 are taken over by the next claim (``XAUTOCLAIM``). Storing a result, acknowledging and
 deleting the entry, and finishing the job happen in one Lua script, so they are atomic.
+An item given back with a delay is acknowledged (so no worker takes it over) but stays in
+the stream, and its id goes into ``P:delayed``; the first claim after it is due copies it
+to a fresh entry at the stream's end, in one script as well.
 Finished jobs expire by Redis TTL.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,6 +34,7 @@ from redis.exceptions import ResponseError
 from redis.typing import EncodableT, FieldT
 
 from foundation.redis_client import RedisClient, hash_tag, open_redis
+from foundation.redis_replication import NotReplicated, ReplicaAck, replica_ack
 from server.batch.queue.base import ItemResult, JobState, QueueDepth, WorkItem
 
 _COMPLETE = """
@@ -60,6 +67,31 @@ return 1
 """
 
 
+_DELAY = """
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
+return 1
+"""
+
+# Moves due delayed entries to the stream's end; returns the next due time (ms) or -1.
+_PROMOTE = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, 100)
+for _, id in ipairs(due) do
+    local entry = redis.call('XRANGE', KEYS[1], id, id)
+    if entry[1] then
+        redis.call('XADD', KEYS[1], '*', unpack(entry[1][2]))
+        redis.call('XDEL', KEYS[1], id)
+    end
+    redis.call('ZREM', KEYS[2], id)
+end
+local next_due = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+if next_due[2] then
+    return tonumber(next_due[2])
+end
+return -1
+"""
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -68,6 +100,9 @@ class RedisQueue:
     """A `BatchQueue` on Redis Streams; build it with :meth:`open`."""
 
     group = "workers"
+    max_block_s = 2.0
+    """Longest single blocking read; the client's socket timeout is set above it (redis-py
+    8 times out any read after 5 s by default, a blocked ``XREADGROUP`` included)."""
 
     def __init__(
         self,
@@ -78,21 +113,32 @@ class RedisQueue:
         results_ttl_s: float = 86400.0,
         max_age_s: float = 7 * 86400.0,
         clock: Callable[[], float] = time.time,
+        ack: ReplicaAck | None = None,
     ) -> None:
         self.client = client
+        self.ack = ack
+        """Confirms each submit on replicas before it is acknowledged (none: at once)."""
         self.prefix = prefix = hash_tag(prefix)
         self.stream = f"{prefix}:items"
+        self.delayed = f"{prefix}:delayed"
         self.lease_s = lease_s
         self.results_ttl_s = results_ttl_s
         self.max_age_s = max_age_s
         self._clock = clock
         self._complete = client.register_script(_COMPLETE)
         self._requeue = client.register_script(_REQUEUE)
+        self._delay = client.register_script(_DELAY)
+        self._promote = client.register_script(_PROMOTE)
 
     @classmethod
-    async def open(cls, url: str, **kwargs: Any) -> RedisQueue:
-        client = open_redis(url)
-        queue = cls(client, **kwargs)
+    async def open(
+        cls, url: str, *, replicas: int = 0, replica_timeout_s: float = 1.0, **kwargs: Any
+    ) -> RedisQueue:
+        """A queue on ``url``; a submit returns only once ``replicas`` replicas hold it."""
+        options = {"socket_timeout": cls.max_block_s + 10.0}
+        client = open_redis(url, **options)
+        ack = replica_ack(client, url, replicas=replicas, timeout_s=replica_timeout_s)
+        queue = cls(client, ack=ack, **kwargs)
         try:
             await client.xgroup_create(queue.stream, cls.group, id="0", mkstream=True)
         except ResponseError as exc:
@@ -117,7 +163,8 @@ class RedisQueue:
     # -- BatchQueue -----------------------------------------------------------------
 
     async def depth(self) -> QueueDepth:
-        # Finished entries are deleted from the stream: what is left is waiting or leased.
+        # Finished entries are deleted from the stream: what is left is waiting (delayed
+        # ones included) or leased.
         async with self.client.pipeline(transaction=False) as pipe:
             pipe.xlen(self.stream)
             pipe.xpending(self.stream, self.group)
@@ -153,30 +200,23 @@ class RedisQueue:
             pipe.pexpire(job, self._ms(self.max_age_s))
             for i, payload in enumerate(payloads):
                 pipe.xadd(self.stream, {"j": job_id, "i": i, "t": tenant, "m": model, "p": payload})
-            await pipe.execute()
+            written = await pipe.execute()
+        if self.ack is None:
+            return
+        try:
+            await self.ack.confirm(job)
+        except NotReplicated:
+            # Refused, so not run either: a failover may still have lost it, or not.
+            async with self.client.pipeline(transaction=True) as pipe:
+                pipe.xdel(self.stream, *written[2:])
+                pipe.delete(job)
+                await pipe.execute()
+            raise
 
     async def claim(self, consumer: str, limit: int, wait_s: float) -> list[WorkItem]:
         if limit <= 0:
             return []
-        # Entries idle past the lease belong to a dead (or stuck) worker: take them over first.
-        reclaimed = await self.client.xautoclaim(
-            self.stream,
-            self.group,
-            consumer,
-            min_idle_time=self._ms(self.lease_s),
-            start_id="0-0",
-            count=limit,
-        )
-        entries: list[tuple[Any, Any]] = [e for e in reclaimed[1] if e and e[1]]
-        if not entries:
-            # A blocking read: an idle worker costs nothing and wakes on the next XADD. It
-            # returns at the latest after one lease, to take over the entries of dead workers.
-            block = self._ms(min(wait_s, self.lease_s)) if wait_s > 0 else None
-            read: Any = await self.client.xreadgroup(
-                self.group, consumer, {self.stream: ">"}, count=limit, block=block
-            )
-            for _stream, delivered in read or []:
-                entries.extend(e for e in delivered if e and e[1])
+        entries = await self._take(consumer, limit, wait_s)
         if not entries:
             return []
         async with self.client.pipeline(transaction=False) as pipe:
@@ -200,6 +240,44 @@ class RedisQueue:
             )
             for n, (entry_id, fields) in enumerate(entries)
         ]
+
+    async def _take(self, consumer: str, limit: int, wait_s: float) -> list[tuple[Any, Any]]:
+        """Stream entries for ``consumer``: taken over from dead workers, or new (delayed ones
+        that came due included), waiting at most ``wait_s`` for them."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(wait_s, 0.0)
+        while True:
+            now_ms = int(self._clock() * 1000)
+            next_due = int(await self._promote(keys=[self.stream, self.delayed], args=[now_ms]))
+            # Entries idle past the lease belong to a dead (or stuck) worker: take them first.
+            reclaimed = await self.client.xautoclaim(
+                self.stream,
+                self.group,
+                consumer,
+                min_idle_time=self._ms(self.lease_s),
+                start_id="0-0",
+                count=limit,
+            )
+            entries: list[tuple[Any, Any]] = [e for e in reclaimed[1] if e and e[1]]
+            if entries:
+                return entries
+            # A blocking read: an idle worker costs nothing and wakes on the next XADD, or
+            # when a delayed item comes due. Each read ends after one lease at the latest, to
+            # take over the entries of dead workers.
+            wait = min(deadline - loop.time(), self.lease_s, self.max_block_s)
+            if next_due >= 0:
+                wait = min(wait, (next_due - now_ms) / 1000.0)
+            read: Any = await self.client.xreadgroup(
+                self.group,
+                consumer,
+                {self.stream: ">"},
+                count=limit,
+                block=self._ms(wait) if wait > 0 else None,
+            )
+            for _stream, delivered in read or []:
+                entries.extend(e for e in delivered if e and e[1])
+            if entries or loop.time() >= deadline:
+                return entries
 
     async def extend(self, consumer: str, items: Sequence[WorkItem]) -> None:
         if items:
@@ -234,7 +312,11 @@ class RedisQueue:
 
     async def retry(self, item: WorkItem, delay_s: float) -> None:
         if delay_s > 0:
-            return  # left pending: the next claim after the lease takes it over
+            due_ms = int((self._clock() + delay_s) * 1000)
+            await self._delay(
+                keys=[self.stream, self.delayed], args=[self.group, item.receipt, due_ms]
+            )
+            return
         await self._requeue(
             keys=[self.stream],
             args=[
@@ -276,4 +358,6 @@ class RedisQueue:
         return 0  # finished and abandoned jobs expire by Redis TTL
 
     async def aclose(self) -> None:
+        if self.ack is not None:
+            await self.ack.aclose()
         await self.client.aclose()

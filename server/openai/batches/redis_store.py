@@ -24,6 +24,7 @@ from collections.abc import Callable
 import msgspec
 
 from foundation.redis_client import RedisClient
+from foundation.redis_replication import ReplicaAck
 from server.openai.batches.protocol import COMPLETION_WINDOWS, BatchObject
 from server.openai.batches.store import decode_batch
 from server.openai.records import tenant_key, valid_id
@@ -63,8 +64,11 @@ class RedisBatchStore:
         prefix: str,
         retention_s: float,
         clock: Callable[[], float] = time.time,
+        ack: ReplicaAck | None = None,
     ) -> None:
         self.client = client
+        self.ack = ack
+        """Confirms each saved record on replicas before the save returns (none: at once)."""
         self.prefix = prefix
         self.retention_s = retention_s
         self._clock = clock
@@ -114,6 +118,10 @@ class RedisBatchStore:
             pipe.zadd(self._recent, {member: batch.created_at})
             pipe.zremrangebyrank(self._recent, 0, -RECENT_KEEP - 1)
             await pipe.execute()
+        if self.ack is not None:  # the record, and the open set the sweep finishes it from
+            await self.ack.confirm(self._key(batch.tenant, batch.id))
+            if not batch.finished:
+                await self.ack.confirm(self._open)
 
     async def get(self, tenant: str, batch_id: str) -> BatchObject | None:
         if not valid_id(batch_id):

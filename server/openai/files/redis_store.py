@@ -16,6 +16,7 @@ from collections.abc import Callable
 import msgspec
 
 from foundation.redis_client import RedisClient
+from foundation.redis_replication import NotReplicated, ReplicaAck
 from server.openai.files.protocol import FileObject, Purpose
 from server.openai.records import new_id, valid_id
 from server.openai.redis_records import ms, page, raw, tenant_tag
@@ -36,8 +37,11 @@ class RedisFileStore:
         prefix: str,
         retention_s: float,
         clock: Callable[[], float] = time.time,
+        ack: ReplicaAck | None = None,
     ) -> None:
         self.client = client
+        self.ack = ack
+        """Confirms each upload on replicas before it is acknowledged (none: at once)."""
         self.prefix = prefix
         self.retention_s = retention_s
         self._clock = clock
@@ -87,6 +91,16 @@ class RedisFileStore:
             pipe.zremrangebyscore(index, "-inf", f"({int(now - self.retention_s)}")
             pipe.pexpire(index, ms(self.retention_s + INDEX_MARGIN_S))
             await pipe.execute()
+        if self.ack is not None:
+            try:
+                await self.ack.confirm(key)
+            except NotReplicated:
+                # Refused, so not kept either: a failover may still have lost it, or not.
+                async with self.client.pipeline(transaction=True) as pipe:
+                    pipe.delete(key)
+                    pipe.zrem(index, obj.id)
+                    await pipe.execute()
+                raise
         return obj
 
     async def delete(self, tenant: str, file_id: str) -> bool:

@@ -259,6 +259,53 @@ async def test_retry_gives_the_item_back(make_queue: QueueFactory) -> None:
     assert await q.complete(again, b"ok")
 
 
+async def test_a_delayed_retry_waits_its_delay_and_not_just_the_lease(
+    make_queue: QueueFactory, kind: str, clock: Clock
+) -> None:
+    """``retry(item, delay)`` holds the item back for ``delay`` (longer than the lease here),
+    counts it as waiting meanwhile, and then any worker's claim gets it."""
+    delay = 3 * LEASE_S
+    q = await make_queue()
+    await q.submit("j", "t", "m", payloads(1))
+    (item,) = await q.claim("w1", 1, wait_s=0.1)
+    await q.retry(item, delay)
+    assert await q.claim("w2", 1, wait_s=0.0) == []
+    depth = await q.depth()
+    assert (depth.items, depth.leased) == (1, 0)
+    if kind == "disk":
+        clock.advance(delay / 2)
+        assert await q.claim("w2", 1, wait_s=0.0) == []
+        clock.advance(delay / 2 + 0.01)
+        (again,) = await q.claim("w2", 1, wait_s=0.0)
+    else:  # due on the gateway's clock: a waiting claim wakes when the item is due
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        (again,) = await asyncio.wait_for(q.claim("w2", 1, wait_s=10.0), 10.0)
+        waited = loop.time() - start
+        assert delay * 0.8 <= waited < delay + 3.0
+    assert (again.index, again.payload, again.attempts) == (0, b"item-0", 2)
+    assert await q.complete(again, b"ok")
+    state = await q.job("j")
+    assert state is not None and state.status == "done"
+    assert (await q.depth()).items == 0
+
+
+@pytest.mark.slow
+async def test_a_redis_claim_waits_longer_than_redis_pys_default_socket_timeout(
+    redis_server: Any,
+) -> None:
+    """redis-py 8 gives up on any read after 5 s: a claim told to wait 6 s blocks in shorter
+    reads and returns empty, without an error."""
+    q = await RedisQueue.open(redis_server.url, prefix=f"t{uuid.uuid4().hex[:10]}", lease_s=30)
+    try:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        assert await q.claim("w1", 1, wait_s=6.0) == []
+        assert loop.time() - start >= 5.9
+    finally:
+        await q.aclose()
+
+
 async def test_waiting_claim_wakes_up_for_new_work(make_queue: QueueFactory, kind: str) -> None:
     q = await make_queue()
     looks = count_looks(q) if kind == "disk" else None
