@@ -94,10 +94,11 @@ class GatewayMetrics:
             Counter(
                 "semcache_semantic_verified",
                 "Verified chat semantic cache decisions by model and event: exploit (served), "
-                "explore (sent to the backend and judged), judged_wrong (an explore whose "
-                "cached answer was judged wrong), capped (an explore over the per-minute cap, "
-                "sent to the backend unjudged), unjudged (an explore the judge gave no "
-                "verdict on: a judge model that failed or did not answer yes or no).",
+                "explore (sent to the backend and judged), judged_right and judged_wrong (an "
+                "explore whose cached answer was judged right, or wrong), capped (an explore "
+                "over the per-minute cap, sent to the backend unjudged), unjudged (an "
+                "explore the judge gave no verdict on: a judge model that failed or did not "
+                "answer yes or no).",
                 ["model", "event"],
                 registry=registry,
             )

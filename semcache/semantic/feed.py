@@ -13,7 +13,7 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import msgspec
 
@@ -22,6 +22,10 @@ from semcache.semantic.records import SemanticRecord
 log = logging.getLogger(__name__)
 
 RecordSink = Callable[[list[SemanticRecord]], Awaitable[None]]
+FeedEvent = Literal["published", "received", "publish_failed", "read_failed"]
+FeedObserver = Callable[[FeedEvent, int], None]
+"""Told of each batch of records published or received, and of each failed publish or read
+(with the number of records it concerned; 0 for a read)."""
 
 
 class EntryFeed(Protocol):
@@ -50,6 +54,7 @@ class RedisEntryFeed:
         read_count: int = 512,
         replay: bool = False,
         start_id: str | None = None,
+        observer: FeedObserver | None = None,
     ) -> None:
         self.redis = redis
         self.stream = stream
@@ -67,6 +72,7 @@ class RedisEntryFeed:
         self._decoder = msgspec.msgpack.Decoder(SemanticRecord)
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._observe: FeedObserver = observer or _ignore
         self.delivered = 0
 
     async def publish(self, records: Sequence[SemanticRecord]) -> None:
@@ -81,7 +87,12 @@ class RedisEntryFeed:
                     maxlen=self.max_len,
                     approximate=True,
                 )
-            await pipe.execute()
+            try:
+                await pipe.execute()
+            except Exception:
+                self._observe("publish_failed", len(records))
+                raise
+        self._observe("published", len(records))
 
     async def subscribe(self, sink: RecordSink) -> None:
         if self._task is not None:
@@ -130,6 +141,7 @@ class RedisEntryFeed:
                     # error: retrying would outlive aclose, which waits for this task.
                     return
                 log.warning("semantic feed read failed (%s); retrying in %.1fs", exc, backoff)
+                self._observe("read_failed", 0)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
@@ -151,9 +163,14 @@ class RedisEntryFeed:
                 try:
                     await sink(records)
                     self.delivered += len(records)
+                    self._observe("received", len(records))
                 except Exception:
                     log.exception("semantic feed: adding %d records failed", len(records))
             self.last_id = last_id
+
+
+def _ignore(event: FeedEvent, count: int) -> None:
+    pass
 
 
 def _text(value: bytes | str) -> str:

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter
 from foundation.redis_client import open_redis
 from semcache.semantic.cache import SemanticCache
 from semcache.semantic.encoder import Encoder
-from semcache.semantic.feed import RedisEntryFeed
+from semcache.semantic.feed import FeedEvent, RedisEntryFeed
 from semcache.semantic.index import SemanticIndex
 from semcache.semantic.partition_types import IndexSettings
 from semcache.semantic.records import PartitionKey
@@ -79,6 +79,36 @@ class SemanticService:
             if registry is not None
             else None
         )
+        self.feed_records = (
+            Counter(
+                "semcache_semantic_feed_records",
+                "Semantic entries this gateway published to the shared feed, or received "
+                "from the other gateways through it",
+                ["direction"],
+                registry=registry,
+            )
+            if registry is not None
+            else None
+        )
+        self.feed_errors = (
+            Counter(
+                "semcache_semantic_feed_errors",
+                "Failed feed operations: a publish (its entries stay local; the other "
+                "gateways miss them) or a read (retried from the same stream id)",
+                ["op"],
+                registry=registry,
+            )
+            if registry is not None
+            else None
+        )
+
+    def _observe_feed(self, event: FeedEvent, count: int) -> None:
+        if self.feed_records is None or self.feed_errors is None:
+            return
+        if event == "published" or event == "received":
+            self.feed_records.labels(event).inc(count)
+        else:
+            self.feed_errors.labels("publish" if event == "publish_failed" else "read").inc()
 
     @property
     def snapshot_dir(self) -> Path | None:
@@ -132,6 +162,7 @@ class SemanticService:
                 stream=f"{self.redis_prefix}:semantic:entries",
                 replay=True,  # a new gateway warms its index from what the stream holds
                 start_id=cursor,
+                observer=self._observe_feed,
             )
             self._feed = feed
         cache = SemanticCache(encoder, index, verifier=verifier, feed=feed, store=store)
