@@ -2,7 +2,9 @@
 with a short prompt, whether two answers agree.
 
 Its reply must be one word, ``yes`` or ``no`` (anything else, or a backend failure, is no
-verdict: nothing is learned). It lives in server because it calls a backend; the cache's
+verdict: nothing is learned). The request asks vLLM's structured outputs for exactly one of
+the two words (``structured_outputs.choice``, vLLM 0.32), so even a small model that would
+otherwise ramble gives a verdict. It lives in server because it calls a backend; the cache's
 other judges (``semcache.semantic.judge``) need none.
 """
 
@@ -23,6 +25,8 @@ JUDGE_SYSTEM = (
     "You check whether two answers to the same question agree: same facts, same "
     "conclusion, wording aside. Reply with one word: yes or no."
 )
+VERDICTS = ["yes", "no"]
+"""The judge's only replies: vLLM decodes nothing else (``structured_outputs.choice``)."""
 MAX_ANSWER_CHARS = 4000
 """Each text is cut to this length in the judge's prompt (keeps its calls short)."""
 
@@ -78,6 +82,7 @@ class ModelJudge:
             "messages": judge_messages(cached, fresh, question),
             "max_tokens": self.max_tokens,
             "temperature": 0,
+            "structured_outputs": {"choice": VERDICTS},
         }
         try:
             reply = await self.backend.post("/v1/chat/completions", body, self.ctx)

@@ -181,8 +181,9 @@ def _judged(
             return
         observation = Observation(similarity=score, correct=right, at=semantic.clock())
         await semantic.observe(partition, match.payload_ref, observation)
+        verdict = "judged_right" if right else "judged_wrong"
+        call.metrics.semantic_verified.labels(call.info.id, verdict).inc()
         if not right:
-            call.metrics.semantic_verified.labels(call.info.id, "judged_wrong").inc()
             await remember()
 
     return judged

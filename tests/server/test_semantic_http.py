@@ -15,7 +15,7 @@ import pytest
 
 from backends.config import EmbeddedClassifierBackend, LocalEmbeddingBackend
 from backends.launch.process import VllmProcess
-from harness.gateway import GatewayThread
+from harness.gateway import GatewayProcess, GatewayThread
 from harness.vllm_process import TINY_MODEL_NAME
 from semcache.semantic.items import label_margin
 from server.config import GatewayConfig, ModelEntry, ServerSettings
@@ -416,7 +416,7 @@ def chat_gw(
 
 
 def chat(
-    gw: GatewayThread,
+    gw: GatewayThread | GatewayProcess,
     model: str,
     user: str,
     *,

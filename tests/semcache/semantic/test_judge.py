@@ -84,6 +84,7 @@ async def test_the_model_judge_asks_the_backend_a_short_question() -> None:
     (body,) = backend.bodies
     assert body["model"] == "judge-served"
     assert body["max_tokens"] == 3 and body["temperature"] == 0
+    assert body["structured_outputs"] == {"choice": ["yes", "no"]}  # vLLM decodes only these
     system, user = body["messages"]
     assert "yes or no" in system["content"]
     for text in ("What is the capital of France?", "Paris.", "Lyon."):
