@@ -29,9 +29,10 @@ format: install
 	$(BIN)/ruff format .
 
 ## Everything: lint, types and the whole suite (real vLLM, real Redis). CI runs this.
+## Failures are summed up last, one wide line each (the end of the log is what CI shows).
 test: lint
 	@bash scripts/test-services.sh
-	$(BIN)/pytest $(XDIST) -rs --durations=20 $(PYTEST_ARGS)
+	COLUMNS=$${COLUMNS:-400} $(BIN)/pytest $(XDIST) -rfEs --durations=20 $(PYTEST_ARGS)
 
 ## The fast set only (no vLLM, no Redis server).
 test-fast: install

@@ -26,6 +26,9 @@ CHAT = "/v1/chat/completions"
 WORKERS_AI = "/client/v4/accounts/acc/ai/run/@cf/test/tiny"
 TOKENS = {"a": "tok-a", "b": "tok-b", "c": "tok-c", "ops": "tok-ops"}
 NO_END = {"1": -100, "4": -100}
+HOG_TOKENS = 2000
+"""The slot-holding answer: as long as the tiny model's 2048-token context allows, so that on
+a starved machine it still runs while the other tenants' requests come and go."""
 """logit_bias that keeps the tiny Llama from ending (its end_of_text and eot_id): the
 answer is exactly ``max_tokens`` long."""
 
@@ -119,11 +122,11 @@ def test_a_flood_past_its_queue_share_gets_429s_while_another_tenant_is_served(
     gateway = GatewayProcess(config).start()
     try:
         with httpx.Client(base_url=gateway.url, timeout=180) as http:
-            # tenant a takes the only slot with a long answer (1500 tokens, no end token)
+            # tenant a takes the only slot with a long answer (HOG_TOKENS, no end token)
             hog = pool.submit(
                 http.post,
                 CHAT,
-                content=chat_body("hold the slot", 1500, logit_bias=NO_END),
+                content=chat_body("hold the slot", HOG_TOKENS, logit_bias=NO_END),
                 headers=bearer("a"),
             )
             until(lambda: vllm_running(http, tiny_vllm.url) >= 1, "the long answer runs")
@@ -171,7 +174,9 @@ def test_a_flood_past_its_queue_share_gets_429s_while_another_tenant_is_served(
             assert {r.request.url.path.startswith("/client/v4") for r in refused} == {True, False}
             assert [f.result(timeout=180).status_code for f in trickle] == [200, 200]
             long = hog.result(timeout=180)
-            assert long.status_code == 200 and long.json()["usage"]["completion_tokens"] == 1500
+            assert (
+                long.status_code == 200 and long.json()["usage"]["completion_tokens"] == HOG_TOKENS
+            )
     finally:
         gateway.stop()
 

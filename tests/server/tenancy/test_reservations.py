@@ -35,6 +35,9 @@ def limiter(
         spent=ledger.spent,
         clock=lambda: START,
         redis_prefix=prefix,
+        # A burst of 50 opens its connections at once on a loaded machine: the default
+        # quarter-second connect timeout would read as an outage, and an outage fails open.
+        timeout_s=5.0,
     )
 
 
@@ -104,6 +107,7 @@ async def test_two_gateways_on_one_redis_share_one_charge(
     one, two = limiter(ledger, uri, redis_prefix), limiter(ledger, uri, redis_prefix)
     key = f"{redis_prefix}:budget:acme:2026-12-01"
     admitted = await burst([one, two], 50, 100)
+    assert one.rates.breaker.failures == two.rates.breaker.failures == 0  # never failed open
     assert len(admitted) == 10  # one Lua script checks and reserves: no overspend
     assert await one.reservations.read(key) == 1000  # type: ignore[attr-defined]
     for admission, lim in zip(admitted, [one, two] * 5, strict=True):
