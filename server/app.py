@@ -33,6 +33,7 @@ from server.dashboard.series import CounterSeries
 from server.draining import Drain, drain_middleware
 from server.encoders import load_encoder
 from server.errors import handle_exception
+from server.membership.factory import build_membership
 from server.metrics import GatewayMetrics
 from server.openai.batches import api_router as batches_routes
 from server.openai.batches.protocol import PAYLOAD_KEY
@@ -46,7 +47,6 @@ from server.openai.files.serving import FilesServing
 from server.openai.models import api_router as models
 from server.openai.pooling import api_router as pooling
 from server.openai.responses import api_router as responses
-from server.openai.responses.owners import ResponseOwners
 from server.openai.serving import OpenAIServing
 from server.openai.stores import build_stores
 from server.routes import admin, api_keys, cached_answer, health, pools, usage
@@ -141,9 +141,16 @@ def create_app(
     stores = build_stores(config.batch, openai_dir)  # Redis when the batch queue is shared
     batches = BatchesServing(stores.batches, stores.files, registry, config.batch)
     openai_items = OpenAIItemRunner(serving, batches.stop_reason)
-    serving.responses.owners = ResponseOwners(openai_dir / "responses")
+    serving.responses.owners = stores.responses
     key_view = build_key_view(
         config.keys,
+        data_dir=config.data_path(),
+        redis_url=tiers.redis.url,
+        redis_prefix=tiers.redis.prefix,
+    )
+    membership = build_membership(
+        config.pools,
+        registry,
         data_dir=config.data_path(),
         redis_url=tiers.redis.url,
         redis_prefix=tiers.redis.prefix,
@@ -201,6 +208,8 @@ def create_app(
         await ledger.start()
         if key_view is not None:
             await key_view.start()
+        if membership is not None:  # the pools as run-time changes left them
+            await membership.start()
         await registry.check_revisions()  # models versioned by what their servers report
         for backend in registry.embedding.values():
             await backend.start()
@@ -245,6 +254,8 @@ def create_app(
             if serving.cache is not None:
                 await serving.cache.aclose()
                 serving.cache = None
+            if membership is not None:  # before the pools close: no change lands after
+                await membership.aclose()
             await registry.aclose()
             await ledger.aclose()  # after the batch workers: every usage is written
             await stores.aclose()
@@ -292,6 +303,7 @@ def create_app(
                 "dashboard": dashboard,
                 "tracing": tracing,
                 "api_keys": key_admin,
+                "membership": membership,
             }
         ),
         middleware=[drain_middleware(drain), tenancy_middleware(tenancy)],

@@ -15,6 +15,7 @@ from semcache.ledger.settings import LedgerSettings
 from server.apikeys.settings import KeySettings
 from server.auth import AuthSettings
 from server.batch.settings import BatchSettings
+from server.membership.settings import MembershipSettings
 from server.tenancy.limits.settings import LimitSettings
 from server.tenancy.queueing import QueueSettings
 from server.tenancy.request_log import RequestLogSettings
@@ -75,6 +76,8 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """OpenTelemetry traces of every request (server/tracing.py); off by default."""
     keys: KeySettings = msgspec.field(default_factory=KeySettings)
     """API keys made through the admin API: their store and hash (server/apikeys/)."""
+    pools: MembershipSettings = msgspec.field(default_factory=MembershipSettings)
+    """Where servers added and drained at run time are kept (server/membership/)."""
 
     def data_path(self) -> Path:
         """The data directory (prepared models, disk cache), created on demand."""

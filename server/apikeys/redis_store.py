@@ -8,15 +8,14 @@ again when it is back (and every ``resync_s`` anyway, in the view).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
-from foundation.redis_client import RedisClient, open_redis, ready_for_pubsub
+from foundation.redis_client import RedisClient, open_redis
+from foundation.redis_pubsub import follow_channel
 from server.apikeys.records import ApiKey, AuditEntry
 from server.apikeys.store import Changed
 
@@ -57,34 +56,20 @@ class RedisKeyStore:
         await self.redis.publish(self.channel, key.id)
 
     async def watch(self, changed: Changed) -> None:
-        delay = 0.1
-        while True:
-            client = open_redis(
-                self.url, socket_connect_timeout=self.timeout_s, socket_timeout=None
-            )
-            try:
-                await ready_for_pubsub(client)
-                async with client.pubsub() as ps:
-                    await ps.subscribe(self.channel)
-                    await changed(None)  # whatever changed while we were not subscribed
-                    delay = 0.1
-                    while True:
-                        msg = await ps.get_message(ignore_subscribe_messages=True, timeout=5.0)
-                        if msg is None:
-                            await ps.ping()
-                            continue
-                        data: Any = msg.get("data")
-                        if isinstance(data, bytes):
-                            await changed(data.decode())
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("API key pub/sub lost (%s); retrying in %.1fs", exc, delay)
-            finally:
-                with contextlib.suppress(Exception):
-                    await client.aclose()
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+        async def message(data: bytes) -> None:
+            await changed(data.decode())
+
+        async def subscribed() -> None:
+            await changed(None)  # whatever changed while we were not subscribed
+
+        await follow_channel(
+            self.url,
+            self.channel,
+            message,
+            on_subscribed=subscribed,
+            log=log,
+            timeout_s=self.timeout_s,
+        )
 
     async def touch(self, used: Mapping[str, float]) -> None:
         if used:

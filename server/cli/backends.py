@@ -78,6 +78,10 @@ async def _scale_up(args: argparse.Namespace, config: GatewayConfig) -> int:
             except httpx.HTTPError as exc:
                 r = None
                 problem = str(exc)
+            if r is not None and r.status_code == 409 and "already serves" in r.text:
+                # gateways sharing a pool store: an earlier gateway's add reached it first
+                say(f"{gateway}: {backend.name}/{role} has {server.url} already")
+                continue
             if r is None or r.status_code != 200:
                 problem = f"{r.status_code}: {r.text}" if r is not None else problem
                 print(f"semcache: {gateway} refused {server.url}: {problem}", file=sys.stderr)

@@ -1,5 +1,5 @@
-"""The stores of the Files and Batch APIs the config asks for: on local disk, or in the batch
-queue's Redis when several gateways share it."""
+"""The stores of the Files and Batch APIs and the owners of stored responses, as the config
+asks: on local disk, or in the batch queue's Redis when several gateways share it."""
 
 from __future__ import annotations
 
@@ -13,12 +13,15 @@ from server.openai.batches.redis_store import RedisBatchStore
 from server.openai.batches.store import BatchStore, DiskBatchStore
 from server.openai.files.redis_store import RedisFileStore
 from server.openai.files.store import DiskFileStore, FileStore
+from server.openai.responses.owners import DiskResponseOwners, ResponseOwners
+from server.openai.responses.redis_owners import RedisResponseOwners
 
 
 @dataclass
 class OpenAIStores:
     files: FileStore
     batches: BatchStore
+    responses: ResponseOwners
     redis: RedisClient | None = None
     """The client of the Redis stores (closed by :meth:`aclose`)."""
     ack: ReplicaAck | None = None
@@ -48,10 +51,12 @@ def build_stores(settings: BatchSettings, openai_dir: Path) -> OpenAIStores:
         return OpenAIStores(
             RedisFileStore(client, prefix=prefix, retention_s=retention_s, ack=ack),
             RedisBatchStore(client, prefix=prefix, retention_s=retention_s, ack=ack),
+            RedisResponseOwners(client, prefix=prefix, retention_s=retention_s),
             client,
             ack,
         )
     return OpenAIStores(
         DiskFileStore(openai_dir / "files", retention_s=retention_s),
         DiskBatchStore(openai_dir / "batches", retention_s=retention_s),
+        DiskResponseOwners(openai_dir / "responses"),
     )

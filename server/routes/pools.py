@@ -2,8 +2,9 @@
 
 A server added joins its pool after one health check (``backends.vllm.VllmClient.add_server``);
 a server drained takes nothing new and leaves once its in-flight requests have finished
-(``backends.pool.Pool.drain``). Neither is written to the config: a restarted gateway serves
-the servers its config names.
+(``backends.pool.Pool.drain``). Neither is written to the config: each is kept in the pool
+membership store (``[pools]``, server/membership/), which a restarted gateway and, on a
+shared Redis, every other gateway applies.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from backends.servers import ServerState
 from backends.vllm import VllmClient
 from server.apidoc.operation import Answer, Field, RouteDoc, documented
 from server.errors import ApiError
+from server.membership.records import MemberState
+from server.membership.sync import PoolMembership
 from server.openai.routing import parse_body
 from server.routes.admin import ADMIN_ERRORS, require_admin
 
@@ -102,6 +105,38 @@ def _client(request: Request[Any, Any, Any], backend: str, role: str) -> tuple[V
     return client, pool
 
 
+async def _keep(
+    request: Request[Any, Any, Any],
+    pool: Pool,
+    server: ServerState,
+    state: MemberState,
+    max_inflight: int | None = None,
+) -> None:
+    """Write the change this gateway just applied to the membership store. One the store
+    cannot take is a 503: an added server leaves again (nothing changed: retry the call), a
+    drained one drains on this gateway only (drain it again once the store is back)."""
+    membership: PoolMembership | None = request.app.state.membership
+    if membership is None:
+        return
+    try:
+        await membership.record(pool.backend, pool.role, server.url, state, max_inflight)
+    except Exception as exc:
+        if state == "added":
+            pool.drain(server)
+        raise ApiError(
+            503,
+            f"The pool membership store did not take the change ({type(exc).__name__}): "
+            + (
+                f"{server.url} was not added; retry once the store is back."
+                if state == "added"
+                else f"{server.url} drains on this gateway only; drain it again once the "
+                "store is back."
+            ),
+            code="membership_not_saved",
+            type="server_error",
+        ) from None
+
+
 def _json(value: msgspec.Struct) -> Response[bytes]:
     return Response(msgspec.json.encode(value), media_type="application/json")
 
@@ -143,11 +178,12 @@ async def list_pools(request: Request[Any, Any, Any]) -> Response[bytes]:
             tag="Admin",
             description="A running vLLM server joins the pool (`both`, `prefill` or `decode`) "
             "of a backend at once; it is health-checked first and joins ejected if the check "
-            "fails (the next passing check admits it). Not written to the config. "
+            "fails (the next passing check admits it). Not written to the config: kept in "
+            "the pool membership store, so a restart and every gateway sharing it keep it. "
             "Needs the admin role.",
             body=AddServer,
             answers=(Answer(200, ServerView, "The server is in the pool."),),
-            errors=(*ADMIN_ERRORS, 404, 409),
+            errors=(*ADMIN_ERRORS, 404, 409, 503),
         )
     ),
 )
@@ -168,6 +204,7 @@ async def add_server(
         server = await client.add_server(pool.role, req.url, req.max_inflight)
     except ValueError as exc:
         raise ApiError(409, str(exc), code="server_conflict") from None
+    await _keep(request, pool, server, "added", req.max_inflight)
     return _json(_view(server, "serving" if server.healthy else "ejected"))
 
 
@@ -182,7 +219,8 @@ async def add_server(
             description="The server takes no new request; those it runs finish there, then it "
             "leaves. With `wait` (the default) the answer comes once it has left or after "
             "`timeout_s`; asked again while it drains, it waits again. The last server of the "
-            "answering pool cannot leave (409). "
+            "answering pool cannot leave (409). Kept in the pool membership store like an "
+            "added server. "
             "Needs the admin role.",
             query=(
                 Field("url", {"type": "string"}, "The server's URL.", required=True),
@@ -194,7 +232,7 @@ async def add_server(
                 ),
             ),
             answers=(Answer(200, Drained, "The server drains (or has left)."),),
-            errors=(*ADMIN_ERRORS, 404, 409),
+            errors=(*ADMIN_ERRORS, 404, 409, 503),
         )
     ),
 )
@@ -210,6 +248,7 @@ async def drain_server(
         raise ApiError(404, str(exc), code="server_not_found") from None
     except ValueError as exc:
         raise ApiError(409, str(exc), code="last_server") from None
+    await _keep(request, pool, server, "drained")
     drained = not server.inflight
     if query.wait:
         drained = await pool.wait_drained(server, query.timeout_s)

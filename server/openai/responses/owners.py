@@ -1,8 +1,10 @@
 """Which tenant made each stored response, so a tenant fetches and continues only its own.
 
 A backend (vLLM) keeps stored responses under ids anyone could send; the gateway records the
-tenant of every stored response it relayed, as an empty file in the tenant's folder (the
-same layout as the files and batch records), and answers another tenant's id with a 404.
+tenant of every stored response it relayed and answers another tenant's id with a 404. The
+record lives where the Files API's files do: an empty file in the tenant's folder on local
+disk, or a key in the shared Redis (``redis_owners.py``), so that every gateway on it answers
+a tenant's own ids, and a restarted or lost gateway takes none with it.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import re
 from pathlib import Path
+from typing import Protocol
 
 from server.openai.records import read_or_none, tenant_dir, valid_id, write_atomic
 
@@ -22,7 +25,13 @@ def response_id_in(data: bytes) -> str | None:
     return found.group(1).decode() if found is not None else None
 
 
-class ResponseOwners:
+class ResponseOwners(Protocol):
+    async def remember(self, tenant: str, response_id: str) -> None: ...
+
+    async def owns(self, tenant: str, response_id: str) -> bool: ...
+
+
+class DiskResponseOwners:
     def __init__(self, root: Path) -> None:
         self.root = root
 

@@ -1,4 +1,5 @@
-"""The stores of the Files and Batch APIs, on local disk and on a real redis-server."""
+"""The stores of the Files and Batch APIs and the owners of stored responses, on local disk
+and on a real redis-server."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from server.openai.batches.redis_store import RedisBatchStore
 from server.openai.batches.store import BatchStore, DiskBatchStore
 from server.openai.files.redis_store import RedisFileStore
 from server.openai.files.store import DiskFileStore, FileStore
+from server.openai.responses.owners import DiskResponseOwners, ResponseOwners
+from server.openai.responses.redis_owners import RedisResponseOwners
 
 
 class Clock:
@@ -31,6 +34,7 @@ class Clock:
 class Stores:
     files: FileStore
     batches: BatchStore
+    responses: ResponseOwners
     clock: Clock
     redis: RedisClient | None
     prefix: str
@@ -65,6 +69,7 @@ async def make_stores(
             return Stores(
                 DiskFileStore(tmp_path / "files", retention_s=retention_s, clock=clock),
                 DiskBatchStore(tmp_path / "batches", retention_s=retention_s, clock=clock),
+                DiskResponseOwners(tmp_path / "responses"),
                 clock,
                 None,
                 prefix,
@@ -77,6 +82,7 @@ async def make_stores(
         return Stores(
             RedisFileStore(client, prefix=prefix, retention_s=retention_s, clock=clock),
             RedisBatchStore(client, prefix=prefix, retention_s=retention_s, clock=clock),
+            RedisResponseOwners(client, prefix=prefix, retention_s=retention_s),
             clock,
             client,
             prefix,
