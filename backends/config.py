@@ -39,6 +39,10 @@ class VllmLaunch(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Give the server's single-rank torch.distributed gloo groups one device (one idle
     ``gloo_tcp_loop`` thread instead of one per group, each waking every 10 ms). See
     ``backends/launch/gloo_device.py``."""
+    amx: bool = False
+    """On a CPU with AMX: let vLLM pick its AMX kernels (and ask Linux for the tile registers
+    they need). Off, vLLM runs the AVX-512 kernels: its AMX attention gave wrong answers on a
+    prefill/decode pair where this was checked. See ``backends/launch/amx.py``."""
 
 
 class VllmServer(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from backends.config import VllmLaunch, VllmServer
-from backends.launch import cpu_pinning, gloo_device, nixl_progress
+from backends.launch import amx, cpu_pinning, gloo_device, nixl_progress
 from foundation.package_files import package_file
 
 Device = Literal["cpu", "cuda"]
@@ -128,7 +128,10 @@ def build_command(
         env[gloo_device.ENV] = "1"
     if server.role != "both" and device == "cpu" and launch.cpu_cores is not None:
         env[cpu_pinning.ENV] = "1"
-    if any(name in env for name in (nixl_progress.DELAY_ENV, gloo_device.ENV, cpu_pinning.ENV)):
+    if device == "cpu":
+        env[amx.ENV] = "on" if launch.amx else "off"
+    shims = (nixl_progress.DELAY_ENV, gloo_device.ENV, cpu_pinning.ENV, amx.ENV)
+    if any(name in env for name in shims):
         shim = str(package_file("backends.launch", "shim"))
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [shim, os.environ.get("PYTHONPATH")]))
     cmd += launch.extra_args

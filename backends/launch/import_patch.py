@@ -1,7 +1,7 @@
 """Patching a module as it is imported: how each launch shim
 (``backends.launch.nixl_progress``, ``backends.launch.gloo_device``,
-``backends.launch.cpu_pinning``) reaches a library inside a launched vLLM server, whichever of
-them imports it first."""
+``backends.launch.cpu_pinning``, ``backends.launch.amx``) reaches a library inside a launched
+vLLM server, whichever of them imports it first."""
 
 from __future__ import annotations
 
