@@ -13,6 +13,9 @@ gw1      10.77.0.11    ``semcache serve --no-launch`` on :8080
 gw2      10.77.0.12    the same, same config but for its address and data directory
 redis    10.77.0.20    redis-server on :6379 (no persistence): the L3 tier, purge epochs,
                        the batch queue
+c1-c3    10.77.0.21-23 with ``cache_cluster`` (``--cache-cluster``), instead of ``redis``:
+                       Redis Cluster nodes on :6379, :6380 and :6381 each; three primaries
+                       with two replicas each, every copy of a slot on another host
 p1       10.77.0.31    vLLM prefill (NixlConnector producer) on :8000, pinned to core 0
 d1       10.77.0.32    vLLM decode (NixlConnector consumer) on :8000, pinned to core 1
 =======  ============  ==================================================================
@@ -30,6 +33,7 @@ deletes the namespaces. It needs root, ``ip`` with netns support, ``haproxy`` an
 ``redis-server`` (``missing_requirements`` says which are absent).
 
     python -m harness.cluster up|down|status [--run-dir DIR] [--kv-transport tcp|shm]
+        [--cache-cluster]
 """
 
 from __future__ import annotations
@@ -70,7 +74,27 @@ PREFIX = "sc-"
 SWITCH = f"{PREFIX}switch"
 BRIDGE = "br0"
 CLIENT_LINK = f"{PREFIX}client"
-ADDRESSES = {"lb": 10, "gw1": 11, "gw2": 12, "redis": 20, "p1": 31, "d1": 32}
+ADDRESSES = {
+    "lb": 10,
+    "gw1": 11,
+    "gw2": 12,
+    "redis": 20,
+    "c1": 21,
+    "c2": 22,
+    "c3": 23,
+    "p1": 31,
+    "d1": 32,
+}
+CACHE_HOSTS = ("c1", "c2", "c3")
+"""With ``cache_cluster``: the hosts of the replicated shared tier, a Redis Cluster of three
+primaries with two replicas each, every copy of a slot on another host. Two, not one: a
+shard whose primary is lost still has a replica behind the promoted one, so writes that wait
+for a replica (``replicas = 1``) are acknowledged again once the failover is over, instead of
+being refused until the lost node is back."""
+CACHE_PORTS = (6379, 6380, 6381)
+CACHE_REPLICAS = 2
+CACHE_NODE_TIMEOUT_MS = 2000
+"""How long a primary may stay silent before its replica is promoted (``cluster-node-timeout``)."""
 GATEWAYS = ("gw1", "gw2")
 GATEWAY_PORT = 8080
 LB_PORT = 8080
@@ -109,6 +133,16 @@ def address(host: str) -> str:
 
 def namespace(host: str) -> str:
     return f"{PREFIX}{host}"
+
+
+def host_of(ip: str) -> str:
+    """The host at address ``ip``."""
+    return next(h for h in ADDRESSES if address(h) == ip)
+
+
+def cache_node(host: str, port: int) -> str:
+    """The service name of the cache node on ``host``:``port``."""
+    return f"{host}-{port}"
 
 
 def missing_requirements() -> list[str]:
@@ -197,12 +231,18 @@ class Cluster:
         kv_transport: KvTransport = "tcp",
         gateway_cores: Mapping[str, str] | None = None,
         ready_timeout_s: float = 300.0,
+        cache_cluster: bool = False,
     ) -> None:
+        """``cache_cluster``: the shared tier is a Redis Cluster on hosts c1-c3 (three
+        primaries, two replicas each, no two copies of a slot on one host) instead of one
+        redis-server on ``redis``, and the gateways wait for a replica before acknowledging
+        a batch submit, a file upload or a ledger flush."""
         self.data_dir = (data_dir or test_data_dir()).resolve()
         self.run_dir = (run_dir or self.data_dir / "cluster").resolve()
         self.kv_transport: KvTransport = kv_transport
         self.gateway_cores = dict(gateway_cores or {})
         self.ready_timeout_s = ready_timeout_s
+        self.cache_cluster = cache_cluster
         self.model = self.data_dir / "models" / TINY_MODEL_NAME
 
     # -- addresses --------------------------------------------------------------------
@@ -219,7 +259,15 @@ class Cluster:
 
     @property
     def redis_url(self) -> str:
+        if self.cache_cluster:
+            nodes = ",".join(f"{address(h)}:{CACHE_PORTS[0]}" for h in CACHE_HOSTS)
+            return f"redis+cluster://{nodes}"
         return f"redis://{address('redis')}:{REDIS_PORT}/0"
+
+    @property
+    def cache_hosts(self) -> tuple[str, ...]:
+        """The hosts of the shared tier."""
+        return CACHE_HOSTS if self.cache_cluster else ("redis",)
 
     def log_path(self, name: str) -> Path:
         return self.run_dir / "logs" / f"{name}.log"
@@ -227,8 +275,13 @@ class Cluster:
     # -- what runs where ----------------------------------------------------------------
 
     def services(self) -> dict[str, Service]:
+        cache = (
+            {cache_node(h, p): self._cache_node(h, p) for h in CACHE_HOSTS for p in CACHE_PORTS}
+            if self.cache_cluster
+            else {"redis": self._redis()}
+        )
         return {
-            "redis": self._redis(),
+            **cache,
             "p1": self._vllm("p1", "prefill", "0"),
             "d1": self._vllm("d1", "decode", "1"),
             **{gw: self._gateway(gw) for gw in GATEWAYS},
@@ -241,6 +294,87 @@ class Cluster:
         command += ["--protected-mode", "no", "--save", "", "--appendonly", "no"]
         command += ["--dir", str(self.run_dir), "--loglevel", "warning"]
         return Service("redis", command, {}, None, REDIS_PORT)
+
+    def _cache_node(self, host: str, port: int) -> Service:
+        binary = shutil.which("redis-server") or shutil.which("valkey-server") or "redis-server"
+        directory = self.run_dir / "cache" / cache_node(host, port)
+        directory.mkdir(parents=True, exist_ok=True)
+        command = [binary, "--bind", address(host), "--port", str(port)]
+        command += ["--protected-mode", "no", "--save", "", "--appendonly", "no"]
+        command += ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"]
+        command += ["--cluster-node-timeout", str(CACHE_NODE_TIMEOUT_MS)]
+        command += ["--dir", str(directory), "--loglevel", "warning"]
+        return Service(host, command, {}, None, port)
+
+    def _cache_cli(self, host: str, port: int, *args: str) -> str:
+        cli = shutil.which("redis-cli") or shutil.which("valkey-cli") or "redis-cli"
+        done = subprocess.run(
+            [cli, "-h", address(host), "-p", str(port), *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        return done.stdout.strip()
+
+    def cache_ok(self) -> bool:
+        """Every live cache node says ``cluster_state:ok`` with all 16384 slots served."""
+        live = [(h, p) for h in CACHE_HOSTS for p in CACHE_PORTS if self.running(cache_node(h, p))]
+        for host, port in live:
+            info = self._cache_cli(host, port, "cluster", "info")
+            if "cluster_state:ok" not in info or "cluster_slots_ok:16384" not in info:
+                return False
+        return bool(live)
+
+    def create_cache_cluster(self, timeout_s: float = 60.0) -> None:
+        """Join the nine nodes into one cluster (once: a kept cluster is left as it is), with
+        ``redis-cli --cluster create``, which puts no replica on its primary's host."""
+        if not self.cache_ok():
+            cli = shutil.which("redis-cli") or shutil.which("valkey-cli") or "redis-cli"
+            create = [cli, "--cluster", "create"]
+            create += [f"{address(h)}:{p}" for p in CACHE_PORTS for h in CACHE_HOSTS]
+            create += ["--cluster-replicas", str(CACHE_REPLICAS), "--cluster-yes"]
+            done = subprocess.run(create, capture_output=True, text=True, timeout=timeout_s)
+            if done.returncode != 0:
+                raise ClusterError(f"cluster create failed: {done.stdout}{done.stderr}")
+        self.wait_cache_ok(timeout_s)
+
+    def wait_cache_ok(self, timeout_s: float = 60.0) -> float:
+        """Seconds until the shared tier serves every slot again (after a failover, say)."""
+        began = time.monotonic()
+        while not self.cache_ok():
+            if time.monotonic() - began > timeout_s:
+                raise ClusterError(f"the cache cluster is not ok after {timeout_s} s")
+            time.sleep(0.1)
+        return time.monotonic() - began
+
+    def wait_failover(self, key: str, lost: str, timeout_s: float = 60.0) -> float:
+        """Seconds until a node other than ``lost`` serves ``key``'s slot as primary and
+        every slot is served: the failover after ``lost`` died."""
+        began = time.monotonic()
+        while self.cache_primary(key) in ("", lost) or not self.cache_ok():
+            if time.monotonic() - began > timeout_s:
+                raise ClusterError(f"no replica took over from {lost} in {timeout_s} s")
+            time.sleep(0.1)
+        return time.monotonic() - began
+
+    def cache_primary(self, key: str) -> str:
+        """The cache node (service name) that serves ``key``'s slot as primary now."""
+        slot = self._cache_cli(CACHE_HOSTS[0], CACHE_PORTS[0], "cluster", "keyslot", key)
+        for h in CACHE_HOSTS:
+            for p in CACHE_PORTS:
+                if not self.running(cache_node(h, p)):
+                    continue
+                for line in self._cache_cli(h, p, "cluster", "nodes").splitlines():
+                    fields = line.split()
+                    if "master" not in fields[2] or "fail" in fields[2]:
+                        continue
+                    for part in fields[8:]:
+                        low, _, high = part.partition("-")
+                        if low.isdigit() and int(low) <= int(slot) <= int(high or low):
+                            node_host, node_port = fields[1].split("@")[0].rsplit(":", 1)
+                            return cache_node(host_of(node_host), int(node_port))
+                return ""  # one live node's view is enough
+        return ""
 
     def kv_env(self, host: str) -> dict[str, str]:
         """What points NIXL's side channel at the host's address and UCX at its transport."""
@@ -295,6 +429,7 @@ class Cluster:
                 'kind = "redis"',
                 f"redis_url = {q(self.redis_url)}",
                 "lease_s = 10.0",
+                *(("replicas = 1", "[ledger]", "replicas = 1") if self.cache_cluster else ()),
                 "[[models]]",
                 f"id = {q(MODEL_ID)}",
                 'backend = "tiny"',
@@ -493,6 +628,20 @@ class Cluster:
         """Put the host back on the network."""
         _ip("-n", namespace(host), "link", "set", "eth0", "up")
 
+    def partition(self, host: str, peer: str) -> None:
+        """Cut ``host`` off from ``peer`` alone, both ways: packets between them are dropped
+        without a word (a route into each one's loopback, where a foreign address is not
+        delivered), so connections time out as across a real partition, and every other
+        host stays reachable. (``tc netem`` would be the tool for a lossy link; this kernel
+        has no netem.)"""
+        for a, b in ((host, peer), (peer, host)):
+            _ip("-n", namespace(a), "route", "replace", f"{address(b)}/32", "dev", "lo")
+
+    def heal(self, host: str, peer: str) -> None:
+        """Undo :meth:`partition`."""
+        for a, b in ((host, peer), (peer, host)):
+            _ip("-n", namespace(a), "route", "del", f"{address(b)}/32", check=False)
+
     def kill(self, name: str) -> None:
         """``kill -9`` of the whole process group: no shutdown, connections just die."""
         self.stop(name, signal.SIGKILL, grace_s=5.0)
@@ -532,7 +681,14 @@ class Cluster:
         for host in ADDRESSES:
             self.plug(host)
         order = list(names or self.services())
+        cache = [n for n in order if self.services()[n].host in CACHE_HOSTS]
         try:
+            for name in cache:  # the shared tier first: gateways read it as they start
+                self.start(name, wait=False)
+            for name in cache:
+                self.wait_ready(name)
+            if cache:
+                self.create_cache_cluster()
             for name in order:
                 self.start(name, wait=False)
             for name in order:
@@ -582,6 +738,10 @@ class Cluster:
         gateways' data directories."""
         for name in ("lb", *GATEWAYS, "p1", "d1", "redis"):
             self.stop(name)
+        for host in CACHE_HOSTS:
+            for port in CACHE_PORTS:
+                self.stop(cache_node(host, port))
+        shutil.rmtree(self.run_dir / "cache", ignore_errors=True)  # nodes.conf: a new cluster
         remove_network()
         for gw in GATEWAYS:  # their local tiers: a cache of Redis's, rebuilt on the next start
             shutil.rmtree(self.run_dir / gw, ignore_errors=True)
@@ -589,18 +749,30 @@ class Cluster:
     def status(self) -> dict[str, bool]:
         return {name: self.running(name) for name in self.services()}
 
+    def where(self, name: str) -> str:
+        """The address ``name`` listens on."""
+        service = self.services()[name]
+        return f"{address(service.host)}:{service.port}"
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.cluster", description="the cluster")
     ap.add_argument("action", choices=["up", "down", "status", "requirements"])
     ap.add_argument("--run-dir", type=Path, default=None, help="default: .data/test/cluster")
     ap.add_argument("--kv-transport", choices=["tcp", "shm"], default="tcp")
+    ap.add_argument(
+        "--cache-cluster",
+        action="store_true",
+        help="the shared tier as a Redis Cluster on hosts c1-c3 (3 primaries, 2 replicas each)",
+    )
     args = ap.parse_args(argv)
     if args.action == "requirements":
         missing = missing_requirements()
         print("missing: " + ", ".join(missing) if missing else "everything is here")
         return 1 if missing else 0
-    cluster = Cluster(args.run_dir, kv_transport=args.kv_transport)
+    cluster = Cluster(
+        args.run_dir, kv_transport=args.kv_transport, cache_cluster=args.cache_cluster
+    )
     if args.action == "down":
         cluster.down()
         print("cluster down")
@@ -613,7 +785,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         print(f"cluster up: LB {cluster.lb_url}, token {TOKEN}, logs {cluster.run_dir / 'logs'}")
     for name, running in cluster.status().items():
-        print(f"{name:6} {address(name):12} {'up' if running else 'down'}")
+        print(f"{name:8} {cluster.where(name):18} {'up' if running else 'down'}")
     return 0
 
 

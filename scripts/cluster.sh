@@ -2,7 +2,10 @@
 # A multi-host Semcache on this one machine: hosts as network namespaces on a private bridge
 # (lb, gw1, gw2, redis, p1, d1 on 10.77.0.0/24; see harness/cluster.py and docs/deploy.md).
 #
-#   scripts/cluster.sh up [--kv-transport tcp|shm]   build and start what is missing (idempotent)
+#   scripts/cluster.sh up [--kv-transport tcp|shm] [--cache-cluster]
+#                                                    build and start what is missing (idempotent);
+#                                                    --cache-cluster: the shared tier replicated
+#                                                    (Redis Cluster, 3 hosts x 3 nodes)
 #   scripts/cluster.sh down                          stop everything it started, delete the hosts
 #   scripts/cluster.sh status                        what runs
 #   scripts/cluster.sh requirements                  what this machine lacks
@@ -23,6 +26,6 @@ case "${1:-}" in
         fi
         ;;
     down | status | requirements) ;;
-    *) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
 exec env PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m harness.cluster "$@"

@@ -1,8 +1,9 @@
 """Several hosts, one machine: what must hold when the gateways, Redis, prefill and decode
 run on hosts of their own (``harness/cluster.py``: network namespaces on a bridge).
 
-One cluster for the module (HAProxy, two gateways, Redis, one prefill and one decode vLLM of
-the tiny Llama, the KV crossing the veth over UCX/TCP). The tests run in file order: the
+One cluster for the module (HAProxy, two gateways, the shared tier as a Redis Cluster of
+three primaries with two replicas each on three hosts, one prefill and one decode vLLM of the
+tiny Llama, the KV crossing the veth over UCX/TCP). The tests run in file order: the
 later ones stop hosts, the last ones for good. Without root, ``ip netns``, haproxy or
 redis-server the module is skipped and says which is missing.
 
@@ -34,6 +35,7 @@ from harness.cluster import (
     Cluster,
     missing_requirements,
 )
+from harness.fleet_load import KINDS, FleetLoad
 from harness.metrics import metric_value
 
 MISSING = missing_requirements()
@@ -76,7 +78,7 @@ def cache_status(response: httpx.Response) -> str:
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    c = Cluster()
+    c = Cluster(cache_cluster=True)
     began = time.monotonic()
     c.up()
     print(f"cluster up in {time.monotonic() - began:.0f} s")
@@ -224,15 +226,16 @@ async def test_a_batch_submitted_through_the_lb_to_gw1_is_polled_through_gw2(
 # -- hosts that stop ----------------------------------------------------------------------------
 
 
-async def test_the_redis_host_stops_and_comes_back(
+async def test_the_cache_tier_stops_and_comes_back(
     cluster: Cluster, client: httpx.AsyncClient
 ) -> None:
     gateways = [cluster.gateway_url(gw) for gw in ("gw1", "gw2")]
     known = chat(unique())
     for gw in gateways:  # stored by gw1, then in gw2's local tiers as well
         assert (await ask(client, gw, known)).status_code == 200
-    # The host vanishes (its link goes down): Redis calls time out rather than being refused.
-    await asyncio.to_thread(cluster.unplug, "redis")
+    # Its hosts vanish (their links go down): Redis calls time out rather than being refused.
+    for host in cluster.cache_hosts:
+        await asyncio.to_thread(cluster.unplug, host)
     try:
         for gw in gateways:
             began = time.monotonic()
@@ -243,7 +246,8 @@ async def test_the_redis_host_stops_and_comes_back(
             assert fresh.status_code == 200, fresh.text
             assert time.monotonic() - began < 20
     finally:
-        await asyncio.to_thread(cluster.plug, "redis")
+        for host in cluster.cache_hosts:
+            await asyncio.to_thread(cluster.plug, host)
     # The shared tier resumes: once the gateways have reconnected, gw1's answers hit on gw2.
     deadline = time.monotonic() + 60
     while True:
@@ -331,6 +335,149 @@ async def test_rate_limits_and_the_ledger_count_once_across_both_gateways(
             break
         assert time.monotonic() < deadline, f"usage never settled on both gateways: {totals}"
         await asyncio.sleep(0.5)
+
+
+# -- state that outlives a gateway; a gateway cut off from the cache tier ----------------------
+
+PREFILL_SERVERS = "/admin/backends/tiny/prefill/servers"
+
+
+async def prefill_servers(client: httpx.AsyncClient, base: str) -> list[tuple[str, str]]:
+    r = await client.get(f"{base}/admin/backends", headers=AUTH)
+    assert r.status_code == 200, r.text
+    pools = [p for p in r.json()["data"] if p["role"] == "prefill"]
+    return [(s["url"], s["state"]) for p in pools for s in p["servers"]]
+
+
+async def until(check: Any, timeout_s: float, what: str) -> None:
+    """Poll the coroutine function ``check`` until it returns true."""
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        await asyncio.sleep(0.1)
+
+
+async def test_a_pool_changed_on_gw1_is_changed_on_gw2_and_after_gw2_is_killed(
+    cluster: Cluster, client: httpx.AsyncClient
+) -> None:
+    """The pool membership store is the Redis host: a drain made through gw1 reaches gw2 at
+    once, and a gw2 killed (-9) and started again comes back with the pool as it was."""
+    gw1, gw2, p1 = cluster.gateway_url("gw1"), cluster.gateway_url("gw2"), cluster.vllm_url("p1")
+    drained = await client.delete(f"{gw1}{PREFILL_SERVERS}", params={"url": p1}, headers=AUTH)
+    assert drained.status_code == 200 and drained.json()["drained"], drained.text
+    try:
+        await until(lambda: _empty(client, gw2), 2.0, "the drain reached gw2")
+        await asyncio.to_thread(cluster.kill, "gw2")
+        await asyncio.to_thread(cluster.start, "gw2")
+        assert await prefill_servers(client, gw2) == []
+        r = await ask(client, gw2, chat(unique(50)))  # long: decode computes it alone
+        assert r.status_code == 200, r.text
+    finally:  # p1 joins again, through the gateway that was restarted
+        added = await client.post(f"{gw2}{PREFILL_SERVERS}", json={"url": p1}, headers=AUTH)
+        assert added.status_code == 200, added.text
+    await until(lambda: _serving(client, gw1, p1), 5.0, "p1's return reached gw1 through the store")
+    await asyncio.to_thread(cluster.wait_lb, 2)
+
+
+async def _empty(client: httpx.AsyncClient, base: str) -> bool:
+    return await prefill_servers(client, base) == []
+
+
+async def _serving(client: httpx.AsyncClient, base: str, url: str) -> bool:
+    return await prefill_servers(client, base) == [(url, "serving")]
+
+
+async def test_gw1_cut_off_from_the_cache_tier_answers_everything_in_bounded_time(
+    cluster: Cluster, client: httpx.AsyncClient
+) -> None:
+    """A partition between one gateway and the cache tier (the other gateway still reaches
+    it): gw1 answers hits and misses from its own tiers and vLLM, no 5xx, no hang; once the
+    partition heals its answers reach the shared tier again."""
+    gw1, gw2 = cluster.gateway_url("gw1"), cluster.gateway_url("gw2")
+    known = chat(unique())
+    assert (await ask(client, gw1, known)).status_code == 200  # in gw1's own tiers too
+    for host in cluster.cache_hosts:
+        await asyncio.to_thread(cluster.partition, "gw1", host)
+    slowest = 0.0
+    try:
+        for i in range(6):
+            body = known if i % 2 else chat(unique())
+            began = time.monotonic()
+            r = await ask(client, gw1, body)
+            slowest = max(slowest, time.monotonic() - began)
+            assert r.status_code == 200, r.text
+            if body is known:
+                assert cache_status(r) == "HIT"
+        served = await ask(client, gw2, chat(unique()))  # the other side is unaffected
+        assert served.status_code == 200, served.text
+    finally:
+        for host in cluster.cache_hosts:
+            await asyncio.to_thread(cluster.heal, "gw1", host)
+    print(f"slowest answer of gw1 while cut off from the cache tier: {slowest:.2f} s")
+    assert slowest < 20
+    deadline = time.monotonic() + 60
+    while True:  # the link comes back by itself
+        body = chat(unique())
+        assert (await ask(client, gw1, body)).status_code == 200
+        again = await ask(client, gw2, body)
+        assert again.status_code == 200, again.text
+        if cache_status(again) == "HIT":
+            break
+        assert time.monotonic() < deadline, "gw1 did not reach the shared tier again in 60 s"
+        await asyncio.sleep(0.5)
+
+
+QUEUE_KEY = "{semcache:batch}:items"
+"""The batch queue's stream: the primary that holds it is the one killed."""
+FAILOVER_WINDOW_S = 10.0
+"""After a cache primary is lost, how long requests may still need a retry: the replica is
+promoted after ``cluster-node-timeout`` (2 s) and an election; the gateways' clients learn
+the new slot map on their next redirect or refresh."""
+
+
+async def test_kill_9_of_a_cache_primary_under_mixed_load_loses_nothing(
+    cluster: Cluster, client: httpx.AsyncClient
+) -> None:
+    """Hits, misses, streams, batch submits, uploads and purges through the LB while the
+    primary holding the batch queue is killed (-9): its replica takes over; every request
+    succeeds in the end (a retry where needed, none after the failover window), every batch
+    item has exactly one result, every acknowledged file is there, no hit is wrong."""
+    load = FleetLoad(
+        cluster.lb_url,
+        TOKEN,
+        model=MODEL_ID,
+        workers_ai_model=WORKERS_AI_MODEL,
+        host_header=HOST_HEADER,
+    )
+    await load.prepare(client)
+    victim = cluster.cache_primary(QUEUE_KEY)
+    assert victim, "no primary serves the batch queue's slot"
+    stop = asyncio.Event()
+    running = asyncio.create_task(load.run(stop))
+    try:
+        await asyncio.sleep(3.0)  # steady load first
+        killed_at = time.monotonic()
+        await asyncio.to_thread(cluster.kill, victim)
+        failover_s = await asyncio.to_thread(cluster.wait_failover, QUEUE_KEY, victim)
+        await asyncio.sleep(FAILOVER_WINDOW_S + 5.0)  # and on, past the window
+    finally:
+        stop.set()
+        await running
+        await asyncio.to_thread(cluster.start, victim)  # it rejoins as a replica
+    found = await load.check(client)
+    late = load.retried(after=killed_at + FAILOVER_WINDOW_S)
+    kinds = {k: sum(o.kind == k for o in load.outcomes) for k in KINDS}
+    print(
+        f"{victim} killed; a replica took over after {failover_s:.1f} s; "
+        f"{len(load.outcomes)} requests {kinds}, {len(load.retried())} retried, "
+        f"{len(load.failed())} failed; {found}"
+    )
+    assert not load.failed(), load.failed()
+    assert not late, late
+    assert found.items_lost == 0 and found.files_lost == 0 and found.wrong == 0, found
+    assert found.batches > 0 and found.files > 0
+    assert all(kinds[k] > 0 for k in KINDS), kinds
+    await asyncio.to_thread(cluster.wait_cache_ok, 60.0)
 
 
 KILL_GRACE_S = 0.5
