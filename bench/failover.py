@@ -85,7 +85,7 @@ def inject(cluster: Cluster, fault: str) -> str:
         return "p1"
     for host in cluster.cache_hosts:
         cluster.partition("gw1", host)
-    return "gw1 | " + ",".join(cluster.cache_hosts)
+    return "gw1 from " + ",".join(cluster.cache_hosts)
 
 
 def undo(cluster: Cluster, fault: str, target: str) -> None:
@@ -125,6 +125,12 @@ async def run_fault(cluster: Cluster, fault: str, args: argparse.Namespace) -> R
         await asyncio.to_thread(undo, cluster, fault, target)
         found = await load.check(client)
     disturbed = [o.ended for o in load.outcomes if o.tries > 1 or o.status != 200]
+    for o in load.failed():
+        say(
+            f"{fault}: {o.kind} failed: {o.status} after {o.tries} tries, {o.ended - o.began:.1f} s"
+        )
+    slow = sorted(load.outcomes, key=lambda o: o.ended - o.began)[-3:]
+    say(f"{fault}: slowest " + ", ".join(f"{o.kind} {o.ended - o.began:.1f} s" for o in slow))
     return Row(
         fault,
         target,

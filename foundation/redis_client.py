@@ -18,6 +18,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
 
 RedisClient = Redis | RedisCluster
 """What :func:`open_redis` returns; both speak the same command API."""
@@ -54,6 +56,23 @@ def _credentials(url: str) -> dict[str, Any]:
     if password and user:
         out["username"] = user
     return out
+
+
+CONNECT_TIMEOUT_S = 2.0
+"""How long opening a connection to a Redis node may take before it counts as out of reach:
+a dead host or a partition drops the handshake silently, and without a bound the kernel's
+retries hold a request for about two minutes."""
+
+
+def request_path_options(timeout_s: float) -> dict[str, Any]:
+    """Client options for a store a request waits on: connections and replies bounded, and
+    two retries after a lost connection (a failover) instead of redis-py's ten, so one
+    request is answered (or refused, 503) within seconds, not half a minute."""
+    return {
+        "socket_connect_timeout": CONNECT_TIMEOUT_S,
+        "socket_timeout": timeout_s,
+        "retry": Retry(ExponentialWithJitterBackoff(base=0.1, cap=1.0), 2),
+    }
 
 
 def open_redis(url: str, **options: Any) -> RedisClient:

@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError, ResponseError
 
-from foundation.redis_client import RedisClient, node_client, open_redis
+from foundation.redis_client import CONNECT_TIMEOUT_S, RedisClient, node_client, open_redis
 
 MARKER_TTL_MS = 60_000
 
@@ -55,7 +55,7 @@ class ReplicaAck:
         # Clients of its own: a read timeout shorter than the WAIT would cut it.
         self._options: dict[str, Any] = {
             "socket_timeout": timeout_s + 5.0,
-            "socket_connect_timeout": 5.0,
+            "socket_connect_timeout": CONNECT_TIMEOUT_S,
         }
         self._nodes: dict[str, Redis] = {}
 

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import msgspec
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException
+from redis.exceptions import ClusterDownError, RedisClusterException
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError as RedisOutOfMemoryError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -172,6 +173,15 @@ def disk_full(exc: BaseException) -> bool:
     return False
 
 
+SHARED_STORE_DOWN = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    RedisClusterException,  # no node of the cluster reached, a slot no node serves
+    ClusterDownError,  # a failover in progress
+)
+"""What the shared store raises while it cannot be reached: the request is refused, 503."""
+
+
 def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     """One handler for everything: API errors, Litestar HTTP errors, bugs (500, no trace)."""
     if isinstance(exc, ApiError):
@@ -205,12 +215,13 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
             code="not_replicated",
             retry_after_s=1,
         )
-    elif isinstance(exc, (RedisConnectionError, RedisTimeoutError)):  # the shared store
+    elif isinstance(exc, SHARED_STORE_DOWN):
         log.warning("%s refused: Redis is unreachable (%s)", request.url.path, exc)
         err = ApiError(
             503,
             "The gateway's shared store is unreachable. Retry later.",
             code="store_unavailable",
+            retry_after_s=1,
         )
     else:
         log.exception("unhandled error on %s", request.url.path)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter
 
-from foundation.redis_client import open_redis
+from foundation.redis_client import CONNECT_TIMEOUT_S, open_redis
 from semcache.semantic.cache import SemanticCache
 from semcache.semantic.encoder import Encoder
 from semcache.semantic.feed import FeedEvent, RedisEntryFeed
@@ -154,7 +154,7 @@ class SemanticService:
             self._store = store
         feed = None
         if self.redis_url:
-            client = open_redis(self.redis_url)
+            client = open_redis(self.redis_url, socket_connect_timeout=CONNECT_TIMEOUT_S)
             self._redis = client
             cursor = await asyncio.to_thread(store.cursor) if store is not None else None
             feed = RedisEntryFeed(

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from foundation.redis_client import RedisClient, open_redis
+from foundation.redis_client import RedisClient, open_redis, request_path_options
 from foundation.redis_replication import ReplicaAck, replica_ack
 from server.batch.settings import BatchSettings
 from server.openai.batches.redis_store import RedisBatchStore
@@ -15,6 +15,10 @@ from server.openai.files.redis_store import RedisFileStore
 from server.openai.files.store import DiskFileStore, FileStore
 from server.openai.responses.owners import DiskResponseOwners, ResponseOwners
 from server.openai.responses.redis_owners import RedisResponseOwners
+
+STORE_TIMEOUT_S = 10.0
+"""Longest wait for one reply of the Redis stores (a file of up to ``files.max_bytes`` is one
+command)."""
 
 
 @dataclass
@@ -43,7 +47,8 @@ def build_stores(settings: BatchSettings, openai_dir: Path) -> OpenAIStores:
     retention_s = settings.files.retention_s
     if uses_redis(settings):
         queue = settings.queue
-        client = open_redis(queue.redis_url)
+        # Bounded: a store out of reach is a 503 the client retries, not a hanging request.
+        client = open_redis(queue.redis_url, **request_path_options(STORE_TIMEOUT_S))
         prefix = f"{queue.prefix}:openai"
         ack = replica_ack(
             client, queue.redis_url, replicas=queue.replicas, timeout_s=queue.replica_timeout_s

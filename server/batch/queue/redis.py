@@ -33,7 +33,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 from redis.typing import EncodableT, FieldT
 
-from foundation.redis_client import RedisClient, hash_tag, open_redis
+from foundation.redis_client import RedisClient, hash_tag, open_redis, request_path_options
 from foundation.redis_replication import NotReplicated, ReplicaAck, replica_ack
 from server.batch.queue.base import ItemResult, JobState, QueueDepth, WorkItem
 
@@ -135,8 +135,7 @@ class RedisQueue:
         cls, url: str, *, replicas: int = 0, replica_timeout_s: float = 1.0, **kwargs: Any
     ) -> RedisQueue:
         """A queue on ``url``; a submit returns only once ``replicas`` replicas hold it."""
-        options = {"socket_timeout": cls.max_block_s + 10.0}
-        client = open_redis(url, **options)
+        client = open_redis(url, **request_path_options(cls.max_block_s + 10.0))
         ack = replica_ack(client, url, replicas=replicas, timeout_s=replica_timeout_s)
         queue = cls(client, ack=ack, **kwargs)
         try:
