@@ -14,6 +14,8 @@ acknowledged file read back. The faults, one at a time, each undone before the n
 - ``gateway``: kill -9 of gw1 (HAProxy routes around it; its batch items go back to the
   queue when their lease ends);
 - ``prefill``: kill -9 of the prefill server (decode computes prompts alone);
+- ``decode``: a second decode server (d2) joins through the admin API, then kill -9 of d1
+  (only its requests in flight may fail);
 - ``partition``: gw1 cut off from every cache host (silent drops both ways), then healed.
 
 Per fault it prints: recovery (seconds from the fault to the end of the last request that
@@ -21,7 +23,7 @@ needed a retry or failed), requests, retried, failed in the end, batch items los
 lost, hits answered wrong. The target is 0 lost and 0 wrong everywhere.
 
     .venv/bin/python bench/failover.py [--steady 3] [--after 15] [--workers 3]
-                                       [--faults cache-primary,gateway,prefill,partition]
+                                       [--faults cache-primary,gateway,prefill,decode,partition]
 
 Needs what the cluster needs (root, ``ip netns``, haproxy, redis-server); not while the
 cluster tests run (they use the same hosts).
@@ -35,6 +37,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -53,7 +56,7 @@ from harness.cluster import (
 from harness.fleet_load import Check, FleetLoad
 
 say = stderr_printer("failover")
-FAULTS = ("cache-primary", "gateway", "prefill", "partition")
+FAULTS = ("cache-primary", "gateway", "prefill", "decode", "partition")
 QUEUE_KEY = "{semcache:batch}:items"
 
 
@@ -83,6 +86,9 @@ def inject(cluster: Cluster, fault: str) -> str:
     if fault == "prefill":
         cluster.kill("p1")
         return "p1"
+    if fault == "decode":
+        cluster.kill("d1")
+        return "d1"
     for host in cluster.cache_hosts:
         cluster.partition("gw1", host)
     return "gw1 from " + ",".join(cluster.cache_hosts)
@@ -92,7 +98,7 @@ def undo(cluster: Cluster, fault: str, target: str) -> None:
     if fault == "cache-primary":
         cluster.start(target)  # rejoins as a replica
         cluster.wait_cache_ok()
-    elif fault in ("gateway", "prefill"):
+    elif fault in ("gateway", "prefill", "decode"):
         cluster.start(target)
         cluster.wait_lb(2)
     else:
@@ -110,6 +116,9 @@ async def run_fault(cluster: Cluster, fault: str, args: argparse.Namespace) -> R
         workers=args.workers,
     )
     async with httpx.AsyncClient(timeout=120) as client:
+        if fault == "decode":  # a second decode server, so that losing one is survivable
+            await asyncio.to_thread(cluster.start, "d2")
+            await pool_change(client, cluster, "post", json={"url": cluster.vllm_url("d2")})
         await load.prepare(client)
         stop = asyncio.Event()
         running = asyncio.create_task(load.run(stop))
@@ -124,6 +133,9 @@ async def run_fault(cluster: Cluster, fault: str, args: argparse.Namespace) -> R
             await running
         await asyncio.to_thread(undo, cluster, fault, target)
         found = await load.check(client)
+        if fault == "decode":
+            await pool_change(client, cluster, "delete", params={"url": cluster.vllm_url("d2")})
+            await asyncio.to_thread(cluster.stop, "d2")
     disturbed = [o.ended for o in load.outcomes if o.tries > 1 or o.status != 200]
     for o in load.failed():
         say(
@@ -140,6 +152,17 @@ async def run_fault(cluster: Cluster, fault: str, args: argparse.Namespace) -> R
         len(load.failed()),
         found,
     )
+
+
+async def pool_change(
+    client: httpx.AsyncClient, cluster: Cluster, method: str, **request: Any
+) -> None:
+    """Add (``post``) or drain (``delete``) a decode server through gw1; the pool membership
+    store carries the change to gw2."""
+    url = f"{cluster.gateway_url('gw1')}/admin/backends/tiny/decode/servers"
+    r = await client.request(method, url, headers={"Authorization": f"Bearer {TOKEN}"}, **request)
+    r.raise_for_status()
+    await asyncio.sleep(2.0)  # the pub/sub message, and a health check of the new server
 
 
 def table(rows: list[Row]) -> str:

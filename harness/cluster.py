@@ -18,6 +18,8 @@ c1-c3    10.77.0.21-23 with ``cache_cluster`` (``--cache-cluster``), instead of 
                        with two replicas each, every copy of a slot on another host
 p1       10.77.0.31    vLLM prefill (NixlConnector producer) on :8000, pinned to core 0
 d1       10.77.0.32    vLLM decode (NixlConnector consumer) on :8000, pinned to core 1
+d2       10.77.0.33    a second decode server, a spare: not started by ``up``, not in the
+                       gateways' config (a test starts it and adds it through the admin API)
 =======  ============  ==================================================================
 
 The KV cache moves from p1 to d1 through NIXL over UCX. With ``kv_transport="tcp"`` (the
@@ -84,7 +86,10 @@ ADDRESSES = {
     "c3": 23,
     "p1": 31,
     "d1": 32,
+    "d2": 33,
 }
+SPARES = ("d2",)
+"""Services ``up`` leaves stopped unless named."""
 CACHE_HOSTS = ("c1", "c2", "c3")
 """With ``cache_cluster``: the hosts of the replicated shared tier, a Redis Cluster of three
 primaries with two replicas each, every copy of a slot on another host. Two, not one: a
@@ -284,6 +289,7 @@ class Cluster:
             **cache,
             "p1": self._vllm("p1", "prefill", "0"),
             "d1": self._vllm("d1", "decode", "1"),
+            "d2": self._vllm("d2", "decode", "0"),
             **{gw: self._gateway(gw) for gw in GATEWAYS},
             "lb": self._haproxy(),
         }
@@ -680,7 +686,7 @@ class Cluster:
         build_network()
         for host in ADDRESSES:
             self.plug(host)
-        order = list(names or self.services())
+        order = list(names or [n for n in self.services() if n not in SPARES])
         cache = [n for n in order if self.services()[n].host in CACHE_HOSTS]
         try:
             for name in cache:  # the shared tier first: gateways read it as they start
@@ -736,7 +742,7 @@ class Cluster:
     def down(self) -> None:
         """Stop every process a pid file names (the LB first), delete the network and the
         gateways' data directories."""
-        for name in ("lb", *GATEWAYS, "p1", "d1", "redis"):
+        for name in ("lb", *GATEWAYS, "p1", "d1", *SPARES, "redis"):
             self.stop(name)
         for host in CACHE_HOSTS:
             for port in CACHE_PORTS:

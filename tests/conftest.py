@@ -53,8 +53,12 @@ async def tiny_vllm(data_dir: Path) -> AsyncIterator[VllmProcess]:
         running.url = url.rstrip("/")
         yield running
         return
-    # vLLM's own process layout: tests time a full pool and leases against this one.
-    process = await start_tiny_vllm(data_dir, free_port(), single_process=False, progress=None)
+    # vLLM's own process layout: tests time a full pool and leases against this one. Its
+    # OpenMP threads on core 0: generating, they would take both cores, and a gateway under
+    # test would answer nothing (not even a scrape of vLLM's gauges) until vLLM is done.
+    process = await start_tiny_vllm(
+        data_dir, free_port(), cpu_cores="0", single_process=False, progress=None
+    )
     try:
         yield process
     finally:

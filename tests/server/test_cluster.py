@@ -571,6 +571,89 @@ async def test_the_prefill_host_stops_and_decode_computes_alone(
     )
 
 
+DECODE_SERVERS = "/admin/backends/tiny/decode/servers"
+
+
+async def decode_serving(client: httpx.AsyncClient, base: str) -> set[str]:
+    r = await client.get(f"{base}/admin/backends", headers=AUTH)
+    assert r.status_code == 200, r.text
+    pools = [p for p in r.json()["data"] if p["role"] == "decode"]
+    return {s["url"] for p in pools for s in p["servers"] if s["state"] == "serving"}
+
+
+async def test_a_decode_host_killed_beside_a_second_one_fails_only_its_requests_in_flight(
+    cluster: Cluster, client: httpx.AsyncClient
+) -> None:
+    """A second decode server (d2) joins through the admin API; under a load of new prompts
+    through the LB, d1 is killed (-9): only requests in flight on it may fail, every later
+    one is answered by d2, and every answer is the greedy answer asked before the fault."""
+    gw1, gw2 = cluster.gateway_url("gw1"), cluster.gateway_url("gw2")
+    d1, d2 = cluster.vllm_url("d1"), cluster.vllm_url("d2")
+    await asyncio.to_thread(cluster.start, "d2")
+    added = await client.post(f"{gw1}{DECODE_SERVERS}", json={"url": d2}, headers=AUTH)
+    assert added.status_code == 200, added.text
+    for gw in (gw1, gw2):  # the pool store carries it to gw2
+        await until(lambda gw=gw: _both(client, gw, {d1, d2}), 10.0, f"d2 serving on {gw}")
+    prompts = [unique() for _ in range(6)]
+    fresh = {"cache-control": "no-store"}  # every request reaches vLLM
+    expected = {}
+    for text in prompts:
+        r = await ask(client, cluster.lb_url, chat(text), **fresh)
+        assert r.status_code == 200, r.text
+        expected[text] = r.json()["choices"][0]["message"]["content"]
+    outcomes: list[tuple[float, float, int, bool]] = []
+    stop = asyncio.Event()
+
+    async def worker(k: int) -> None:
+        async with httpx.AsyncClient(timeout=TIMEOUT_S) as own:
+            i = k
+            while not stop.is_set():
+                text = prompts[i % len(prompts)]
+                began = time.monotonic()
+                try:
+                    r = await ask(own, cluster.lb_url, chat(text), **fresh)
+                    status = r.status_code
+                    right = status != 200 or (
+                        r.json()["choices"][0]["message"]["content"] == expected[text]
+                    )
+                except httpx.HTTPError:
+                    status, right = 0, True
+                outcomes.append((began, time.monotonic(), status, right))
+                i += 1
+
+    workers = [asyncio.create_task(worker(k)) for k in range(3)]
+    try:
+        await asyncio.sleep(2.0)
+        killed_at = time.monotonic()
+        await asyncio.to_thread(cluster.kill, "d1")
+        killed_done = time.monotonic()
+        while len([o for o in outcomes if o[0] > killed_done]) < 15:
+            assert time.monotonic() - killed_done < 90, "the load stalled after the kill"
+            await asyncio.sleep(0.1)
+    finally:
+        stop.set()
+        await asyncio.gather(*workers)
+    failed = [o for o in outcomes if o[2] != 200]
+    print(f"{len(outcomes)} requests, {len(failed)} failed (in flight on d1 at the kill)")
+    assert all(right for *_, right in outcomes), "an answer that is not the greedy one"
+    assert all(o[0] <= killed_done and o[1] >= killed_at for o in failed), failed
+    assert len(failed) <= len(workers)
+    assert len([o for o in outcomes if o[0] > killed_done and o[2] == 200]) >= 15  # by d2
+    # as it was: d1 back, d2 out of the pools (on both gateways, through the store) and down
+    await asyncio.to_thread(cluster.start, "d1")
+    for gw in (gw1, gw2):
+        await until(lambda gw=gw: _both(client, gw, {d1, d2}), 30.0, f"d1 back on {gw}")
+    gone = await client.delete(f"{gw1}{DECODE_SERVERS}", params={"url": d2}, headers=AUTH)
+    assert gone.status_code == 200, gone.text
+    for gw in (gw1, gw2):
+        await until(lambda gw=gw: _both(client, gw, {d1}), 10.0, f"d2 drained on {gw}")
+    await asyncio.to_thread(cluster.stop, "d2")
+
+
+async def _both(client: httpx.AsyncClient, base: str, urls: set[str]) -> bool:
+    return await decode_serving(client, base) == urls
+
+
 async def test_the_decode_host_stops_503_with_retry_after_never_a_hang(
     cluster: Cluster, client: httpx.AsyncClient
 ) -> None:
