@@ -53,9 +53,20 @@ async def tiny_vllm(data_dir: Path) -> AsyncIterator[VllmProcess]:
         running.url = url.rstrip("/")
         yield running
         return
-    # vLLM's own process layout: tests time a full pool and leases against this one. Its
-    # OpenMP threads on core 0: generating, they would take both cores, and a gateway under
-    # test would answer nothing (not even a scrape of vLLM's gauges) until vLLM is done.
+    # vLLM's own process layout: tests time a full pool and leases against this one.
+    process = await start_tiny_vllm(data_dir, free_port(), single_process=False, progress=None)
+    try:
+        yield process
+    finally:
+        await process.stop()
+
+
+@pytest.fixture(scope="session")
+async def pinned_vllm(data_dir: Path) -> AsyncIterator[VllmProcess]:
+    """A tiny vLLM server whose OpenMP threads run on core 0 only, for the tests that watch
+    the gateway while vLLM generates: unpinned, its threads take both cores, and the gateway
+    answers nothing (not even its scrape of vLLM's gauges) until vLLM is done. Not the shared
+    server: pinned, it would crowd the P/D tests' servers on core 0 all through the suite."""
     process = await start_tiny_vllm(
         data_dir, free_port(), cpu_cores="0", single_process=False, progress=None
     )
