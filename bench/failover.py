@@ -46,10 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.support import exit_status, stderr_printer
 from harness.cluster import (
-    HOST_HEADER,
-    MODEL_ID,
     TOKEN,
-    WORKERS_AI_MODEL,
     Cluster,
     missing_requirements,
 )
@@ -107,14 +104,7 @@ def undo(cluster: Cluster, fault: str, target: str) -> None:
 
 
 async def run_fault(cluster: Cluster, fault: str, args: argparse.Namespace) -> Row:
-    load = FleetLoad(
-        cluster.lb_url,
-        TOKEN,
-        model=MODEL_ID,
-        workers_ai_model=WORKERS_AI_MODEL,
-        host_header=HOST_HEADER,
-        workers=args.workers,
-    )
+    load = FleetLoad.through_lb(cluster, workers=args.workers)
     async with httpx.AsyncClient(timeout=120) as client:
         if fault == "decode":  # a second decode server, so that losing one is survivable
             await asyncio.to_thread(cluster.start, "d2")

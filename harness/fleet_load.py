@@ -21,6 +21,8 @@ from typing import Any
 
 import httpx
 
+from harness.cluster import HOST_HEADER, MODEL_ID, TOKEN, WORKERS_AI_MODEL, Cluster
+
 KINDS = ("hit", "miss", "stream", "batch", "upload", "purge")
 RETRY_STATUSES = frozenset({0, 429, 502, 503, 504})
 """0: no answer (connection refused or reset), or a stream cut before ``[DONE]``."""
@@ -88,6 +90,18 @@ class FleetLoad:
         self.batches: list[tuple[str, int]] = []
         self.files: dict[str, bytes] = {}
         self.wrong_hits = 0
+
+    @classmethod
+    def through_lb(cls, cluster: Cluster, workers: int = 3) -> FleetLoad:
+        """The load on ``cluster``'s load balancer, as its one tenant."""
+        return cls(
+            cluster.lb_url,
+            TOKEN,
+            model=MODEL_ID,
+            workers_ai_model=WORKERS_AI_MODEL,
+            host_header=HOST_HEADER,
+            workers=workers,
+        )
 
     def chat(self, text: str, **extra: Any) -> dict[str, Any]:
         body = {"model": self.model, "messages": [{"role": "user", "content": text}]}

@@ -37,6 +37,7 @@ from harness.cluster import (
 )
 from harness.fleet_load import KINDS, FleetLoad
 from harness.metrics import metric_value
+from tests.support.waiting import wait_until_async
 
 MISSING = missing_requirements()
 pytestmark = [
@@ -342,19 +343,16 @@ async def test_rate_limits_and_the_ledger_count_once_across_both_gateways(
 PREFILL_SERVERS = "/admin/backends/tiny/prefill/servers"
 
 
-async def prefill_servers(client: httpx.AsyncClient, base: str) -> list[tuple[str, str]]:
+async def pool_servers(client: httpx.AsyncClient, base: str, role: str) -> list[tuple[str, str]]:
+    """The (url, state) of each server of ``base``'s ``role`` pool, as its admin API lists."""
     r = await client.get(f"{base}/admin/backends", headers=AUTH)
     assert r.status_code == 200, r.text
-    pools = [p for p in r.json()["data"] if p["role"] == "prefill"]
+    pools = [p for p in r.json()["data"] if p["role"] == role]
     return [(s["url"], s["state"]) for p in pools for s in p["servers"]]
 
 
-async def until(check: Any, timeout_s: float, what: str) -> None:
-    """Poll the coroutine function ``check`` until it returns true."""
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        await asyncio.sleep(0.1)
+async def prefill_servers(client: httpx.AsyncClient, base: str) -> list[tuple[str, str]]:
+    return await pool_servers(client, base, "prefill")
 
 
 async def test_a_pool_changed_on_gw1_is_changed_on_gw2_and_after_gw2_is_killed(
@@ -366,7 +364,8 @@ async def test_a_pool_changed_on_gw1_is_changed_on_gw2_and_after_gw2_is_killed(
     drained = await client.delete(f"{gw1}{PREFILL_SERVERS}", params={"url": p1}, headers=AUTH)
     assert drained.status_code == 200 and drained.json()["drained"], drained.text
     try:
-        await until(lambda: _empty(client, gw2), 2.0, "the drain reached gw2")
+        # the drain reached gw2
+        await wait_until_async(lambda: _empty(client, gw2), timeout_s=2.0, interval_s=0.1)
         await asyncio.to_thread(cluster.kill, "gw2")
         await asyncio.to_thread(cluster.start, "gw2")
         assert await prefill_servers(client, gw2) == []
@@ -375,7 +374,8 @@ async def test_a_pool_changed_on_gw1_is_changed_on_gw2_and_after_gw2_is_killed(
     finally:  # p1 joins again, through the gateway that was restarted
         added = await client.post(f"{gw2}{PREFILL_SERVERS}", json={"url": p1}, headers=AUTH)
         assert added.status_code == 200, added.text
-    await until(lambda: _serving(client, gw1, p1), 5.0, "p1's return reached gw1 through the store")
+    # p1's return reached gw1 through the store
+    await wait_until_async(lambda: _serving(client, gw1, p1), timeout_s=5.0, interval_s=0.1)
     await asyncio.to_thread(cluster.wait_lb, 2)
 
 
@@ -442,13 +442,7 @@ async def test_kill_9_of_a_cache_primary_under_mixed_load_loses_nothing(
     primary holding the batch queue is killed (-9): its replica takes over; every request
     succeeds in the end (a retry where needed, none after the failover window), every batch
     item has exactly one result, every acknowledged file is there, no hit is wrong."""
-    load = FleetLoad(
-        cluster.lb_url,
-        TOKEN,
-        model=MODEL_ID,
-        workers_ai_model=WORKERS_AI_MODEL,
-        host_header=HOST_HEADER,
-    )
+    load = FleetLoad.through_lb(cluster)
     await load.prepare(client)
     victim = cluster.cache_primary(QUEUE_KEY)
     assert victim, "no primary serves the batch queue's slot"
@@ -575,10 +569,7 @@ DECODE_SERVERS = "/admin/backends/tiny/decode/servers"
 
 
 async def decode_serving(client: httpx.AsyncClient, base: str) -> set[str]:
-    r = await client.get(f"{base}/admin/backends", headers=AUTH)
-    assert r.status_code == 200, r.text
-    pools = [p for p in r.json()["data"] if p["role"] == "decode"]
-    return {s["url"] for p in pools for s in p["servers"] if s["state"] == "serving"}
+    return {url for url, state in await pool_servers(client, base, "decode") if state == "serving"}
 
 
 async def test_a_decode_host_killed_beside_a_second_one_fails_only_its_requests_in_flight(
@@ -593,7 +584,10 @@ async def test_a_decode_host_killed_beside_a_second_one_fails_only_its_requests_
     added = await client.post(f"{gw1}{DECODE_SERVERS}", json={"url": d2}, headers=AUTH)
     assert added.status_code == 200, added.text
     for gw in (gw1, gw2):  # the pool store carries it to gw2
-        await until(lambda gw=gw: _both(client, gw, {d1, d2}), 10.0, f"d2 serving on {gw}")
+        # until d2 serves there
+        await wait_until_async(
+            lambda gw=gw: _both(client, gw, {d1, d2}), timeout_s=10.0, interval_s=0.1
+        )
     prompts = [unique() for _ in range(6)]
     fresh = {"cache-control": "no-store"}  # every request reaches vLLM
     expected = {}
@@ -642,11 +636,17 @@ async def test_a_decode_host_killed_beside_a_second_one_fails_only_its_requests_
     # as it was: d1 back, d2 out of the pools (on both gateways, through the store) and down
     await asyncio.to_thread(cluster.start, "d1")
     for gw in (gw1, gw2):
-        await until(lambda gw=gw: _both(client, gw, {d1, d2}), 30.0, f"d1 back on {gw}")
+        # until d1 serves there again
+        await wait_until_async(
+            lambda gw=gw: _both(client, gw, {d1, d2}), timeout_s=30.0, interval_s=0.1
+        )
     gone = await client.delete(f"{gw1}{DECODE_SERVERS}", params={"url": d2}, headers=AUTH)
     assert gone.status_code == 200, gone.text
     for gw in (gw1, gw2):
-        await until(lambda gw=gw: _both(client, gw, {d1}), 10.0, f"d2 drained on {gw}")
+        # until d2 has left there
+        await wait_until_async(
+            lambda gw=gw: _both(client, gw, {d1}), timeout_s=10.0, interval_s=0.1
+        )
     await asyncio.to_thread(cluster.stop, "d2")
 
 
