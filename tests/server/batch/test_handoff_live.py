@@ -1,8 +1,9 @@
-"""Batch items between two real ``semcache serve`` processes on one Redis queue, run on the
-session's tiny vLLM: an item claimed by the gateway that does not serve its model is handed
-back for ``unserved_delay_s`` and run by the one that does, well before a lease runs out; a
-live request stops the batch item running on its backend, and the item runs again to one
-result.
+"""Batch items between two real ``semcache serve`` processes on one Redis queue, run on a
+tiny vLLM pinned to core 0 (unpinned, its threads starve the gateways, whose ``/metrics``
+then answer only between items, when none runs): an item claimed by the gateway that does
+not serve its model is handed back for ``unserved_delay_s`` and run by the one that does,
+well before a lease runs out; a live request stops the batch item running on its backend,
+and the item runs again to one result.
 
 ``serving`` has only the tiny chat model and runs one batch item at a time; ``other`` has
 only the embedded MiniLM, so it claims chat items whenever its MiniLM is free.
@@ -56,7 +57,7 @@ HEADERS = {"authorization": f"Bearer {TOKEN}"}
 def gateways(
     tmp_path_factory: pytest.TempPathFactory,
     data_dir: Path,
-    tiny_vllm: VllmProcess,
+    pinned_vllm: VllmProcess,
     redis_server: Any,
 ) -> Iterator[tuple[GatewayProcess, GatewayProcess]]:
     root = tmp_path_factory.mktemp("handoff")
@@ -71,7 +72,7 @@ def gateways(
     )
     auth = AuthSettings(tokens=[TokenEntry(tenant="owner", token=TOKEN)])
     model = data_dir / "models" / TINY_MODEL_NAME
-    full = gateway_config(root / "serving", tiny_vllm.url, model, batch=batch, auth=auth)
+    full = gateway_config(root / "serving", pinned_vllm.url, model, batch=batch, auth=auth)
     serving_config = msgspec.structs.replace(
         full,
         models=[m for m in full.models if m.id == "tiny-chat"],
