@@ -16,14 +16,17 @@ acknowledged file read back. The faults, one at a time, each undone before the n
 - ``prefill``: kill -9 of the prefill server (decode computes prompts alone);
 - ``decode``: a second decode server (d2) joins through the admin API, then kill -9 of d1
   (only its requests in flight may fail);
-- ``partition``: gw1 cut off from every cache host (silent drops both ways), then healed.
+- ``partition``: gw1 cut off from every cache host (silent drops both ways), then healed;
+- ``slow-link``: the links between gw1 and every cache host delayed 200 ms and losing 5 % of
+  packets, both ways (``Cluster.impair``: what ``tc netem delay 200ms loss 5%`` on each end
+  does, in user space, on a kernel without netem), then restored.
 
 Per fault it prints: recovery (seconds from the fault to the end of the last request that
-needed a retry or failed), requests, retried, failed in the end, batch items lost, files
-lost, hits answered wrong. The target is 0 lost and 0 wrong everywhere.
+needed a retry or failed), the slowest request, requests, retried, failed in the end, batch
+items lost, files lost, hits answered wrong. The target is 0 lost and 0 wrong everywhere.
 
     .venv/bin/python bench/failover.py [--steady 3] [--after 15] [--workers 3]
-                                       [--faults cache-primary,gateway,prefill,decode,partition]
+        [--faults cache-primary,gateway,prefill,decode,partition,slow-link]
 
 Needs what the cluster needs (root, ``ip netns``, haproxy, redis-server); not while the
 cluster tests run (they use the same hosts).
@@ -53,7 +56,7 @@ from harness.cluster import (
 from harness.fleet_load import Check, FleetLoad
 
 say = stderr_printer("failover")
-FAULTS = ("cache-primary", "gateway", "prefill", "decode", "partition")
+FAULTS = ("cache-primary", "gateway", "prefill", "decode", "partition", "slow-link")
 QUEUE_KEY = "{semcache:batch}:items"
 
 
@@ -62,6 +65,7 @@ class Row:
     fault: str
     target: str
     recovery_s: float
+    slowest_s: float
     requests: int
     retried: int
     failed: int
@@ -86,6 +90,9 @@ def inject(cluster: Cluster, fault: str) -> str:
     if fault == "decode":
         cluster.kill("d1")
         return "d1"
+    if fault == "slow-link":
+        cluster.impair("gw1", cluster.cache_hosts, delay_ms=200.0, loss=0.05)
+        return "gw1 to " + ",".join(cluster.cache_hosts)
     for host in cluster.cache_hosts:
         cluster.partition("gw1", host)
     return "gw1 from " + ",".join(cluster.cache_hosts)
@@ -98,6 +105,8 @@ def undo(cluster: Cluster, fault: str, target: str) -> None:
     elif fault in ("gateway", "prefill", "decode"):
         cluster.start(target)
         cluster.wait_lb(2)
+    elif fault == "slow-link":
+        cluster.repair("gw1", cluster.cache_hosts)
     else:
         for host in cluster.cache_hosts:
             cluster.heal("gw1", host)
@@ -137,6 +146,7 @@ async def run_fault(cluster: Cluster, fault: str, args: argparse.Namespace) -> R
         fault,
         target,
         max(disturbed) - at if disturbed else 0.0,
+        max((o.ended - o.began for o in load.outcomes), default=0.0),
         len(load.outcomes),
         len(load.retried()),
         len(load.failed()),
@@ -157,11 +167,12 @@ async def pool_change(
 
 def table(rows: list[Row]) -> str:
     head = (
-        "| fault | hit | recovery | requests | retried | failed | items lost | files lost "
-        "| wrong |\n|---|---|---|---|---|---|---|---|---|"
+        "| fault | hit | recovery | slowest | requests | retried | failed | items lost "
+        "| files lost | wrong |\n|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [
-        f"| {r.fault} | {r.target} | {r.recovery_s:.1f} s | {r.requests} | {r.retried} "
+        f"| {r.fault} | {r.target} | {r.recovery_s:.1f} s | {r.slowest_s:.1f} s "
+        f"| {r.requests} | {r.retried} "
         f"| {r.failed} | {r.check.items_lost} / {r.check.items} "
         f"| {r.check.files_lost} / {r.check.files} | {r.check.wrong} |"
         for r in rows

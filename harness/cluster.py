@@ -60,6 +60,7 @@ import psutil
 
 from backends.config import ServerRole, VllmServer
 from backends.launch.command import build_command, detect_device
+from harness import netem
 from harness.tiny_llama import build_tiny_llama
 from harness.vllm_process import (
     REPO_ROOT,
@@ -130,6 +131,10 @@ NO_GATEWAY_BODY = (
 
 class ClusterError(RuntimeError):
     """The cluster could not be built or a host did not come up; carries a log tail."""
+
+
+def _netem_name(host: str) -> str:
+    return f"netem-{host}"
 
 
 def address(host: str) -> str:
@@ -573,23 +578,28 @@ class Cluster:
         """Start ``name`` in its host's namespace unless it runs; then wait until it serves."""
         if not self.running(name):
             service = self.services()[name]
-            log = self.log_path(name)
-            with log.open("ab") as out:
-                out.write(f"{START_MARK}{time.strftime('%F %T')} {service.command}\n".encode())
-                out.flush()
-                popen = subprocess.Popen(
-                    ["ip", "netns", "exec", namespace(service.host), *service.command],
-                    cwd=REPO_ROOT,
-                    env={**os.environ, **service.env},
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,  # its own process group: stopped as one
-                )
-            started = psutil.Process(popen.pid).create_time()
-            self._pid_file(name).write_text(f"{popen.pid} {started}\n")
+            self._spawn(name, service.host, service.command, service.env)
         if wait:
             self.wait_ready(name)
+
+    def _spawn(
+        self, name: str, host: str, command: list[str], env: Mapping[str, str] | None = None
+    ) -> None:
+        """Run ``command`` in ``host``'s namespace, logged and tracked as ``name``."""
+        with self.log_path(name).open("ab") as out:
+            out.write(f"{START_MARK}{time.strftime('%F %T')} {command}\n".encode())
+            out.flush()
+            popen = subprocess.Popen(
+                ["ip", "netns", "exec", namespace(host), *command],
+                cwd=REPO_ROOT,
+                env={**os.environ, **(env or {})},
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: stopped as one
+            )
+        started = psutil.Process(popen.pid).create_time()
+        self._pid_file(name).write_text(f"{popen.pid} {started}\n")
 
     def wait_ready(self, name: str, timeout_s: float | None = None) -> float:
         """Seconds until ``name`` serves; ``ClusterError`` with its log tail if it exits first."""
@@ -638,8 +648,7 @@ class Cluster:
         """Cut ``host`` off from ``peer`` alone, both ways: packets between them are dropped
         without a word (a route into each one's loopback, where a foreign address is not
         delivered), so connections time out as across a real partition, and every other
-        host stays reachable. (``tc netem`` would be the tool for a lossy link; this kernel
-        has no netem.)"""
+        host stays reachable. (:meth:`impair` makes a slow, lossy link instead.)"""
         for a, b in ((host, peer), (peer, host)):
             _ip("-n", namespace(a), "route", "replace", f"{address(b)}/32", "dev", "lo")
 
@@ -647,6 +656,35 @@ class Cluster:
         """Undo :meth:`partition`."""
         for a, b in ((host, peer), (peer, host)):
             _ip("-n", namespace(a), "route", "del", f"{address(b)}/32", check=False)
+
+    def impair(
+        self, host: str, peers: Sequence[str], delay_ms: float = 200.0, loss: float = 0.05
+    ) -> None:
+        """Make the links between ``host`` and each of ``peers`` slow and lossy both ways, as
+        ``tc netem delay 200ms loss 5%`` on each end would (this kernel has no netem): the
+        packets each end sends the other go through :mod:`harness.netem` in its namespace."""
+        ends = {host: [address(p) for p in peers], **{p: [address(host)] for p in peers}}
+        for end, targets in ends.items():
+            netem.impair(namespace(end), address(end), targets)
+            command = [sys.executable, "-m", "harness.netem", "--delay-ms", str(delay_ms)]
+            command += ["--loss", str(loss), "--seed", str(ADDRESSES[end])]
+            self._spawn(_netem_name(end), end, command)
+        deadline = time.monotonic() + 10.0
+        while not all(self._carrying(end) for end in ends):  # the device is read
+            if time.monotonic() > deadline:
+                raise ClusterError(f"netem did not start:\n{self.log_tail(_netem_name(host))}")
+            time.sleep(0.05)
+
+    def _carrying(self, end: str) -> bool:
+        return self.running(_netem_name(end)) and "netem: sc-slow" in self.current_log(
+            _netem_name(end)
+        )
+
+    def repair(self, host: str, peers: Sequence[str]) -> None:
+        """Undo :meth:`impair`."""
+        for end in (host, *peers):
+            self.stop(_netem_name(end))
+            netem.repair(namespace(end))  # the routes go with the device
 
     def kill(self, name: str) -> None:
         """``kill -9`` of the whole process group: no shutdown, connections just die."""
@@ -744,6 +782,8 @@ class Cluster:
         gateways' data directories."""
         for name in ("lb", *GATEWAYS, "p1", "d1", *SPARES, "redis"):
             self.stop(name)
+        for host in ADDRESSES:
+            self.stop(_netem_name(host))
         for host in CACHE_HOSTS:
             for port in CACHE_PORTS:
                 self.stop(cache_node(host, port))

@@ -427,6 +427,40 @@ async def test_gw1_cut_off_from_the_cache_tier_answers_everything_in_bounded_tim
         await asyncio.sleep(0.5)
 
 
+SLOW_LINK_LOAD_S = 12.0
+
+
+async def test_a_slow_lossy_link_to_the_cache_tier_slows_gw1_and_fails_nothing(
+    cluster: Cluster, client: httpx.AsyncClient
+) -> None:
+    """200 ms each way and 5 % of packets lost between gw1 and every cache host (what
+    ``tc netem`` would do, made in user space by ``Cluster.impair``), under the mixed load sent
+    to gw1 alone: slower, but no request is refused or fails, none hangs, nothing is lost."""
+    load = FleetLoad(
+        cluster.gateway_url("gw1"), TOKEN, model=MODEL_ID, workers_ai_model=WORKERS_AI_MODEL
+    )
+    await load.prepare(client)
+    stop = asyncio.Event()
+    await asyncio.to_thread(cluster.impair, "gw1", cluster.cache_hosts, 200.0, 0.05)
+    try:
+        running = asyncio.create_task(load.run(stop))
+        await asyncio.sleep(SLOW_LINK_LOAD_S)
+        stop.set()
+        await running
+    finally:
+        await asyncio.to_thread(cluster.repair, "gw1", cluster.cache_hosts)
+    found = await load.check(client)
+    slowest = max(o.ended - o.began for o in load.outcomes)
+    kinds = {k: sum(o.kind == k for o in load.outcomes) for k in KINDS}
+    carried = cluster.current_log("netem-gw1").strip().splitlines()[-1]
+    print(f"{len(load.outcomes)} requests {kinds}, slowest {slowest:.1f} s; {found}; {carried}")
+    assert "dropped 0" not in carried, carried  # the link did lose packets
+    assert not load.failed() and not load.retried(), load.retried()
+    assert slowest < 20.0
+    assert found.items_lost == 0 and found.files_lost == 0 and found.wrong == 0, found
+    assert all(kinds[k] > 0 for k in KINDS), kinds
+
+
 QUEUE_KEY = "{semcache:batch}:items"
 """The batch queue's stream: the primary that holds it is the one killed."""
 FAILOVER_WINDOW_S = 10.0
