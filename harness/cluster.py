@@ -513,7 +513,9 @@ class Cluster:
                 # A gateway killed while a request reaches it (its socket still open, the
                 # process gone) closes without a byte of answer: that request is sent again
                 # to the other gateway rather than lost (a dead gateway answered nothing).
-                "    retry-on conn-failure empty-response",
+                # A 503 from a gateway means nothing was done (e.g. it cannot reach the
+                # shared tier): the other gateway may well do it.
+                "    retry-on conn-failure empty-response 503",
                 # A retry needs the whole request in HAProxy's buffer: without this, a POST
                 # already streaming to a dying gateway is answered 502, and a request on a
                 # reused keep-alive connection to it is dropped by closing the client's

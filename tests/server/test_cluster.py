@@ -428,8 +428,11 @@ async def test_gw1_cut_off_from_the_cache_tier_answers_everything_in_bounded_tim
 
 
 SLOW_LINK_LOAD_S = 12.0
+HAS_TUN = os.path.exists("/dev/net/tun")
+"""``harness.netem`` carries the impaired link through a TUN device."""
 
 
+@pytest.mark.skipif(not HAS_TUN, reason="no /dev/net/tun for harness.netem")
 async def test_a_slow_lossy_link_to_the_cache_tier_slows_gw1_and_fails_nothing(
     cluster: Cluster, client: httpx.AsyncClient
 ) -> None:
