@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +11,7 @@ import pytest
 
 from backends.config import LocalEmbeddingBackend, VllmBackend, VllmServer
 from backends.launch.process import VllmProcess
-from harness.gateway import GatewayThread
+from harness.gateway import GatewayProcess, write_config_toml
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm, test_data_dir
 from server.config import GatewayConfig, ModelEntry, ServerSettings
@@ -106,11 +106,31 @@ def gateway_config(
 @pytest.fixture(scope="session")
 def gateway(
     data_dir: Path, tiny_vllm: VllmProcess, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GatewayThread]:
+) -> Iterator[GatewayProcess]:
+    """``semcache serve`` on :func:`gateway_config` over the session's tiny vLLM."""
     model_path = data_dir / "models" / TINY_MODEL_NAME
     cache_dir = tmp_path_factory.mktemp("gateway")
-    gw = GatewayThread(gateway_config(cache_dir, tiny_vllm.url, model_path)).start()
+    config = gateway_config(cache_dir / "data", tiny_vllm.url, model_path)
+    gw = GatewayProcess(write_config_toml(config, cache_dir / "gateway.toml"))
     try:
-        yield gw
+        yield gw.start()
     finally:
         gw.stop()
+
+
+@pytest.fixture
+def start_gateway(tmp_path: Path) -> Iterator[Callable[[GatewayConfig], GatewayProcess]]:
+    """Starts ``semcache serve`` on a config (its file under ``tmp_path``); every gateway
+    started is stopped when the test ends."""
+    started: list[GatewayProcess] = []
+
+    def start(config: GatewayConfig) -> GatewayProcess:
+        gw = GatewayProcess(write_config_toml(config, tmp_path / f"gateway-{len(started)}.toml"))
+        started.append(gw)
+        return gw.start()
+
+    try:
+        yield start
+    finally:
+        for gw in reversed(started):
+            gw.stop()

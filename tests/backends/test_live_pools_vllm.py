@@ -1,7 +1,7 @@
 """A prefill pool that changes under load, on real vLLM (CPU): ``semcache backends scale``.
 
-One prefill and one decode server (NixlConnector) serve a gateway built by ``create_app``
-from a config file; a steady loop of concurrent chat requests runs through it while
+One prefill and one decode server (NixlConnector) serve the real ``semcache serve`` process
+on a config file; a steady loop of concurrent chat requests runs through it while
 ``semcache backends scale tiny/prefill +1`` starts a second prefill server with the pool's
 launch settings and adds it through the admin API (it must take prefill hops), then
 ``scale tiny/prefill -1`` drains it (its requests finish) and stops it. Every request of the
@@ -23,7 +23,7 @@ import pytest
 
 from backends.launch.process import VllmProcess
 from backends.launch.scale import ScaleRecords, stop_server
-from harness.gateway import GatewayThread
+from harness.gateway import GatewayProcess
 from harness.metrics import metric_value
 from harness.ports import free_port
 from harness.vllm_process import (
@@ -160,16 +160,16 @@ def gateway(
     pd_pair: tuple[VllmProcess, VllmProcess],
     data_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[tuple[GatewayThread, Path]]:
+) -> Iterator[tuple[GatewayProcess, Path]]:
     path = write_config(tmp_path_factory.mktemp("scale"), data_dir, *pd_pair)
-    gw = GatewayThread(load_config(path)).start()
+    gw = GatewayProcess(path)
     try:
-        yield gw, path
+        yield gw.start(), path
     finally:
         gw.stop()
 
 
-async def prefill_servers(gw: GatewayThread) -> dict[str, dict[str, Any]]:
+async def prefill_servers(gw: GatewayProcess) -> dict[str, dict[str, Any]]:
     async with httpx.AsyncClient(timeout=30) as client:
         r = await client.get(
             f"{gw.url}/admin/backends", headers={"authorization": f"Bearer {ADMIN}"}
@@ -178,7 +178,7 @@ async def prefill_servers(gw: GatewayThread) -> dict[str, dict[str, Any]]:
     return {s["url"]: s for s in pool["servers"]}
 
 
-async def scale(config: Path, gw: GatewayThread, delta: str) -> int:
+async def scale(config: Path, gw: GatewayProcess, delta: str) -> int:
     """``semcache backends scale tiny/prefill DELTA`` as a command of its own."""
     argv = ["backends", "scale", "tiny/prefill", delta, "--config", str(config)]
     argv += ["--url", gw.url, "--token", ADMIN, "--drain-timeout", "300"]
@@ -189,7 +189,7 @@ async def scale(config: Path, gw: GatewayThread, delta: str) -> int:
 
 
 async def test_a_prefill_server_added_under_load_takes_traffic_and_drains_losing_nothing(
-    gateway: tuple[GatewayThread, Path],
+    gateway: tuple[GatewayProcess, Path],
     pd_pair: tuple[VllmProcess, VllmProcess],
     data_dir: Path,
 ) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import httpx
@@ -14,7 +14,7 @@ import pytest
 
 from backends.config import VllmBackend, VllmLaunch, VllmServer
 from backends.launch.launcher import Launcher
-from harness.gateway import GatewayThread
+from harness.gateway import GatewayProcess
 from harness.metrics import metric_value
 from harness.ports import free_port
 from harness.tiny_llama import build_tiny_llama
@@ -54,38 +54,37 @@ async def example_pair(
 
 
 async def test_decode_loads_the_prompt_that_prefill_stored(
-    example_pair: VllmBackend, tmp_path: Path
+    example_pair: VllmBackend,
+    tmp_path: Path,
+    start_gateway: Callable[[GatewayConfig], GatewayProcess],
 ) -> None:
     prefill, decode = (s.url for s in example_pair.servers)
     config = GatewayConfig(
-        data_dir=str(tmp_path),
+        data_dir=str(tmp_path / "data"),
         cache=False,
         models=[ModelEntry(id="tiny-chat", backend="tiny-example")],
         backends=[example_pair],
     )
-    gw = GatewayThread(config).start()
+    gw = start_gateway(config)
     text = f"{uuid.uuid4().hex}. " + "The cat reads a book near the window. " * 40
     body = {"model": "tiny-chat", "prompt": text, "max_tokens": 8, "temperature": 0}
-    try:
-        async with httpx.AsyncClient(timeout=120) as client:
-            before = await metric_value(decode, "vllm:external_prefix_cache_hits_total")
-            r = await client.post(f"{gw.url}/v1/completions", json=body)
-            assert r.status_code == 200, r.text
-            prompt_tokens = r.json()["usage"]["prompt_tokens"]
-            # vLLM publishes an engine step's stats after the answer: wait for them
-            for _ in range(100):
-                after = await metric_value(decode, "vllm:external_prefix_cache_hits_total")
-                if after > before:
-                    break
-                await asyncio.sleep(0.1)
-            storage = Path(example_pair.storage_path())
-            files = await asyncio.to_thread(lambda: list(storage.rglob("*.safetensors")))
-            # the same request, computed by one server alone, answers the same
-            alone = await client.post(
-                f"{prefill}/v1/completions", json={**body, "model": TINY_MODEL_NAME}
-            )
-    finally:
-        gw.stop()
+    async with httpx.AsyncClient(timeout=120) as client:
+        before = await metric_value(decode, "vllm:external_prefix_cache_hits_total")
+        r = await client.post(f"{gw.url}/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        prompt_tokens = r.json()["usage"]["prompt_tokens"]
+        # vLLM publishes an engine step's stats after the answer: wait for them
+        for _ in range(100):
+            after = await metric_value(decode, "vllm:external_prefix_cache_hits_total")
+            if after > before:
+                break
+            await asyncio.sleep(0.1)
+        storage = Path(example_pair.storage_path())
+        files = await asyncio.to_thread(lambda: list(storage.rglob("*.safetensors")))
+        # the same request, computed by one server alone, answers the same
+        alone = await client.post(
+            f"{prefill}/v1/completions", json={**body, "model": TINY_MODEL_NAME}
+        )
     assert files, "prefill wrote the KV files"
     # ExampleConnector loads whole blocks of all prompt tokens but the last
     assert after - before == (prompt_tokens - 1) // 32 * 32

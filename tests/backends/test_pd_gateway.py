@@ -15,7 +15,7 @@ import asyncio
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +27,7 @@ from backends.config import VllmBackend, VllmServer
 from backends.launch.process import VllmProcess
 from backends.placement import rendezvous_order
 from backends.servers import ServerState
-from harness.gateway import GatewayThread
+from harness.gateway import GatewayProcess, write_config_toml
 from harness.metrics import metric_value, parse_metric
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm
@@ -137,7 +137,7 @@ def pd_config(
 @pytest.fixture(scope="module")
 def pd_gateway(
     pd_servers: dict[str, VllmProcess], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GatewayThread]:
+) -> Iterator[GatewayProcess]:
     """1P1D: the prefill server and decode-1, warmed by one hand-off.
 
     The first NIXL transfer between two servers also makes their handshake; on a loaded CI
@@ -145,21 +145,23 @@ def pd_gateway(
     from the second one on.
     """
     urls = {"prefill": [pd_servers["prefill"].url], "decode": [pd_servers["decode1"].url]}
-    gw = GatewayThread(pd_config(tmp_path_factory.mktemp("pd"), urls)).start()
+    tmp = tmp_path_factory.mktemp("pd")
+    gw = GatewayProcess(write_config_toml(pd_config(tmp / "data", urls), tmp / "gateway.toml"))
     warm = {
         "model": "tiny-chat",
         "messages": [{"role": "user", "content": story("warm-up", 10)}],
         "max_tokens": 1,
     }
-    httpx.post(f"{gw.url}/v1/chat/completions", json=warm, timeout=REQUEST_TIMEOUT_S)
 
     # A warm-up hand-off that failed ejects the decode server until a health check passes;
     # /ready checks every server now (re-admitting one that answers), so wait for it.
     def pd_gateway_ready() -> bool:
         return httpx.get(f"{gw.url}/ready", timeout=30).status_code == 200
 
-    wait_until(pd_gateway_ready, timeout_s=60, interval_s=0.5)
     try:
+        gw.start()
+        httpx.post(f"{gw.url}/v1/chat/completions", json=warm, timeout=REQUEST_TIMEOUT_S)
+        wait_until(pd_gateway_ready, timeout_s=60, interval_s=0.5)
         yield gw
     finally:
         gw.stop()
@@ -214,7 +216,7 @@ def answer_text(body: dict[str, Any]) -> str:
 
 
 async def test_decode_pulls_the_whole_prompt_over_nixl(
-    pd_servers: dict[str, VllmProcess], pd_gateway: GatewayThread
+    pd_servers: dict[str, VllmProcess], pd_gateway: GatewayProcess
 ) -> None:
     decode = pd_servers["decode1"].url
     body = {
@@ -240,7 +242,7 @@ async def test_decode_pulls_the_whole_prompt_over_nixl(
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "stream"])
 async def test_a_responses_request_pulls_its_prompt_over_nixl(
-    pd_servers: dict[str, VllmProcess], pd_gateway: GatewayThread, stream: bool
+    pd_servers: dict[str, VllmProcess], pd_gateway: GatewayProcess, stream: bool
 ) -> None:
     decode = pd_servers["decode1"].url
     tag = uuid.uuid4().hex
@@ -275,7 +277,7 @@ async def test_a_responses_request_pulls_its_prompt_over_nixl(
 
 
 async def test_short_prompts_skip_prefill(
-    pd_servers: dict[str, VllmProcess], pd_gateway: GatewayThread
+    pd_servers: dict[str, VllmProcess], pd_gateway: GatewayProcess
 ) -> None:
     prefill, decode = pd_servers["prefill"].url, pd_servers["decode1"].url
     body = {
@@ -298,7 +300,7 @@ async def test_short_prompts_skip_prefill(
 
 @pytest.mark.parametrize("route", ["chat", "completions"])
 async def test_greedy_output_equals_a_monolithic_server(
-    route: str, tiny_vllm: VllmProcess, pd_gateway: GatewayThread
+    route: str, tiny_vllm: VllmProcess, pd_gateway: GatewayProcess
 ) -> None:
     """Same text and usage as one server, stream and not, for several prompts.
 
@@ -340,7 +342,7 @@ async def test_greedy_output_equals_a_monolithic_server(
 
 
 async def test_gateway_metrics_count_hops_and_copy_the_servers_counters(
-    pd_servers: dict[str, VllmProcess], pd_gateway: GatewayThread
+    pd_servers: dict[str, VllmProcess], pd_gateway: GatewayProcess
 ) -> None:
     """What the gateway's ``/metrics`` says about its vLLM servers, after the traffic above."""
     decode = {"backend": "tiny", "server": pd_servers["decode1"].url, "role": "decode"}
@@ -367,12 +369,11 @@ async def test_gateway_metrics_count_hops_and_copy_the_servers_counters(
 
 
 async def test_cache_salt_isolates_tenants_and_shares_a_shared_scope(
-    tiny_vllm: VllmProcess, tmp_path: Path
+    tiny_vllm: VllmProcess, tmp_path: Path, start_gateway: Callable[[GatewayConfig], GatewayProcess]
 ) -> None:
     policy = tmp_path / "policy.toml"
     policy.write_text('[models."tiny-shared".routes.chat]\nshared = true\n')
-    config = pd_config(tmp_path / "gw", {"both": [tiny_vllm.url]}, policy=policy)
-    gw = GatewayThread(config).start()
+    gw = start_gateway(pd_config(tmp_path / "gw", {"both": [tiny_vllm.url]}, policy=policy))
 
     async def cached(client: httpx.AsyncClient, model: str, key: str, text: str) -> int:
         body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 1}
@@ -380,29 +381,30 @@ async def test_cache_salt_isolates_tenants_and_shares_a_shared_scope(
         assert r.status_code == 200, r.text
         return int(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
 
-    try:
-        async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
-            private = story(uuid.uuid4().hex, 20)
-            assert await cached(client, "tiny-chat", "key-a", private) == 0
-            assert await cached(client, "tiny-chat", "key-a", private) >= 4 * BLOCK
-            assert await cached(client, "tiny-chat", "key-b", private) == 0
-            shared = story(uuid.uuid4().hex, 20)
-            assert await cached(client, "tiny-shared", "key-a", shared) == 0
-            assert await cached(client, "tiny-shared", "key-b", shared) >= 4 * BLOCK
-    finally:
-        gw.stop()
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
+        private = story(uuid.uuid4().hex, 20)
+        assert await cached(client, "tiny-chat", "key-a", private) == 0
+        assert await cached(client, "tiny-chat", "key-a", private) >= 4 * BLOCK
+        assert await cached(client, "tiny-chat", "key-b", private) == 0
+        shared = story(uuid.uuid4().hex, 20)
+        assert await cached(client, "tiny-shared", "key-a", shared) == 0
+        assert await cached(client, "tiny-shared", "key-b", shared) >= 4 * BLOCK
 
 
 # -- backpressure ------------------------------------------------------------------------------
 
 
 async def test_a_full_pool_answers_429_with_retry_after(
-    tiny_vllm: VllmProcess, tmp_path: Path
+    tiny_vllm: VllmProcess, tmp_path: Path, start_gateway: Callable[[GatewayConfig], GatewayProcess]
 ) -> None:
     config = pd_config(
-        tmp_path, {"both": [tiny_vllm.url]}, max_inflight_per_server=1, max_queue=1, retry_after_s=3
+        tmp_path / "data",
+        {"both": [tiny_vllm.url]},
+        max_inflight_per_server=1,
+        max_queue=1,
+        retry_after_s=3,
     )
-    gw = GatewayThread(config).start()
+    gw = start_gateway(config)
     body = {
         "model": "tiny-chat",
         "messages": [{"role": "user", "content": "Write a long story."}],
@@ -410,13 +412,10 @@ async def test_a_full_pool_answers_429_with_retry_after(
         "max_tokens": 1500,
         "ignore_eos": True,
     }
-    try:
-        async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
-            answers = await asyncio.gather(
-                *(post(client, gw.url, "/v1/chat/completions", body) for _ in range(6))
-            )
-    finally:
-        gw.stop()
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
+        answers = await asyncio.gather(
+            *(post(client, gw.url, "/v1/chat/completions", body) for _ in range(6))
+        )
     statuses = sorted(r.status_code for r in answers)
     assert statuses.count(200) == 2  # one ran, one waited in the queue
     assert statuses.count(429) == 4
@@ -464,7 +463,9 @@ async def decode_hit_rate(urls: list[str], run: Any) -> float:
 
 
 async def test_session_affinity_doubles_the_decode_prefix_hit_rate(
-    pd_servers: dict[str, VllmProcess], tmp_path: Path
+    pd_servers: dict[str, VllmProcess],
+    tmp_path: Path,
+    start_gateway: Callable[[GatewayConfig], GatewayProcess],
 ) -> None:
     decode_urls = [pd_servers["decode1"].url, pd_servers["decode2"].url]
     urls = {"prefill": [pd_servers["prefill"].url], "decode": decode_urls}
@@ -472,8 +473,8 @@ async def test_session_affinity_doubles_the_decode_prefix_hit_rate(
     # conversation prefers the same decode server (prefix-aware placement). The prompts skip
     # the prefill hop (threshold above their length): a NIXL hand-off costs seconds on these
     # CPUs, and what is measured is the decode servers' own prefix cache either way.
-    config = pd_config(tmp_path, urls, prefix_tokens=16, prefill_threshold_tokens=100_000)
-    gw = GatewayThread(config).start()
+    config = pd_config(tmp_path / "data", urls, prefix_tokens=16, prefill_threshold_tokens=100_000)
+    gw = start_gateway(config)
     sessions = split_sessions(decode_urls, per_server=4)
 
     async def conversations(tag: str, affinity: bool) -> None:
@@ -502,15 +503,12 @@ async def test_session_affinity_doubles_the_decode_prefix_hit_rate(
                             {"role": "user", "content": "Tell me more about the garden."},
                         ]
 
-    try:
-        without = await decode_hit_rate(
-            decode_urls, lambda: conversations(uuid.uuid4().hex[:6], affinity=False)
-        )
-        with_header = await decode_hit_rate(
-            decode_urls, lambda: conversations(uuid.uuid4().hex[:6], affinity=True)
-        )
-    finally:
-        gw.stop()
+    without = await decode_hit_rate(
+        decode_urls, lambda: conversations(uuid.uuid4().hex[:6], affinity=False)
+    )
+    with_header = await decode_hit_rate(
+        decode_urls, lambda: conversations(uuid.uuid4().hex[:6], affinity=True)
+    )
     print(f"decode prefix-cache hit rate: without header {without:.3f}, with {with_header:.3f}")
     assert with_header >= 2 * without
     assert with_header > 0.3
@@ -520,11 +518,13 @@ async def test_session_affinity_doubles_the_decode_prefix_hit_rate(
 
 
 async def test_failover_prefill_then_decode_then_all(
-    pd_servers: dict[str, VllmProcess], tmp_path: Path
+    pd_servers: dict[str, VllmProcess],
+    tmp_path: Path,
+    start_gateway: Callable[[GatewayConfig], GatewayProcess],
 ) -> None:
     decode_urls = [pd_servers["decode1"].url, pd_servers["decode2"].url]
     urls = {"prefill": [pd_servers["prefill"].url], "decode": decode_urls}
-    gw = GatewayThread(pd_config(tmp_path, urls)).start()
+    gw = start_gateway(pd_config(tmp_path / "data", urls))
     done: list[tuple[int, str]] = []  # (index, outcome)
 
     async def one(client: httpx.AsyncClient, i: int) -> None:
@@ -559,41 +559,38 @@ async def test_failover_prefill_then_decode_then_all(
             assert time.monotonic() < deadline, "the load made no progress"
             await asyncio.sleep(0.05)
 
-    try:
-        began = time.monotonic()
-        phase = asyncio.create_task(load(0, 6))
-        await under_way(phase)
-        await asyncio.to_thread(pd_servers["prefill"].kill)
-        await phase
-        print(f"prefill killed: {Counter(o for _, o in done)}")
-        assert [o for _, o in done].count("bad") == 0, done
-        assert all(o == "ok" for i, o in done if i % 3), done  # non-stream: all succeeded
+    began = time.monotonic()
+    phase = asyncio.create_task(load(0, 6))
+    await under_way(phase)
+    await asyncio.to_thread(pd_servers["prefill"].kill)
+    await phase
+    print(f"prefill killed: {Counter(o for _, o in done)}")
+    assert [o for _, o in done].count("bad") == 0, done
+    assert all(o == "ok" for i, o in done if i % 3), done  # non-stream: all succeeded
 
-        done.clear()
-        phase = asyncio.create_task(load(100, 6))
-        await under_way(phase)
-        await asyncio.to_thread(pd_servers["decode1"].kill)
-        await phase
-        print(f"decode-1 killed: {Counter(o for _, o in done)}")
-        assert [o for _, o in done].count("bad") == 0, done
-        assert all(o == "ok" for i, o in done if i % 3), done
+    done.clear()
+    phase = asyncio.create_task(load(100, 6))
+    await under_way(phase)
+    await asyncio.to_thread(pd_servers["decode1"].kill)
+    await phase
+    print(f"decode-1 killed: {Counter(o for _, o in done)}")
+    assert [o for _, o in done].count("bad") == 0, done
+    assert all(o == "ok" for i, o in done if i % 3), done
 
-        done.clear()
-        await load(200, 2)  # after the dust settles: everything succeeds on decode-2
-        assert [o for _, o in done] == ["ok"] * 6
-        assert time.monotonic() - began < 600
+    done.clear()
+    await load(200, 2)  # after the dust settles: everything succeeds on decode-2
+    assert [o for _, o in done] == ["ok"] * 6
+    assert time.monotonic() - began < 600
 
-        await asyncio.to_thread(pd_servers["decode2"].kill)
-        body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "Hi"}]}
-        async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
-            statuses = []
-            for _ in range(3):
-                r = await post(client, gw.url, "/v1/chat/completions", body)
-                statuses.append(r.status_code)
-                if r.status_code == 503:
-                    assert int(r.headers["retry-after"]) >= 1
-                    assert r.json()["error"]["code"] == "backend_unavailable"
-                    break
-        assert statuses[-1] == 503, statuses
-    finally:
-        gw.stop()
+    await asyncio.to_thread(pd_servers["decode2"].kill)
+    body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "Hi"}]}
+    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
+        statuses = []
+        for _ in range(3):
+            r = await post(client, gw.url, "/v1/chat/completions", body)
+            statuses.append(r.status_code)
+            if r.status_code == 503:
+                assert int(r.headers["retry-after"]) >= 1
+                assert r.json()["error"]["code"] == "backend_unavailable"
+                break
+    assert statuses[-1] == 503, statuses

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ import pytest
 from backends.config import VllmBackend, VllmServer
 from backends.launch.launcher import Launcher
 from backends.launch.process import VllmProcess
-from harness.gateway import GatewayThread
+from harness.gateway import GatewayProcess
 from harness.metrics import metric_value, parse_metric
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, single_process_launch, tiny_llama
@@ -164,49 +164,46 @@ async def test_a_read_after_the_lease_is_a_silent_wrong_answer_in_vllm(
 
 
 async def test_a_decode_server_stalled_past_the_lease_gives_right_answers_or_errors(
-    pd_pair: tuple[VllmBackend, dict[str, VllmProcess]], tmp_path: Path
+    pd_pair: tuple[VllmBackend, dict[str, VllmProcess]],
+    tmp_path: Path,
+    start_gateway: Callable[[GatewayConfig], GatewayProcess],
 ) -> None:
     backend, processes = pd_pair
     prefill, decode = processes["prefill"], processes["decode"]
     config = GatewayConfig(
-        data_dir=str(tmp_path),
+        data_dir=str(tmp_path / "data"),
         models=[ModelEntry(id="tiny-chat", backend="tiny")],
         backends=[backend],
     )
     prompts = [text(uuid.uuid4().hex) for _ in range(3)]
     expired = await metric_value(prefill.url, "vllm:nixl_num_kv_expired_reqs_total")
-    gw = GatewayThread(config).start()
-    try:
-        async with httpx.AsyncClient(timeout=TIMEOUT_S) as client:
-            greedy = [
-                await answer(client, decode.url, completion(p, cache_salt="reference"))
-                for p in prompts
-            ]
-            # one hand-off first: the servers' NIXL handshake is made before the stall
-            await answer(client, gw.url, completion(text(uuid.uuid4().hex), model="tiny-chat"))
+    gw = start_gateway(config)
+    async with httpx.AsyncClient(timeout=TIMEOUT_S) as client:
+        greedy = [
+            await answer(client, decode.url, completion(p, cache_salt="reference")) for p in prompts
+        ]
+        # one hand-off first: the servers' NIXL handshake is made before the stall
+        await answer(client, gw.url, completion(text(uuid.uuid4().hex), model="tiny-chat"))
 
-            metrics = (await client.get(f"{gw.url}/metrics")).text
-            over_before = parse_metric(metrics, "semcache_pd_handoff_over_bound_total")
-            bodies = [
-                completion(p, model="tiny-chat", stream=stream)
-                for p, stream in zip(prompts, (False, True, False), strict=True)
+        metrics = (await client.get(f"{gw.url}/metrics")).text
+        over_before = parse_metric(metrics, "semcache_pd_handoff_over_bound_total")
+        bodies = [
+            completion(p, model="tiny-chat", stream=stream)
+            for p, stream in zip(prompts, (False, True, False), strict=True)
+        ]
+        decode.pause()
+        try:
+            sent = [
+                asyncio.create_task(client.post(f"{gw.url}/v1/completions", json=b)) for b in bodies
             ]
-            decode.pause()
-            try:
-                sent = [
-                    asyncio.create_task(client.post(f"{gw.url}/v1/completions", json=b))
-                    for b in bodies
-                ]
-                await asyncio.sleep(LEASE_S + 1)
-                await reuse_prefill_blocks(client, prefill.url)
-            finally:
-                decode.resume()
-            first = await asyncio.gather(*sent)
+            await asyncio.sleep(LEASE_S + 1)
+            await reuse_prefill_blocks(client, prefill.url)
+        finally:
+            decode.resume()
+        first = await asyncio.gather(*sent)
 
-            again = [await client.post(f"{gw.url}/v1/completions", json=b) for b in bodies]
-            page = (await client.get(f"{gw.url}/metrics")).text
-    finally:
-        gw.stop()
+        again = [await client.post(f"{gw.url}/v1/completions", json=b) for b in bodies]
+        page = (await client.get(f"{gw.url}/metrics")).text
 
     for body, expected, r, repeat in zip(bodies, greedy, first, again, strict=True):
         if r.status_code == 200:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,7 @@ import pytest
 
 from backends.config import VllmBackend, VllmServer
 from backends.launch.process import VllmProcess
-from harness.gateway import GatewayThread
+from harness.gateway import GatewayProcess, GatewayThread
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm
 from server.config import GatewayConfig, ModelEntry
@@ -64,36 +64,40 @@ def test_unreachable_backend_is_502_or_503_with_retry_after(dead_gateway: Gatewa
 
 
 @pytest.mark.slow
-def test_backend_timeout_is_504(data_dir: Path, tiny_vllm: VllmProcess) -> None:
-    gw = GatewayThread(_only_chat(data_dir, tiny_vllm.url, read_timeout_s=0.3)).start()
-    try:
-        r = httpx.post(
-            f"{gw.url}/v1/chat/completions",
-            json={
-                "model": "tiny-chat",
-                "messages": MESSAGES,
-                "max_tokens": 1500,
-                "ignore_eos": True,
-            },
-            timeout=60,
-        )
-        assert r.status_code == 504
-        assert r.headers["retry-after"]
-        assert r.json()["error"]["code"] == "backend_timeout"
-    finally:
-        gw.stop()
+def test_backend_timeout_is_504(
+    data_dir: Path,
+    tiny_vllm: VllmProcess,
+    start_gateway: Callable[[GatewayConfig], GatewayProcess],
+) -> None:
+    gw = start_gateway(_only_chat(data_dir, tiny_vllm.url, read_timeout_s=0.3))
+    r = httpx.post(
+        f"{gw.url}/v1/chat/completions",
+        json={
+            "model": "tiny-chat",
+            "messages": MESSAGES,
+            "max_tokens": 1500,
+            "ignore_eos": True,
+        },
+        timeout=60,
+    )
+    assert r.status_code == 504
+    assert r.headers["retry-after"]
+    assert r.json()["error"]["code"] == "backend_timeout"
 
 
-async def _kill_mid_stream(data_dir: Path) -> tuple[openai.APIError | None, set[int]]:
+async def _kill_mid_stream(
+    data_dir: Path, start_gateway: Callable[[GatewayConfig], GatewayProcess]
+) -> tuple[openai.APIError | None, set[int]]:
     """Start a stream, SIGKILL vLLM once it has begun; (the error raised, choices finished).
 
     Afterwards the dead backend must give a clean 502/503 with Retry-After.
     """
     process = await start_tiny_vllm(data_dir, free_port(), progress=None)
-    gw = GatewayThread(
-        gateway_config(data_dir, process.url, data_dir / "models" / TINY_MODEL_NAME)
-    ).start()
+    gw: GatewayProcess | None = None
     try:
+        gw = start_gateway(
+            gateway_config(data_dir, process.url, data_dir / "models" / TINY_MODEL_NAME)
+        )
         client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="t", max_retries=0, timeout=60)
         # warm: a fresh server's first answer can lag behind its own generation
         await client.chat.completions.create(model="tiny-chat", messages=MESSAGES, max_tokens=4)
@@ -125,12 +129,15 @@ async def _kill_mid_stream(data_dir: Path) -> tuple[openai.APIError | None, set[
         assert after.value.response.headers["retry-after"]
         return error, finished
     finally:
-        gw.stop()
+        if gw is not None:
+            gw.stop()
         await process.stop()
 
 
 @pytest.mark.slow
-async def test_backend_killed_mid_stream_ends_cleanly(data_dir: Path) -> None:
+async def test_backend_killed_mid_stream_ends_cleanly(
+    data_dir: Path, start_gateway: Callable[[GatewayConfig], GatewayProcess]
+) -> None:
     """A stream cut by the backend's death ends with an error event, never silently.
 
     On a quiet machine vLLM can have written the whole answer into the socket buffers before
@@ -138,7 +145,7 @@ async def test_backend_killed_mid_stream_ends_cleanly(data_dir: Path) -> None:
     again. A stream that ends with unfinished choices and no error fails at once.
     """
     for _ in range(3):
-        error, finished = await _kill_mid_stream(data_dir)
+        error, finished = await _kill_mid_stream(data_dir, start_gateway)
         if error is not None:
             assert "backend" in str(error.message).lower()
             return

@@ -1,6 +1,7 @@
 """``/v1/classify`` on a vLLM classification model: a real vLLM (started by the launcher from a
 ``task = "classify"`` backend) serving a tiny random-weight ``LlamaForSequenceClassification``,
-and a real gateway in front with the per-item semantic cache on.
+and the real ``semcache serve`` process in front (``--no-launch``: the test's launcher owns
+vLLM) with the per-item semantic cache on.
 
 Backend calls are counted on vLLM's own /metrics (``vllm:request_success_total`` counts one
 per classified text). The last test kills vLLM.
@@ -18,7 +19,7 @@ import pytest
 
 from backends.config import EmbeddedClassifierBackend, VllmBackend, VllmServer
 from backends.launch.launcher import Launcher
-from harness.gateway import GatewayThread
+from harness.gateway import GatewayProcess, write_config_toml
 from harness.metrics import metric_value
 from harness.ports import free_port
 from harness.tiny_classifier import LABELS, tiny_classifier
@@ -69,21 +70,26 @@ def vllm_backend(model_dir: Path, url: str) -> VllmBackend:
     )
 
 
+def classify_config(backend: VllmBackend, tmp: Path) -> GatewayConfig:
+    """The vLLM classifier and the embedded sentiment model, data under ``tmp``."""
+    return GatewayConfig(
+        data_dir=str(tmp),
+        policy=str(write_policy(tmp / "policy.toml")),
+        server=ServerSettings(max_body_bytes=1024 * 1024),
+        models=[
+            ModelEntry(id=MODEL, backend="vcls", task="classification", aliases=[ALIAS]),
+            ModelEntry(id="sentiment", backend="sentiment", task="classification"),
+        ],
+        backends=[backend, EmbeddedClassifierBackend(name="sentiment")],
+    )
+
+
 class Setup:
-    def __init__(self, launcher: Launcher, backend: VllmBackend, tmp: Path) -> None:
+    def __init__(self, launcher: Launcher, backend: VllmBackend, gateway: GatewayProcess) -> None:
+        """``gateway``: not yet started; :meth:`close` stops it."""
         self.launcher = launcher
         self.vllm_url = backend.servers[0].url
-        config = GatewayConfig(
-            data_dir=str(tmp),
-            policy=str(write_policy(tmp / "policy.toml")),
-            server=ServerSettings(max_body_bytes=1024 * 1024),
-            models=[
-                ModelEntry(id=MODEL, backend="vcls", task="classification", aliases=[ALIAS]),
-                ModelEntry(id="sentiment", backend="sentiment", task="classification"),
-            ],
-            backends=[backend, EmbeddedClassifierBackend(name="sentiment")],
-        )
-        self.gateway = GatewayThread(config).start()
+        self.gateway = gateway
         self.http = httpx.Client(base_url=self.gateway.url, timeout=60)
         self.direct = httpx.Client(base_url=self.vllm_url, timeout=60)
 
@@ -112,9 +118,12 @@ async def setup(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Asy
 
     model_dir = await asyncio.to_thread(tiny_classifier, data_dir / "models")
     backend = vllm_backend(model_dir, f"http://127.0.0.1:{free_port()}")
+    tmp = tmp_path_factory.mktemp("vcls")
+    config = write_config_toml(classify_config(backend, tmp), tmp / "gateway.toml")
     async with Launcher([backend], data_dir, progress=lambda _m: None) as launcher:
-        s = await asyncio.to_thread(Setup, launcher, backend, tmp_path_factory.mktemp("vcls"))
+        s = Setup(launcher, backend, GatewayProcess(config))
         try:
+            await asyncio.to_thread(s.gateway.start)
             yield s
         finally:
             await asyncio.to_thread(s.close)

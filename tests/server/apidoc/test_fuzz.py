@@ -1,6 +1,6 @@
-"""Schemathesis on every operation of ``/openapi.json``, against a live gateway built as
-``semcache serve`` builds it: the tiny vLLM behind the generation routes, the embedded
-MiniLM embeddings and sentiment classifier, batches on, an admin token.
+"""Schemathesis on every operation of ``/openapi.json``, against the real ``semcache serve``
+process: the tiny vLLM behind the generation routes, the embedded MiniLM embeddings and
+sentiment classifier, batches on, an admin token.
 
 Each operation gets generated requests, valid ones and, where it has a body or a query,
 invalid ones (``RUNS``); every answer must be no server error, a status the document lists,
@@ -35,7 +35,7 @@ from backends.config import (
 )
 from backends.launch.process import VllmProcess
 from foundation.package_files import package_file
-from harness.gateway import GatewayThread
+from harness.gateway import GatewayProcess, write_config_toml
 from harness.vllm_process import TINY_MODEL_NAME
 from server.config import GatewayConfig, ModelEntry, ServerSettings
 
@@ -109,12 +109,13 @@ def fuzz_config(data_dir: Path, vllm_url: str, model_path: Path) -> GatewayConfi
 @pytest.fixture(scope="module")
 def fuzzed_gateway(
     data_dir: Path, tiny_vllm: VllmProcess, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GatewayThread]:
+) -> Iterator[GatewayProcess]:
     model_path = data_dir / "models" / TINY_MODEL_NAME
-    config = fuzz_config(tmp_path_factory.mktemp("fuzz"), tiny_vllm.url, model_path)
-    gateway = GatewayThread(config).start()
+    root = tmp_path_factory.mktemp("fuzz")
+    config = fuzz_config(root, tiny_vllm.url, model_path)
+    gateway = GatewayProcess(write_config_toml(config, root / "gateway.toml"))
     try:
-        yield gateway
+        yield gateway.start()
     finally:
         gateway.stop()
 
@@ -155,7 +156,7 @@ def with_models(
 
 
 @pytest.fixture(scope="module")
-def api(fuzzed_gateway: GatewayThread) -> schemathesis.BaseSchema:
+def api(fuzzed_gateway: GatewayProcess) -> schemathesis.BaseSchema:
     config = schemathesis.Config.from_dict(
         {
             "headers": {"Authorization": f"Bearer {TOKEN}"},

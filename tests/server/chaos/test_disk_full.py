@@ -5,21 +5,22 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import os
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
 from backends.launch.process import VllmProcess
-from harness.gateway import GatewayThread
+from harness.gateway import GatewayProcess
 from harness.vllm_process import TINY_MODEL_NAME
+from server.config import GatewayConfig
 from tests.conftest import gateway_config
 from tests.server.chaos.common import chat, metric, write_policy
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -77,10 +78,21 @@ def fill(folder: Path) -> Path:
     return filler
 
 
-def embed(gw: GatewayThread, texts: list[str]) -> httpx.Response:
+def embed(gw: GatewayProcess, texts: list[str]) -> httpx.Response:
     return httpx.post(
         f"{gw.url}/v1/embeddings", json={"model": "all-MiniLM-L6-v2", "input": texts}, timeout=60
     )
+
+
+LAST_LINES = ("[semcache] interrupted", "[semcache] stopping")
+"""How ``semcache serve`` ends its output: on SIGINT (``stop``), or on its own."""
+
+
+def stopped_log(gw: GatewayProcess) -> list[str]:
+    """``gw`` stopped, and every line it printed (read up to its last)."""
+    gw.stop()
+    wait_until(lambda: gw.lines and gw.lines[-1].startswith(LAST_LINES), timeout_s=30)
+    return list(gw.lines)
 
 
 def test_disk_full_keeps_answering_counts_once_and_serves_nothing_corrupt(
@@ -88,7 +100,7 @@ def test_disk_full_keeps_answering_counts_once_and_serves_nothing_corrupt(
     tmp_path: Path,
     data_dir: Path,
     tiny_vllm: VllmProcess,
-    caplog: pytest.LogCaptureFixture,
+    start_gateway: Callable[[GatewayConfig], GatewayProcess],
 ) -> None:
     # The exported encoder graph is shared with the other tests (and made on first use).
     (data_dir / "encoders").mkdir(parents=True, exist_ok=True)
@@ -102,66 +114,57 @@ def test_disk_full_keeps_answering_counts_once_and_serves_nothing_corrupt(
     texts = [
         [f"The {a} {v} near the {p}." for p in PLACES] for a, v in zip(ANIMALS, VERBS, strict=True)
     ]
-    caplog.set_level(logging.WARNING)
-
-    gw = GatewayThread(config).start()
-    try:
-        assert embed(gw, [f"warm {run}"]).status_code == 200  # the semantic cache is loaded
-        filler = fill(small_disk)
-        first = [httpx.post(f"{gw.url}/v1/chat/completions", json=c, timeout=60) for c in chats]
-        vectors = [embed(gw, t) for t in texts]
-        assert [r.status_code for r in first + vectors] == [200] * (N_CHAT + N_EMBED)
-        # What must be stored to be accepted is refused plainly, in the route's format
-        batch = httpx.post(
-            f"{gw.url}/client/v4/accounts/a/ai/run/tiny-chat?queueRequest=true",
-            json={"requests": [{"prompt": "x", "max_tokens": 4}]},
-            headers={"authorization": "Bearer t"},
-        )
-        assert batch.status_code == 507 and batch.json()["success"] is False
-        upload = httpx.post(
-            f"{gw.url}/v1/files",
-            files={"file": ("in.jsonl", BATCH_LINE)},
-            data={"purpose": "batch"},
-            headers={"authorization": "Bearer t"},
-        )
-        assert upload.status_code == 507
-        assert upload.json()["error"]["code"] == "insufficient_storage"
-        again = [httpx.post(f"{gw.url}/v1/chat/completions", json=c, timeout=60) for c in chats]
-        assert all(r.headers["cf-aig-cache-status"] == "HIT" for r in again)  # from memory
-        assert [r.content for r in again] == [r.content for r in first]
-        lost = metric(gw.url, "semcache_exact_tier_errors_total", tier="disk", op="set")
-        records_lost = metric(gw.url, "semcache_semantic_record_write_failures_total")
-        filler.unlink()
-        after = httpx.post(f"{gw.url}/v1/chat/completions", json=chat(f"after {run}"), timeout=60)
-        assert after.status_code == 200
-    finally:
-        gw.stop()
-    disk_failed = [r for r in caplog.records if "cache tier disk failed on set" in r.message]
-    semantic_failed = [
-        r for r in caplog.records if "semantic records cannot be written" in r.message
-    ]
+    gw = start_gateway(config)
+    assert embed(gw, [f"warm {run}"]).status_code == 200  # the semantic cache is loaded
+    filler = fill(small_disk)
+    first = [httpx.post(f"{gw.url}/v1/chat/completions", json=c, timeout=60) for c in chats]
+    vectors = [embed(gw, t) for t in texts]
+    assert [r.status_code for r in first + vectors] == [200] * (N_CHAT + N_EMBED)
+    # What must be stored to be accepted is refused plainly, in the route's format
+    batch = httpx.post(
+        f"{gw.url}/client/v4/accounts/a/ai/run/tiny-chat?queueRequest=true",
+        json={"requests": [{"prompt": "x", "max_tokens": 4}]},
+        headers={"authorization": "Bearer t"},
+    )
+    assert batch.status_code == 507 and batch.json()["success"] is False
+    upload = httpx.post(
+        f"{gw.url}/v1/files",
+        files={"file": ("in.jsonl", BATCH_LINE)},
+        data={"purpose": "batch"},
+        headers={"authorization": "Bearer t"},
+    )
+    assert upload.status_code == 507
+    assert upload.json()["error"]["code"] == "insufficient_storage"
+    again = [httpx.post(f"{gw.url}/v1/chat/completions", json=c, timeout=60) for c in chats]
+    assert all(r.headers["cf-aig-cache-status"] == "HIT" for r in again)  # from memory
+    assert [r.content for r in again] == [r.content for r in first]
+    lost = metric(gw.url, "semcache_exact_tier_errors_total", tier="disk", op="set")
+    records_lost = metric(gw.url, "semcache_semantic_record_write_failures_total")
+    filler.unlink()
+    after = httpx.post(f"{gw.url}/v1/chat/completions", json=chat(f"after {run}"), timeout=60)
+    assert after.status_code == 200
+    log = stopped_log(gw)
+    disk_failed = [line for line in log if "cache tier disk failed on set" in line]
+    semantic_failed = [line for line in log if "semantic records cannot be written" in line]
     assert len(disk_failed) == 1 and len(semantic_failed) == 1  # logged once each
-    assert any("cache tier disk works again on set" in r.message for r in caplog.records)
+    assert any("cache tier disk works again on set" in line for line in log)
     assert lost >= N_CHAT  # every chat answer, and the embedding items
     assert records_lost >= 3 * N_EMBED
 
     # After a restart on the same disk: every answer is the right one or a miss, never junk.
-    gw = GatewayThread(config).start()
-    try:
-        replay = [httpx.post(f"{gw.url}/v1/chat/completions", json=c, timeout=60) for c in chats]
-        assert [r.status_code for r in replay] == [200] * N_CHAT
-        for old, new in zip(first, replay, strict=True):
-            content = new.json()["choices"][0]["message"]["content"]
-            assert content == old.json()["choices"][0]["message"]["content"]
-        for t, old in zip(texts, vectors, strict=True):
-            new_vectors = embed(gw, t)
-            assert new_vectors.status_code == 200
-            for a, b in zip(old.json()["data"], new_vectors.json()["data"], strict=True):
-                assert a["embedding"] == pytest.approx(b["embedding"], abs=1e-4)
-        served = sum(r.headers["cf-aig-cache-status"] == "HIT" for r in replay)
-        corrupt = metric(gw.url, "semcache_exact_integrity_failures_total")
-    finally:
-        gw.stop()
+    gw = start_gateway(config)
+    replay = [httpx.post(f"{gw.url}/v1/chat/completions", json=c, timeout=60) for c in chats]
+    assert [r.status_code for r in replay] == [200] * N_CHAT
+    for old, new in zip(first, replay, strict=True):
+        content = new.json()["choices"][0]["message"]["content"]
+        assert content == old.json()["choices"][0]["message"]["content"]
+    for t, old in zip(texts, vectors, strict=True):
+        new_vectors = embed(gw, t)
+        assert new_vectors.status_code == 200
+        for a, b in zip(old.json()["data"], new_vectors.json()["data"], strict=True):
+            assert a["embedding"] == pytest.approx(b["embedding"], abs=1e-4)
+    served = sum(r.headers["cf-aig-cache-status"] == "HIT" for r in replay)
+    corrupt = metric(gw.url, "semcache_exact_integrity_failures_total")
     assert corrupt == 0
     print(
         f"\nFIGURE disk full: {N_CHAT + N_EMBED} of {N_CHAT + N_EMBED} requests answered on a "

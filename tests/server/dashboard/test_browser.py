@@ -1,4 +1,4 @@
-"""The dashboard as an operator sees it: a gateway ``create_app`` builds over real vLLM, known
+"""The dashboard as an operator sees it: the real ``semcache serve`` process over real vLLM, known
 traffic (10 chat requests, 4 of them repeats, one batch, one purge), and every page opened in
 Debian's Chromium, driven by Playwright.
 
@@ -21,7 +21,7 @@ from playwright.async_api import expect
 
 from backends.launch.process import VllmProcess
 from harness.browser import Watched, chromium, chromium_binary, log_in
-from harness.gateway import GatewayThread
+from harness.gateway import GatewayProcess, write_config_toml
 from harness.metrics import parse_metric
 from harness.vllm_process import TINY_MODEL_NAME
 from server.dashboard.routes import PAGES
@@ -63,15 +63,15 @@ def browser_binary() -> str:
 @pytest.fixture(scope="module")
 def gw(
     data_dir: Path, tiny_vllm: VllmProcess, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GatewayThread]:
+) -> Iterator[GatewayProcess]:
     tmp = tmp_path_factory.mktemp("dashboard")
     (tmp / "policy.toml").write_text(POLICY)
     config = gateway_config(
         tmp, tiny_vllm.url, data_dir / "models" / TINY_MODEL_NAME, policy=str(tmp / "policy.toml")
     )
-    gateway = GatewayThread(config).start()
+    gateway = GatewayProcess(write_config_toml(config, tmp / "gateway.toml"))
     try:
-        yield gateway
+        yield gateway.start()
     finally:
         gateway.stop()
 
@@ -119,7 +119,7 @@ def run_batch(client: httpx.Client) -> str:
 
 
 @pytest.fixture(scope="module")
-def traffic(gw: GatewayThread) -> dict[str, Any]:
+def traffic(gw: GatewayProcess) -> dict[str, Any]:
     """The known traffic, sent once for the module; what the pages must show."""
     with httpx.Client(base_url=gw.url, timeout=120, headers=TENANT) as client:
         answers = [chat(client, text) for text in PROMPTS]
@@ -131,7 +131,7 @@ def traffic(gw: GatewayThread) -> dict[str, Any]:
 
 @pytest.fixture
 async def watched_page(
-    gw: GatewayThread, browser_binary: str
+    gw: GatewayProcess, browser_binary: str
 ) -> AsyncIterator[tuple[Any, Watched]]:
     async with chromium(browser_binary) as browser:
         page = await browser.new_page()
@@ -142,16 +142,16 @@ async def watched_page(
         assert watched.outside_requests == []
 
 
-async def get(gw: GatewayThread, path: str) -> httpx.Response:
+async def get(gw: GatewayProcess, path: str) -> httpx.Response:
     async with httpx.AsyncClient(base_url=gw.url, headers=AUTH, timeout=120) as client:
         return await client.get(path)
 
 
-async def api(gw: GatewayThread, page: str) -> Any:
+async def api(gw: GatewayProcess, page: str) -> Any:
     return (await get(gw, f"/dashboard/api/{page}")).json()
 
 
-async def chat_again(gw: GatewayThread, text: str) -> str:
+async def chat_again(gw: GatewayProcess, text: str) -> str:
     """One more chat request; its cache status."""
     body = {
         "model": "tiny-chat",
@@ -170,7 +170,7 @@ async def text(page: Any, selector: str) -> str:
 
 
 async def test_every_page_shows_the_traffic_sent(
-    gw: GatewayThread, traffic: dict[str, Any], watched_page: tuple[Any, Watched]
+    gw: GatewayProcess, traffic: dict[str, Any], watched_page: tuple[Any, Watched]
 ) -> None:
     page, _ = watched_page
     assert traffic["hits"] == 4
@@ -221,7 +221,7 @@ async def test_every_page_shows_the_traffic_sent(
 
 
 async def test_the_overview_refreshes_itself(
-    gw: GatewayThread, traffic: dict[str, Any], watched_page: tuple[Any, Watched]
+    gw: GatewayProcess, traffic: dict[str, Any], watched_page: tuple[Any, Watched]
 ) -> None:
     page, _ = watched_page
     await log_in(page, gw.url, ADMIN)
@@ -231,7 +231,7 @@ async def test_the_overview_refreshes_itself(
 
 
 async def test_the_purge_form_asks_first_then_purges(
-    gw: GatewayThread, traffic: dict[str, Any], watched_page: tuple[Any, Watched]
+    gw: GatewayProcess, traffic: dict[str, Any], watched_page: tuple[Any, Watched]
 ) -> None:
     page, _ = watched_page
     await log_in(page, gw.url, ADMIN)
@@ -263,7 +263,7 @@ async def test_the_purge_form_asks_first_then_purges(
 
 
 async def test_without_the_admin_token_pages_are_refused(
-    gw: GatewayThread, traffic: dict[str, Any], watched_page: tuple[Any, Watched]
+    gw: GatewayProcess, traffic: dict[str, Any], watched_page: tuple[Any, Watched]
 ) -> None:
     page, watched = watched_page
     for name in PAGES:

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from backends.launch.process import VllmProcess
-from harness.gateway import GatewayThread
+from harness.gateway import GatewayProcess
 from harness.metrics import parse_metric
 from harness.vllm_process import TINY_MODEL_NAME
 
@@ -27,7 +27,7 @@ MESSAGES: list[Any] = [
 
 
 @pytest.fixture
-def gw(gateway: GatewayThread) -> openai.OpenAI:
+def gw(gateway: GatewayProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="test", max_retries=0)
 
 
@@ -178,7 +178,7 @@ def test_vllm_rejection_is_relayed_in_openai_shape(gw: openai.OpenAI) -> None:
         )
 
 
-def test_embeddings_string_and_list(gw: openai.OpenAI, gateway: GatewayThread) -> None:
+def test_embeddings_string_and_list(gw: openai.OpenAI, gateway: GatewayProcess) -> None:
     one = gw.embeddings.create(model="all-MiniLM-L6-v2", input="The cat sat on the mat.")
     assert len(one.data) == 1 and len(one.data[0].embedding) == 384
     many = gw.embeddings.create(
@@ -205,7 +205,7 @@ def test_embeddings_string_and_list(gw: openai.OpenAI, gateway: GatewayThread) -
 
 
 def test_client_disconnect_cancels_backend_request(
-    gateway: GatewayThread, tiny_vllm: VllmProcess
+    gateway: GatewayProcess, tiny_vllm: VllmProcess
 ) -> None:
     def generated() -> float:
         text = httpx.get(f"{tiny_vllm.url}/metrics").text
@@ -249,7 +249,7 @@ def test_client_disconnect_cancels_backend_request(
     assert counts[-1] < 1500, counts
 
 
-def test_metrics_page_counts_requests(gw: openai.OpenAI, gateway: GatewayThread) -> None:
+def test_metrics_page_counts_requests(gw: openai.OpenAI, gateway: GatewayProcess) -> None:
     gw.chat.completions.create(model="tiny-chat", messages=MESSAGES, max_tokens=4, temperature=0)
     text = httpx.get(f"{gateway.url}/metrics").text
     completion = {"model": "tiny-chat", "kind": "completion"}

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from backends.launch.process import VllmProcess
-from harness.gateway import GatewayThread
+from harness.gateway import GatewayProcess, write_config_toml
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm
 from tests.conftest import gateway_config
@@ -25,7 +25,7 @@ HEADERS = {"authorization": "Bearer test"}
 
 
 @pytest.fixture
-def gw(gateway: GatewayThread) -> openai.OpenAI:
+def gw(gateway: GatewayProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="test", max_retries=0)
 
 
@@ -63,7 +63,7 @@ def test_a_stateless_response_is_vllms_answer_then_a_cache_hit(
 
 
 def test_a_stateless_stream_is_relayed_then_replayed_byte_for_byte(
-    gw: openai.OpenAI, direct: openai.OpenAI, gateway: GatewayThread
+    gw: openai.OpenAI, direct: openai.OpenAI, gateway: GatewayProcess
 ) -> None:
     kw = stateless(stream=True)
     events = list(gw.responses.create(model="tiny-chat", **kw))
@@ -128,9 +128,11 @@ def storing_gw(
     storing_vllm: VllmProcess, data_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[openai.OpenAI]:
     model_path = data_dir / "models" / TINY_MODEL_NAME
-    config = gateway_config(tmp_path_factory.mktemp("storing"), storing_vllm.url, model_path)
-    gw = GatewayThread(config).start()
+    root = tmp_path_factory.mktemp("storing")
+    config = gateway_config(root / "data", storing_vllm.url, model_path)
+    gw = GatewayProcess(write_config_toml(config, root / "gateway.toml"))
     try:
+        gw.start()
         yield openai.OpenAI(base_url=f"{gw.url}/v1", api_key="test", max_retries=0)
     finally:
         gw.stop()
