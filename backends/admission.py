@@ -10,36 +10,50 @@ The queue (``backends.fair_queue``) serves waiters by band, then fairly between 
 the ``QueueTicket`` each request brings; without one (the ``[queue]`` switch off) every
 request has the same ticket and the queue is first come, first served. A ticket's own bounds
 (waiters per tenant, wait) refuse as ``overloaded`` too.
+
+Fair order alone cannot help a tenant that arrives when a flood holds every slot: it still
+waits for one to free. So, with a ticket's ``share_window_s``, a flow (a tenant in a band)
+holds at most its weighted share of the pool's slots while other flows are active (holding,
+waiting, or seen less than ``share_window_s`` ago): a slot stays free for the trickle that
+comes back, and a flow alone still takes every slot.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client import Histogram
 
-from backends.fair_queue import FIFO, FairQueue, QueueTicket, Waiter
+from backends.fair_queue import FIFO, Band, FairQueue, QueueTicket, Waiter
 from backends.protocol import BackendError
 from backends.servers import ServerState
 
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
+Flow = tuple[Band, str]
+"""A tenant's requests in one band."""
+FIFO_FLOW: Flow = (FIFO.band, FIFO.tenant)
+
+
 class Lease:
     """One request's slot on one server; ``release`` (idempotent) frees it."""
 
-    def __init__(self, admission: Admission, server: ServerState) -> None:
+    def __init__(self, admission: Admission, server: ServerState, flow: Flow) -> None:
         self.admission = admission
         self.server = server
+        self.flow = flow
         self._held = True
 
     def release(self) -> None:
         if self._held:
             self._held = False
-            self.admission.release(self.server)
+            self.admission.release(self.server, self.flow)
 
 
 class Admission:
@@ -55,8 +69,11 @@ class Admission:
         queue_timeout_s: float,
         retry_after_s: int,
         unavailable_retry_after_s: int,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.backend = backend
+        self.clock = clock
+        """Monotonic seconds: when each flow was last seen (tests set it)."""
         self.role = role
         self.servers = servers
         self.max_queue = max_queue
@@ -73,6 +90,10 @@ class Admission:
         self.waits: dict[str, Histogram] = {}
         """Seconds each request that queued waited, by band (registered nowhere:
         ``BackendCollector`` exposes them)."""
+        self.holding: Counter[Flow] = Counter()
+        """Slots each flow holds now."""
+        self._seen: dict[Flow, tuple[float, float, float]] = {}
+        """Each flow's last request (monotonic time), weight and share window."""
 
     def _any_healthy(self) -> bool:
         return any(s.healthy for s in self.servers)
@@ -94,19 +115,47 @@ class Admission:
             retry_after_s=self.retry_after_s,
         )
 
-    def _take(self, order: Iterable[ServerState]) -> Lease | None:
+    def _take(self, order: Iterable[ServerState], ticket: QueueTicket) -> Lease | None:
+        flow = (ticket.band, ticket.tenant)
+        if not self._within_share(flow):
+            return None
         for server in order:
             if server.free:
                 server.inflight += 1
                 server.requests += 1
-                return Lease(self, server)
+                self.holding[flow] += 1
+                return Lease(self, server, flow)
         return None
 
-    def try_acquire(self, order: Iterable[ServerState]) -> Lease | None:
+    def _see(self, flow: Flow, ticket: QueueTicket) -> None:
+        if ticket.share_window_s > 0:
+            self._seen[flow] = (self.clock(), ticket.weight, ticket.share_window_s)
+
+    def _within_share(self, flow: Flow) -> bool:
+        """Whether ``flow`` may take one more slot: always, unless other flows are active and
+        it already holds its weighted share of the healthy servers' slots."""
+        mine = self._seen.get(flow)
+        if mine is None or not self.holding[flow]:
+            return True  # no cap asked for, or it holds nothing yet
+        now = self.clock()
+        waiting = set(self.queue.flows())
+        weights = 0.0
+        for other, (at, weight, window) in list(self._seen.items()):
+            if self.holding[other] or other in waiting or now - at < window:
+                weights += weight
+            elif other != flow:
+                del self._seen[other]  # gone quiet: forgotten
+        if weights <= mine[1]:
+            return True  # alone
+        slots = sum(s.limit for s in self.servers if s.healthy)
+        share = max(1, math.floor(slots * mine[1] / weights))
+        return self.holding[flow] < share
+
+    def try_acquire(self, order: Iterable[ServerState], ticket: QueueTicket = FIFO) -> Lease | None:
         """A slot on the first free server of ``order`` now, or None (never waits)."""
         if self.queue:
             return None  # waiters go before newcomers
-        return self._take(order)
+        return self._take(order, ticket)
 
     def _wait_histogram(self, band: str) -> Histogram:
         histogram = self.waits.get(band)
@@ -127,10 +176,11 @@ class Admission:
         """
         if not self._any_healthy():
             raise self._unavailable()
-        lease = self.try_acquire(rank())
+        ticket = ticket or FIFO
+        self._see((ticket.band, ticket.tenant), ticket)
+        lease = self.try_acquire(rank(), ticket)
         if lease is not None:
             return lease
-        ticket = ticket or FIFO
         if self.waiting >= self.max_queue:
             why = f"{self.waiting} requests already wait"
             raise self._overloaded(why, ticket, "queue_full")
@@ -150,6 +200,8 @@ class Admission:
                 future: asyncio.Future[None] = loop.create_future()
                 if waiter is None:
                     waiter = self.queue.push(future, ticket)
+                    if any(s.free for s in self.servers):
+                        self.wake_one()  # the slot free for it, or one a capped flow left
                 else:
                     waiter = self.queue.requeue(waiter, future)
                 try:
@@ -165,7 +217,7 @@ class Admission:
                     raise
                 if not self._any_healthy():
                     raise self._unavailable()
-                lease = self._take(rank())
+                lease = self._take(rank(), ticket)
                 if lease is not None:
                     self._wait_histogram(ticket.band).observe(time.perf_counter() - queued_at)
                     if self.queue and any(s.free for s in self.servers):
@@ -174,19 +226,31 @@ class Admission:
         finally:
             self.waiting -= 1
 
-    def release(self, server: ServerState) -> None:
+    def release(self, server: ServerState, flow: Flow = FIFO_FLOW) -> None:
         """A slot on ``server`` is free again (called by ``Lease.release``)."""
         server.inflight -= 1
+        self.holding[flow] -= 1
+        if not self.holding[flow]:
+            del self.holding[flow]
         if server.idle is not None and not server.inflight:
             server.idle.set()  # a draining server's last request: it may leave
+        seen = self._seen.get(flow)
+        if seen is not None:
+            self._seen[flow] = (self.clock(), seen[1], seen[2])
+            if self.queue:  # when this flow goes quiet, a capped one may take more
+                with contextlib.suppress(RuntimeError):  # no loop: nothing waits either
+                    asyncio.get_running_loop().call_later(seen[2], self.wake_one)
         self.wake_one()
 
     def wake_one(self) -> None:
-        """The next waiter (by band, then fair share) tries to take the free slot."""
-        while (waiter := self.queue.pop()) is not None:
+        """The next waiter (by band, then fair share) allowed a slot tries to take it."""
+        while (waiter := self.queue.pop(self._eligible)) is not None:
             if not waiter.future.done():
                 waiter.future.set_result(None)
                 return
+
+    def _eligible(self, band: Band, tenant: str) -> bool:
+        return self._within_share((band, tenant))
 
     def wake_all(self) -> None:
         """Every waiter re-checks the servers (one left or came back)."""

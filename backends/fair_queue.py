@@ -19,6 +19,7 @@ import asyncio
 import heapq
 import itertools
 from collections import Counter
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 import msgspec
@@ -40,6 +41,10 @@ class QueueTicket(msgspec.Struct, frozen=True, kw_only=True):
     """Waiters of this tenant (in this pool) past which a new one is refused."""
     max_wait_s: float | None = None
     """The longest this request waits (the pool's own ``queue_timeout_s`` bounds it too)."""
+    share_window_s: float = 0.0
+    """How long a flow (a tenant in a band) counts as active after its last request; while
+    two or more are active, each holds at most its weighted share of the pool's slots (see
+    ``backends.admission``). 0: no cap, a free slot goes to whoever asks."""
 
 
 FIFO = QueueTicket()
@@ -110,15 +115,31 @@ class FairQueue:
             del self.depth[(waiter.band, waiter.tenant)]
         self.total -= 1
 
-    def pop(self) -> Waiter | None:
-        """The next waiter to serve (taken out of the queue), or None when none waits."""
+    def flows(self) -> Iterable[tuple[Band, str]]:
+        """The (band, tenant) pairs with a waiter now."""
+        return self.depth.keys()
+
+    def pop(self, eligible: Callable[[Band, str], bool] | None = None) -> Waiter | None:
+        """The next waiter to serve (taken out of the queue), or None when none waits;
+        ``eligible``: waiters of flows it refuses stay queued, in their place."""
         for band in BANDS:
             heap = self._heaps[band]
+            skipped: list[tuple[float, int, Waiter]] = []
+            found: Waiter | None = None
             while heap:
-                start, _, waiter = heapq.heappop(heap)
+                entry = heapq.heappop(heap)
+                start, _, waiter = entry
                 if waiter.gone:
                     continue  # left while queued
+                if eligible is not None and not eligible(band, waiter.tenant):
+                    skipped.append(entry)
+                    continue
                 self._virtual[band] = start
                 self._forget(waiter)
-                return waiter
+                found = waiter
+                break
+            for entry in skipped:
+                heapq.heappush(heap, entry)
+            if found is not None:
+                return found
         return None

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -56,8 +57,12 @@ CHAT = "/v1/chat/completions"
 NOISY_TARGET, PRIORITY_TARGET, IDLE_TARGET_MS = 1.3, 1.2, 0.2
 MODES = {
     "queue on": "[queue]\nmax_queued_per_tenant = 4\nmax_wait_s = 10\n",
+    "fair order only": "[queue]\nmax_queued_per_tenant = 4\nmax_wait_s = 10\nshare_window_s = 0\n",
     "queue off": "[queue]\nenabled = false\n",
 }
+"""``queue on``: bands, fair order and each active flow held to its share of the slots (the
+default ``share_window_s``); ``fair order only``: no share cap, a free slot goes to the
+first in fair order; ``queue off``: one first-come-first-served line."""
 
 
 def write_config(work: Path, data_dir: Path, vllm_url: str, queue: str) -> Path:
@@ -225,6 +230,8 @@ async def main() -> int:
     parser.add_argument("--gap", type=float, default=0.3)
     parser.add_argument("--wrk-s", type=int, default=5)
     args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        parser.error("wrk is missing: scripts/wrk.sh install")
     data_dir = test_data_dir()
     print("starting the tiny vLLM on core 1 ...", file=sys.stderr)
     vllm = await start_tiny_vllm(data_dir, free_port(), cpu_cores="1", progress=None)
@@ -294,7 +301,7 @@ async def main() -> int:
         f"{args.phase_s:g} s, B every {args.gap:g} s; TTFT in ms"
     )
     print(
-        f"{'':<10} {'B alone p50':>11} {'p99':>7} {'noisy p50':>10} {'p99':>7} "
+        f"{'':<16} {'B alone p50':>11} {'p99':>7} {'noisy p50':>10} {'p99':>7} "
         f"{'x p50':>6} {'x p99':>6} {'A 200':>6} {'A 429':>6} {'A 5xx':>6}"
     )
     for name, r in results.items():
@@ -303,7 +310,7 @@ async def main() -> int:
         x99 = ms(loud, 99) / ms(alone, 99)
         fivexx = sum(v for k, v in seen.items() if k >= 500)
         print(
-            f"{name:<10} {ms(alone, 50):>11.1f} {ms(alone, 99):>7.1f} "
+            f"{name:<16} {ms(alone, 50):>11.1f} {ms(alone, 99):>7.1f} "
             f"{ms(loud, 50):>10.1f} {ms(loud, 99):>7.1f} {x50:>6.2f} {x99:>6.2f} "
             f"{seen[200]:>6} {seen[429]:>6} {fivexx:>6}"
         )
@@ -315,14 +322,14 @@ async def main() -> int:
                 )
             )
     print(
-        f"\n{'':<10} {'live idle p50':>13} {'backlog p50':>11} {'x':>6} {'idle p99':>9} "
+        f"\n{'':<16} {'live idle p50':>13} {'backlog p50':>11} {'x':>6} {'idle p99':>9} "
         f"{'backlog p99':>11}"
     )
     for name, r in results.items():
         idle, backlog = r["idle"], r["backlog"]
         x = ms(backlog, 50) / ms(idle, 50)
         print(
-            f"{name:<10} {ms(idle, 50):>13.1f} {ms(backlog, 50):>11.1f} {x:>6.2f} "
+            f"{name:<16} {ms(idle, 50):>13.1f} {ms(backlog, 50):>11.1f} {x:>6.2f} "
             f"{ms(idle, 99):>9.1f} {ms(backlog, 99):>11.1f}"
         )
         if name == "queue on":

@@ -13,7 +13,7 @@ from typing import Literal
 import msgspec
 
 from backends.fair_queue import ANONYMOUS, Band, QueueTicket
-from foundation.config_types import PosFloat, PosInt
+from foundation.config_types import NonNegFloat, PosFloat, PosInt
 
 PRIORITY_HEADER = "x-semcache-priority"
 
@@ -38,6 +38,10 @@ class QueueSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
     """Waiters of one tenant in one pool past which a new one gets a 429."""
     max_wait_s: PosFloat | None = None
     """The longest a request waits for a slot (the backend's ``queue_timeout_s`` too)."""
+    share_window_s: NonNegFloat = 1.0
+    """While two or more tenants (or bands) used a pool less than this long ago, each holds
+    at most its weighted share of the pool's slots, so a returning tenant finds one free
+    instead of waiting behind a flood; 0: a free slot goes to whoever asks."""
     tenants: dict[str, TenantQueue] = msgspec.field(default_factory=dict)
 
 
@@ -57,6 +61,7 @@ class Tickets:
             weight=entry.weight or s.weight,
             max_queued=entry.max_queued or s.max_queued_per_tenant,
             max_wait_s=entry.max_wait_s or s.max_wait_s,
+            share_window_s=s.share_window_s,
         )
 
     def ticket(

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from backends.fair_queue import QueueTicket
 from backends.protocol import BackendError
 from tests.backends.pools import make_pool
 
@@ -68,3 +69,72 @@ async def test_a_cancelled_waiter_leaves_the_queue_and_passes_its_turn() -> None
     lease = await asyncio.wait_for(patient, 1)
     assert lease.server is server and pool.admission.waiting == 0
     lease.release()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def flow(tenant: str, band: str = "interactive") -> QueueTicket:
+    return QueueTicket(tenant=tenant, band=band, share_window_s=1.0)  # type: ignore[arg-type]
+
+
+async def test_a_flow_alone_takes_every_slot_but_only_its_share_beside_another() -> None:
+    pool = make_pool([2], max_queue=8)
+    (server,) = pool.servers
+    pool.admission.clock = clock = Clock()
+    a, b = flow("a"), flow("b")
+    a1 = await pool.admission.acquire(lambda: [server], a)
+    a2 = await pool.admission.acquire(lambda: [server], a)  # alone: both slots
+    b1 = asyncio.create_task(pool.admission.acquire(lambda: [server], b))
+    a3 = asyncio.create_task(pool.admission.acquire(lambda: [server], a))
+    await asyncio.sleep(0)
+    a1.release()
+    got_b = await asyncio.wait_for(b1, 1)  # b's turn first (fair order)
+    got_b.release()
+    await asyncio.sleep(0)
+    # b is still active (seen 0 s ago): a holds its share (one of two), so the slot b left
+    # stays free for b's next request, which takes it at once.
+    assert not a3.done() and server.inflight == 1
+    again = await asyncio.wait_for(pool.admission.acquire(lambda: [server], b), 1)
+    again.release()
+    clock.now = 1.5  # b quiet for longer than the window: a may take every slot again
+    pool.admission.wake_one()
+    third = await asyncio.wait_for(a3, 1)
+    assert server.inflight == 2
+    for lease in (a2, third):
+        lease.release()
+    assert server.inflight == 0 and not pool.admission.holding
+
+
+async def test_without_a_window_a_free_slot_goes_to_whoever_waits() -> None:
+    pool = make_pool([2], max_queue=8)
+    (server,) = pool.servers
+    a, b = QueueTicket(tenant="a"), QueueTicket(tenant="b")
+    a1 = await pool.admission.acquire(lambda: [server], a)
+    b1 = await pool.admission.acquire(lambda: [server], b)
+    a2 = asyncio.create_task(pool.admission.acquire(lambda: [server], a))
+    await asyncio.sleep(0)
+    b1.release()
+    (await asyncio.wait_for(a2, 1)).release()  # work-conserving: a takes b's slot
+    a1.release()
+
+
+async def test_a_batch_flow_leaves_a_slot_to_live_traffic_of_the_same_tenant() -> None:
+    pool = make_pool([2], max_queue=8)
+    (server,) = pool.servers
+    pool.admission.clock = Clock()
+    live, batch = flow("t"), flow("t", "batch")
+    first = await pool.admission.acquire(lambda: [server], live)
+    first.release()  # live traffic was here a moment ago
+    b1 = await pool.admission.acquire(lambda: [server], batch)
+    b2 = asyncio.create_task(pool.admission.acquire(lambda: [server], batch))
+    await asyncio.sleep(0)
+    assert not b2.done() and server.inflight == 1  # one slot kept for live traffic
+    (await asyncio.wait_for(pool.admission.acquire(lambda: [server], live), 1)).release()
+    b1.release()
+    (await asyncio.wait_for(b2, 1)).release()
