@@ -52,6 +52,8 @@ class FrozenClock:
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
+    """In process: the cache's clock is frozen (no config sets it), so a 304's max-age equals
+    its 200's and an entry past the edge's max-age is still the gateway's same entry."""
     tmp = tmp_path_factory.mktemp("edge-gateway")
     (tmp / "policy.toml").write_text(POLICY)
     config = GatewayConfig(

@@ -131,6 +131,7 @@ def shared_config(tmp: Path, redis_url: str, prefix: str) -> GatewayConfig:
 def test_an_entry_of_gateway_a_is_a_hit_on_gateway_b(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
+    """In process: ``Calls`` wraps B's backend to see which texts it computed."""
     prefix = f"t{os.urandom(5).hex()}"
     a = GatewayThread(shared_config(tmp_path / "a", redis_server.url, prefix)).start()
     b = GatewayThread(shared_config(tmp_path / "b", redis_server.url, prefix)).start()

@@ -15,7 +15,7 @@ import pytest
 
 from backends.config import EmbeddedClassifierBackend, LocalEmbeddingBackend
 from backends.launch.process import VllmProcess
-from harness.gateway import GatewayProcess, GatewayThread
+from harness.gateway import GatewayProcess, GatewayThread, write_config_toml
 from harness.vllm_process import TINY_MODEL_NAME
 from semcache.semantic.items import label_margin
 from server.config import GatewayConfig, ModelEntry, ServerSettings
@@ -118,6 +118,9 @@ class Calls:
 
 
 class Gateway:
+    """In process: the tests on it assert which texts reached the backend (``Calls`` wraps
+    the backend's own method); ``semcache serve`` shows no such thing."""
+
     def __init__(self, tmp: Path, revision: str | None = None) -> None:
         self.thread = GatewayThread(config(tmp, revision)).start()
         registry = self.thread.app.state.registry
@@ -399,7 +402,8 @@ verifier_min_prob = 0.96
 @pytest.fixture(scope="module")
 def chat_gw(
     tmp_path_factory: pytest.TempPathFactory, data_dir: Path, tiny_vllm: VllmProcess
-) -> Iterator[GatewayThread]:
+) -> Iterator[GatewayProcess]:
+    """``semcache serve`` (the chat tests need no in-process spy)."""
     tmp = tmp_path_factory.mktemp("semantic-chat")
     (tmp / "policy.toml").write_text(CHAT_POLICY)
     model = data_dir / "models" / TINY_MODEL_NAME
@@ -408,9 +412,9 @@ def chat_gw(
         ModelEntry(id="tiny-off", backend="tiny", task="chat"),
         ModelEntry(id="tiny-verified", backend="tiny", task="chat"),
     ]
-    gw = GatewayThread(cfg).start()
+    gw = GatewayProcess(write_config_toml(cfg, tmp / "gateway.toml"))
     try:
-        yield gw
+        yield gw.start()
     finally:
         gw.stop()
 
@@ -436,7 +440,7 @@ def chat(
     return r
 
 
-def test_chat_semantic_is_opt_in_and_temperature_0_only(chat_gw: GatewayThread) -> None:
+def test_chat_semantic_is_opt_in_and_temperature_0_only(chat_gw: GatewayProcess) -> None:
     first = chat(chat_gw, "tiny-chat", "What is the capital of France?")
     assert "detail=semantic" not in first.headers["cache-status"]
     near = "what is the capital of france!"
@@ -500,7 +504,7 @@ def test_chat_semantic_is_opt_in_and_temperature_0_only(chat_gw: GatewayThread) 
     assert streamed.text.rstrip().endswith("data: [DONE]")
 
 
-def test_chat_verifier_refuses_a_close_but_different_question(chat_gw: GatewayThread) -> None:
+def test_chat_verifier_refuses_a_close_but_different_question(chat_gw: GatewayProcess) -> None:
     chat(chat_gw, "tiny-verified", "How do I lose 10 kg in two months?")
     other = chat(chat_gw, "tiny-verified", "How do I lose 30 kg in two months?")
     assert "x-semcache-semantic" not in other.headers

@@ -9,6 +9,7 @@ answer, so three judged explores teach the partition that its entries are right.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,12 +17,19 @@ import httpx
 import pytest
 
 from backends.launch.process import VllmProcess
-from harness.gateway import GatewayProcess, GatewayThread
+from harness.gateway import GatewayProcess
 from harness.vllm_process import TINY_MODEL_NAME
-from server.config import ModelEntry
+from server.config import GatewayConfig, ModelEntry
 from tests.conftest import gateway_config
 from tests.semcache.conftest import RedisServer
-from tests.server.test_semantic_verified import ADMIN, PARAPHRASES, QUESTION, counter, decision
+from tests.server.test_semantic_verified import (
+    ADMIN,
+    PARAPHRASES,
+    QUESTION,
+    counter,
+    decision,
+    metric,
+)
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -129,22 +137,22 @@ def test_kill_9_keeps_the_observations_and_a_purge_forgets_them(
             gw.stop()
 
 
-def learned(gw: GatewayThread) -> int:
-    """Observations held by the gateway's verified partitions (its own and the feed's)."""
-    cache = gw.app.state.serving.semantic.loaded
-    if cache is None:
-        return 0
-    parts = [cache.index.get(key) for key in cache.index.keys()]
-    return sum(part.prior.count for part in parts if part is not None)
+def feed_records(gw: GatewayProcess, direction: str) -> float:
+    """Semantic records ``gw`` published to the shared feed or received from it."""
+    return metric(gw, f'semcache_semantic_feed_records_total{{direction="{direction}"}}')
 
 
 def test_observations_made_on_one_gateway_decide_on_the_other(
-    tmp_path: Path, data_dir: Path, tiny_vllm: VllmProcess, redis_server: RedisServer
+    tmp_path: Path,
+    data_dir: Path,
+    tiny_vllm: VllmProcess,
+    redis_server: RedisServer,
+    start_gateway: Callable[[GatewayConfig], GatewayProcess],
 ) -> None:
     prefix = f"t{os.urandom(5).hex()}"
     model = data_dir / "models" / TINY_MODEL_NAME
 
-    def gateway(name: str) -> GatewayThread:
+    def gateway(name: str) -> GatewayProcess:
         tmp = tmp_path / name
         tmp.mkdir()
         policy = tmp / "policy.toml"
@@ -154,22 +162,24 @@ def test_observations_made_on_one_gateway_decide_on_the_other(
         )
         cfg = gateway_config(tmp, tiny_vllm.url, model, policy=str(policy))
         cfg.models += [ModelEntry(id=MODEL, backend="tiny", task="chat")]
-        return GatewayThread(cfg).start()
+        return start_gateway(cfg)
 
     a, b = gateway("a"), gateway("b")
-    try:
-        wait_until(lambda: b.app.state.serving.semantic.loaded is not None, timeout_s=120.0)
-        first = chat(a.url, QUESTION)
-        seen = [decision(chat(a.url, text)) for text in PARAPHRASES[:3]]
-        assert seen == ["explore"] * 3
-        wait_until(lambda: learned(b) >= 3, timeout_s=10.0, interval_s=0.1)
+    first = chat(a.url, QUESTION, a)
+    seen = [decision(chat(a.url, text, a)) for text in PARAPHRASES[:3]]
+    assert seen == ["explore"] * 3
 
-        # B judged nothing itself: A's observations, through Redis, make it serve.
-        hit = chat(b.url, PARAPHRASES[3])
-        assert decision(hit) == "hit"
-        assert hit.json()["id"] == first.json()["id"]  # A's answer, via the Redis tier
-        assert counter(b, MODEL, "explore") == 0
-        assert counter(b, MODEL, "exploit") == 1
-    finally:
-        a.stop()
-        b.stop()
+    def b_has_what_a_published() -> bool:
+        """A's entry and its three observations, read off the feed by B."""
+        published = feed_records(a, "published")
+        return published >= 4 and feed_records(b, "received") >= published
+
+    # B loads its encoder and catches up on the feed in the background at start.
+    wait_until(b_has_what_a_published, timeout_s=120.0, interval_s=0.1)
+
+    # B judged nothing itself: A's observations, through Redis, make it serve.
+    hit = chat(b.url, PARAPHRASES[3], b)
+    assert decision(hit) == "hit"
+    assert hit.json()["id"] == first.json()["id"]  # A's answer, via the Redis tier
+    assert counter(b, MODEL, "explore") == 0
+    assert counter(b, MODEL, "exploit") == 1

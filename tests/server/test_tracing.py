@@ -3,8 +3,9 @@ the client's ``traceparent``, the ``traceparent`` sent on each hop, the request 
 batch items as traces of their own linked to their batch's submit.
 
 The prefill and decode servers are local HTTP servers answering like vLLM
-(``tests.support.fake_upstream``); spans go to the SDK's in-memory exporter. The same
-through ``semcache serve``, real vLLM and a real OTLP receiver: ``test_tracing_vllm.py``.
+(``tests.support.fake_upstream``); spans go to the SDK's in-memory exporter, except in the
+slow semantic test: ``semcache serve`` exporting to a real OTLP receiver. The same through
+real vLLM too: ``test_tracing_vllm.py``.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ import msgspec
 import orjson
 import pytest
 from aiohttp import web
+from opentelemetry.proto.trace.v1.trace_pb2 import Span as OtlpSpan
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
 from backends.config import VllmBackend, VllmServer
-from harness.gateway import GatewayThread
+from harness.gateway import GatewayProcess, GatewayThread, write_config_toml
+from harness.otlp_receiver import OtlpReceiver, ReceivedSpan
 from server.config import GatewayConfig, ModelEntry
 from server.tenancy.limits.settings import LimitSettings
 from server.tracing import TracingSettings
@@ -35,6 +38,7 @@ PARAMS = {"do_remote_prefill": True, "remote_block_ids": [1], "remote_engine_id"
 LONG = "The cat reads a book near the window. " * 10
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
+SPAN_KIND_SERVER = OtlpSpan.SpanKind.SPAN_KIND_SERVER
 
 
 class Hops:
@@ -150,8 +154,10 @@ def gateway(
         running.stop()
 
 
-async def post(url: str, body: dict[str, Any], **headers: str) -> httpx.Response:
-    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+async def post(
+    url: str, body: dict[str, Any], timeout_s: float = 30, **headers: str
+) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=url, timeout=timeout_s) as client:
         return await client.post("/v1/chat/completions", json=body, headers=headers)
 
 
@@ -231,37 +237,59 @@ min_threshold = 0.8
 """
 
 
+QUICK_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "200"}
+"""The gateway's batch span processor exports every 200 ms instead of 5 s."""
+
+
+def received_trace(receiver: OtlpReceiver, trace_id: str) -> dict[str, list[ReceivedSpan]]:
+    by_name: dict[str, list[ReceivedSpan]] = {}
+    for span in receiver.trace(trace_id):
+        by_name.setdefault(span.name, []).append(span)
+    return by_name
+
+
 @pytest.mark.slow  # the real MiniLM encoder is loaded
 async def test_the_semantic_lookup_is_a_span_and_a_semantic_hit_has_no_backend_span(
     tmp_path: Path, hops: Hops
 ) -> None:
-    exporter = InMemorySpanExporter()
+    """``semcache serve`` exporting to a real OTLP receiver."""
     policy = tmp_path / "policy.toml"
     policy.write_text(SEMANTIC_POLICY)
-    settings = msgspec.structs.replace(config(tmp_path, hops), policy=str(policy))
     asked = ["What is the capital of France?", "What's the capital of France?"]
-    running = GatewayThread(settings, span_exporter=exporter).start()
-    try:
-        for text in asked:
-            body = {"model": "chat", "messages": [{"role": "user", "content": text}]}
-            r = await post(running.url, {**body, "temperature": 0})
-            assert r.status_code == 200
-    finally:
-        running.stop()
-    spans = list(exporter.get_finished_spans())
-    roots = sorted((s for s in spans if s.kind is SpanKind.SERVER), key=lambda s: s.start_time)
+    with OtlpReceiver() as receiver:
+        settings = msgspec.structs.replace(
+            config(tmp_path, hops),
+            policy=str(policy),
+            tracing=TracingSettings(endpoint=receiver.endpoint),
+        )
+        toml = write_config_toml(settings, tmp_path / "gateway.toml")
+
+        def servers() -> list[ReceivedSpan]:
+            return receiver.matching(lambda s: s.kind == SPAN_KIND_SERVER)
+
+        running = GatewayProcess(toml, env=QUICK_EXPORT).start()
+        try:
+            for text in asked:
+                body = {"model": "chat", "messages": [{"role": "user", "content": text}]}
+                # The first semantic request loads the encoder.
+                r = await post(running.url, {**body, "temperature": 0}, timeout_s=300)
+                assert r.status_code == 200
+            await wait_until_async(lambda: len(servers()) >= len(asked), timeout_s=60)
+        finally:
+            running.stop()
+        # A root ends after its children and the requests ran one after the other: the
+        # receiver holds the roots in the order they were asked.
+        roots = servers()
     assert [r.attributes["semcache.cache"] for r in roots if r.attributes] == ["miss", "semantic"]
     looked: list[Any] = []
     for root in roots:
-        assert root.context is not None
-        trace = trace_of(spans, root.context.trace_id)
+        trace = received_trace(receiver, root.trace_id)
         (encode,) = trace["semantic.encode"]
         (lookup,) = trace["cache.semantic"]
-        assert parent_id(encode) is not None and lookup.attributes is not None
+        assert encode.parent_id and lookup.attributes is not None
         looked.append(lookup.attributes["semcache.hit"])
     assert looked == [False, True]
-    assert roots[1].context is not None
-    hit = trace_of(spans, roots[1].context.trace_id)
+    hit = received_trace(receiver, roots[1].trace_id)
     assert not {"placement", "prefill", "decode", "stream"} & set(hit)
     (lookup,) = hit["cache.semantic"]
     assert lookup.attributes is not None and float(lookup.attributes["semcache.similarity"]) >= 0.8

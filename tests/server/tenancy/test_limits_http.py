@@ -19,10 +19,11 @@ import pytest
 from backends.protocol import RequestContext
 from backends.registry import ModelInfo, ModelRegistry
 from harness.fake_backend import FakeGeneration, FakeStream
-from harness.gateway import GatewayThread
-from server.config import parse_config
+from harness.gateway import GatewayProcess, GatewayThread
+from server.config import GatewayConfig, parse_config
 from server.tenancy.limits.limiter import estimate_tokens
 from tests.semcache.conftest import RedisServer
+from tests.support.fake_vllm import FakeVllm
 from tests.support.waiting import wait_until
 
 CHAT = "/v1/chat/completions"
@@ -172,10 +173,47 @@ tenant = "acme"
         assert too_big.headers["x-ratelimit-reset-tokens"].endswith("s")
 
 
+FAKE_VLLM = """
+[[models]]
+id = "chat-model"
+backend = "fake"
+aliases = ["@cf/test/chat"]
+[[backends]]
+kind = "vllm"
+name = "fake"
+served_model = "m"
+scrape_metrics = false
+[[backends.servers]]
+url = "{url}"
+"""
+
+
+@pytest.fixture
+def fake_vllm() -> Iterator[FakeVllm]:
+    server = FakeVllm()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.mark.slow
 def test_two_gateways_on_one_redis_enforce_one_limit(
-    gateway: GatewayFactory, redis_server: RedisServer, redis_prefix: str, tmp_path: Path
+    start_gateway: Callable[[GatewayConfig], GatewayProcess],
+    fake_vllm: FakeVllm,
+    redis_server: RedisServer,
+    redis_prefix: str,
+    tmp_path: Path,
 ) -> None:
+    """Two ``semcache serve`` processes (a stand-in vLLM behind them) share one limit."""
+
+    def gateway(toml: str, name: str) -> GatewayProcess:
+        doc = tomllib.loads(
+            f'data_dir = "{tmp_path / name}"\n' + toml + FAKE_VLLM.format(url=fake_vllm.url)
+        )
+        return start_gateway(parse_config(doc))
+
     policy = tmp_path / "policy.toml"
     policy.write_text(
         f'version = 1\n[tiers.redis]\nurl = "{redis_server.url}"\nprefix = "{redis_prefix}"\n'
@@ -188,7 +226,7 @@ requests_per_minute = 5
 token = "tok"
 tenant = "acme"
 """
-    gateways = [gateway(toml), gateway(toml)]
+    gateways = [gateway(toml, "gw0"), gateway(toml, "gw1")]
     statuses: list[int] = []
     remaining: list[str] = []
     with httpx.Client() as http:

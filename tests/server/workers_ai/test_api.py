@@ -1,10 +1,9 @@
 """Cloudflare's Workers AI REST surface and its batch queue, through raw HTTP as the docs show.
 
-The slow tests run the real gateway in front of a real tiny vLLM (the session's ``tiny_vllm``)
-and the embedded MiniLM; the durability tests run the gateway as a subprocess
-(``python -m server.cli serve --no-launch``) and ``kill -9`` it mid-batch; the shared-queue
-tests use a real redis-server started by ``scripts/redis.sh``. The fast tests at the top
-check the pieces that need no backend.
+The slow tests run the real gateway process (``python -m server.cli serve --no-launch``) in
+front of a real tiny vLLM (the session's ``tiny_vllm``) and the embedded MiniLM; the durability
+tests ``kill -9`` it mid-batch; the shared-queue tests use a real redis-server started by
+``scripts/redis.sh``. The fast tests at the top check the pieces that need no backend.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import sqlite3
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,7 @@ from backends.launch.process import VllmProcess
 from backends.protocol import RequestContext, UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
 from harness.fake_backend import FakeGeneration
-from harness.gateway import GatewayProcess, GatewayThread
+from harness.gateway import GatewayProcess, GatewayThread, write_config_toml
 from harness.metrics import parse_metric
 from harness.ports import free_port
 from harness.vllm_process import REPO_ROOT, TINY_MODEL_NAME
@@ -275,13 +274,33 @@ def workers_ai_config(
 @pytest.fixture(scope="module")
 def gw(
     data_dir: Path, tiny_vllm: VllmProcess, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GatewayThread]:
-    queue = QueueSettings(path=str(tmp_path_factory.mktemp("queue") / "q.sqlite3"), lease_s=2.0)
+) -> Iterator[GatewayProcess]:
+    tmp = tmp_path_factory.mktemp("queue")
+    queue = QueueSettings(path=str(tmp / "q.sqlite3"), lease_s=2.0)
+    config = workers_ai_config(data_dir, tiny_vllm.url, queue)
+    gateway = GatewayProcess(write_config_toml(config, tmp / "gateway.toml"))
+    try:
+        yield gateway.start()
+    finally:
+        gateway.stop()
+
+
+@pytest.fixture
+def gw_thread(data_dir: Path, tiny_vllm: VllmProcess, tmp_path: Path) -> Iterator[GatewayThread]:
+    """In process: for the one test that reads the batch gate's own state."""
+    queue = QueueSettings(path=str(tmp_path / "q.sqlite3"), lease_s=2.0)
     gateway = GatewayThread(workers_ai_config(data_dir, tiny_vllm.url, queue)).start()
     try:
         yield gateway
     finally:
         gateway.stop()
+
+
+def finished_items(gateway: GatewayProcess) -> dict[str, float]:
+    """The batch items ``gateway`` finished, by outcome (``semcache_batch_items_total``)."""
+    page = httpx.get(f"{gateway.url}/metrics", timeout=30).text
+    outcomes = ("success", "failure", "duplicate")
+    return {o: parse_metric(page, "semcache_batch_items_total", {"outcome": o}) for o in outcomes}
 
 
 @pytest.fixture
@@ -307,7 +326,7 @@ def wait_done(
 
 
 @pytest.mark.slow
-def test_cloudflare_curl_example_verbatim(gw: GatewayThread) -> None:
+def test_cloudflare_curl_example_verbatim(gw: GatewayProcess) -> None:
     """The prompt-caching example of Cloudflare's docs, run by curl, byte for byte."""
     command = CURL_EXAMPLE.replace("127.0.0.1:8080", gw.url.removeprefix("http://"))
     done = subprocess.run(
@@ -323,7 +342,7 @@ def test_cloudflare_curl_example_verbatim(gw: GatewayThread) -> None:
 
 
 @pytest.mark.slow
-def test_text_generation_matches_the_openai_route(gw: GatewayThread, http: httpx.Client) -> None:
+def test_text_generation_matches_the_openai_route(gw: GatewayProcess, http: httpx.Client) -> None:
     messages = [
         {"role": "system", "content": "You are a friendly assistant"},
         {"role": "user", "content": "Why is pizza so good"},
@@ -362,7 +381,7 @@ def test_text_generation_matches_the_openai_route(gw: GatewayThread, http: httpx
 
 
 @pytest.mark.slow
-def test_streamed_pieces_add_up_to_the_plain_answer(gw: GatewayThread, http: httpx.Client) -> None:
+def test_streamed_pieces_add_up_to_the_plain_answer(gw: GatewayProcess, http: httpx.Client) -> None:
     body = {"prompt": "where is new york?", "max_tokens": 20, "temperature": 0}
     plain = ok(http.post(url(gw.url, CHAT), headers=bearer(), json=body))
     r = http.post(url(gw.url, CHAT), headers=bearer(), json={**body, "stream": True})
@@ -376,7 +395,7 @@ def test_streamed_pieces_add_up_to_the_plain_answer(gw: GatewayThread, http: htt
 
 
 @pytest.mark.slow
-def test_embeddings_shape_and_data(gw: GatewayThread, http: httpx.Client) -> None:
+def test_embeddings_shape_and_data(gw: GatewayProcess, http: httpx.Client) -> None:
     one = ok(http.post(url(gw.url, EMBED), headers=bearer(), json={"text": "hello"}))
     assert one["shape"] == [1, 384] and len(one["data"]) == 1 and len(one["data"][0]) == 384
     texts = ["This is a story about an orange cloud", "This is a story about a llama", "x"]
@@ -394,7 +413,7 @@ def test_embeddings_shape_and_data(gw: GatewayThread, http: httpx.Client) -> Non
 
 
 @pytest.mark.slow
-def test_text_classification(gw: GatewayThread, http: httpx.Client) -> None:
+def test_text_classification(gw: GatewayProcess, http: httpx.Client) -> None:
     for text, label in [
         ("I absolutely adore this little cafe, the pastries are divine.", "POSITIVE"),
         ("The package never arrived and nobody answers the phone.", "NEGATIVE"),
@@ -408,7 +427,7 @@ def test_text_classification(gw: GatewayThread, http: httpx.Client) -> None:
 
 
 @pytest.mark.slow
-def test_authentication_errors(gw: GatewayThread, http: httpx.Client) -> None:
+def test_authentication_errors(gw: GatewayProcess, http: httpx.Client) -> None:
     body = {"prompt": "hi", "max_tokens": 2}
     assert "Bearer" in failed(http.post(url(gw.url, CHAT), json=body), 401)
     failed(http.post(url(gw.url, CHAT), json=body, headers=bearer("wrong")), 401)
@@ -418,7 +437,7 @@ def test_authentication_errors(gw: GatewayThread, http: httpx.Client) -> None:
 
 
 @pytest.mark.slow
-def test_request_errors_use_the_envelope(gw: GatewayThread, http: httpx.Client) -> None:
+def test_request_errors_use_the_envelope(gw: GatewayProcess, http: httpx.Client) -> None:
     message = failed(http.post(url(gw.url, "@cf/nope/nothing"), headers=bearer(), json={}), 400)
     assert "No such model @cf/nope/nothing" in message
     message = failed(
@@ -431,7 +450,7 @@ def test_request_errors_use_the_envelope(gw: GatewayThread, http: httpx.Client) 
 
 
 @pytest.mark.slow
-def test_body_over_10_mb_is_413(gw: GatewayThread, http: httpx.Client) -> None:
+def test_body_over_10_mb_is_413(gw: GatewayProcess, http: httpx.Client) -> None:
     big = {"prompt": "x" * (10 * 1024 * 1024 + 16)}
     assert "too large" in failed(
         http.post(url(gw.url, CHAT), headers=bearer(), content=orjson.dumps(big)), 413
@@ -439,7 +458,7 @@ def test_body_over_10_mb_is_413(gw: GatewayThread, http: httpx.Client) -> None:
 
 
 @pytest.mark.slow
-def test_too_many_items_is_400_naming_the_limit(gw: GatewayThread, http: httpx.Client) -> None:
+def test_too_many_items_is_400_naming_the_limit(gw: GatewayProcess, http: httpx.Client) -> None:
     items = [{"prompt": f"p{i}"} for i in range(MAX_ITEMS + 1)]
     message = failed(
         http.post(
@@ -459,7 +478,7 @@ def test_too_many_items_is_400_naming_the_limit(gw: GatewayThread, http: httpx.C
 
 
 @pytest.mark.slow
-def test_batch_life_cycle(gw: GatewayThread, http: httpx.Client) -> None:
+def test_batch_life_cycle(gw: GatewayProcess, http: httpx.Client) -> None:
     """Submit with external references, poll, read the responses, as the REST docs show."""
     prompts = ["Tell me a story", "Tell me a joke", "tell me a joke about llamas"]
     requests = [
@@ -505,7 +524,7 @@ def test_batch_life_cycle(gw: GatewayThread, http: httpx.Client) -> None:
 
 
 @pytest.mark.slow
-def test_unknown_or_other_tenant_request_id_is_404(gw: GatewayThread, http: httpx.Client) -> None:
+def test_unknown_or_other_tenant_request_id_is_404(gw: GatewayProcess, http: httpx.Client) -> None:
     queued = ok(
         http.post(
             url(gw.url, CHAT) + "?queueRequest=true",
@@ -522,7 +541,7 @@ def test_unknown_or_other_tenant_request_id_is_404(gw: GatewayThread, http: http
 
 
 @pytest.mark.slow
-def test_cached_batch_item_is_a_cache_hit(gw: GatewayThread, http: httpx.Client) -> None:
+def test_cached_batch_item_is_a_cache_hit(gw: GatewayProcess, http: httpx.Client) -> None:
     """A deterministic item answered before is served by the exact cache, like a live request."""
     item = {"prompt": f"cache me {uuid.uuid4().hex}", "max_tokens": 12, "temperature": 0}
     live = ok(http.post(url(gw.url, CHAT), headers=bearer(), json=item))
@@ -543,8 +562,11 @@ def test_cached_batch_item_is_a_cache_hit(gw: GatewayThread, http: httpx.Client)
 
 
 @pytest.mark.slow
-async def test_batch_waits_while_a_live_request_runs(gw: GatewayThread) -> None:
-    """Pull-based: while a live stream is open on the backend, its gate admits no batch item."""
+async def test_batch_waits_while_a_live_request_runs(gw_thread: GatewayThread) -> None:
+    """Pull-based: while a live stream is open on the backend, its gate admits no batch item.
+
+    In process: no metric shows the gate's decision (``free``) every 2 ms."""
+    gw = gw_thread
     wai = gw.app.state.workers_ai
     gate = wai.workers.gates.for_backend("tiny")
     assert gate.free()
@@ -578,28 +600,30 @@ async def test_batch_waits_while_a_live_request_runs(gw: GatewayThread) -> None:
 
 
 @pytest.mark.slow
-def test_results_expire(data_dir: Path, tiny_vllm: VllmProcess, tmp_path: Path) -> None:
+def test_results_expire(
+    data_dir: Path,
+    tiny_vllm: VllmProcess,
+    tmp_path: Path,
+    start_gateway: Callable[[GatewayConfig], GatewayProcess],
+) -> None:
     queue = QueueSettings(path=str(tmp_path / "q.sqlite3"), results_ttl_s=1.0)
-    gateway = GatewayThread(workers_ai_config(data_dir, tiny_vllm.url, queue)).start()
-    try:
-        with httpx.Client(timeout=60) as http:
-            queued = ok(
-                http.post(
-                    url(gateway.url, CHAT) + "?queueRequest=true",
-                    headers=bearer(),
-                    json={"requests": [{"prompt": "soon gone", "max_tokens": 2}]},
-                )
+    gateway = start_gateway(workers_ai_config(data_dir, tiny_vllm.url, queue))
+    with httpx.Client(timeout=60) as http:
+        queued = ok(
+            http.post(
+                url(gateway.url, CHAT) + "?queueRequest=true",
+                headers=bearer(),
+                json={"requests": [{"prompt": "soon gone", "max_tokens": 2}]},
             )
-            wait_done(http, gateway.url, CHAT, queued["request_id"])
+        )
+        wait_done(http, gateway.url, CHAT, queued["request_id"])
 
-            def poll() -> httpx.Response:
-                body = {"request_id": queued["request_id"]}
-                return http.post(url(gateway.url, CHAT), headers=bearer(), json=body)
+        def poll() -> httpx.Response:
+            body = {"request_id": queued["request_id"]}
+            return http.post(url(gateway.url, CHAT), headers=bearer(), json=body)
 
-            wait_until(lambda: poll().status_code == 404, timeout_s=30, interval_s=0.1)
-            failed(poll(), 404)
-    finally:
-        gateway.stop()
+        wait_until(lambda: poll().status_code == 404, timeout_s=30, interval_s=0.1)
+        failed(poll(), 404)
 
 
 # -- slow: durability (kill -9) and a queue shared by several gateways ----------------------
@@ -747,34 +771,38 @@ def redis_url(tmp_path: Path) -> Iterator[str]:
 
 @pytest.mark.slow
 def test_two_gateways_share_one_redis_queue(
-    data_dir: Path, tiny_vllm: VllmProcess, tmp_path: Path, redis_url: str
+    data_dir: Path,
+    tiny_vllm: VllmProcess,
+    tmp_path: Path,
+    redis_url: str,
+    start_gateway: Callable[[GatewayConfig], GatewayProcess],
 ) -> None:
     queue = QueueSettings(
         kind="redis", redis_url=redis_url, prefix="q" + uuid.uuid4().hex[:8], lease_s=2.0
     )
-    a = GatewayThread(workers_ai_config(data_dir, tiny_vllm.url, queue, max_inflight=2)).start()
-    b = GatewayThread(workers_ai_config(data_dir, tiny_vllm.url, queue, max_inflight=2)).start()
-    try:
-        with httpx.Client(timeout=120) as http:
-            n = 24
-            rid = submit_batch(http, a.url, n, max_tokens=24)
-            failed(
-                http.post(url(b.url, CHAT), headers=bearer(OTHER_TOKEN), json={"request_id": rid}),
-                404,
-            )
-            done = wait_done(http, b.url, CHAT, rid)  # polled on the other gateway
-        assert_complete_exactly_once(done, n)
-        ran = [g.app.state.workers_ai.workers.finished for g in (a, b)]
-        assert ran[0]["success"] > 0 and ran[1]["success"] > 0, ran  # both pulled work
-        assert ran[0]["success"] + ran[1]["success"] == n
-    finally:
-        a.stop()
-        b.stop()
+    a = start_gateway(workers_ai_config(data_dir, tiny_vllm.url, queue, max_inflight=2))
+    b = start_gateway(workers_ai_config(data_dir, tiny_vllm.url, queue, max_inflight=2))
+    with httpx.Client(timeout=120) as http:
+        n = 24
+        rid = submit_batch(http, a.url, n, max_tokens=24)
+        failed(
+            http.post(url(b.url, CHAT), headers=bearer(OTHER_TOKEN), json={"request_id": rid}),
+            404,
+        )
+        done = wait_done(http, b.url, CHAT, rid)  # polled on the other gateway
+    assert_complete_exactly_once(done, n)
+    ran = [finished_items(g) for g in (a, b)]
+    assert ran[0]["success"] > 0 and ran[1]["success"] > 0, ran  # both pulled work
+    assert ran[0]["success"] + ran[1]["success"] == n
 
 
 @pytest.mark.slow
 def test_kill_9_of_one_gateway_its_items_are_reclaimed_by_the_other(
-    data_dir: Path, tiny_vllm: VllmProcess, tmp_path: Path, redis_url: str
+    data_dir: Path,
+    tiny_vllm: VllmProcess,
+    tmp_path: Path,
+    redis_url: str,
+    start_gateway: Callable[[GatewayConfig], GatewayProcess],
 ) -> None:
     """Pending entries of a dead consumer are taken over (XAUTOCLAIM) after their lease."""
     queue = {
@@ -786,7 +814,6 @@ def test_kill_9_of_one_gateway_its_items_are_reclaimed_by_the_other(
     config = tmp_path / "gateway.toml"
     write_gateway_toml(config, data_dir, tiny_vllm.url, queue)
     doomed = GatewayProcess(config).start()
-    survivor: GatewayThread | None = None
     try:
         with httpx.Client(timeout=120) as http:
             n = 30
@@ -810,12 +837,10 @@ def test_kill_9_of_one_gateway_its_items_are_reclaimed_by_the_other(
             doomed.kill()
             pending = leases.xpending(f"{{{queue['prefix']}}}:items", "workers")
             assert pending["pending"] > 0, "the killed gateway held leases"
-            survivor = GatewayThread(
+            survivor = start_gateway(
                 workers_ai_config(data_dir, tiny_vllm.url, msgspec.convert(queue, QueueSettings))
-            ).start()
+            )
             done = wait_done(http, survivor.url, CHAT, rid)
         assert_complete_exactly_once(done, n)
     finally:
         doomed.kill()
-        if survivor is not None:
-            survivor.stop()

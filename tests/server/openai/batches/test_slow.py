@@ -5,18 +5,21 @@ batch is cancelled, and ``kill -9`` of the gateway mid-batch loses and repeats n
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import orjson
 import pytest
 
 from backends.launch.process import VllmProcess
-from harness.gateway import GatewayProcess, GatewayThread
+from harness.gateway import GatewayProcess, write_config_toml
+from harness.metrics import parse_metric
 from harness.vllm_process import TINY_MODEL_NAME
 from server.batch.settings import BatchSettings, QueueSettings
+from server.config import GatewayConfig
 from tests.conftest import gateway_config
 from tests.semcache.conftest import RedisServer
 from tests.server.workers_ai.test_api import (
@@ -65,26 +68,29 @@ def read_lines(client: openai.OpenAI, file_id: str) -> list[Any]:
     return [orjson.loads(x) for x in client.files.content(file_id).content.splitlines()]
 
 
+def finished_items(gw: GatewayProcess) -> dict[str, float]:
+    """The batch items ``gw`` finished, by outcome (``semcache_batch_items_total``)."""
+    page = httpx.get(f"{gw.url}/metrics", timeout=30).text
+    outcomes = ("success", "failure", "duplicate")
+    return {o: parse_metric(page, "semcache_batch_items_total", {"outcome": o}) for o in outcomes}
+
+
 @pytest.fixture(scope="module")
 def gw(
     data_dir: Path, tiny_vllm: VllmProcess, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GatewayThread]:
+) -> Iterator[GatewayProcess]:
     batch = BatchSettings(max_inflight=2, queue=QueueSettings(lease_s=2.0))
-    config = gateway_config(
-        tmp_path_factory.mktemp("gw"),
-        tiny_vllm.url,
-        data_dir / "models" / TINY_MODEL_NAME,
-        batch=batch,
-    )
-    gateway = GatewayThread(config).start()
+    tmp = tmp_path_factory.mktemp("gw")
+    config = gateway_config(tmp, tiny_vllm.url, data_dir / "models" / TINY_MODEL_NAME, batch=batch)
+    gateway = GatewayProcess(write_config_toml(config, tmp / "gateway.toml"))
     try:
-        yield gateway
+        yield gateway.start()
     finally:
         gateway.stop()
 
 
 @pytest.fixture
-def client(gw: GatewayThread) -> openai.OpenAI:
+def client(gw: GatewayProcess) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{gw.url}/v1", api_key="sdk-key", max_retries=0)
 
 
@@ -195,7 +201,11 @@ def test_kill_9_mid_batch_every_line_exactly_once(
 
 
 def test_two_gateways_on_one_redis_share_files_and_batches(
-    data_dir: Path, tiny_vllm: VllmProcess, tmp_path: Path, redis_server: RedisServer
+    data_dir: Path,
+    tiny_vllm: VllmProcess,
+    tmp_path: Path,
+    redis_server: RedisServer,
+    start_gateway: Callable[[GatewayConfig], GatewayProcess],
 ) -> None:
     """Upload and create through one gateway, poll and download through the other (each
     with its own data dir: only Redis is shared); both run lines, each line exactly once."""
@@ -204,34 +214,24 @@ def test_two_gateways_on_one_redis_share_files_and_batches(
     )
     model = data_dir / "models" / TINY_MODEL_NAME
     batch = BatchSettings(max_inflight=2, queue=queue)
-    one = GatewayThread(gateway_config(tmp_path / "one", tiny_vllm.url, model, batch=batch))
-    two = GatewayThread(gateway_config(tmp_path / "two", tiny_vllm.url, model, batch=batch))
-    one.start()
-    try:
-        two.start()
-        try:
-            first = openai.OpenAI(base_url=f"{one.url}/v1", api_key="sdk-key", max_retries=0)
-            second = openai.OpenAI(base_url=f"{two.url}/v1", api_key="sdk-key", max_retries=0)
-            n = 24
-            lines = chat_lines(n, 24, prefix=f"{uuid.uuid4().hex} ")
-            f = first.files.create(file=("in.jsonl", lines), purpose="batch")
-            created = first.batches.create(
-                input_file_id=f.id, endpoint=CHAT, completion_window="24h"
-            )
-            assert second.files.content(f.id).content == lines
-            done = wait_finished(second, created.id)
-            assert done.status == "completed", done.errors
-            assert done.request_counts is not None
-            assert (done.request_counts.completed, done.request_counts.failed) == (n, 0)
-            assert done.output_file_id is not None and done.error_file_id is None
-            out = read_lines(second, done.output_file_id)
-            assert read_lines(first, done.output_file_id) == out
-            assert first.batches.retrieve(created.id).status == "completed"
-            ran = [g.app.state.workers_ai.workers.finished for g in (one, two)]
-        finally:
-            two.stop()
-    finally:
-        one.stop()
+    one = start_gateway(gateway_config(tmp_path / "one", tiny_vllm.url, model, batch=batch))
+    two = start_gateway(gateway_config(tmp_path / "two", tiny_vllm.url, model, batch=batch))
+    first = openai.OpenAI(base_url=f"{one.url}/v1", api_key="sdk-key", max_retries=0)
+    second = openai.OpenAI(base_url=f"{two.url}/v1", api_key="sdk-key", max_retries=0)
+    n = 24
+    lines = chat_lines(n, 24, prefix=f"{uuid.uuid4().hex} ")
+    f = first.files.create(file=("in.jsonl", lines), purpose="batch")
+    created = first.batches.create(input_file_id=f.id, endpoint=CHAT, completion_window="24h")
+    assert second.files.content(f.id).content == lines
+    done = wait_finished(second, created.id)
+    assert done.status == "completed", done.errors
+    assert done.request_counts is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (n, 0)
+    assert done.output_file_id is not None and done.error_file_id is None
+    out = read_lines(second, done.output_file_id)
+    assert read_lines(first, done.output_file_id) == out
+    assert first.batches.retrieve(created.id).status == "completed"
+    ran = [finished_items(g) for g in (one, two)]
     assert [o["custom_id"] for o in out] == [f"req-{i}" for i in range(n)]
     assert len({o["id"] for o in out}) == n
     assert all(o["response"]["status_code"] == 200 for o in out)
