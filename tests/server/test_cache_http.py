@@ -64,6 +64,9 @@ def start_gateway(
 
 @pytest.fixture
 def gw(tmp_path: Path, data_dir: Path, tiny_vllm: VllmProcess) -> Iterator[GatewayThread]:
+    """In process: two tests move the answer cache's clock (``fake_clock``), which no config
+    of ``semcache serve`` sets; the real process serves hits in ``test_cluster.py`` and
+    ``test_metrics_live.py``."""
     g = start_gateway(tmp_path, data_dir, tiny_vllm)
     yield g
     g.stop()
