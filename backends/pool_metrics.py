@@ -295,6 +295,12 @@ class QueueFamilies:
             "How long requests that queued waited for a slot (or until refused), by band.",
             labels=["pool", "band"],
         )
+        self.held = GaugeMetricFamily(
+            "semcache_queue_held",
+            "Slots of a pool each flow holds now, by band and tenant (while other flows are "
+            "active, a flow holds at most its share: [queue] share_window_s).",
+            labels=["pool", "band", "tenant"],
+        )
         self.rejected = CounterMetricFamily(
             "semcache_queue_rejected",
             "Requests a pool's queue refused with a 429, by band, tenant and reason "
@@ -306,10 +312,12 @@ class QueueFamilies:
         admission = pool.admission
         for (band, tenant), n in admission.queue.depth.items():
             self.depth.add_metric([name, band, tenant], n)
+        for (band, tenant), n in admission.holding.items():
+            self.held.add_metric([name, band, tenant], n)
         for waited, histogram in admission.waits.items():
             self.wait.add_metric([name, waited], *histogram_buckets(histogram))
         for (refused, who, reason), n in admission.rejected.items():
             self.rejected.add_metric([name, refused, who, reason], n)
 
     def families(self) -> Iterator[Metric]:
-        yield from (self.depth, self.wait, self.rejected)
+        yield from (self.depth, self.held, self.wait, self.rejected)

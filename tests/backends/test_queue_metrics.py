@@ -40,6 +40,8 @@ async def test_queue_depth_wait_and_rejections_by_band_and_tenant() -> None:
     with pytest.raises(BackendError):
         await pool.admission.acquire(pool.healthy, a)  # a's second live waiter: over its bound
     samples = scrape(registry)
+    held_by = (("band", "interactive"), ("pool", "b/decode"), ("tenant", "-"))
+    assert samples[("semcache_queue_held", held_by)] == 1  # the slot taken without a ticket
     depth = "semcache_queue_depth"
     assert samples[(depth, (("band", "interactive"), ("pool", "b/decode"), ("tenant", "a")))] == 1
     assert samples[(depth, (("band", "batch"), ("pool", "b/decode"), ("tenant", "a")))] == 1
@@ -64,3 +66,4 @@ async def test_queue_depth_wait_and_rejections_by_band_and_tenant() -> None:
         assert samples[(f"{wait}_count", (("band", band), ("pool", "b/decode")))] == 1
         assert samples[(f"{wait}_sum", (("band", band), ("pool", "b/decode")))] >= 0
     assert not any(name == depth for name, _ in samples)  # nobody waits now
+    assert not any(name == "semcache_queue_held" for name, _ in samples)  # nor holds a slot
