@@ -29,6 +29,8 @@ SHOWN = (
     "chat semantic hits: precision at recall ≥ 0.10",
     "`make serve` idle 60 s after traffic",
     "1P1D vs one server",
+    "lose one host under mixed load",
+    "fair share: tenant B",
 )
 """The summary rows the README shows, by the start of their claim, in this order."""
 
