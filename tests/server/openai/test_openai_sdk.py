@@ -6,6 +6,8 @@ import base64
 import copy
 import time
 import uuid
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,6 +19,8 @@ from backends.launch.process import VllmProcess
 from harness.gateway import GatewayProcess
 from harness.metrics import parse_metric
 from harness.vllm_process import TINY_MODEL_NAME
+from server.config import GatewayConfig
+from tests.conftest import gateway_config
 
 pytestmark = pytest.mark.slow
 
@@ -205,10 +209,18 @@ def test_embeddings_string_and_list(gw: openai.OpenAI, gateway: GatewayProcess) 
 
 
 def test_client_disconnect_cancels_backend_request(
-    gateway: GatewayProcess, tiny_vllm: VllmProcess
+    pinned_vllm: VllmProcess,
+    data_dir: Path,
+    tmp_path: Path,
+    start_gateway: Callable[[GatewayConfig], GatewayProcess],
 ) -> None:
+    """On the tiny vLLM pinned to core 0: unpinned, its threads starve the gateway process,
+    which then sees the client leave only once vLLM has finished the answer."""
+    model = data_dir / "models" / TINY_MODEL_NAME
+    gateway = start_gateway(gateway_config(tmp_path / "data", pinned_vllm.url, model))
+
     def generated() -> float:
-        text = httpx.get(f"{tiny_vllm.url}/metrics").text
+        text = httpx.get(f"{pinned_vllm.url}/metrics").text
         return parse_metric(text, "vllm:generation_tokens_total")
 
     def leave_after_three_chunks() -> float:
