@@ -93,6 +93,8 @@ class Admission:
         self.holding: Counter[Flow] = Counter()
         """Slots each flow holds now."""
         self._seen: dict[Flow, tuple[float, float, float]] = {}
+        self._recheck: asyncio.TimerHandle | None = None
+        """One pending wake for when a quiet flow's window lapses (not one per release)."""
         """Each flow's last request (monotonic time), weight and share window."""
 
     def _any_healthy(self) -> bool:
@@ -238,9 +240,23 @@ class Admission:
         if seen is not None:
             self._seen[flow] = (self.clock(), seen[1], seen[2])
             if self.queue:  # when this flow goes quiet, a capped one may take more
-                with contextlib.suppress(RuntimeError):  # no loop: nothing waits either
-                    asyncio.get_running_loop().call_later(seen[2], self.wake_one)
+                self._schedule_recheck(seen[2])
         self.wake_one()
+
+    def _schedule_recheck(self, delay_s: float) -> None:
+        if self._recheck is not None:
+            return  # the pending one reschedules itself while anything waits
+        with contextlib.suppress(RuntimeError):  # no loop: nothing waits either
+            self._recheck = asyncio.get_running_loop().call_later(delay_s, self._on_recheck)
+
+    def _on_recheck(self) -> None:
+        self._recheck = None
+        self.wake_one()
+        if self.queue:  # the next window to lapse, if any is still running
+            now = self.clock()
+            ends = [at + window - now for at, _, window in self._seen.values() if at + window > now]
+            if ends:
+                self._schedule_recheck(min(ends))
 
     def wake_one(self) -> None:
         """The next waiter (by band, then fair share) allowed a slot tries to take it."""
