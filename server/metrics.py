@@ -72,6 +72,24 @@ class GatewayMetrics:
                 registry=registry,
             )
         )
+        self.backend_calls = Labelled(
+            Counter(
+                "semcache_backend_calls",
+                "Calls to an embedding or classification backend (one batch of the inputs no "
+                "cache answered), by backend and route.",
+                ["backend", "route"],
+                registry=registry,
+            )
+        )
+        self.backend_inputs = Labelled(
+            Counter(
+                "semcache_backend_inputs",
+                "Inputs (texts) sent to an embedding or classification backend, by backend "
+                "and route: what the caches did not answer.",
+                ["backend", "route"],
+                registry=registry,
+            )
+        )
         self.tokens = Labelled(
             Counter(
                 "semcache_tokens",
@@ -119,3 +137,8 @@ class GatewayMetrics:
             self.tokens.labels(model, "prompt").inc(prompt)
         if completion > 0:
             self.tokens.labels(model, "completion").inc(completion)
+
+    def count_backend_call(self, backend: str, route: str, inputs: int) -> None:
+        """One call of a pooling backend on ``inputs`` texts."""
+        self.backend_calls.labels(backend, route).inc()
+        self.backend_inputs.labels(backend, route).inc(inputs)

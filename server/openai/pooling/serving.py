@@ -68,6 +68,7 @@ class PoolingServing:
         texts = [t if isinstance(t, str) else backend.detokenize(t) for t in items]
 
         async def compute(todo: list[str]) -> tuple[list[bytes], list[int]]:
+            self.state.metrics.count_backend_call(backend.name, "embeddings", len(todo))
             result = await backend.embed(todo)
             self.state.metrics.count_usage(info.id, {"prompt_tokens": sum(result.token_counts)})
             ctx.usage.add(sum(result.token_counts), 0)
@@ -124,6 +125,7 @@ class PoolingServing:
         )
 
         async def compute(todo: list[str]) -> tuple[list[bytes], list[int]]:
+            self.state.metrics.count_backend_call(backend.name, "classification", len(todo))
             scored = await backend.classify(todo, ctx)
             tokens = await backend.count_tokens(todo)
             self.state.metrics.count_usage(info.id, {"prompt_tokens": sum(tokens)})
