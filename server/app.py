@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from backends.pool_metrics import BackendCollector
 from backends.registry import ModelRegistry, ModelSpec, build_registry
+from foundation.clock import AdjustableClock
 from semcache.exact import open_exact_cache
 from semcache.ledger import open_ledger
 from semcache.policy import PolicyHolder
@@ -49,7 +50,7 @@ from server.openai.pooling import api_router as pooling
 from server.openai.responses import api_router as responses
 from server.openai.serving import OpenAIServing
 from server.openai.stores import build_stores
-from server.routes import admin, api_keys, cached_answer, health, pools, usage
+from server.routes import admin, api_keys, cached_answer, debug_clock, health, pools, usage
 from server.speedups import before_routing, write_bodies_eagerly
 from server.tenancy.limits.limiter import build_limiter
 from server.tenancy.middleware import Tenancy, tenancy_middleware
@@ -114,8 +115,13 @@ def create_app(
     ``span_exporter`` (tests) turns tracing on, every span handed to it as it ends. ``clock``
     is the wall clock of calendar days and months: the usage ledger's days, the budgets'
     periods, the request records' times (tests set it; rate windows keep the storage's own
-    clock).
+    clock). With ``[debug] adjustable_clock`` it is wrapped in one an admin can move, and the
+    answer cache reads it too.
     """
+    adjustable = AdjustableClock(clock) if config.debug.adjustable_clock else None
+    if adjustable is not None:
+        log.warning("[debug] adjustable_clock is on: an admin can move this gateway's clock")
+        clock = adjustable
     registry = registry or registry_from_config(config)
     tracing = build_tracing(config.tracing, exporter=span_exporter)
     metrics = GatewayMetrics(CollectorRegistry())
@@ -218,7 +224,10 @@ def create_app(
                 await classifier.start()
         if config.cache:
             serving.cache = await open_exact_cache(
-                policy.current.tiers, data_dir=config.data_path(), registry=metrics.registry
+                policy.current.tiers,
+                data_dir=config.data_path(),
+                registry=metrics.registry,
+                clock=clock if adjustable is not None else None,
             )
         reload_on_sighup(policy)
         if serving.semantic is not None and serving.semantic.redis_url and semantic_used(policy):
@@ -283,6 +292,7 @@ def create_app(
         *workers_ai_routes.ROUTES,
         *files_routes.ROUTES,
         *batches_routes.ROUTES,
+        *(debug_clock.ROUTES if adjustable is not None else ()),
     ]
     app = Litestar(
         route_handlers=[*api_routes, docs_router(), dashboard_router()],
@@ -304,6 +314,7 @@ def create_app(
                 "tracing": tracing,
                 "api_keys": key_admin,
                 "membership": membership,
+                "clock": adjustable,
             }
         ),
         middleware=[drain_middleware(drain), tenancy_middleware(tenancy)],

@@ -41,6 +41,13 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     (server/openai/early_hits.py); false sends every request through its route."""
 
 
+class DebugSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    adjustable_clock: bool = False
+    """``GET``/``POST /admin/debug/clock``: an admin moves or freezes the gateway's calendar
+    clock (cache ages and TTLs, budget periods, ledger days). For staging and tests, never
+    production: a moved clock expires or revives every cached answer at once."""
+
+
 class ModelEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """One model the gateway exposes: an OpenAI id, Workers-AI aliases and its backend."""
 
@@ -78,6 +85,8 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """API keys made through the admin API: their store and hash (server/apikeys/)."""
     pools: MembershipSettings = msgspec.field(default_factory=MembershipSettings)
     """Where servers added and drained at run time are kept (server/membership/)."""
+    debug: DebugSettings = msgspec.field(default_factory=DebugSettings)
+    """Tools for staging gateways and tests; all off by default."""
 
     def data_path(self) -> Path:
         """The data directory (prepared models, disk cache), created on demand."""

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry
@@ -26,11 +28,12 @@ async def open_exact_cache(
     data_dir: str | Path,
     registry: CollectorRegistry | None = None,
     write_behind: bool = True,
+    clock: Callable[[], float] | None = None,
 ) -> ExactCache:
     """Build the cache from the policy's tier settings and start it (pub/sub listener).
 
     Relative disk paths are resolved against ``data_dir``. Without a disk tier the purge
-    epochs are kept in memory only.
+    epochs are kept in memory only. ``clock``: the entries' ages (default: the system's).
     """
     memory = (
         MemoryStore[CachedAnswer](tiers.memory.max_bytes, sizeof=CachedAnswer.memory_size)
@@ -65,6 +68,7 @@ async def open_exact_cache(
         metrics=CacheMetrics(registry) if registry is not None else None,
         links=links,
         write_behind=write_behind,
+        clock=clock or time.time,
     )
     await cache.start()
     return cache

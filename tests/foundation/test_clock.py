@@ -1,0 +1,39 @@
+"""The adjustable clock: moved, frozen and thawed against a base clock the test holds."""
+
+from __future__ import annotations
+
+from foundation.clock import AdjustableClock
+
+
+class Base:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_it_follows_its_base_plus_what_it_was_moved() -> None:
+    base = Base()
+    clock = AdjustableClock(base)
+    assert clock() == 1_000.0
+    clock.advance(30)
+    base.now += 5
+    assert clock() == 1_035.0
+    clock.advance(-10)
+    assert clock.state().offset_s == 20.0 and not clock.state().frozen
+
+
+def test_frozen_it_holds_still_moves_when_told_and_runs_on_when_thawed() -> None:
+    base = Base()
+    clock = AdjustableClock(base)
+    clock.freeze(True)
+    base.now += 100
+    assert clock() == 1_000.0
+    clock.advance(60)
+    assert clock() == 1_060.0 and clock.state().frozen
+    clock.freeze(False)  # runs on from the frozen reading, not from the base
+    assert clock() == 1_060.0
+    base.now += 1
+    assert clock() == 1_061.0
+    assert clock.state().offset_s == -40.0
