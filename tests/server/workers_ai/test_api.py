@@ -38,7 +38,7 @@ from backends.launch.process import VllmProcess
 from backends.protocol import RequestContext, UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
 from harness.fake_backend import FakeGeneration
-from harness.gateway import GatewayProcess, GatewayThread, write_config_toml
+from harness.gateway import GatewayProcess, write_config_toml
 from harness.metrics import parse_metric
 from harness.ports import free_port
 from harness.vllm_process import REPO_ROOT, TINY_MODEL_NAME
@@ -48,7 +48,7 @@ from server.batch.settings import BatchSettings, QueueSettings
 from server.config import ConfigError, GatewayConfig, ModelEntry, load_config, parse_config
 from server.errors import ApiError
 from tests.semcache.conftest import RedisServer
-from tests.support.waiting import wait_until, wait_until_async
+from tests.support.waiting import wait_until
 
 TOKEN = "TOKEN"
 OTHER_TOKEN = "other-tenant-token"
@@ -281,17 +281,6 @@ def gw(
     gateway = GatewayProcess(write_config_toml(config, tmp / "gateway.toml"))
     try:
         yield gateway.start()
-    finally:
-        gateway.stop()
-
-
-@pytest.fixture
-def gw_thread(data_dir: Path, tiny_vllm: VllmProcess, tmp_path: Path) -> Iterator[GatewayThread]:
-    """In process: for the one test that reads the batch gate's own state."""
-    queue = QueueSettings(path=str(tmp_path / "q.sqlite3"), lease_s=2.0)
-    gateway = GatewayThread(workers_ai_config(data_dir, tiny_vllm.url, queue)).start()
-    try:
-        yield gateway
     finally:
         gateway.stop()
 
@@ -562,19 +551,21 @@ def test_cached_batch_item_is_a_cache_hit(gw: GatewayProcess, http: httpx.Client
 
 
 @pytest.mark.slow
-async def test_batch_waits_while_a_live_request_runs(gw_thread: GatewayThread) -> None:
-    """Pull-based: while a live stream is open on the backend, its gate admits no batch item.
+async def test_batch_waits_while_a_live_request_runs(
+    data_dir: Path,
+    pinned_vllm: VllmProcess,
+    tmp_path: Path,
+    start_gateway: Callable[[GatewayConfig], GatewayProcess],
+) -> None:
+    """Pull-based: while a live stream is open on the backend, no batch item starts; the
+    item runs once the stream has ended.
 
-    In process: no metric shows the gate's decision (``free``) every 2 ms."""
-    gw = gw_thread
-    wai = gw.app.state.workers_ai
-    gate = wai.workers.gates.for_backend("tiny")
-    assert gate.free()
-    # 1500 greedy tokens keep the backend busy for ~1.5 s. The gate is watched while the stream
-    # runs rather than after its first event: on two cores vLLM often writes the whole stream in
-    # one burst at the end, so by the time a client reads the first event the request is gone.
-    # Greedy: sampled at Workers AI's default temperature, the random-weight model can end with
-    # EOS after a few hundred tokens.
+    On the tiny vLLM pinned to core 0: unpinned, it takes both cores and the gateway answers
+    ``/metrics`` only once vLLM is done, after the moment this test watches."""
+    queue = QueueSettings(path=str(tmp_path / "q.sqlite3"), lease_s=2.0)
+    gw = start_gateway(workers_ai_config(data_dir, pinned_vllm.url, queue))
+    # 1500 greedy tokens keep the backend busy for seconds. Greedy: sampled at Workers AI's
+    # default temperature, the random-weight model can end with EOS after a few hundred tokens.
     # A new prompt each run, so the exact cache (kept in the data dir) cannot answer it.
     prompt = f"a long answer please {uuid.uuid4()}"
     body = {"prompt": prompt, "max_tokens": 1500, "temperature": 0, "stream": True}
@@ -587,16 +578,40 @@ async def test_batch_waits_while_a_live_request_runs(gw_thread: GatewayThread) -
                     events += line.startswith("data: ")
         return events
 
-    live = asyncio.create_task(stream())
-    seen_busy = False
-    while not live.done():
-        if gate.sync_inflight() >= 1:
-            seen_busy = True
-            assert not gate.free()
-        await asyncio.sleep(0.002)
+    async with httpx.AsyncClient(timeout=30.0) as client:
+
+        async def gauges() -> tuple[float, float, float]:
+            """The backend's requests in flight, batch items running and items finished."""
+            page = (await client.get(f"{gw.url}/metrics")).text
+            return (
+                parse_metric(page, "semcache_backend_server_inflight", {"backend": "tiny"}),
+                parse_metric(page, "semcache_batch_running"),
+                parse_metric(page, "semcache_batch_items_total"),
+            )
+
+        live = asyncio.create_task(stream())
+        deadline = time.monotonic() + 60
+        while (await gauges())[0] < 1:
+            assert not live.done(), "the live stream ended before the gateway showed it"
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        submitted = await client.post(
+            url(gw.url, CHAT) + "?queueRequest=true",
+            headers=bearer(),
+            json={"requests": [{"prompt": f"a batch item {uuid.uuid4()}", "max_tokens": 4}]},
+        )
+        request_id = ok(submitted)["request_id"]
+        watched = []
+        while not live.done():
+            watched.append(await gauges())
+            await asyncio.sleep(0.02)
     assert await live > 100  # the answer really streamed
-    assert seen_busy
-    await wait_until_async(gate.free, timeout_s=5.0, interval_s=0.05)
+    assert len(watched) >= 5, watched  # the gateway was watched while the stream ran
+    # a sample taken as the stream ended may already show the item: all but the last hold
+    assert all(running == 0 and finished == 0 for _, running, finished in watched[:-1]), watched
+    with httpx.Client(timeout=60.0) as http:
+        done = wait_done(http, gw.url, CHAT, request_id, timeout_s=120)
+    assert [r["success"] for r in done["responses"]] == [True]
 
 
 @pytest.mark.slow
