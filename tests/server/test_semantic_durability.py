@@ -1,24 +1,26 @@
 """The semantic index survives a crash and is shared through Redis (real gateways, HTTP).
 
 A gateway process is killed with SIGKILL and restarted on the same data directory; two
-gateways with their own data directories share one real redis-server. Both use the
-embedded all-MiniLM-L6-v2 embeddings backend (no vLLM).
+gateway processes with their own data directories share one real redis-server. All use the
+embedded all-MiniLM-L6-v2 embeddings backend (no vLLM); what reached a backend is read off
+the gateway's ``/metrics``.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
-from harness.gateway import GatewayProcess, GatewayThread
+from harness.gateway import GatewayProcess, write_config_toml
 from harness.ports import free_port
 from server.config import GatewayConfig
 from tests.semcache.conftest import RedisServer
-from tests.server.test_semantic_http import EMBED, Calls, config, near_duplicate, questions
+from tests.server.test_semantic_http import EMBED, Reached, config, near_duplicate, questions
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -95,8 +97,9 @@ def wait_for(path: Path, timeout_s: float = 120.0) -> None:
 def test_kill_9_keeps_the_semantic_index(tmp_path: Path, gateways: list[EmbeddingGateway]) -> None:
     """Entries written before and after the last periodic snapshot survive a SIGKILL."""
     before, after = questions(3, skip=700), questions(3, skip=710)
-    one = EmbeddingGateway(tmp_path, snapshot_interval_s=0.5).start(timeout_s=300.0)
+    one = EmbeddingGateway(tmp_path, snapshot_interval_s=0.5)
     gateways.append(one)
+    one.start(timeout_s=300.0)
     one.embed(before)
     manifest = tmp_path / "cache" / "semantic" / "snapshot" / "manifest.json"
     wait_for(manifest)  # the periodic snapshot holds `before`...
@@ -105,8 +108,9 @@ def test_kill_9_keeps_the_semantic_index(tmp_path: Path, gateways: list[Embeddin
     one.kill()
     assert manifest.stat().st_mtime_ns >= snapshot_written
 
-    two = EmbeddingGateway(tmp_path, snapshot_interval_s=0.5).start(timeout_s=300.0)
+    two = EmbeddingGateway(tmp_path, snapshot_interval_s=0.5)
     gateways.append(two)
+    two.start(timeout_s=300.0)
     for texts, key in ((before, "tenant-a"), (after, "tenant-b")):
         dups = [near_duplicate(t) for t in texts]
         resp = two.embed(dups, key=key)
@@ -131,14 +135,20 @@ def shared_config(tmp: Path, redis_url: str, prefix: str) -> GatewayConfig:
 def test_an_entry_of_gateway_a_is_a_hit_on_gateway_b(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
-    """In process: ``Calls`` wraps B's backend to see which texts it computed."""
+    """B answers A's entries through Redis: its backend counters show it computed none."""
     prefix = f"t{os.urandom(5).hex()}"
-    a = GatewayThread(shared_config(tmp_path / "a", redis_server.url, prefix)).start()
-    b = GatewayThread(shared_config(tmp_path / "b", redis_server.url, prefix)).start()
-    b_calls = Calls(b.app.state.registry.embedding["minilm"], "embed")
+    pair = [
+        GatewayProcess(
+            write_config_toml(
+                shared_config(tmp_path / name, redis_server.url, prefix),
+                tmp_path / name / "gateway.toml",
+            )
+        )
+        for name in ("a", "b")
+    ]
     http = httpx.Client(timeout=300)
 
-    def embed(gw: GatewayThread, texts: list[str], key: str, **headers: str) -> httpx.Response:
+    def embed(gw: GatewayProcess, texts: list[str], key: str, **headers: str) -> httpx.Response:
         r = http.post(
             f"{gw.url}/v1/embeddings",
             json={"model": EMBED, "input": texts},
@@ -148,29 +158,31 @@ def test_an_entry_of_gateway_a_is_a_hit_on_gateway_b(
         return r
 
     try:
+        with ThreadPoolExecutor(2) as pool:  # both load MiniLM at once
+            a, b = pool.map(lambda gw: gw.start(timeout_s=300.0), pair)
         # B's semantic cache is up and subscribed (warmed at start; this also waits for it).
         embed(b, questions(1, skip=900), "tenant-a")
         texts = questions(3, skip=800)
         embed(a, texts, "tenant-x")
         dups = [near_duplicate(t) for t in texts]
-        last: list[httpx.Response] = []
+        last: list[tuple[Reached, httpx.Response]] = []
 
         def hit_on_b() -> bool:  # A's entries reach B through Redis pub/sub
-            b_calls.reset()
+            reached = Reached(b.url)
             # no-store: a miss on B must not cache B's own answer for the next try.
-            last[:] = [embed(b, dups, "tenant-x", **{"cache-control": "no-store"})]
-            return last[0].headers.get("x-semcache-semantic") == "hit"
+            last[:] = [(reached, embed(b, dups, "tenant-x", **{"cache-control": "no-store"}))]
+            return last[0][1].headers.get("x-semcache-semantic") == "hit"
 
         wait_until(hit_on_b, timeout_s=2.0, interval_s=0.1)
-        resp = last[0]
+        reached, resp = last[0]
         assert resp.headers["x-semcache-semantic-items"] == "3/3"
-        assert b_calls.texts == []  # B's backend computed nothing: A's answers, via Redis
-        b_calls.reset()
+        assert reached.since() == (0, 0)  # B's backend computed nothing: A's answers, via Redis
         # Isolation across gateways: tenant-y on B never gets tenant-x's entries from A.
+        reached = Reached(b.url)
         other = embed(b, dups, "tenant-y", **{"cache-control": "no-store"})
         assert "x-semcache-semantic" not in other.headers
-        assert b_calls.texts == dups
+        assert reached.since() == (1, len(dups))
     finally:
         http.close()
-        a.stop()
-        b.stop()
+        for gw in pair:
+            gw.stop()

@@ -1,5 +1,7 @@
-"""The semantic cache through the real gateway: per-item embeddings, /v1/classify, isolation,
-purge and persistence (real MiniLM backend and encoder, real diskcache)."""
+"""The semantic cache through the real gateway (``semcache serve``): per-item embeddings,
+/v1/classify, isolation, purge and persistence (real MiniLM backend and encoder, real
+diskcache). What reached a backend is read off the gateway's ``/metrics``
+(``semcache_backend_calls_total``, ``semcache_backend_inputs_total``)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ import pytest
 
 from backends.config import EmbeddedClassifierBackend, LocalEmbeddingBackend
 from backends.launch.process import VllmProcess
-from harness.gateway import GatewayProcess, GatewayThread, write_config_toml
+from harness.gateway import GatewayProcess, write_config_toml
+from harness.metrics import parse_metric
 from harness.vllm_process import TINY_MODEL_NAME
 from semcache.semantic.items import label_margin
 from server.config import GatewayConfig, ModelEntry, ServerSettings
@@ -96,38 +99,47 @@ def config(tmp: Path, revision: str | None = None) -> GatewayConfig:
     )
 
 
-class Calls:
-    """Records the texts each backend call received (wraps the real backend method)."""
+BACKENDS = {"embeddings": "minilm", "classification": "sentiment"}
+"""The backend :func:`config` gives each pooling route."""
 
-    def __init__(self, obj: Any, method: str) -> None:
-        self.batches: list[list[str]] = []
-        real = getattr(obj, method)
 
-        async def spy(texts: Any, *args: Any) -> Any:
-            self.batches.append(list(texts))
-            return await real(texts, *args)
+def backend_counts(url: str, route: str) -> tuple[float, float]:
+    """(calls, inputs) of the backend of ``route`` so far, off the gateway's ``/metrics``: a
+    call is one batch of the texts no cache answered, inputs the texts in those batches."""
+    page = httpx.get(f"{url}/metrics", timeout=30)
+    assert page.status_code == 200, page.text
+    labels = {"backend": BACKENDS[route], "route": route}
+    return (
+        parse_metric(page.text, "semcache_backend_calls_total", labels),
+        parse_metric(page.text, "semcache_backend_inputs_total", labels),
+    )
 
-        setattr(obj, method, spy)
 
-    @property
-    def texts(self) -> list[str]:
-        return [t for batch in self.batches for t in batch]
+class Reached:
+    """What reaches the backend of ``route`` from now on: ``since()`` is (calls, inputs)."""
 
-    def reset(self) -> None:
-        self.batches.clear()
+    def __init__(self, url: str, route: str = "embeddings") -> None:
+        self.url, self.route = url, route
+        self.start = backend_counts(url, route)
+
+    def since(self) -> tuple[float, float]:
+        calls, inputs = backend_counts(self.url, self.route)
+        return calls - self.start[0], inputs - self.start[1]
 
 
 class Gateway:
-    """In process: the tests on it assert which texts reached the backend (``Calls`` wraps
-    the backend's own method); ``semcache serve`` shows no such thing."""
+    """``semcache serve`` on :func:`config` and a client for its embeddings, classify and
+    admin routes; :meth:`reached` counts what reached a backend."""
 
     def __init__(self, tmp: Path, revision: str | None = None) -> None:
-        self.thread = GatewayThread(config(tmp, revision)).start()
-        registry = self.thread.app.state.registry
-        self.embedder = registry.embedding["minilm"]
-        self.embed_calls = Calls(self.embedder, "embed")
-        self.classify_calls = Calls(registry.classifiers["sentiment"], "classify")
-        self.http = httpx.Client(base_url=self.thread.url, timeout=120)
+        cfg = config(tmp, revision)
+        self.policy = Path(str(cfg.policy))
+        self.process = GatewayProcess(write_config_toml(cfg, tmp / "gateway.toml")).start()
+        self.url = self.process.url
+        self.http = httpx.Client(base_url=self.url, timeout=120)
+
+    def reached(self, route: str = "embeddings") -> Reached:
+        return Reached(self.url, route)
 
     def embed(self, texts: list[str], key: str = "tenant-a", **headers: str) -> httpx.Response:
         r = self.http.post(
@@ -156,8 +168,9 @@ class Gateway:
         assert r.status_code == 200, r.text
 
     def stop(self) -> None:
+        """SIGINT: uvicorn's own shutdown, whose lifespan writes the index snapshot."""
         self.http.close()
-        self.thread.stop()
+        self.process.stop()
 
 
 @pytest.fixture(scope="module")
@@ -198,23 +211,26 @@ def test_embeddings_60_near_duplicates_call_the_backend_for_the_40_others(gw: Ga
         origin.append(None)
     assert sorted(t for t, o in zip(mixed, origin, strict=True) if o is None) == sorted(others)
 
-    gw.embed_calls.reset()
+    reached = gw.reached()
     resp = gw.embed(mixed)
-    others_in_order = [m for m, o in zip(mixed, origin, strict=True) if o is None]
-    assert gw.embed_calls.batches == [others_in_order]
-    assert len(others_in_order) == 40
+    assert reached.since() == (1, 40)  # one backend call, on 40 texts
     got = vectors(resp)
     assert got.shape == (100, 384)
-    direct = np.asarray(gw.embedder._model.encode(others_in_order, normalize_embeddings=True))
-    n = 0
+    # The backend's own vectors for the same 100 texts: another tenant shares none of
+    # tenant-a's entries, so the gateway computes them all, in one call.
+    reached = gw.reached()
+    fresh = gw.embed(mixed, key="tenant-direct")
+    assert reached.since() == (1, 100)
+    assert "x-semcache-semantic" not in fresh.headers
+    direct = vectors(fresh)
     for i, o in enumerate(origin):
         if o is None:
-            assert float(got[i] @ direct[n]) > 0.9999  # the backend's own vector
-            n += 1
+            assert float(got[i] @ direct[i]) > 0.9999  # the backend's own vector
         else:
             assert np.array_equal(got[i], cached_vectors[o])  # the cached one, in its place
+            assert not np.array_equal(got[i], direct[i])  # not the near-duplicate's own
     usage = resp.json()["usage"]
-    assert usage["prompt_tokens"] == sum(gw.embedder.count_tokens(mixed))
+    assert usage["prompt_tokens"] == fresh.json()["usage"]["prompt_tokens"] > 0
     assert usage["total_tokens"] == usage["prompt_tokens"]
     h = resp.headers
     assert h["x-semcache-semantic"] == "partial"
@@ -223,9 +239,9 @@ def test_embeddings_60_near_duplicates_call_the_backend_for_the_40_others(gw: Ga
     assert 0.95 <= float(h["x-semcache-similarity"]) <= 1.0
 
     # The same 100 again: an exact hit, not a semantic one, and no backend call.
-    gw.embed_calls.reset()
+    reached = gw.reached()
     again = gw.embed(mixed)
-    assert gw.embed_calls.batches == []
+    assert reached.since() == (0, 0)
     assert again.headers["cf-aig-cache-status"] == "HIT"
     assert "detail=semantic" not in again.headers["cache-status"]
     assert np.array_equal(vectors(again), got)
@@ -234,10 +250,10 @@ def test_embeddings_60_near_duplicates_call_the_backend_for_the_40_others(gw: Ga
 def test_full_semantic_hit_and_threshold_tightening(gw: Gateway) -> None:
     texts = questions(5, skip=200)
     gw.embed(texts)
-    gw.embed_calls.reset()
     dups = [near_duplicate(t) for t in texts]
+    reached = gw.reached()
     resp = gw.embed(dups)
-    assert gw.embed_calls.batches == []
+    assert reached.since() == (0, 0)
     h = resp.headers
     assert h["cf-aig-cache-status"] == "HIT"
     assert h["cache-status"].startswith("semcache; hit") and "detail=semantic" in h["cache-status"]
@@ -247,28 +263,29 @@ def test_full_semantic_hit_and_threshold_tightening(gw: Gateway) -> None:
 
     # A stricter threshold than the match: misses. A looser one than the policy: ignored.
     other = [near_duplicate(t) + " please" for t in texts[:2]]
-    gw.embed_calls.reset()
+    reached = gw.reached()
     strict = gw.embed(other, **{"x-semcache-semantic-threshold": "0.99999"})
-    assert gw.embed_calls.texts == other
+    assert reached.since() == (1, len(other))  # both computed
     assert "x-semcache-semantic" not in strict.headers
     loose_text = ["What is the best way to learn to cook Italian food at home?"]
     gw.embed(loose_text)
-    gw.embed_calls.reset()
+    reached = gw.reached()
     probe = ["How can I learn cooking Italian dishes in my own kitchen?"]
-    gw.embed(probe, **{"x-semcache-semantic-threshold": "0.1"})
-    assert gw.embed_calls.texts == probe  # the policy's 0.95 still applies
+    loose = gw.embed(probe, **{"x-semcache-semantic-threshold": "0.1"})
+    assert reached.since() == (1, 1)  # the policy's 0.95 still applies
+    assert "x-semcache-semantic" not in loose.headers
 
 
 def test_tenants_never_share_semantic_entries(gw: Gateway) -> None:
     texts = questions(4, skip=300)
     gw.embed(texts, key="tenant-a")
     dups = [near_duplicate(t) for t in texts]
-    gw.embed_calls.reset()
+    reached = gw.reached()
     gw.embed(dups, key="tenant-b")
-    assert gw.embed_calls.texts == dups  # tenant b computes everything itself
-    gw.embed_calls.reset()
+    assert reached.since() == (1, len(dups))  # tenant b computes everything itself
+    reached = gw.reached()
     resp = gw.embed([*dups[:3], dups[3].upper()], key="tenant-a")
-    assert gw.embed_calls.texts == []
+    assert reached.since() == (0, 0)
     assert resp.headers["x-semcache-semantic"] == "hit"
 
 
@@ -277,9 +294,9 @@ def test_classify_shape_and_semantic_hits(gw: Gateway) -> None:
         "The hotel staff were wonderful and the room was spotless.",
         "The package arrived broken and nobody answered my emails.",
     ]
-    gw.classify_calls.reset()
+    reached = gw.reached("classification")
     first = gw.classify(texts)
-    assert gw.classify_calls.texts == texts
+    assert reached.since() == (1, 2)
     body = first.json()
     assert body["object"] == "list" and body["model"] == "sentiment"
     assert body["id"].startswith("classify-")
@@ -290,14 +307,20 @@ def test_classify_shape_and_semantic_hits(gw: Gateway) -> None:
         assert abs(sum(d["probs"]) - 1.0) < 1e-5
     assert body["usage"]["prompt_tokens"] > 0 and body["usage"]["completion_tokens"] == 0
 
-    gw.classify_calls.reset()
     dups = [t.lower().rstrip(".") for t in texts]
-    second = gw.classify([*dups, "I loved every minute of the concert last night!"])
-    assert gw.classify_calls.texts == ["I loved every minute of the concert last night!"]
+    new = "I loved every minute of the concert last night!"
+    reached = gw.reached("classification")
+    second = gw.classify([*dups, new])
+    assert reached.since() == (1, 1)
     data = second.json()["data"]
     assert [d["label"] for d in data] == ["POSITIVE", "NEGATIVE", "POSITIVE"]
-    assert [d["probs"] for d in data[:2]] == [d["probs"] for d in body["data"]]
+    assert [d["probs"] for d in data[:2]] == [d["probs"] for d in body["data"]]  # cached
     assert second.headers["x-semcache-semantic-items"] == "2/3"
+    # The one classified is the new sentence: its scores are the classifier's own for it
+    # (another tenant shares no entries: computed there too).
+    alone = gw.classify([new], key="tenant-classify").json()["data"][0]
+    assert alone["label"] == data[2]["label"]
+    assert np.allclose(alone["probs"], data[2]["probs"], atol=1e-6)
 
 
 def test_classify_serves_only_clear_cached_labels_under_a_margin(gw: Gateway) -> None:
@@ -308,13 +331,13 @@ def test_classify_serves_only_clear_cached_labels_under_a_margin(gw: Gateway) ->
     margins = [label_margin(d["probs"]) for d in first]
     assert margins[0] > margins[1] + 0.2, margins  # the premise: one label is clearer
     floor = (margins[0] + margins[1]) / 2
-    policy = Path(str(gw.thread.app.state.config.policy))
+    policy = gw.policy
     original = policy.read_text()
     marker = "[routes.classification.semantic]\n"
     policy.write_text(original.replace(marker, f"{marker}min_label_margin = {floor}\n"))
     try:
         gw.purge("all")  # nothing exact left: only semantic matches can answer
-        gw.classify([clear, vague])
+        stored = gw.classify([clear, vague]).json()["data"]
         dups = [clear.rstrip("!") + ".", vague.rstrip("?")]
         # Without a margin both are semantic hits (no-store: the next request is no exact hit).
         both = gw.http.post(
@@ -323,12 +346,17 @@ def test_classify_serves_only_clear_cached_labels_under_a_margin(gw: Gateway) ->
             headers={"authorization": "Bearer tenant-a", "cache-control": "no-store"},
         )
         assert both.headers["x-semcache-semantic-items"] == "2/2"
-        gw.classify_calls.reset()
         reload = gw.http.post("/admin/policy/reload", headers={"authorization": f"Bearer {ADMIN}"})
         assert reload.status_code == 200, reload.text
+        reached = gw.reached("classification")
         resp = gw.classify(dups)
-        assert gw.classify_calls.texts == [dups[1]]  # the vague one went to the classifier
+        assert reached.since() == (1, 1)
         assert resp.headers["x-semcache-semantic-items"] == "1/2"
+        data = resp.json()["data"]
+        assert data[0]["probs"] == stored[0]["probs"]  # the clear one: its cached label
+        # The vague one went to the classifier: its own scores (another tenant computes them).
+        own = gw.classify([dups[1]], key="tenant-margin").json()["data"][0]
+        assert np.allclose(data[1]["probs"], own["probs"], atol=1e-6)
     finally:
         policy.write_text(original)
         gw.http.post("/admin/policy/reload", headers={"authorization": f"Bearer {ADMIN}"})
@@ -338,18 +366,17 @@ def test_purge_applies_to_semantic_entries(gw: Gateway) -> None:
     texts = questions(3, skip=400)
     dups = [near_duplicate(t) for t in texts]
     gw.embed(texts, key="tenant-p")
-    gw.embed_calls.reset()
     assert gw.embed(dups, key="tenant-p").headers["x-semcache-semantic"] == "hit"
     gw.purge("tenant", "key:" + _tenant_hash("tenant-p"))
-    gw.embed_calls.reset()
+    reached = gw.reached()
     gw.embed([d + " " for d in dups], key="tenant-p")
-    assert len(gw.embed_calls.texts) == 3  # purged: computed again
+    assert reached.since() == (1, 3)  # purged: computed again
 
     gw.embed(texts, key="tenant-q")
     gw.purge("model", EMBED)
-    gw.embed_calls.reset()
+    reached = gw.reached()
     gw.embed(dups, key="tenant-q")
-    assert gw.embed_calls.texts == dups
+    assert reached.since() == (1, 3)
 
 
 def _tenant_hash(key: str) -> str:
@@ -361,21 +388,26 @@ def _tenant_hash(key: str) -> str:
 def test_model_revision_isolation_and_persistence(tmp_path: Path) -> None:
     texts = questions(4, skip=500)
     dups = [near_duplicate(t) for t in texts]
+    manifest = tmp_path / "cache" / "semantic" / "snapshot" / "manifest.json"
     one = Gateway(tmp_path, revision="r1")
     try:
         one.embed(texts)
+        assert not manifest.exists()  # the periodic snapshot is 300 s away
     finally:
         one.stop()  # writes the index snapshot
+    assert manifest.exists()
     two = Gateway(tmp_path, revision="r2")
     try:
+        reached = two.reached()
         two.embed(dups)
-        assert two.embed_calls.texts == dups  # another revision never gets r1's entries
+        assert reached.since() == (1, len(dups))  # another revision never gets r1's entries
     finally:
         two.stop()
     three = Gateway(tmp_path, revision="r1")
     try:
+        reached = three.reached()
         resp = three.embed(dups)
-        assert three.embed_calls.texts == []  # r1's entries survived the restarts
+        assert reached.since() == (0, 0)  # r1's entries survived the restarts
         assert resp.headers["x-semcache-semantic"] == "hit"
     finally:
         three.stop()
@@ -403,7 +435,7 @@ verifier_min_prob = 0.96
 def chat_gw(
     tmp_path_factory: pytest.TempPathFactory, data_dir: Path, tiny_vllm: VllmProcess
 ) -> Iterator[GatewayProcess]:
-    """``semcache serve`` (the chat tests need no in-process spy)."""
+    """``semcache serve`` over the session's tiny vLLM, with two more chat models."""
     tmp = tmp_path_factory.mktemp("semantic-chat")
     (tmp / "policy.toml").write_text(CHAT_POLICY)
     model = data_dir / "models" / TINY_MODEL_NAME
@@ -420,7 +452,7 @@ def chat_gw(
 
 
 def chat(
-    gw: GatewayThread | GatewayProcess,
+    gw: GatewayProcess,
     model: str,
     user: str,
     *,
