@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import openai
 import orjson
 import pytest
 
 from backends.launch.process import VllmProcess
-from harness.gateway import GatewayThread
+from harness.gateway import GatewayProcess, write_config_toml
 from harness.metrics import parse_metric
 from harness.vllm_process import TINY_MODEL_NAME
+from server.config import DebugSettings
 from tests.conftest import gateway_config
 from tests.semcache.conftest import RedisServer
 from tests.support.waiting import wait_until
@@ -54,22 +55,48 @@ shared = true
     return path
 
 
-def start_gateway(
-    tmp: Path, data_dir: Path, vllm: VllmProcess, redis_url: str | None = None
-) -> GatewayThread:
+def gateway_process(
+    tmp: Path,
+    data_dir: Path,
+    vllm: VllmProcess,
+    redis_url: str | None = None,
+    *,
+    adjustable_clock: bool = False,
+    chat_only: bool = False,
+) -> GatewayProcess:
+    """``semcache serve`` on this module's policy, its cache tiers under ``tmp`` (not started).
+
+    ``chat_only``: without the MiniLM embeddings, whose load is most of a start (~7 s of ~8).
+    """
     policy = write_policy(tmp / "policy.toml", redis_url)
     model = data_dir / "models" / TINY_MODEL_NAME
-    return GatewayThread(gateway_config(tmp, vllm.url, model, policy=str(policy))).start()
+    config = gateway_config(tmp, vllm.url, model, policy=str(policy))
+    if adjustable_clock:
+        config = msgspec.structs.replace(config, debug=DebugSettings(adjustable_clock=True))
+    if chat_only:
+        config = msgspec.structs.replace(
+            config,
+            models=[m for m in config.models if m.task == "chat"],
+            backends=[b for b in config.backends if b.name == "tiny"],
+        )
+    return GatewayProcess(write_config_toml(config, tmp / "gateway.toml"))
 
 
-@pytest.fixture
-def gw(tmp_path: Path, data_dir: Path, tiny_vllm: VllmProcess) -> Iterator[GatewayThread]:
-    """In process: two tests move the answer cache's clock (``fake_clock``), which no config
-    of ``semcache serve`` sets; the real process serves hits in ``test_cluster.py`` and
-    ``test_metrics_live.py``."""
-    g = start_gateway(tmp_path, data_dir, tiny_vllm)
-    yield g
-    g.stop()
+@pytest.fixture(scope="module")
+def gw(
+    tmp_path_factory: pytest.TempPathFactory, data_dir: Path, tiny_vllm: VllmProcess
+) -> Iterator[GatewayProcess]:
+    """One ``semcache serve`` for the module's tests: each asks prompts of its own and reads
+    counters as deltas, so none depends on another's entries. Two tests move the answer
+    cache's clock (``[debug] adjustable_clock``, ``/admin/debug/clock``), only ever forward:
+    that can only expire entries, which no other test relies on."""
+    g = gateway_process(
+        tmp_path_factory.mktemp("cache-http"), data_dir, tiny_vllm, adjustable_clock=True
+    )
+    try:
+        yield g.start()
+    finally:
+        g.stop()
 
 
 def chat_body(text: str, **extra: Any) -> dict[str, Any]:
@@ -82,33 +109,41 @@ def chat_body(text: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-class FakeClock:
-    """The time the gateway's answer cache reads (ages, TTLs, SWR windows); the test moves it."""
+def move_clock(gw: GatewayProcess, advance_s: float = 0.0, freeze: bool | None = None) -> None:
+    """``POST /admin/debug/clock``: the time the gateway's answer cache reads (ages, TTLs,
+    SWR windows)."""
+    change: dict[str, Any] = {"advance_s": advance_s}
+    if freeze is not None:
+        change["freeze"] = freeze
+    r = httpx.post(
+        f"{gw.url}/admin/debug/clock", json=change, headers={"authorization": f"Bearer {ADMIN}"}
+    )
+    assert r.status_code == 200, r.text
+    if freeze is not None:
+        assert r.json()["frozen"] is freeze
 
-    def __init__(self) -> None:
-        self.now = time.time()
 
-    def __call__(self) -> float:
-        return self.now
-
-
-def fake_clock(gw: GatewayThread) -> FakeClock:
-    """Give the running gateway's answer cache a clock of the test's own."""
-    clock = FakeClock()
-    gw.app.state.serving.cache.clock = clock
-    return clock
+@pytest.fixture
+def frozen_clock(gw: GatewayProcess) -> Iterator[None]:
+    """The shared gateway's clock held still for one test (which moves it with
+    ``move_clock``), then let run on from where the test left it."""
+    move_clock(gw, freeze=True)
+    try:
+        yield
+    finally:
+        move_clock(gw, freeze=False)
 
 
 def backend_requests(vllm: VllmProcess) -> float:
     return parse_metric(httpx.get(f"{vllm.url}/metrics").text, "vllm:request_success_total")
 
 
-def early_hits(gw: GatewayThread) -> float:
+def early_hits(gw: GatewayProcess) -> float:
     text = httpx.get(f"{gw.url}/metrics").text
     return parse_metric(text, "semcache_early_hits_total", {"route": "chat"})
 
 
-def post(gw: GatewayThread, body: dict[str, Any], **headers: str) -> httpx.Response:
+def post(gw: GatewayProcess, body: dict[str, Any], **headers: str) -> httpx.Response:
     return httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers=headers, timeout=60)
 
 
@@ -121,7 +156,7 @@ def sse_payloads(text: str) -> list[dict[str, Any]]:
 
 
 def test_hit_replays_the_same_answer_without_the_backend(
-    gw: GatewayThread, tiny_vllm: VllmProcess
+    gw: GatewayProcess, tiny_vllm: VllmProcess
 ) -> None:
     body = chat_body(f"hit test {random.random()}")
     first = post(gw, body)
@@ -149,7 +184,7 @@ def test_hit_replays_the_same_answer_without_the_backend(
     assert post(gw, {**body, "max_tokens": 13}).headers["cf-aig-cache-status"] == "MISS"
 
 
-def test_stream_and_json_replay_each_other(gw: GatewayThread) -> None:
+def test_stream_and_json_replay_each_other(gw: GatewayProcess) -> None:
     client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="k", max_retries=0)
     msgs: Any = [{"role": "user", "content": f"stream replay {random.random()}"}]
     live = list(
@@ -202,8 +237,8 @@ def test_stream_and_json_replay_each_other(gw: GatewayThread) -> None:
     )
 
 
-def test_sampled_requests_are_not_cached(gw: GatewayThread) -> None:
-    body = chat_body("sampled", temperature=0.9)
+def test_sampled_requests_are_not_cached(gw: GatewayProcess) -> None:
+    body = chat_body(f"sampled {random.random()}", temperature=0.9)
     assert post(gw, body).headers["cf-aig-cache-status"] == "BYPASS"  # policy: not cacheable
     assert post(gw, body).headers["cf-aig-cache-status"] == "BYPASS"
     seeded = chat_body(f"seeded {random.random()}", temperature=0.9, seed=3)
@@ -211,8 +246,8 @@ def test_sampled_requests_are_not_cached(gw: GatewayThread) -> None:
     assert post(gw, seeded).headers["cf-aig-cache-status"] == "HIT"
 
 
-def test_request_headers_control_the_cache(gw: GatewayThread) -> None:
-    clock = fake_clock(gw)
+@pytest.mark.usefixtures("frozen_clock")
+def test_request_headers_control_the_cache(gw: GatewayProcess) -> None:
     body = chat_body(f"headers {random.random()}")
     assert post(gw, body, **{"cache-control": "no-store"}).headers["cf-aig-cache-status"] == "MISS"
     assert post(gw, body).headers["cf-aig-cache-status"] == "MISS"  # no-store stored nothing
@@ -223,18 +258,18 @@ def test_request_headers_control_the_cache(gw: GatewayThread) -> None:
     assert post(gw, body, **{"cf-aig-skip-cache": "true"}).headers["cf-aig-cache-status"] == (
         "BYPASS"
     )
-    clock.now += 1.1
+    move_clock(gw, advance_s=1.1)
     assert post(gw, body, **{"cache-control": "max-age=0"}).headers["cf-aig-cache-status"] in (
         "EXPIRED",
         "MISS",
     )
 
 
-def test_ttl_then_stale_while_revalidate(gw: GatewayThread, tiny_vllm: VllmProcess) -> None:
-    clock = fake_clock(gw)
+@pytest.mark.usefixtures("frozen_clock")
+def test_ttl_then_stale_while_revalidate(gw: GatewayProcess, tiny_vllm: VllmProcess) -> None:
     body = chat_body(f"swr {random.random()}")
     assert post(gw, body, **{"cf-aig-cache-ttl": "1"}).headers["cf-aig-cache-status"] == "MISS"
-    clock.now += 1.5
+    move_clock(gw, advance_s=1.5)
     before = backend_requests(tiny_vllm)
     stale = post(gw, body)
     assert stale.headers["cf-aig-cache-status"] == "STALE"
@@ -253,7 +288,7 @@ def test_ttl_then_stale_while_revalidate(gw: GatewayThread, tiny_vllm: VllmProce
 
 
 async def test_concurrent_identical_misses_make_one_backend_call(
-    gw: GatewayThread, tiny_vllm: VllmProcess
+    gw: GatewayProcess, tiny_vllm: VllmProcess
 ) -> None:
     body = chat_body(f"coalesce {random.random()}", max_tokens=40)
     before = backend_requests(tiny_vllm)
@@ -266,7 +301,7 @@ async def test_concurrent_identical_misses_make_one_backend_call(
     assert backend_requests(tiny_vllm) - before == 1
 
 
-def test_tenants_never_see_each_others_answers(gw: GatewayThread) -> None:
+def test_tenants_never_see_each_others_answers(gw: GatewayProcess) -> None:
     rng = random.Random(7)
     prompts = [f"tenant prompt {i} {random.random()}" for i in range(4)]
     tenants = [f"sk-tenant-{i}" for i in range(6)]
@@ -280,7 +315,7 @@ def test_tenants_never_see_each_others_answers(gw: GatewayThread) -> None:
         seen.add((tenant, prompt))
 
 
-def test_shared_route_hits_across_tenants(gw: GatewayThread) -> None:
+def test_shared_route_hits_across_tenants(gw: GatewayProcess) -> None:
     body = {"model": "all-MiniLM-L6-v2", "input": f"shared {random.random()}"}
     a = httpx.post(f"{gw.url}/v1/embeddings", json=body, headers={"authorization": "Bearer a"})
     b = httpx.post(f"{gw.url}/v1/embeddings", json=body, headers={"authorization": "Bearer b"})
@@ -289,7 +324,7 @@ def test_shared_route_hits_across_tenants(gw: GatewayThread) -> None:
     assert a.json() == b.json()
 
 
-def test_client_gone_mid_stream_stores_nothing(gw: GatewayThread) -> None:
+def test_client_gone_mid_stream_stores_nothing(gw: GatewayProcess) -> None:
     # long enough that the gateway sees the client leave before the answer could be complete
     body = {
         **chat_body(f"gone {random.random()}", max_tokens=1500, stream=True),
@@ -311,7 +346,7 @@ def test_client_gone_mid_stream_stores_nothing(gw: GatewayThread) -> None:
     assert answer["choices"][0]["finish_reason"] == "length"
 
 
-def test_admin_purge(gw: GatewayThread) -> None:
+def test_admin_purge(gw: GatewayProcess) -> None:
     url = f"{gw.url}/admin/cache/purge"
     assert httpx.post(url, json={"kind": "all"}).status_code == 401
     denied = httpx.post(url, json={"kind": "all"}, headers={"authorization": "Bearer nope"})
@@ -348,15 +383,27 @@ def test_admin_purge(gw: GatewayThread) -> None:
     assert post(gw, plain).headers["cf-aig-cache-status"] == "MISS"
 
 
-def test_metrics_count_hits_and_savings(gw: GatewayThread) -> None:
+def test_metrics_count_hits_and_savings(gw: GatewayProcess) -> None:
+    names = (
+        "semcache_exact_hits_total",
+        "semcache_exact_misses_total",
+        "semcache_exact_tokens_saved_total",
+        "semcache_exact_usd_saved_total",
+    )
+
+    def counts() -> list[float]:  # the shared gateway's counters: this test reads deltas
+        text = httpx.get(f"{gw.url}/metrics").text
+        return [parse_metric(text, name, {"model": "tiny-chat"}) for name in names]
+
+    before = counts()
     body = chat_body(f"metrics {random.random()}")
     post(gw, body)
     post(gw, body)
-    text = httpx.get(f"{gw.url}/metrics").text
-    assert parse_metric(text, "semcache_exact_hits_total", {"model": "tiny-chat"}) >= 1
-    assert parse_metric(text, "semcache_exact_misses_total", {"model": "tiny-chat"}) >= 1
-    assert parse_metric(text, "semcache_exact_tokens_saved_total", {"model": "tiny-chat"}) > 0
-    assert parse_metric(text, "semcache_exact_usd_saved_total", {"model": "tiny-chat"}) > 0
+    hits, misses, tokens_saved, usd_saved = (a - b for a, b in zip(counts(), before, strict=True))
+    assert hits >= 1
+    assert misses >= 1
+    assert tokens_saved > 0
+    assert usd_saved > 0
 
 
 def test_two_gateways_share_redis_and_purge_reaches_both(
@@ -364,9 +411,11 @@ def test_two_gateways_share_redis_and_purge_reaches_both(
 ) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
-    a = start_gateway(tmp_path / "a", data_dir, tiny_vllm, redis_server.url)
-    b = start_gateway(tmp_path / "b", data_dir, tiny_vllm, redis_server.url)
+    a = gateway_process(tmp_path / "a", data_dir, tiny_vllm, redis_server.url, chat_only=True)
+    b = gateway_process(tmp_path / "b", data_dir, tiny_vllm, redis_server.url, chat_only=True)
     try:
+        a.start()
+        b.start()
         body = chat_body(f"redis {random.random()}")
         assert post(a, body).headers["cf-aig-cache-status"] == "MISS"
         hit = post(b, body)
@@ -387,8 +436,9 @@ def test_redis_down_keeps_serving(
     tmp_path: Path, data_dir: Path, tiny_vllm: VllmProcess, redis_factory: Any
 ) -> None:
     redis = redis_factory()
-    gw = start_gateway(tmp_path, data_dir, tiny_vllm, redis.url)
+    gw = gateway_process(tmp_path, data_dir, tiny_vllm, redis.url, chat_only=True)
     try:
+        gw.start()
         body = chat_body(f"redis down {random.random()}")
         post(gw, body)
         redis.stop()

