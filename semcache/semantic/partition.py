@@ -37,6 +37,7 @@ from semcache.semantic.verified import (
     VerifiedParams,
     decide,
     observed,
+    pooled_prior,
 )
 
 
@@ -205,15 +206,28 @@ class PartitionIndex:
             return self._vectors.reconstruct(np.asarray(ids, dtype=np.int64))
 
     def decide(
-        self, payload_ref: str, similarity: float, params: VerifiedParams, uniform: float
+        self,
+        payload_ref: str,
+        similarity: float,
+        params: VerifiedParams,
+        uniform: float,
+        *,
+        now: float | None = None,
     ) -> Decision | None:
-        """Serve or explore the entry of ``payload_ref`` (None: it is gone)."""
+        """Serve or explore the entry of ``payload_ref`` (None: it is gone), on the prior
+        of its ``params.prior_neighbours`` nearest entries."""
         with self._lock:
             entry_id = self._by_ref.get(payload_ref)
             if entry_id is None:
                 return None
             entry = self._entries[entry_id]
-            return decide(similarity, entry.observations, self.prior, params, uniform)
+            prior = self.prior
+            k = params.prior_neighbours
+            if 0 < k < len(self._entries):  # a smaller partition is its own neighbourhood
+                (row,) = self.search(self.vectors_of([entry_id]), k, now=now)
+                near = {hit.entry.id: hit.entry for hit in row} | {entry_id: entry}
+                prior = pooled_prior(e.observations for e in near.values())
+            return decide(similarity, entry.observations, prior, params, uniform)
 
     def observe(self, payload_ref: str, observation: Observation) -> SemanticRecord | None:
         """Add a judged observation to an entry; its record as it now is (None: gone)."""

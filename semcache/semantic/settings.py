@@ -6,7 +6,7 @@ from typing import Literal
 
 import msgspec
 
-from foundation.config_types import Fraction, NonNegFloat, PosFloat, PosInt, Unit
+from foundation.config_types import Fraction, NonNegFloat, NonNegInt, PosFloat, PosInt, Unit
 
 
 class SemanticRule(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -46,6 +46,10 @@ class SemanticRule(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     width around the request's score (the partition's curve need not be one sigmoid)."""
     audit_rate: Unit = 0.02
     """Verified: the share of servable requests explored anyway, to keep checking."""
+    prior_neighbours: NonNegInt = 64
+    """Verified: the prior pools the observations of the matched entry's nearest entries,
+    this many (0: the whole partition's), so a partition that mixes workloads learns each
+    region's curve."""
     explores_per_minute: PosInt = 60
     """Verified: judged explores per partition per minute; past it a request that would
     explore is a plain miss (sent to the backend, not judged)."""

@@ -10,10 +10,13 @@ request's fresh answer, judged against the cached one, adds an observation to th
 Here the curve is a Bayesian posterior over a fixed grid of ``(t, gamma)`` rather than a
 logistic-regression fit with a delta-method variance: it is exact for the model, needs no
 special case when the observations separate perfectly, and takes a prior naturally. The
-prior is the partition's: the observations of all its entries near the request's score
-(a Gaussian kernel), tempered to weigh as ``prior_weight`` observations (a power prior), so
-a new entry starts from what its partition has learned about such scores, and its own
-observations take over as they come.
+prior is the neighbourhood's: the observations of the entry's ``prior_neighbours`` nearest
+entries in its partition near the request's score (a Gaussian kernel), tempered to weigh as
+``prior_weight`` observations (a power prior), so a new entry starts from what entries like
+it have learned about such scores, and its own observations take over as they come. Pooled
+over the whole partition instead, a prior learned on one workload (paraphrased questions,
+right at cosine 0.97) vouches for another's entries at the same cosine (templated prompts
+that differ in one number, wrong there).
 
 The decision bounds the share of wrong answers among the answers served: the entry is
 served when the posterior probability that its answer is right at this similarity reaches
@@ -96,6 +99,11 @@ class VerifiedParams(msgspec.Struct, frozen=True, kw_only=True):
     sigmoid over the whole range."""
     audit_rate: float = 0.02
     """The share of servable requests explored anyway."""
+    prior_neighbours: int = 64
+    """The prior pools the observations of the matched entry and its nearest entries, this
+    many (0: every entry of the partition). A partition that mixes workloads learns one
+    curve per region of entry space: near-duplicates that are right to share in one
+    workload do not vouch for the same cosine in another."""
 
 
 def log_likelihood(observations: Iterable[Observation]) -> np.ndarray:
@@ -171,6 +179,14 @@ class PartitionPrior:
         if n <= 1e-9 or weight <= 0:
             return np.zeros(_T_FLAT.shape), n
         return min(1.0, weight / n) * (right @ _LL_RIGHT + wrong @ _LL_WRONG), n
+
+
+def pooled_prior(observation_lists: Iterable[Sequence[Observation]]) -> PartitionPrior:
+    """A prior of the given entries' observations (a neighbourhood of the partition)."""
+    prior = PartitionPrior()
+    for observations in observation_lists:
+        prior.add(observations)
+    return prior
 
 
 def posterior(

@@ -25,6 +25,7 @@ def verified_params(rule: SemanticRule) -> VerifiedParams:
         prior_weight=rule.prior_weight,
         prior_bandwidth=rule.prior_bandwidth,
         audit_rate=rule.audit_rate,
+        prior_neighbours=rule.prior_neighbours,
     )
 
 
@@ -52,7 +53,7 @@ def verified_candidate(
             )[0]
         )
     score = prob if prob is not None else hit.similarity
-    decision = part.decide(hit.entry.payload_ref, score, params, uniform)
+    decision = part.decide(hit.entry.payload_ref, score, params, uniform, now=now)
     return (match_of(hit, prob), decision) if decision is not None else None
 
 

@@ -30,6 +30,7 @@ from semcache.semantic.verified import (
     VerifiedParams,
     decide,
     observed,
+    pooled_prior,
 )
 from semcache.tuning.calibrate import wilson_lower
 from semcache.tuning.stream_build import Stream
@@ -112,7 +113,9 @@ def run_verified(
         own = observations.get(j, [])
         if own:
             tally.count(i, "informed")
-        decision = decide(s, own, prior, params, rng.random())
+        decision = decide(
+            s, own, _near_prior(sims, entries, j, observations, prior, params), params, rng.random()
+        )
         correct = stream.cluster[i] == stream.cluster[j]
         if decision.action is Action.EXPLOIT:
             tally.count(i, "hits")
@@ -127,6 +130,24 @@ def run_verified(
         if not correct:
             entries.append(i)
     return tally.outcome(f"verified {params.max_error:.2f}")
+
+
+def _near_prior(
+    sims: np.ndarray,
+    entries: list[int],
+    j: int,
+    observations: dict[int, list[Observation]],
+    partition: PartitionPrior,
+    params: VerifiedParams,
+) -> PartitionPrior:
+    """The prior ``PartitionIndex.decide`` uses: entry ``j``'s and its nearest entries'
+    observations (``params.prior_neighbours`` of them), or the whole partition's."""
+    k = params.prior_neighbours
+    if not 0 < k < len(entries):
+        return partition
+    known = np.asarray(entries)
+    near = {int(e) for e in known[np.argsort(-sims[j, known])[:k]]} | {j}
+    return pooled_prior(observations.get(e, []) for e in near)
 
 
 class _Tally:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from semcache.semantic.partition import PartitionIndex
 from semcache.semantic.partition_types import Limits
-from tests.semcache.semantic.index_helpers import NOW, fill, key, settings, unit_vectors
+from semcache.semantic.verified import Action, Observation, VerifiedParams
+from tests.semcache.semantic.index_helpers import DIM, NOW, fill, key, settings, unit_vectors
 
 
 def test_flat_switches_to_hnsw_and_keeps_answers() -> None:
@@ -154,3 +157,36 @@ def test_hnsw_beam_widens_with_partition_size_up_to_its_cap() -> None:
     # The widened beam is what the search uses: every stored vector finds itself.
     hits = part.search(extra[:50], 1, now=NOW)
     assert [row[0].entry.payload_ref for row in hits] == [f"x{i}" for i in range(50)]
+
+
+def test_a_verified_entry_is_decided_on_its_neighbourhoods_prior() -> None:
+    """Two workloads in one partition: 100 entries whose answers were right at cosine 0.97,
+    20 elsewhere whose answers were wrong there. A new entry among the 20 is served on the
+    whole partition's prior, and explored on its 16 neighbours'."""
+    part = PartitionIndex(key(task="chat"), settings(), Limits())
+    rng = np.random.default_rng(7)
+    centres = unit_vectors(2, seed=6)
+
+    def around(centre: np.ndarray, n: int) -> np.ndarray:
+        x = centre + 0.05 * rng.standard_normal((n, DIM)).astype(np.float32)
+        return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+    def region(name: str, vectors: np.ndarray, obs: list[list[Observation]]) -> None:
+        n = len(vectors)
+        refs = [f"{name}{i}" for i in range(n)]
+        part.add(refs, vectors, refs, [NOW + 100] * n, observations=obs, now=NOW)
+
+    right = [Observation(similarity=0.97, correct=True, at=float(i)) for i in range(5)]
+    region("paraphrase", around(centres[0], 100), [right] * 100)
+    wrong = [[Observation(similarity=0.97, correct=False, at=float(i))] for i in range(19)]
+    region("template", around(centres[1], 20), [*wrong, []])  # template19: no observation
+
+    def action(neighbours: int) -> Action:
+        params = VerifiedParams(max_error=0.05, prior_neighbours=neighbours)
+        decision = part.decide("template19", 0.97, params, uniform=0.5, now=NOW)
+        assert decision is not None
+        return decision.action
+
+    assert action(0) is Action.EXPLOIT  # 500 right against 19 wrong, pooled
+    assert action(16) is Action.EXPLORE  # its neighbours were wrong at 0.97
+    assert action(500) is Action.EXPLOIT  # more neighbours than entries: the partition
