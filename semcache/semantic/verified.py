@@ -183,9 +183,18 @@ class PartitionPrior:
 
 def pooled_prior(observation_lists: Iterable[Sequence[Observation]]) -> PartitionPrior:
     """A prior of the given entries' observations (a neighbourhood of the partition)."""
-    prior = PartitionPrior()
+    similarities: list[float] = []
+    correct: list[bool] = []
     for observations in observation_lists:
-        prior.add(observations)
+        for obs in observations:
+            similarities.append(obs.similarity)
+            correct.append(obs.correct)
+    prior = PartitionPrior()
+    if similarities:  # counted at once: a neighbourhood holds up to 64 x 64 observations
+        bins = np.rint(np.clip(similarities, 0.0, 1.0) * (_BINS - 1)).astype(np.intp)
+        right = np.asarray(correct, dtype=bool)
+        prior.right = np.bincount(bins[right], minlength=_BINS).astype(np.float64)
+        prior.wrong = np.bincount(bins[~right], minlength=_BINS).astype(np.float64)
     return prior
 
 

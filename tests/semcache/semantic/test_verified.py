@@ -16,6 +16,7 @@ from semcache.semantic.verified import (
     VerifiedParams,
     decide,
     observed,
+    pooled_prior,
 )
 
 PARAMS = VerifiedParams(max_error=0.05, min_observations=10, prior_weight=5.0, audit_rate=0.02)
@@ -141,3 +142,14 @@ def test_removing_every_observation_empties_the_prior() -> None:
     prior = prior_of(obs)
     prior.remove(obs)
     assert prior.count == 0 and not prior.right.any() and not prior.wrong.any()
+
+
+def test_a_pooled_neighbourhood_counts_as_the_partition_prior_counts() -> None:
+    rng = random.Random(2)
+    lists = [judged(rng, n, t=0.85, gamma=40, start=100 * n) for n in (0, 3, 17, 64)]
+    lists.append([Observation(similarity=s, correct=True, at=0.0) for s in (-0.1, 0.0025, 1.2)])
+    pooled = pooled_prior(lists)
+    one_by_one = prior_of([obs for observations in lists for obs in observations])
+    assert np.array_equal(pooled.right, one_by_one.right)
+    assert np.array_equal(pooled.wrong, one_by_one.wrong)
+    assert pooled_prior([]).count == 0
