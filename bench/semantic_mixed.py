@@ -45,12 +45,21 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1, help="streams, seeds from --seed")
     parser.add_argument("--verifier", action="store_true", help="also the pair verifier")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument(
+        "--prior-neighbours",
+        type=int,
+        default=VerifiedParams(max_error=0.05).prior_neighbours,
+        help="the verified prior's neighbourhood (0: the whole partition); default: the product's",
+    )
     args = parser.parse_args()
     started = time.time()
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
     ).stdout.strip()
-    print(f"commit {commit}; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"commit {commit}; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f}; "
+        f"prior_neighbours {args.prior_neighbours}"
+    )
     files = {"paraphrase": PARAPHRASE_PAIRS, "classify": DEFAULT_EXAMPLES}
     qqp_test = split_pairs(load_pairs(QQP_PAIRS))["test"]  # the verifier never saw it
     for seed in range(args.seed, args.seed + args.seeds):
@@ -67,7 +76,7 @@ def main() -> None:
         print(f"\n== seed {seed}: {len(stream.texts)} requests {counts} ==")
         rows = compare_stream(
             stream,
-            VerifiedParams(max_error=0.05),
+            VerifiedParams(max_error=0.05, prior_neighbours=args.prior_neighbours),
             encoder=load_encoder(threads=args.threads),
             seed=seed,
             use_verifier=args.verifier,
