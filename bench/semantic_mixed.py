@@ -23,7 +23,7 @@ import time
 
 from backends.classifier import DEFAULT_EXAMPLES
 from semcache.semantic.verified import VerifiedParams
-from semcache.tuning.mixed import SOURCES, source_pairs, stream_of_sources
+from semcache.tuning.mixed import SENTENCES, SOURCES, source_pairs, stream_of_sources
 from semcache.tuning.pairs import (
     EMBEDDING_CACHE_DIR,
     PARAPHRASE_PAIRS,
@@ -46,12 +46,19 @@ def main() -> None:
     parser.add_argument("--verifier", action="store_true", help="also the pair verifier")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument(
+        "--sources",
+        default=",".join(SOURCES),
+        help=f"comma list of {', '.join(SOURCES)} and {SENTENCES} (the classifier's sentences "
+        "as /v1/classify caches them)",
+    )
+    parser.add_argument(
         "--prior-neighbours",
         type=int,
         default=VerifiedParams(max_error=0.05).prior_neighbours,
         help="the verified prior's neighbourhood (0: the whole partition); default: the product's",
     )
     args = parser.parse_args()
+    names = [name.strip() for name in args.sources.split(",") if name.strip()]
     started = time.time()
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
@@ -67,12 +74,12 @@ def main() -> None:
             name: qqp_test
             if name == "qqp"
             else source_pairs(name, files, seed=seed, limit=args.limit)
-            for name in SOURCES
+            for name in names
         }
         stream = stream_of_sources(
             pairs, seed=seed, limit=args.limit, repeated=args.repeated, clusters=args.clusters
         )
-        counts = {name: stream.source.count(name) for name in SOURCES}
+        counts = {name: stream.source.count(name) for name in names}
         print(f"\n== seed {seed}: {len(stream.texts)} requests {counts} ==")
         rows = compare_stream(
             stream,

@@ -29,6 +29,9 @@ from semcache.tuning.templates import generate_template_pairs
 
 SOURCES = ("qqp", "paraphrase", "templates", "classify")
 """``templates`` is generated (seeded); the others read a file named by the caller."""
+SENTENCES = "sentences"
+"""Not in the mix: the ``classify`` file's sentences as they are, the items of the
+classification route's cache (``/v1/classify``), not wrapped in a chat prompt."""
 
 CLASSIFY_PROMPT = "Classify the sentiment of this review as POSITIVE or NEGATIVE: {text}"
 
@@ -38,7 +41,9 @@ class _LabelledText(msgspec.Struct):
     label: str
 
 
-def classification_pairs(path: Path, *, limit: int | None = None, seed: int = 0) -> list[Pair]:
+def classification_pairs(
+    path: Path, *, limit: int | None = None, seed: int = 0, prompt: str = CLASSIFY_PROMPT
+) -> list[Pair]:
     """The classifier's labelled sentences as classification prompts: two prompts are a
     label-1 pair when their labels agree (the answer, a label, is right for both).
 
@@ -50,7 +55,7 @@ def classification_pairs(path: Path, *, limit: int | None = None, seed: int = 0)
         rows = random.Random(seed).sample(rows, limit)
     by_label: dict[str, list[str]] = {}
     for row in rows:
-        by_label.setdefault(row.label, []).append(CLASSIFY_PROMPT.format(text=row.text))
+        by_label.setdefault(row.label, []).append(prompt.format(text=row.text))
     pairs = [Pair(a, b, 1) for texts in by_label.values() for a, b in itertools.pairwise(texts)]
     firsts = [texts[0] for _, texts in sorted(by_label.items())]
     pairs.extend(Pair(a, b, 0) for a, b in itertools.pairwise(firsts))
@@ -63,6 +68,8 @@ def source_pairs(
     """The labelled pairs of one source (``files``: the file of each file-backed source)."""
     if name == "templates":
         return generate_template_pairs(seed=seed).pairs
+    if name == SENTENCES and "classify" in files:
+        return classification_pairs(files["classify"], limit=limit, seed=seed, prompt="{text}")
     if name not in SOURCES:
         raise ValueError(f"unknown source {name!r} (known: {', '.join(SOURCES)})")
     if name not in files:

@@ -93,6 +93,11 @@ def test_classification_prompts_are_one_cluster_per_label(tmp_path: Path) -> Non
     by_text = dict(zip(stream.texts, stream.cluster, strict=True))
     good, great = (t for t in stream.texts if "good" in t or "great" in t)
     assert by_text[good] == by_text[great] and by_text["q1"] == by_text["q2"]
+    # the sentences as the classification route caches them: the same clusters, no prompt
+    sentences = mixed_stream(["sentences"], {"classify": path}, seed=0)
+    assert sorted(sentences.texts) == ["bad film", "good film", "great film"]
+    same = dict(zip(sentences.texts, sentences.cluster, strict=True))
+    assert same["good film"] == same["great film"] != same["bad film"]
 
 
 def test_an_unknown_source_or_a_missing_file_is_refused() -> None:
