@@ -180,6 +180,7 @@ def create_app(
         spent=ledger.spent,
         calendar=clock,
         overrides_later=key_view is not None,
+        redis_timeout_s=tiers.redis.timeout_s,
     )
     key_admin = (
         KeyAdmin(

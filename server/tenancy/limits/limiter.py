@@ -111,16 +111,23 @@ def build_limiter(
     spent: SpentFn | None,
     calendar: Callable[[], float] = time.time,
     overrides_later: bool = False,
+    redis_timeout_s: float = 0.25,
 ) -> TenantLimiter | None:
-    """The app's limiter: on the policy's Redis when it has one (read at start), else in
-    memory; ``None`` when neither the defaults nor any token set a limit and none can come
-    later (``overrides_later``: API keys, made while serving, may have limits)."""
+    """The app's limiter: on the policy's Redis when it has one (read at start, with its
+    ``timeout_s``), else in memory; ``None`` when neither the defaults nor any token set a
+    limit and none can come later (``overrides_later``: API keys, made while serving, may
+    have limits)."""
     limited = [s for s in (defaults, *overrides) if s is not None and s.limited]
     if not limited and not overrides_later:
         return None
     uri = "async+" + redis_url if redis_url else "async+memory://"
     return TenantLimiter(
-        defaults, storage_uri=uri, spent=spent, redis_prefix=redis_prefix, calendar=calendar
+        defaults,
+        storage_uri=uri,
+        spent=spent,
+        redis_prefix=redis_prefix,
+        calendar=calendar,
+        timeout_s=redis_timeout_s,
     )
 
 

@@ -198,7 +198,10 @@ def test_a_token_budget_holds_across_two_gateways_on_one_redis(
     assert len({len(b) for b in bodies}) == 1
     worst_case = len(bodies[0]) // 4 + 16  # what admission reserves for each
     budget = 10 * worst_case + worst_case // 2
-    policy = f'[tiers.redis]\nurl = "{redis_server.url}"\nprefix = "{redis_prefix}"\n'
+    # 2 s, not 0.25: on a loaded machine a slower Redis answer would fail the budget open
+    policy = (
+        f'[tiers.redis]\nurl = "{redis_server.url}"\nprefix = "{redis_prefix}"\ntimeout_s = 2.0\n'
+    )
     extra = f"[limits]\ndaily_tokens = {budget}\n[ledger]\nflush_interval_s = 0.2\n"
     one = GatewayProcess(
         write_config(tmp_path / "one", tiny_vllm.url, extra=extra, policy=policy)

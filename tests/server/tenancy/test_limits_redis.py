@@ -7,9 +7,10 @@ import logging
 from collections.abc import Callable
 
 import pytest
+import redis.asyncio
 
 from server.errors import ApiError
-from server.tenancy.limits.limiter import TenantLimiter
+from server.tenancy.limits.limiter import TenantLimiter, build_limiter
 from server.tenancy.limits.settings import LimitSettings
 from tests.semcache.conftest import RedisServer
 
@@ -81,3 +82,34 @@ async def test_redis_down_fails_open_and_logs_once(
     assert len(outages) == 1
     assert limiter.breaker.failures == 1
     await limiter.aclose()
+
+
+async def test_the_policys_redis_timeout_decides_when_a_slow_redis_fails_open(
+    redis_factory: Callable[[], RedisServer], redis_prefix: str
+) -> None:
+    """``[tiers.redis] timeout_s`` reaches the limits (``build_limiter``): a Redis that
+    answers after 0.6 s fails a 0.25 s limiter open and is waited for by a 2 s one."""
+    server = redis_factory()
+    limits = LimitSettings(requests_per_minute=5)
+    admitted = []
+    for timeout_s in (0.25, 2.0):
+        limiter = build_limiter(
+            limits,
+            [],
+            redis_url=server.url,
+            redis_prefix=f"{redis_prefix}-{timeout_s}",
+            spent=None,
+            redis_timeout_s=timeout_s,
+        )
+        assert limiter is not None
+        await limiter.admit("tok", "acme", None, 10)  # connected and counted
+        pause = redis.asyncio.Redis.from_url(server.url)
+        await pause.execute_command("CLIENT", "PAUSE", "600", "ALL")
+        await pause.aclose()
+        seen = await limiter.admit("tok", "acme", None, 10)
+        admitted.append((limiter.unchecked, dict(limiter.headers(seen))))
+        await limiter.aclose()
+        await asyncio.sleep(0.7)  # the pause is over
+    (fast_unchecked, fast_headers), (slow_unchecked, slow_headers) = admitted
+    assert fast_unchecked == 1 and fast_headers == {}  # failed open: nothing counted
+    assert slow_unchecked == 0 and slow_headers["x-ratelimit-remaining-requests"] == "3"
