@@ -3,7 +3,8 @@ tiny vLLM pinned to core 0 (unpinned, its threads starve the gateways, whose ``/
 then answer only between items, when none runs): an item claimed by the gateway that does
 not serve its model is handed back for ``unserved_delay_s`` and run by the one that does,
 well before a lease runs out; a live request stops the batch item running on its backend,
-and the item runs again to one result.
+and the item runs again to one result; and an item submitted while a live stream is open on
+the backend does not start until the stream has ended.
 
 ``serving`` has only the tiny chat model and runs one batch item at a time; ``other`` has
 only the embedded MiniLM, so it claims chat items whenever its MiniLM is free.
@@ -11,6 +12,7 @@ only the embedded MiniLM, so it claims chat items whenever its MiniLM is free.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -31,6 +33,8 @@ from server.batch.settings import BatchSettings, QueueSettings
 from server.config import GatewayConfig, ModelEntry
 from tests.conftest import gateway_config
 from tests.server.chaos.common import chat
+from tests.server.workers_ai.test_api import CHAT as WAI_CHAT
+from tests.server.workers_ai.test_api import bearer, ok, url, wait_done, workers_ai_config
 from tests.support.diagnose import gateway_state
 from tests.support.waiting import wait_until
 
@@ -213,3 +217,65 @@ def test_a_live_request_stops_the_batch_item_on_its_backend(
     assert metric(serving, "semcache_batch_items_total", outcome="success") == success + len(
         LONGS
     ) * len(request_ids)
+
+
+async def test_batch_waits_while_a_live_request_runs(
+    data_dir: Path,
+    pinned_vllm: VllmProcess,
+    tmp_path: Path,
+    start_gateway: Callable[[GatewayConfig], GatewayProcess],
+) -> None:
+    """Pull-based: while a live stream is open on the backend, no batch item starts; the
+    item runs once the stream has ended (a Workers-AI gateway on a SQLite queue)."""
+    queue = QueueSettings(path=str(tmp_path / "q.sqlite3"), lease_s=2.0)
+    gw = start_gateway(workers_ai_config(data_dir, pinned_vllm.url, queue))
+    # 300 greedy tokens keep the pinned backend busy for seconds. Greedy: sampled at Workers AI's
+    # default temperature, the random-weight model can end with EOS after a few hundred tokens.
+    # A new prompt each run, so the exact cache (kept in the data dir) cannot answer it.
+    prompt = f"a long answer please {uuid.uuid4()}"
+    body = {"prompt": prompt, "max_tokens": 300, "temperature": 0, "stream": True}
+
+    async def stream() -> int:
+        events = 0
+        async with httpx.AsyncClient(timeout=300.0) as client:
+            async with client.stream(
+                "POST", url(gw.url, WAI_CHAT), headers=bearer(), json=body
+            ) as r:
+                async for line in r.aiter_lines():
+                    events += line.startswith("data: ")
+        return events
+
+    async with httpx.AsyncClient(timeout=30.0) as client:
+
+        async def gauges() -> tuple[float, float, float]:
+            """The backend's requests in flight, batch items running and items finished."""
+            page = (await client.get(f"{gw.url}/metrics")).text
+            return (
+                parse_metric(page, "semcache_backend_server_inflight", {"backend": "tiny"}),
+                parse_metric(page, "semcache_batch_running"),
+                parse_metric(page, "semcache_batch_items_total"),
+            )
+
+        live = asyncio.create_task(stream())
+        deadline = time.monotonic() + 60
+        while (await gauges())[0] < 1:
+            assert not live.done(), "the live stream ended before the gateway showed it"
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        submitted = await client.post(
+            url(gw.url, WAI_CHAT) + "?queueRequest=true",
+            headers=bearer(),
+            json={"requests": [{"prompt": f"a batch item {uuid.uuid4()}", "max_tokens": 4}]},
+        )
+        request_id = ok(submitted)["request_id"]
+        watched = []
+        while not live.done():
+            watched.append(await gauges())
+            await asyncio.sleep(0.02)
+    assert await live > 100  # the answer really streamed
+    assert len(watched) >= 5, watched  # the gateway was watched while the stream ran
+    # a sample taken as the stream ended may already show the item: all but the last hold
+    assert all(running == 0 and finished == 0 for _, running, finished in watched[:-1]), watched
+    with httpx.Client(timeout=60.0) as http:
+        done = wait_done(http, gw.url, WAI_CHAT, request_id, timeout_s=120)
+    assert [r["success"] for r in done["responses"]] == [True]
