@@ -93,9 +93,9 @@ class Admission:
         self.holding: Counter[Flow] = Counter()
         """Slots each flow holds now."""
         self._seen: dict[Flow, tuple[float, float, float]] = {}
+        """Each flow's last request (monotonic time), weight and share window."""
         self._recheck: asyncio.TimerHandle | None = None
         """One pending wake for when a quiet flow's window lapses (not one per release)."""
-        """Each flow's last request (monotonic time), weight and share window."""
 
     def _any_healthy(self) -> bool:
         return any(s.healthy for s in self.servers)

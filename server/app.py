@@ -228,7 +228,7 @@ def create_app(
                 policy.current.tiers,
                 data_dir=config.data_path(),
                 registry=metrics.registry,
-                clock=clock if adjustable is not None else None,
+                clock=adjustable,  # None: the system's clock
             )
         reload_on_sighup(policy)
         if serving.semantic is not None and serving.semantic.redis_url and semantic_used(policy):

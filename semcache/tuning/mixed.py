@@ -68,7 +68,9 @@ def source_pairs(
     """The labelled pairs of one source (``files``: the file of each file-backed source)."""
     if name == "templates":
         return generate_template_pairs(seed=seed).pairs
-    if name == SENTENCES and "classify" in files:
+    if name == SENTENCES:
+        if "classify" not in files:
+            raise ValueError("no file for source 'sentences' (it reads the classify file)")
         return classification_pairs(files["classify"], limit=limit, seed=seed, prompt="{text}")
     if name not in SOURCES:
         raise ValueError(f"unknown source {name!r} (known: {', '.join(SOURCES)})")
