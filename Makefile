@@ -30,8 +30,13 @@ format: install
 
 ## Everything: lint, types and the whole suite (real vLLM, real Redis). CI runs this.
 ## Failures are summed up last, one wide line each (the end of the log is what CI shows).
-test: lint
-	@bash scripts/test-services.sh
+## The system services install (apt) meanwhile: they wait on the network and dpkg, not on
+## the CPU that the venv install and mypy use. Their log is printed once they are in.
+test:
+	@mkdir -p .data && bash scripts/test-services.sh > .data/test-services.log 2>&1 & services=$$!; \
+	$(MAKE) --no-print-directory lint; lint=$$?; \
+	wait $$services; installed=$$?; cat .data/test-services.log; \
+	[ $$lint -eq 0 ] && [ $$installed -eq 0 ]
 	COLUMNS=$${COLUMNS:-400} $(BIN)/pytest $(XDIST) -rfEs --durations=20 $(PYTEST_ARGS)
 
 ## The fast set only (no vLLM, no Redis server).

@@ -41,7 +41,7 @@ def _build(dest: Path, tokenizer_dir: Path) -> None:
         eos_token_id=base.eos_token_id,
         pad_token_id=base.pad_token_id,
         tie_word_embeddings=False,
-        num_labels=len(LABELS),  # type: ignore[call-arg]  # a PretrainedConfig keyword
+        num_labels=len(LABELS),
         id2label=dict(enumerate(LABELS)),
         label2id={label: i for i, label in enumerate(LABELS)},
         architectures=["LlamaForSequenceClassification"],

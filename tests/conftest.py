@@ -42,9 +42,24 @@ def data_dir() -> Path:
     return path
 
 
+def worker_core() -> str:
+    """The core this xdist worker's shared server runs on: gw0 on 0, gw1 on 1, and so on."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return str(int(worker.removeprefix("gw") or 0) % (os.cpu_count() or 1))
+
+
+SHARED_VLLM_ENV = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}
+"""vLLM keeps the responses it is asked to store, so ``/v1/responses`` by id works too."""
+
+
 @pytest.fixture(scope="session")
 async def tiny_vllm(data_dir: Path) -> AsyncIterator[VllmProcess]:
-    """A real vLLM server with the tiny random-weight Llama (shared by the session).
+    """A real vLLM server with the tiny random-weight Llama, shared by the worker's tests.
+
+    In vLLM's own process layout (tests time a full pool and leases against it), with its
+    OpenMP threads on one core (:func:`worker_core`): unpinned, they take both cores, and a
+    gateway beside it answers nothing (not even its scrape of vLLM's gauges) until vLLM is
+    done, which the tests that watch a gateway while vLLM generates need it to do.
 
     ``SEMCACHE_TEST_VLLM_URL`` points the tests at one already running (developer speed-up).
     """
@@ -53,22 +68,13 @@ async def tiny_vllm(data_dir: Path) -> AsyncIterator[VllmProcess]:
         running.url = url.rstrip("/")
         yield running
         return
-    # vLLM's own process layout: tests time a full pool and leases against this one.
-    process = await start_tiny_vllm(data_dir, free_port(), single_process=False, progress=None)
-    try:
-        yield process
-    finally:
-        await process.stop()
-
-
-@pytest.fixture(scope="session")
-async def pinned_vllm(data_dir: Path) -> AsyncIterator[VllmProcess]:
-    """A tiny vLLM server whose OpenMP threads run on core 0 only, for the tests that watch
-    the gateway while vLLM generates: unpinned, its threads take both cores, and the gateway
-    answers nothing (not even its scrape of vLLM's gauges) until vLLM is done. Not the shared
-    server: pinned, it would crowd the P/D tests' servers on core 0 all through the suite."""
     process = await start_tiny_vllm(
-        data_dir, free_port(), cpu_cores="0", single_process=False, progress=None
+        data_dir,
+        free_port(),
+        cpu_cores=worker_core(),
+        env=SHARED_VLLM_ENV,
+        single_process=False,
+        progress=None,
     )
     try:
         yield process

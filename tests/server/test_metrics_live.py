@@ -113,10 +113,10 @@ def write_policy(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def gw(
-    tmp_path_factory: pytest.TempPathFactory, data_dir: Path, pinned_vllm: VllmProcess
+    tmp_path_factory: pytest.TempPathFactory, data_dir: Path, tiny_vllm: VllmProcess
 ) -> Iterator[GatewayProcess]:
     tmp = tmp_path_factory.mktemp("metrics-live")
-    gateway = GatewayProcess(write_config(tmp, data_dir / "models", pinned_vllm.url)).start()
+    gateway = GatewayProcess(write_config(tmp, data_dir / "models", tiny_vllm.url)).start()
     try:
         yield gateway
     finally:
@@ -307,7 +307,7 @@ async def test_semantic_hits_count_a_near_repeat(
 
 
 async def test_a_full_pool_refuses_and_its_signals_come_from_vllm(
-    gw: GatewayProcess, client: httpx.AsyncClient, pinned_vllm: VllmProcess
+    gw: GatewayProcess, client: httpx.AsyncClient, tiny_vllm: VllmProcess
 ) -> None:
     page = await Page(client, gw.url).read()
     narrow = {"backend": "narrow", "role": "both"}
@@ -320,7 +320,7 @@ async def test_a_full_pool_refuses_and_its_signals_come_from_vllm(
 
     url = f"{gw.url}/v1/chat/completions"
     seen: dict[str, float] = {}
-    server = {"backend": "narrow", "server": pinned_vllm.url, "role": "both"}
+    server = {"backend": "narrow", "server": tiny_vllm.url, "role": "both"}
 
     def note() -> None:
         """The highest value of each signal seen so far (gauges, as last scraped)."""

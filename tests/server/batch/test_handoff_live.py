@@ -1,5 +1,5 @@
 """Batch items between two real ``semcache serve`` processes on one Redis queue, run on a
-tiny vLLM pinned to core 0 (unpinned, its threads starve the gateways, whose ``/metrics``
+tiny vLLM pinned to one core (unpinned, its threads starve the gateways, whose ``/metrics``
 then answer only between items, when none runs): an item claimed by the gateway that does
 not serve its model is handed back for ``unserved_delay_s`` and run by the one that does,
 well before a lease runs out; a live request stops the batch item running on its backend,
@@ -61,7 +61,7 @@ HEADERS = {"authorization": f"Bearer {TOKEN}"}
 def gateways(
     tmp_path_factory: pytest.TempPathFactory,
     data_dir: Path,
-    pinned_vllm: VllmProcess,
+    tiny_vllm: VllmProcess,
     redis_server: Any,
 ) -> Iterator[tuple[GatewayProcess, GatewayProcess]]:
     root = tmp_path_factory.mktemp("handoff")
@@ -76,7 +76,7 @@ def gateways(
     )
     auth = AuthSettings(tokens=[TokenEntry(tenant="owner", token=TOKEN)])
     model = data_dir / "models" / TINY_MODEL_NAME
-    full = gateway_config(root / "serving", pinned_vllm.url, model, batch=batch, auth=auth)
+    full = gateway_config(root / "serving", tiny_vllm.url, model, batch=batch, auth=auth)
     serving_config = msgspec.structs.replace(
         full,
         models=[m for m in full.models if m.id == "tiny-chat"],
@@ -221,14 +221,14 @@ def test_a_live_request_stops_the_batch_item_on_its_backend(
 
 async def test_batch_waits_while_a_live_request_runs(
     data_dir: Path,
-    pinned_vllm: VllmProcess,
+    tiny_vllm: VllmProcess,
     tmp_path: Path,
     start_gateway: Callable[[GatewayConfig], GatewayProcess],
 ) -> None:
     """Pull-based: while a live stream is open on the backend, no batch item starts; the
     item runs once the stream has ended (a Workers-AI gateway on a SQLite queue)."""
     queue = QueueSettings(path=str(tmp_path / "q.sqlite3"), lease_s=2.0)
-    gw = start_gateway(workers_ai_config(data_dir, pinned_vllm.url, queue))
+    gw = start_gateway(workers_ai_config(data_dir, tiny_vllm.url, queue))
     # 300 greedy tokens keep the pinned backend busy for seconds. Greedy: sampled at Workers AI's
     # default temperature, the random-weight model can end with EOS after a few hundred tokens.
     # A new prompt each run, so the exact cache (kept in the data dir) cannot answer it.

@@ -209,18 +209,18 @@ def test_embeddings_string_and_list(gw: openai.OpenAI, gateway: GatewayProcess) 
 
 
 def test_client_disconnect_cancels_backend_request(
-    pinned_vllm: VllmProcess,
+    tiny_vllm: VllmProcess,
     data_dir: Path,
     tmp_path: Path,
     start_gateway: Callable[[GatewayConfig], GatewayProcess],
 ) -> None:
-    """On the tiny vLLM pinned to core 0: unpinned, its threads starve the gateway process,
+    """On the tiny vLLM pinned to one core: unpinned, its threads starve the gateway process,
     which then sees the client leave only once vLLM has finished the answer."""
     model = data_dir / "models" / TINY_MODEL_NAME
-    gateway = start_gateway(gateway_config(tmp_path / "data", pinned_vllm.url, model))
+    gateway = start_gateway(gateway_config(tmp_path / "data", tiny_vllm.url, model))
 
     def generated() -> float:
-        text = httpx.get(f"{pinned_vllm.url}/metrics").text
+        text = httpx.get(f"{tiny_vllm.url}/metrics").text
         return parse_metric(text, "vllm:generation_tokens_total")
 
     def leave_after_three_chunks() -> float:

@@ -109,9 +109,8 @@ def vllm_running(http: httpx.Client, vllm_url: str) -> float:
 
 
 def test_a_flood_past_its_queue_share_gets_429s_while_another_tenant_is_served(
-    pinned_vllm: VllmProcess, tmp_path: Path, pool: ThreadPoolExecutor
+    tiny_vllm: VllmProcess, tmp_path: Path, pool: ThreadPoolExecutor
 ) -> None:
-    tiny_vllm = pinned_vllm  # one core: the slot-holding answer outlasts the flood
     config = write_config(
         tmp_path / "gw",
         tiny_vllm.url,
