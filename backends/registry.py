@@ -136,8 +136,12 @@ def build_registry(
     backends: list[VllmBackend | LocalEmbeddingConfig | EmbeddedClassifierBackend],
     data_dir: Path,
     created: int = 0,
+    encoder_dir: Path | None = None,
 ) -> ModelRegistry:
-    """Create the backend clients and compute each model's revision (cached on disk)."""
+    """Create the backend clients and compute each model's revision (cached on disk).
+
+    ``encoder_dir``: where local embedding models keep their exported graphs, shared with the
+    semantic cache's encoder (default ``data_dir/encoders``)."""
     reg = ModelRegistry()
     revisions: dict[str, tuple[str, str]] = {}
     defaults: dict[str, dict[str, Any]] = {}
@@ -175,7 +179,7 @@ def build_registry(
                 normalize=b.normalize,
                 batch_size=b.max_batch_size,
                 runtime=b.runtime,
-                graph_dir=data_dir / "encoders",  # shared with the semantic cache's encoder
+                graph_dir=encoder_dir or data_dir / "encoders",
             )
     for m in models:
         rev, template_fp = revisions[m.backend]

@@ -19,9 +19,9 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from backends.registry import ModelRegistry
 from harness.ports import free_port
-from harness.vllm_process import REPO_ROOT
+from harness.vllm_process import REPO_ROOT, test_data_dir
 from server.app import create_app
-from server.config import GatewayConfig
+from server.config import ENCODER_DIR_ENV, GatewayConfig
 from server.uvicorn_config import uvicorn_config
 
 
@@ -95,8 +95,16 @@ class GatewayProcess:
         *,
         launch: bool = False,
     ) -> None:
-        """``env``: added to the child's environment (e.g. ``OTEL_*``)."""
-        self.extra_env = dict(env or {})
+        """``env``: added to the child's environment (e.g. ``OTEL_*``).
+
+        The gateways share one folder of exported encoder graphs (``SEMCACHE_ENCODER_DIR``,
+        under the test data dir), as gateways on one host can: each graph is exported once
+        per run, not once per gateway. A config's ``encoder_dir`` or ``env`` may name another.
+        """
+        shared = {ENCODER_DIR_ENV: str(test_data_dir() / "encoders")}
+        if ENCODER_DIR_ENV in os.environ:  # the caller's own choice
+            shared.clear()
+        self.extra_env = {**shared, **dict(env or {})}
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.config = config

@@ -67,7 +67,13 @@ def registry_from_config(config: GatewayConfig) -> ModelRegistry:
     specs = [
         ModelSpec(m.id, m.backend, m.task, tuple(m.aliases), m.owned_by) for m in config.models
     ]
-    return build_registry(specs, config.backends, config.data_path(), created=int(time.time()))
+    return build_registry(
+        specs,
+        config.backends,
+        config.data_path(),
+        created=int(time.time()),
+        encoder_dir=config.encoder_path(),
+    )
 
 
 def reload_on_sighup(policy: PolicyHolder) -> None:
@@ -137,7 +143,7 @@ def create_app(
         redis_prefix=tiers.redis.prefix,
         max_bytes=tiers.semantic.max_bytes,
         snapshot_interval_s=tiers.semantic.snapshot_interval_s,
-        encoder_factory=partial(load_encoder, graph_dir=config.data_path() / "encoders"),
+        encoder_factory=partial(load_encoder, graph_dir=config.encoder_path()),
         registry=metrics.registry,
     )
 

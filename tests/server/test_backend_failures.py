@@ -96,7 +96,9 @@ async def _kill_mid_stream(
     gw: GatewayProcess | None = None
     try:
         gw = start_gateway(
-            gateway_config(data_dir, process.url, data_dir / "models" / TINY_MODEL_NAME)
+            gateway_config(
+                data_dir, process.url, data_dir / "models" / TINY_MODEL_NAME, embeddings=False
+            )
         )
         client = openai.AsyncOpenAI(base_url=f"{gw.url}/v1", api_key="t", max_retries=0, timeout=60)
         # warm: a fresh server's first answer can lag behind its own generation

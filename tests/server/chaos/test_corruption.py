@@ -66,7 +66,11 @@ def test_flipped_bytes_in_l2_and_redis_are_all_detected_and_never_served(
     server = redis_factory()
     policy = write_policy(tmp_path / "policy.toml", server.url)
     config = gateway_config(
-        tmp_path, tiny_vllm.url, data_dir / "models" / TINY_MODEL_NAME, policy=str(policy)
+        tmp_path,
+        tiny_vllm.url,
+        data_dir / "models" / TINY_MODEL_NAME,
+        embeddings=False,
+        policy=str(policy),
     )
     config_file = write_config_toml(config, tmp_path / "gateway.toml")
     run = uuid.uuid4().hex[:8]

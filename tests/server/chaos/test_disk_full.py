@@ -103,11 +103,13 @@ def test_disk_full_keeps_answering_counts_once_and_serves_nothing_corrupt(
     start_gateway: Callable[[GatewayConfig], GatewayProcess],
 ) -> None:
     # The exported encoder graph is shared with the other tests (and made on first use).
-    (data_dir / "encoders").mkdir(parents=True, exist_ok=True)
-    (small_disk / "encoders").symlink_to(data_dir / "encoders")
     policy = write_policy(tmp_path / "policy.toml")
     config = gateway_config(
-        small_disk, tiny_vllm.url, data_dir / "models" / TINY_MODEL_NAME, policy=str(policy)
+        small_disk,
+        tiny_vllm.url,
+        data_dir / "models" / TINY_MODEL_NAME,
+        policy=str(policy),
+        encoder_dir=str(data_dir / "encoders"),
     )
     run = uuid.uuid4().hex[:8]
     chats = [chat(f"disk full {run} {i}") for i in range(N_CHAT)]

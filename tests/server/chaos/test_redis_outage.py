@@ -75,7 +75,9 @@ def test_redis_stopped_and_started_under_load(
     a, b = (
         GatewayProcess(
             write_config_toml(
-                gateway_config(tmp_path / name, tiny_vllm.url, model, policy=str(policy)),
+                gateway_config(
+                    tmp_path / name, tiny_vllm.url, model, embeddings=False, policy=str(policy)
+                ),
                 tmp_path / f"{name}.toml",
             )
         )

@@ -48,6 +48,7 @@ def test_vllm_killed_mid_stream_error_event_nothing_stored_next_served(
         tmp_path,
         tiny_vllm.url,
         data_dir / "models" / TINY_MODEL_NAME,
+        embeddings=False,
         policy=str(write_policy(tmp_path / "policy.toml")),
     )
     config.backends[0].servers = [VllmServer(url=doomed.url), VllmServer(url=tiny_vllm.url)]

@@ -67,7 +67,11 @@ def gw(
     tmp = tmp_path_factory.mktemp("dashboard")
     (tmp / "policy.toml").write_text(POLICY)
     config = gateway_config(
-        tmp, tiny_vllm.url, data_dir / "models" / TINY_MODEL_NAME, policy=str(tmp / "policy.toml")
+        tmp,
+        tiny_vllm.url,
+        data_dir / "models" / TINY_MODEL_NAME,
+        embeddings=False,
+        policy=str(tmp / "policy.toml"),
     )
     gateway = GatewayProcess(write_config_toml(config, tmp / "gateway.toml"))
     try:
