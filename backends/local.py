@@ -13,7 +13,12 @@ from typing import Any
 import numpy as np
 
 from backends.models import model_version
-from backends.onnx_model import onnx_or_torch, requested_runtime
+from backends.onnx_model import (
+    load_checked_graph,
+    onnx_or_torch,
+    physical_cores,
+    requested_runtime,
+)
 from backends.protocol import Embeddings
 
 log = logging.getLogger(__name__)
@@ -29,9 +34,10 @@ class LocalEmbeddingBackend:
     exported graphs, one folder per model version (the gateway passes
     ``<data_dir>/encoders``, shared with the semantic cache's encoder). Without one,
     ``auto`` means torch and ``onnx`` exports into a temporary folder that ``aclose``
-    removes. ``threads``: ONNX Runtime's intra-op threads (default: torch's thread count,
-    what the torch model would use). Tokenizer, token counts and ``normalize`` are the same
-    in either runtime.
+    removes. A graph checked at an earlier start loads without torch
+    (``backends.onnx_model.load_checked_graph``). ``threads``: ONNX Runtime's intra-op
+    threads (default: the physical cores, what the torch model would use). Tokenizer, token
+    counts and ``normalize`` are the same in either runtime.
     """
 
     def __init__(
@@ -61,20 +67,31 @@ class LocalEmbeddingBackend:
 
     def _load(self) -> Any:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        import torch
+        wanted = self.requested_runtime
+        if wanted != "torch" and self.graph_dir is not None:
+            twin = load_checked_graph(
+                self.model_dir,
+                self.graph_dir / model_version(self.model_dir),
+                threads=self.threads or physical_cores(),
+                batch_size=self.batch_size,
+            )
+            if twin is not None:  # checked before: torch is not needed
+                self.dimensions = twin.dimensions
+                self.runtime = "onnx"
+                log.info("embeddings backend %s runs on onnx (a checked graph)", self.name)
+                return twin
         from sentence_transformers import SentenceTransformer
 
         model = SentenceTransformer(str(self.model_dir), device="cpu")
         self.dimensions = int(model.get_embedding_dimension() or 0)
         loaded: Any = model
         why: str | None = None
-        wanted = self.requested_runtime
         if wanted == "onnx" or (wanted == "auto" and self.graph_dir is not None):
             loaded, why = onnx_or_torch(
                 model,
                 self._graph_root() / model_version(self.model_dir),
                 required=wanted == "onnx",
-                threads=self.threads or torch.get_num_threads(),
+                threads=self.threads or physical_cores(),
                 batch_size=self.batch_size,
             )
         self.runtime = "torch" if loaded is model else "onnx"

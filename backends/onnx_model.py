@@ -4,11 +4,14 @@ Used by the semantic cache's encoder and by the local embeddings backend. On a C
 same all-MiniLM-L6-v2 graph runs faster in ONNX Runtime than in torch (fewer, fused kernels
 and no Python per layer; figures in ``bench/RESULTS.md``). The graph is exported once from
 the model folder with torch's exporter, cached as ``<graph dir>/<model version>/model.onnx``
-(``backends.models.model_version``), and checked against the torch model on probe
-sentences each time it is loaded; a graph that disagrees is exported again, and a model it
-cannot reproduce stays on torch. The vectors are the torch model's to float rounding
-(``MAX_ABS_DIFF`` is checked at every load), so the encoder version, thresholds and the
-verifier are unchanged, and so are the embeddings the gateway serves.
+(``backends.models.model_version``), and checked on probe sentences each time it is loaded:
+against the torch model, whose probe vectors are then kept beside the graph, or, once they
+are kept, against those, so that later loads need neither torch nor sentence-transformers
+(:func:`load_checked_graph`, seconds less at start-up). A graph that disagrees with torch is
+exported again, and a model it cannot reproduce stays on torch. The vectors are the torch
+model's to float rounding (``MAX_ABS_DIFF`` is checked at every load), so the encoder
+version, thresholds and the verifier are unchanged, and so are the embeddings the gateway
+serves.
 
 Only models made of a Transformer, mean pooling and (optionally) Normalize are exported;
 anything else stays on torch.
@@ -17,6 +20,7 @@ anything else stays on torch.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 import uuid
@@ -30,6 +34,9 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 GRAPH_FILE = "model.onnx"
+REFERENCE_FILE = "probes.npy"
+"""Torch's vectors of :data:`PROBES`, kept beside a graph that reproduced them: a later load
+checks the graph against these without loading torch (:func:`load_checked_graph`)."""
 MAX_ABS_DIFF = 1e-4
 """The most a probe vector may differ from torch's, per component, for the graph to be used."""
 PROBES = (
@@ -133,6 +140,24 @@ class OnnxSentenceModel:
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
 
+def physical_cores() -> int:
+    """The physical cores this process may run on (torch's default intra-op thread count),
+    read without torch: ``OMP_NUM_THREADS`` if set, else the distinct (package, core) pairs
+    of the allowed CPUs in sysfs, else their count."""
+    if (omp := os.environ.get("OMP_NUM_THREADS", "")).isdigit() and int(omp) > 0:
+        return int(omp)
+    allowed = os.sched_getaffinity(0)
+    cores = set()
+    try:
+        for cpu in allowed:
+            topology = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+            package = (topology / "physical_package_id").read_text().strip()
+            cores.add((package, (topology / "core_id").read_text().strip()))
+    except OSError:
+        return max(1, len(allowed))
+    return max(1, len(cores))
+
+
 def requested_runtime(runtime: str | None) -> str:
     """``runtime``, else :data:`RUNTIME_ENV`, else ``auto``; ValueError if not in RUNTIMES."""
     chosen = runtime or os.environ.get(RUNTIME_ENV) or "auto"
@@ -189,10 +214,78 @@ def load_onnx_model(
             why = f"the graph does not load: {exc}"
         else:
             if diff <= MAX_ABS_DIFF:
+                _write_reference(graph_dir / REFERENCE_FILE, expected)
                 return twin
             why = f"the graph differs from torch by {diff:.2g}"
         log.warning("ONNX encoder %s: %s; exporting it again", path, why)
     raise OnnxUnsupported(why)
+
+
+def load_checked_graph(
+    model_dir: Path, graph_dir: Path, *, threads: int, batch_size: int = 64
+) -> OnnxSentenceModel | None:
+    """The ONNX twin of the model in ``model_dir`` from a graph that an earlier load checked
+    against torch, without importing torch or sentence-transformers; None (load the model
+    and check it against torch) unless the graph, torch's probe vectors, a ``tokenizer.json``
+    and a Transformer → mean Pooling [→ Normalize] layout are all there and the graph still
+    reproduces those vectors."""
+    layout = _layout(model_dir)
+    if layout is None or not (graph_dir / GRAPH_FILE).is_file():
+        return None
+    max_seq_length, normalize = layout
+    try:
+        import onnxruntime
+
+        from backends.onnx_tokenizer import TOKENIZER_FILE, JsonTokenizer
+
+        if not (model_dir / TOKENIZER_FILE).is_file():
+            return None
+        expected = np.load(graph_dir / REFERENCE_FILE)
+        twin = OnnxSentenceModel(
+            _session(onnxruntime, graph_dir / GRAPH_FILE, threads),
+            JsonTokenizer(model_dir, max_seq_length),
+            max_seq_length=max_seq_length,
+            normalize=normalize,
+            batch_size=batch_size,
+        )
+        diff = float(np.abs(twin.encode(list(PROBES)) - expected).max())
+    except Exception as exc:  # no reference yet, a foreign file, a missing runtime
+        log.info("ONNX encoder %s is checked against torch: %s", graph_dir, exc)
+        return None
+    if diff > MAX_ABS_DIFF:
+        log.warning("ONNX encoder %s differs from its reference by %.2g", graph_dir, diff)
+        return None
+    return twin
+
+
+def _layout(model_dir: Path) -> tuple[int, bool] | None:
+    """(max_seq_length, normalizes) of a sentence-transformers folder made of a Transformer,
+    mean pooling and optionally Normalize, read from its JSON files; None for anything else."""
+    try:
+        modules = json.loads((model_dir / "modules.json").read_text())
+        types = [str(m["type"]).rsplit(".", 1)[-1] for m in modules]
+        if types not in (["Transformer", "Pooling"], ["Transformer", "Pooling", "Normalize"]):
+            return None
+        pooling = json.loads((model_dir / modules[1]["path"] / "config.json").read_text())
+        modes = {k: v for k, v in pooling.items() if k.startswith("pooling_mode")}
+        if modes.get("pooling_mode_mean_tokens") is not True or sum(map(bool, modes.values())) != 1:
+            return None
+        settings = json.loads((model_dir / "sentence_bert_config.json").read_text())
+        if settings.get("do_lower_case") or not settings.get("max_seq_length"):
+            return None
+        return int(settings["max_seq_length"]), types[-1] == "Normalize"
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def _write_reference(path: Path, vectors: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with tmp.open("wb") as f:
+            np.save(f, np.asarray(vectors, dtype=np.float32))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def export_graph(model: Any, path: Path) -> None:

