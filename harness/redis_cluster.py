@@ -83,6 +83,7 @@ class RedisClusterProcess:
         create += ["--cluster-replicas", "1", "--cluster-yes"]
         subprocess.run(create, check=True, capture_output=True, timeout=timeout_s)
         self.wait_ok(deadline)
+        self._wait(self._replicas_online, deadline, "replica online on every primary")
         return self
 
     def cli(self, port: int, *args: str) -> str:
@@ -109,6 +110,15 @@ class RedisClusterProcess:
             return True
 
         self._wait(ok, deadline, "cluster_state:ok")
+
+    def _replicas_online(self) -> bool:
+        """Every primary's replica has finished its first sync: until then a ``WAIT`` for one
+        replica (``[batch.queue] replicas``) times out on a cluster that is already ok."""
+        for port in self.primaries():
+            info = self.cli(port, "info", "replication")
+            if "connected_slaves:0" in info or "state=online" not in info:
+                return False
+        return True
 
     def live_ports(self) -> list[int]:
         return [p for p, proc in self.procs.items() if proc.poll() is None]
