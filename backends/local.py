@@ -68,10 +68,12 @@ class LocalEmbeddingBackend:
     def _load(self) -> Any:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         wanted = self.requested_runtime
-        if wanted != "torch" and self.graph_dir is not None:
+        onnx = wanted == "onnx" or (wanted == "auto" and self.graph_dir is not None)
+        version = model_version(self.model_dir) if onnx else ""
+        if onnx and self.graph_dir is not None:
             twin = load_checked_graph(
                 self.model_dir,
-                self.graph_dir / model_version(self.model_dir),
+                self.graph_dir / version,
                 threads=self.threads or physical_cores(),
                 batch_size=self.batch_size,
             )
@@ -86,10 +88,10 @@ class LocalEmbeddingBackend:
         self.dimensions = int(model.get_embedding_dimension() or 0)
         loaded: Any = model
         why: str | None = None
-        if wanted == "onnx" or (wanted == "auto" and self.graph_dir is not None):
+        if onnx:
             loaded, why = onnx_or_torch(
                 model,
-                self._graph_root() / model_version(self.model_dir),
+                self._graph_root() / version,
                 required=wanted == "onnx",
                 threads=self.threads or physical_cores(),
                 batch_size=self.batch_size,

@@ -20,6 +20,7 @@ anything else stays on torch.
 from __future__ import annotations
 
 import copy
+import io
 import json
 import logging
 import os
@@ -30,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from foundation.files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +212,7 @@ def load_onnx_model(
                 normalize=normalize,
                 batch_size=batch_size,
             )
-            diff = float(np.abs(twin.encode(list(PROBES)) - expected).max())
+            diff = _probe_diff(twin, expected)
         except Exception as exc:  # a truncated or foreign file: ONNX Runtime's own errors
             why = f"the graph does not load: {exc}"
         else:
@@ -248,7 +251,7 @@ def load_checked_graph(
             normalize=normalize,
             batch_size=batch_size,
         )
-        diff = float(np.abs(twin.encode(list(PROBES)) - expected).max())
+        diff = _probe_diff(twin, expected)
     except Exception as exc:  # no reference yet, a foreign file, a missing runtime
         log.info("ONNX encoder %s is checked against torch: %s", graph_dir, exc)
         return None
@@ -279,13 +282,14 @@ def _layout(model_dir: Path) -> tuple[int, bool] | None:
 
 
 def _write_reference(path: Path, vectors: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    try:
-        with tmp.open("wb") as f:
-            np.save(f, np.asarray(vectors, dtype=np.float32))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    out = io.BytesIO()
+    np.save(out, np.asarray(vectors, dtype=np.float32))
+    write_atomic(path, out.getvalue())
+
+
+def _probe_diff(twin: OnnxSentenceModel, expected: np.ndarray) -> float:
+    """The largest per-component gap between the twin's probe vectors and ``expected``."""
+    return float(np.abs(twin.encode(list(PROBES)) - expected).max())
 
 
 def export_graph(model: Any, path: Path) -> None:

@@ -101,9 +101,9 @@ class GatewayProcess:
         under the test data dir), as gateways on one host can: each graph is exported once
         per run, not once per gateway. A config's ``encoder_dir`` or ``env`` may name another.
         """
-        shared = {ENCODER_DIR_ENV: str(test_data_dir() / "encoders")}
-        if ENCODER_DIR_ENV in os.environ:  # the caller's own choice
-            shared.clear()
+        shared = {
+            ENCODER_DIR_ENV: os.environ.get(ENCODER_DIR_ENV, str(test_data_dir() / "encoders"))
+        }
         self.extra_env = {**shared, **dict(env or {})}
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -43,9 +43,11 @@ def data_dir() -> Path:
 
 
 def worker_core() -> str:
-    """The core this xdist worker's shared server runs on: gw0 on 0, gw1 on 1, and so on."""
+    """The core this xdist worker's shared server runs on: gw0 on the first core this process
+    may use, gw1 on the second, and so on."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    return str(int(worker.removeprefix("gw") or 0) % (os.cpu_count() or 1))
+    cores = sorted(os.sched_getaffinity(0))
+    return str(cores[int(worker.removeprefix("gw") or 0) % len(cores)])
 
 
 SHARED_VLLM_ENV = {"VLLM_ENABLE_RESPONSES_API_STORE": "1"}

@@ -16,8 +16,8 @@ from typing import Protocol
 
 import msgspec
 
+from foundation.files import write_atomic
 from server.apikeys.records import ApiKey, AuditEntry
-from server.openai.records import write_atomic
 
 Changed = Callable[[str | None], Awaitable[None]]
 """Told the id of a record that changed elsewhere, or ``None``: read everything again."""

@@ -10,8 +10,8 @@ from typing import Protocol
 
 import msgspec
 
+from foundation.files import write_atomic
 from server.membership.records import MemberChange
-from server.openai.records import write_atomic
 
 Changed = Callable[[], Awaitable[None]]
 """Told that the store changed elsewhere (or may have): read it again."""

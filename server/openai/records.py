@@ -1,4 +1,5 @@
-"""Records on local disk, one folder per tenant: safe ids, tenant folders, atomic writes.
+"""Records on local disk, one folder per tenant: safe ids and tenant folders; records are
+written with ``foundation.files.write_atomic``.
 
 The Files API's store and the batch records share it. A record is written to a temporary
 file, flushed and renamed over the old one, so a reader (or a restart after ``kill -9``)
@@ -8,7 +9,6 @@ sees the old record or the new one, never half of one.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import time
 import uuid
@@ -35,17 +35,6 @@ def tenant_key(tenant: str) -> str:
 def tenant_dir(root: Path, tenant: str) -> Path:
     """The tenant's folder under ``root``."""
     return root / tenant_key(tenant)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` durably and all at once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def read_or_none(path: Path) -> bytes | None:

@@ -12,8 +12,9 @@ from typing import Protocol
 
 import msgspec
 
+from foundation.files import write_atomic
 from server.openai.batches.protocol import BatchObject
-from server.openai.records import read_or_none, tenant_dir, valid_id, write_atomic
+from server.openai.records import read_or_none, tenant_dir, valid_id
 
 _decoder = msgspec.json.Decoder(BatchObject)
 

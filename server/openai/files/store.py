@@ -13,8 +13,9 @@ from typing import Protocol
 
 import msgspec
 
+from foundation.files import write_atomic
 from server.openai.files.protocol import FileObject, Purpose
-from server.openai.records import new_id, read_or_none, tenant_dir, valid_id, write_atomic
+from server.openai.records import new_id, read_or_none, tenant_dir, valid_id
 
 _decoder = msgspec.json.Decoder(FileObject)
 

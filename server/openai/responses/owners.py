@@ -14,7 +14,8 @@ import re
 from pathlib import Path
 from typing import Protocol
 
-from server.openai.records import read_or_none, tenant_dir, valid_id, write_atomic
+from foundation.files import write_atomic
+from server.openai.records import read_or_none, tenant_dir, valid_id
 
 _RESPONSE_ID = re.compile(rb'"id"\s*:\s*"(resp_[A-Za-z0-9_-]{1,120})"')
 
