@@ -94,9 +94,12 @@ class RequestContext(msgspec.Struct, kw_only=True):
     request_id: str
     session_affinity: str | None = None
     tenant: str | None = None
+    token_id: str | None = None
+    """The API key (``key:<id>``) or config token (its name) that sent the request."""
     salt_scope: str | None = None
-    """Who may share vLLM's prefix-cache blocks with this request: the tenant, or
-    ``"shared"`` for models the policy shares; backends derive vLLM's ``cache_salt`` from it."""
+    """Who may share vLLM's prefix-cache blocks with this request: the answer cache's scope
+    (``tenant:<id>``, ``group:<name>`` or ``shared``, as the policy shares the model's answers);
+    backends derive vLLM's ``cache_salt`` from it."""
     background: bool = False
     """A batch item: it runs on idle capacity and never makes batch work yield."""
     models: frozenset[str] | None = None

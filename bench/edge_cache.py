@@ -67,6 +67,7 @@ dir = "cache"
 ttl_s = 86_400
 [routes.embeddings]
 shared = true
+reveal = ["status", "age", "saved", "semantic"]
 [routes.embeddings.semantic]
 enabled = false
 """

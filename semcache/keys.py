@@ -38,6 +38,8 @@ import msgspec
 import orjson
 
 SHARED_SCOPE: Final = "shared"
+TENANT_PREFIX: Final = "tenant:"
+GROUP_PREFIX: Final = "group:"
 KEY_VERSION: Final = b"semcache-exact-v1"
 
 DROPPED_FIELDS: Final[frozenset[str]] = frozenset(
@@ -359,14 +361,25 @@ def scope_for(tenant: str | None, *, shared: bool) -> str:
     """The key scope: ``shared`` when the policy shares a model's answers, else the tenant."""
     if shared:
         return SHARED_SCOPE
-    return f"tenant:{tenant or ''}"
+    return f"{TENANT_PREFIX}{tenant or ''}"
+
+
+def group_scope(name: str) -> str:
+    """The key scope of a share group's members (``[share_groups.<name>]``)."""
+    return f"{GROUP_PREFIX}{name}"
+
+
+def is_tenant_scope(scope: str) -> bool:
+    """A scope one tenant alone reads: what its cache headers say concerns no one else."""
+    return scope.startswith(TENANT_PREFIX)
 
 
 class CacheKey(msgspec.Struct, frozen=True, kw_only=True):
     """A versioned, scoped key. ``digest`` is computed from every other field."""
 
     scope: str
-    """``shared`` or ``tenant:<id>`` (see :func:`scope_for`)."""
+    """``tenant:<id>``, ``group:<name>`` or ``shared`` (see :func:`scope_for`,
+    :func:`group_scope`)."""
     model_id: str
     revision: str
     """The model's revision from the registry: a new revision never serves old answers."""

@@ -12,6 +12,7 @@ documented in ``policies/README.md``; ``policies/default.toml`` is the embedded 
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import tomllib
@@ -23,10 +24,17 @@ import msgspec
 
 from foundation.config_types import NonNegFloat, NonNegInt, PosFloat, PosInt
 from foundation.package_files import package_file
+from semcache.keys import SHARED_SCOPE, group_scope, scope_for
 from semcache.semantic.settings import SemanticRule
 
 Route = Literal["chat", "completions", "responses", "embeddings", "classification"]
 ROUTES: Final[tuple[str, ...]] = get_args(Route)
+
+Reveal = Literal["status", "age", "saved", "semantic"]
+"""What a response under a sharing rule may say of the cache: ``status`` (``cf-aig-cache-status``
+and ``Cache-Status`` say HIT), ``age`` (``Age``, the entry's TTL left), ``saved``
+(``x-semcache-saved-*``), ``semantic`` (``x-semcache-semantic*``)."""
+REVEALABLE: Final[frozenset[str]] = frozenset(get_args(Reveal))
 
 DEFAULT_POLICY: Final[Path] = package_file("semcache", "policies", "default.toml")
 """The embedded default: the top-level ``policies/default.toml``, which ``semcache/policies``
@@ -34,6 +42,7 @@ DEFAULT_POLICY: Final[Path] = package_file("semcache", "policies", "default.toml
 
 
 T = TypeVar("T")
+log = logging.getLogger("semcache.policy")
 
 
 class PolicyError(Exception):
@@ -64,8 +73,14 @@ class CacheRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     """Upper bound for a TTL asked by a request (``cf-aig-cache-ttl``, ``max-age``)."""
     swr_s: NonNegInt = 0
     """stale-while-revalidate window after expiry (RFC 5861); 0 disables it."""
-    shared: bool = False
-    """Answers are shared across tenants (the key's scope is ``shared``)."""
+    shared: bool | str = False
+    """Who shares the answers: ``false`` each tenant its own (the key's scope is the tenant),
+    ``true`` every tenant (scope ``shared``), or the name of a ``[share_groups]`` entry: its
+    members share (scope ``group:<name>``), everyone else keeps a scope of their own."""
+    reveal: tuple[Reveal, ...] = ()
+    """Under a sharing rule, what the cache headers may say (:data:`Reveal`); by default
+    nothing: every answer looks like a miss that was stored, to every tenant, so that no
+    tenant learns from a header what another sent. A tenant-scoped rule tells everything."""
     deterministic_only: bool = True
     """Only cache requests with temperature 0 (or greedy top_k=1) or a fixed seed."""
     semantic: SemanticRule = msgspec.field(default_factory=SemanticRule)
@@ -88,7 +103,8 @@ class _RulePatch(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ttl_s: NonNegInt | msgspec.UnsetType = msgspec.UNSET
     max_ttl_s: NonNegInt | msgspec.UnsetType = msgspec.UNSET
     swr_s: NonNegInt | msgspec.UnsetType = msgspec.UNSET
-    shared: bool | msgspec.UnsetType = msgspec.UNSET
+    shared: bool | str | msgspec.UnsetType = msgspec.UNSET
+    reveal: tuple[Reveal, ...] | msgspec.UnsetType = msgspec.UNSET
     deterministic_only: bool | msgspec.UnsetType = msgspec.UNSET
     semantic: SemanticRule | msgspec.UnsetType = msgspec.UNSET
     prices: Prices | msgspec.UnsetType = msgspec.UNSET
@@ -167,12 +183,26 @@ class AdminSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
         return self.token or None
 
 
+class ShareGroup(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Tenants and API keys that share the answers of the rules naming this group."""
+
+    tenants: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ()
+    """API keys by id (``key:<id>``, as ``semcache keys`` shows them) or config tokens by
+    ``name``: a member key shares with the group whatever its tenant."""
+
+    def __contains__(self, who: object) -> bool:
+        tenant, token = who if isinstance(who, tuple) else (who, None)
+        return tenant in self.tenants or (token is not None and token in self.keys)
+
+
 class _PolicyHead(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Top level of a policy file; rule layers stay raw tables and are checked one by one."""
 
     version: Literal[1] = 1
     tiers: TierSettings = msgspec.field(default_factory=TierSettings)
     admin: AdminSettings = msgspec.field(default_factory=AdminSettings)
+    share_groups: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     defaults: dict[str, Any] = msgspec.field(default_factory=dict)
     routes: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     models: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
@@ -192,8 +222,23 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
     """Rule per route for models without their own table."""
     model_rules: dict[tuple[str, str], CacheRule]
     """Rule per (model id, route) for models named in the file."""
+    share_groups: dict[str, ShareGroup] = msgspec.field(default_factory=dict)
     logs_bodies: bool = False
     """Some rule asks the request log for bodies."""
+    warnings: tuple[str, ...] = ()
+    """What ``semcache policy check`` and the gateway's start print: rules that share
+    answers across every tenant (see :func:`sharing_warnings`)."""
+
+    def scope(self, rule: CacheRule, tenant: str | None, token: str | None = None) -> str:
+        """The key scope of a request by ``tenant`` (through the API key or config token
+        named ``token``) under ``rule``: see :attr:`CacheRule.shared`."""
+        if rule.shared is True:
+            return SHARED_SCOPE
+        if isinstance(rule.shared, str):
+            group = self.share_groups.get(rule.shared)
+            if group is not None and (tenant, token) in group:
+                return group_scope(rule.shared)
+        return scope_for(tenant, shared=False)
 
     def rule(self, model_id: str, route: str) -> CacheRule:
         """The merged rule for a model (gateway model id, aliases resolved) and route.
@@ -275,6 +320,12 @@ def _resolve(merged: dict[str, Any], source: str, path: str, route: str | None =
             f'{source}: {path}.semantic.judge_model: missing; judge = "model" asks a chat '
             'model of the config; expected its id, e.g. judge_model = "judge-chat"'
         )
+    revealed = set(rule.reveal)
+    if revealed - {"status"} and "status" not in revealed:
+        raise PolicyError(
+            f'{source}: {path}.reveal: {sorted(revealed)} without "status"; the other headers '
+            'only describe a hit: expected "status" in the list too'
+        )
     if sem.mode == "verified" and sem.max_error >= 0.5:
         raise PolicyError(
             f"{source}: {path}.semantic.max_error: {sem.max_error} is not a bound on wrong "
@@ -290,6 +341,60 @@ def _check_routes(routes: Mapping[str, Any], source: str, path: str) -> None:
                 f"{source}: {path}.{_toml_key(name)}: unknown route; expected one of "
                 f"{', '.join(ROUTES)}"
             )
+
+
+SHARING_RISK: Final = (
+    "any tenant can learn whether another tenant sent a text (with the semantic cache, one "
+    "close to it) from how fast it is answered: a hit takes about a millisecond, a miss the "
+    "backend's time{headers}. Share public data only, or share within one organisation's "
+    "tenants ([share_groups]); docs/cache.md, 'Sharing between tenants'"
+)
+
+
+def _layers(head: _PolicyHead) -> list[tuple[str, Mapping[str, Any]]]:
+    """Every rule layer of the file with its dotted path."""
+    out: list[tuple[str, Mapping[str, Any]]] = [("defaults", head.defaults)]
+    out += [(f"routes.{r}", t) for r, t in head.routes.items()]
+    for model_id, table in head.models.items():
+        mpath = f"models.{_toml_key(model_id)}"
+        out.append((mpath, table))
+        per_route = table.get("routes", {})
+        if isinstance(per_route, Mapping):
+            out += [(f"{mpath}.routes.{r}", t) for r, t in per_route.items()]
+    return out
+
+
+def _share_groups(head: _PolicyHead, source: str) -> dict[str, ShareGroup]:
+    groups = {}
+    for name, table in head.share_groups.items():
+        path = f"share_groups.{_toml_key(name)}"
+        group = _convert(table, ShareGroup, source, path)
+        if not group.tenants and not group.keys:
+            raise PolicyError(f"{source}: {path}: an empty group; expected `tenants` or `keys`")
+        groups[name] = group
+    return groups
+
+
+def _check_sharing(head: _PolicyHead, source: str) -> tuple[str, ...]:
+    """Share groups named by rules exist; the warnings of rules that share with every
+    tenant."""
+    warnings: list[str] = []
+    for path, table in _layers(head):
+        shared = table.get("shared")
+        if isinstance(shared, str) and shared not in head.share_groups:
+            known = ", ".join(sorted(head.share_groups)) or "none is defined"
+            raise PolicyError(
+                f"{source}: {path}.shared: no share group {shared!r}; expected true, false "
+                f"or a [share_groups] name ({known})"
+            )
+        if shared is True:
+            reveal = table.get("reveal")
+            said = f", and its headers say so (reveal = {list(reveal)})" if reveal else ""
+            warnings.append(
+                f"{path}: shared = true shares answers across every tenant: "
+                + SHARING_RISK.format(headers=said)
+            )
+    return tuple(warnings)
 
 
 def parse_policy(data: Mapping[str, Any], source: str = "<policy>") -> Policy:
@@ -323,6 +428,8 @@ def parse_policy(data: Mapping[str, Any], source: str = "<policy>") -> Policy:
                 merged, source, rpath if r in per_route else mpath, r
             )
 
+    share_groups = _share_groups(head, source)
+    warnings = _check_sharing(head, source)
     return Policy(
         source=source,
         tiers=head.tiers,
@@ -330,6 +437,8 @@ def parse_policy(data: Mapping[str, Any], source: str = "<policy>") -> Policy:
         defaults=defaults,
         route_rules=route_rules,
         model_rules=model_rules,
+        share_groups=share_groups,
+        warnings=warnings,
         logs_bodies=any(
             r.log_bodies for r in (defaults, *route_rules.values(), *model_rules.values())
         ),
@@ -360,6 +469,7 @@ class PolicyHolder:
     def __init__(self, path: str | Path | None = None, policy: Policy | None = None) -> None:
         self.path: Path = Path(path) if path is not None else DEFAULT_POLICY
         self._current: Policy = policy if policy is not None else load_policy(self.path)
+        _warn(self._current)
 
     @property
     def current(self) -> Policy:
@@ -372,4 +482,10 @@ class PolicyHolder:
         except PolicyError as exc:
             return exc
         self._current = new
+        _warn(new)
         return None
+
+
+def _warn(policy: Policy) -> None:
+    for warning in policy.warnings:
+        log.warning("policy %s: %s", policy.source, warning)

@@ -20,7 +20,7 @@ from typing import Final
 import msgspec
 
 from semcache.entry import CachedAnswer, entry_tag
-from semcache.exact import CacheControl, CacheResult, CacheStatus
+from semcache.exact import CacheControl, CacheRequest, CacheResult, CacheStatus
 from semcache.keys import SHARED_SCOPE
 from semcache.policy import Prices
 
@@ -120,23 +120,36 @@ def status_headers(
     age_s: float = 0.0,
     stored: bool = False,
     prices: Prices | None = None,
+    age: bool = True,
+    saved: bool = True,
 ) -> dict[str, str]:
-    """Response headers describing how the cache handled a request."""
+    """Response headers describing how the cache handled a request (``age``, ``saved``:
+    whether the hit's age and what it saved may be said)."""
+    hit = status in (CacheStatus.HIT, CacheStatus.STALE) and entry is not None
     rfc = f"semcache; {_RFC9211[status]}"
-    if status in (CacheStatus.HIT, CacheStatus.STALE) and entry is not None:
+    if hit and entry is not None and age:
         rfc += f"; ttl={math.floor(entry.ttl_s - age_s)}"  # negative when stale (RFC 9211)
     elif stored:
         rfc += "; stored"
     rfc += f'; key="{short_id}"'
     out = {"cache-status": rfc, "cf-aig-cache-status": status.value, "x-semcache-key": short_id}
-    if status in (CacheStatus.HIT, CacheStatus.STALE) and entry is not None:
-        out["age"] = str(int(age_s))
+    if hit and entry is not None:
+        if age:
+            out["age"] = str(int(age_s))
         u = entry.usage
-        out["x-semcache-saved-tokens"] = str(u.prompt_tokens + u.completion_tokens)
-        if prices is not None:
+        if saved:
+            out["x-semcache-saved-tokens"] = str(u.prompt_tokens + u.completion_tokens)
+        if saved and prices is not None:
             usd = prices.cost_usd(u.prompt_tokens, u.completion_tokens)
             out["x-semcache-saved-usd"] = f"{usd:.8f}"
     return out
+
+
+def miss_headers(req: CacheRequest, *, stream: bool = False) -> dict[str, str]:
+    """What a miss of ``req`` says: a JSON answer is stored before it is sent (``stored``), a
+    stream's headers leave before its answer is complete."""
+    stored = not stream and not req.control.no_store
+    return status_headers(CacheStatus.MISS, req.key.short_id, stored=stored)
 
 
 def semantic_headers(
@@ -165,30 +178,54 @@ def semantic_headers(
     return out
 
 
-def result_headers(res: CacheResult, prices: Prices | None = None) -> dict[str, str]:
+def result_headers(
+    res: CacheResult, req: CacheRequest | None = None, *, stream: bool = False
+) -> dict[str, str]:
+    """How the cache answered, within what the request's rule may say (``req.hidden``): under
+    a sharing rule that hides hits, every answer says what a miss would (another request's
+    answer, a stale or an expired entry included), so no header tells a tenant what another
+    tenant sent; the usage ledger and the metrics still count the hit."""
+    hidden = req.hidden if req is not None else frozenset()
+    if "status" in hidden and res.status is not CacheStatus.BYPASS:
+        assert req is not None
+        return miss_headers(req, stream=stream)
     return status_headers(
         res.status,
         res.key.short_id,
         entry=res.entry,
         age_s=res.age_s,
         stored=res.stored,
-        prices=prices,
+        prices=req.rule.prices if req is not None else None,
+        age="age" not in hidden,
+        saved="saved" not in hidden,
     )
 
 
-def edge_headers(res: CacheResult) -> dict[str, str]:
+def edge_headers(res: CacheResult, req: CacheRequest | None = None) -> dict[str, str]:
     """What a downstream HTTP cache may do with an answer (RFC 9111), and its validator.
 
     Only a stored entry (served from the cache, or stored by this request) may be kept:
-    ``public`` when its key is shared across tenants, else ``private`` with
-    ``Vary: Authorization``; ``max-age`` is what is left of the entry's freshness here (a
-    cache that ignores ``Age`` then keeps it no longer than the gateway does; one that
-    subtracts ``Age`` revalidates earlier, never later); a stale entry must be revalidated.
+    ``public`` when its key is shared across every tenant and its rule reveals hits, else
+    ``private`` with ``Vary: Authorization``; ``max-age`` is what is left of the entry's
+    freshness here (a cache that ignores ``Age`` then keeps it no longer than the gateway
+    does; one that subtracts ``Age`` revalidates earlier, never later); a stale entry must
+    be revalidated.
     The strong ``ETag`` is the entry's checksum: a refill or a purge gives another one.
     ``Content-Location`` names the answer's content-addressed URL, ``/v1/cache/{digest}``.
-    Anything else (an error, an uncacheable or unstored answer) is ``no-store``.
+    Anything else (an error, an uncacheable or unstored answer) is ``no-store``. Under a rule
+    that hides hits or their age, every storable answer alike is ``private, no-cache`` with
+    its ETag and no ``Age``: a lifetime would tell how old the entry is, a content URL that
+    another tenant's request stored it.
     """
     entry = res.entry
+    if req is not None and not req.hidden.isdisjoint(("status", "age")):
+        if entry is None or entry.status != 200 or req.control.no_store:
+            return {"cache-control": NO_STORE}
+        return {
+            "cache-control": "private, no-cache",
+            "etag": f'"{entry_tag(entry, res.key.digest)}"',
+            "vary": "Authorization",
+        }
     if (
         entry is None
         or entry.status != 200

@@ -31,6 +31,7 @@ from semcache.keys import build_key, is_deterministic, scope_for
 from semcache.metrics import CacheMetrics
 from semcache.policy import CacheRule, Prices
 from semcache.purge import EpochBook, LocalEpochs, Purger, PurgeResult
+from semcache.restamp import restamped
 from semcache.tiers import MemoryStore, RedisLink, Store
 
 
@@ -84,6 +85,7 @@ class ExactCache:
         revision: str,
         rule: CacheRule,
         tenant: str | None = None,
+        scope: str | None = None,
         control: CacheControl | None = None,
         tags: Sequence[str] = (),
         chat_template_fp: str = "",
@@ -92,12 +94,15 @@ class ExactCache:
     ) -> CacheRequest:
         """Build the versioned, scoped key of a request and decide whether it may be cached.
 
+        ``scope``: the key scope the policy gives the request (``Policy.scope``); without
+        it, ``tenant``'s own, or ``shared`` when the rule shares with every tenant.
         ``custom_key`` (``cf-aig-cache-key``) replaces the body's params in the key, within the
         same scope, model, revision and template. Non-deterministic requests are not cached
         when the rule says ``deterministic_only``.
         """
         epochs = await self.epochs.snapshot()
-        scope = scope_for(tenant, shared=rule.shared)
+        if scope is None:
+            scope = scope_for(tenant, shared=rule.shared is True)
         key = build_key(
             route=route,
             body=body,
@@ -131,6 +136,13 @@ class ExactCache:
         else:
             res = await self._search(req)
         self.count(req, res, t0)
+        return self._undisclosed(req, res)
+
+    def _undisclosed(self, req: CacheRequest, res: CacheResult) -> CacheResult:
+        """Under a rule that hides hits (``req.hidden``), an answer another request stored
+        gets new ids and creation times, as a newly made one would have."""
+        if res.entry is not None and (res.from_cache or res.coalesced) and "status" in req.hidden:
+            res.entry = restamped(res.entry, self.clock())
         return res
 
     async def fresh_hit(self, req: CacheRequest) -> CacheResult | None:
@@ -140,7 +152,7 @@ class ExactCache:
         if not req.cacheable or req.control.bypass_read:
             return None
         res = await self._search(req)
-        return res if res.status is CacheStatus.HIT else None
+        return self._undisclosed(req, res) if res.status is CacheStatus.HIT else None
 
     async def _search(self, req: CacheRequest) -> CacheResult:
         if not spans.recording():
@@ -298,7 +310,8 @@ class ExactCache:
             return self.flights.alone(req, res)
         # a bypass_read request takes no answer stored since its (skipped) lookup
         recent = partial(self._memory_fresh, req) if res.status is not CacheStatus.BYPASS else None
-        return await self.flights.join_or_lead(req, res, recent)
+        got = await self.flights.join_or_lead(req, res, recent)
+        return self._undisclosed(req, got) if isinstance(got, CacheResult) else got
 
     async def get_or_fill(self, req: CacheRequest, fill: Fill) -> CacheResult:
         """Serve from the cache or call ``fill`` once for all concurrent identical misses.

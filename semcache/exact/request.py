@@ -8,8 +8,8 @@ from enum import StrEnum
 import msgspec
 
 from semcache.entry import CachedAnswer
-from semcache.keys import CacheKey
-from semcache.policy import CacheRule
+from semcache.keys import CacheKey, is_tenant_scope
+from semcache.policy import REVEALABLE, CacheRule
 from semcache.purge import Epochs
 
 Fill = Callable[[], Awaitable[CachedAnswer | None]]
@@ -54,6 +54,15 @@ class CacheRequest(msgspec.Struct, frozen=True, kw_only=True):
     write_through: bool = False
     """Store the answer in every tier before the fill returns (a durable semantic record
     will point to it), even when the disk tier writes behind."""
+
+    @property
+    def hidden(self) -> frozenset[str]:
+        """What this request's response may not say of the cache (:data:`Reveal` names):
+        nothing is hidden in a tenant's own scope; under a sharing rule, all the rule does
+        not ``reveal``, so no tenant learns from a header what another tenant sent."""
+        if is_tenant_scope(self.key.scope):
+            return frozenset()
+        return REVEALABLE.difference(self.rule.reveal)
 
 
 class CacheResult(msgspec.Struct, kw_only=True):

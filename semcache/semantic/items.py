@@ -103,7 +103,7 @@ class ItemCache:
             revision=key.revision,
             # Items of a pooling route are deterministic whatever the rule says of sampling.
             rule=msgspec.structs.replace(rule, deterministic_only=False),
-            tenant=key.scope.removeprefix("tenant:"),
+            scope=key.scope,
             control=creq.control,
             tags=creq.tags,
         )

@@ -32,6 +32,8 @@ def cmd_policy_check(args: argparse.Namespace) -> int:
         f"{args.file or DEFAULT_POLICY}: OK (rules for {len(models)} model(s)"
         f"{': ' if models else ''}{', '.join(models)})"
     )
+    for warning in policy.warnings:
+        print(f"warning: {warning}")
     return 0
 
 

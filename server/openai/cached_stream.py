@@ -236,5 +236,5 @@ def replayed_reply(
     """A stored 200 answer sent as the stream its request asked for (``res``: how the cache
     answered; the usage chunk only when ``include_usage``)."""
     payloads = replay.as_stream(entry, creq.route, include_usage=include_usage)
-    headers = {**SSE_HEADERS, **result_headers(res, creq.rule.prices)}
+    headers = {**SSE_HEADERS, **result_headers(res, creq, stream=True)}
     return Reply(200, stream=replayed(payloads, form), media_type=MEDIA_TYPE, headers=headers)

@@ -117,7 +117,7 @@ class EarlyHits:
         self.tenancy = tenancy
         self.drain = drain
         self.size = size
-        self._memos: dict[tuple[str, str, bytes], Memo] = {}
+        self._memos: dict[tuple[str, str, str, bytes], Memo] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = ROUTES.get(scope["path"]) if scope["type"] == "http" else None
@@ -158,8 +158,10 @@ class EarlyHits:
         except ApiError:  # the route answers it in its own format
             await self.app(scope, _replaying(first, receive), send)
             return
-        tenant = record.principal.tenant
-        memo_key = (tenant, path, hashlib.blake2b(body, digest_size=32).digest())
+        principal = record.principal
+        digest = hashlib.blake2b(body, digest_size=32).digest()
+        # per key, not per tenant: a share group may name some of a tenant's keys only
+        memo_key = (principal.tenant, principal.token_id, path, digest)
         memo = self._memos.get(memo_key)
         if memo is not None and await self._answer(memo, record, scope, first, receive, send):
             return
@@ -217,7 +219,7 @@ class EarlyHits:
                 reply = replayed_reply(res.entry, res, creq, memo.include_usage, form)
                 size = None
             else:
-                hit = {**result_headers(res, creq.rule.prices), **edge_headers(res)}
+                hit = {**result_headers(res, creq), **edge_headers(res, creq)}
                 reply = Reply(200, replay.as_json(res.entry, creq.route), headers=hit)
                 size = len(reply.body)
             encoded = encoded_headers(
@@ -250,7 +252,7 @@ class EarlyHits:
 
     async def _learn(
         self,
-        memo_key: tuple[str, str, bytes],
+        memo_key: tuple[str, str, str, bytes],
         route: tuple[str, Task],
         body: bytes,
         scope: Scope,
@@ -282,14 +284,16 @@ class EarlyHits:
             "token",
         ):
             return
-        memo = await self._memo_of(route, body, memo_key[0])
+        memo = await self._memo_of(route, body, memo_key[0], memo_key[1])
         if memo is None or memo.creq.key.short_id.encode() != short_id:
             return
         if len(self._memos) >= self.size:
             del self._memos[next(iter(self._memos))]
         self._memos[memo_key] = memo
 
-    async def _memo_of(self, route: tuple[str, Task], body: bytes, tenant: str) -> Memo | None:
+    async def _memo_of(
+        self, route: tuple[str, Task], body: bytes, tenant: str, token: str
+    ) -> Memo | None:
         """The key the route computed for ``body``, computed again as the route does."""
         state = self.state
         try:
@@ -305,7 +309,7 @@ class EarlyHits:
         if model is None or info is None or info.task != task or (stream and name == "embeddings"):
             return None
         policy = state.policy.current
-        ctx = RequestContext(request_id="", tenant=tenant)
+        ctx = RequestContext(request_id="", tenant=tenant, token_id=token)
         creq = await state.cache_request(name, info, parsed, ctx, CacheDirectives())
         if creq is None or not creq.cacheable or state.policy.current is not policy:
             return None

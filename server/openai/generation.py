@@ -48,8 +48,7 @@ class Generation:
     ) -> Reply:
         state = self.state
         backend = state.registry.generation_backend(info)
-        shared = state.policy.current.rule(info.id, route).shared
-        ctx.salt_scope = "shared" if shared else ctx.tenant
+        ctx.salt_scope = state.scope(info, route, ctx)
         ctx.usage.model, ctx.usage.route = info.id, route
         call = GenerationCall(
             path=path,
@@ -130,7 +129,7 @@ class Generation:
         call.observe_latency(stream=False)
         note_result(call.ctx.usage, res)
         if entry.status == 200:
-            headers = {**result_headers(res, creq.rule.prices), **edge_headers(res)}
+            headers = {**result_headers(res, creq), **edge_headers(res, creq)}
         else:
             headers = {"cache-control": NO_STORE}
         return Reply(entry.status, replay.as_json(entry, call.route), headers=headers)

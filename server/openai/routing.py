@@ -62,6 +62,7 @@ def context(request: Request[Any, Any, Any]) -> RequestContext:
         request_id=rec.request_id,
         session_affinity=request.headers.get("x-session-affinity"),
         tenant=tenant,
+        token_id=rec.principal.token_id,
         models=rec.principal.models,
         usage=rec.usage,
         queue=tickets.ticket(tenant, priority=request.headers.get(PRIORITY_HEADER)),

@@ -21,7 +21,7 @@ from semcache.semantic.match import Match
 from semcache.semantic.records import PartitionKey
 from semcache.semantic.settings import SemanticRule
 from semcache.semantic.verified import Action, Observation
-from server.caching import CacheDirectives, semantic_headers
+from server.caching import CacheDirectives, miss_headers, semantic_headers
 from server.openai.call import GenerationCall
 from server.openai.model_judge import ModelJudge
 from server.openai.reply import SSE_HEADERS, Reply
@@ -124,15 +124,19 @@ async def semantic_chat(
             return SemanticPlan(remember=remember)
         events.labels(call.info.id, "explore").inc()
         judged = _judged(state, call, creq, semantic, partition, match, entry, text, remember)
-        return SemanticPlan(remember=judged, headers={"x-semcache-semantic": "explore"})
+        said = {} if "semantic" in creq.hidden else {"x-semcache-semantic": "explore"}
+        return SemanticPlan(remember=judged, headers=said)
     if verdict is not None:
         call.metrics.semantic_verified.labels(call.info.id, "exploit").inc()
     # also counted as an exact hit: the matched answer is read through the exact cache
     call.metrics.semantic_hits.labels(call.info.id, call.route).inc()
-    headers = semantic_headers(1, 1, match.similarity, creq.key.short_id, stored=False)
     note_semantic(call.ctx.usage, 1, 1, entry.usage.prompt_tokens, entry.usage.completion_tokens)
-    if match.verifier_prob is not None:
-        headers["x-semcache-verifier-prob"] = f"{match.verifier_prob:.4f}"
+    if "semantic" in creq.hidden:  # another request's answer, said to be a miss
+        headers = miss_headers(creq, stream=stream)
+    else:
+        headers = semantic_headers(1, 1, match.similarity, creq.key.short_id, stored=False)
+        if match.verifier_prob is not None:
+            headers["x-semcache-verifier-prob"] = f"{match.verifier_prob:.4f}"
     call.observe_latency(stream=stream)
     if not stream:
         return SemanticPlan(hit=Reply(200, replay.as_json(entry, call.route), headers=headers))

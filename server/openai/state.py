@@ -64,6 +64,12 @@ class ServingState:
             )
         return info
 
+    def scope(self, info: ModelInfo, route: str, ctx: RequestContext) -> str:
+        """Whose answers the request may share (the exact cache's key scope, the semantic
+        partition's, and vLLM's ``cache_salt``): see ``semcache.policy.Policy.scope``."""
+        policy = self.policy.current
+        return policy.scope(policy.rule(info.id, route), ctx.tenant, ctx.token_id)
+
     async def cache_request(
         self,
         route: str,
@@ -82,6 +88,7 @@ class ServingState:
             revision=info.revision,
             rule=self.policy.current.rule(info.id, route),
             tenant=ctx.tenant,
+            scope=self.scope(info, route, ctx),
             control=directives.control,
             tags=directives.tags,
             chat_template_fp=info.chat_template_fp,

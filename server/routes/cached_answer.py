@@ -1,10 +1,12 @@
 """``GET /v1/cache/{digest}``: a stored answer by its key digest, the ``Content-Location``
 every cacheable answer names, for a client or an HTTP cache to read it again.
 
-Scoped as the answer's key is: a shared answer is anyone's, a tenant's answer only its own
-(another tenant gets the same 404 as for a key that does not exist), and an API key scoped
-to some models sees only their answers. A purged or expired entry, or one of a model
-revision no longer served, is a 404 too.
+Scoped as the answer's key is: a tenant's answer is its own (another tenant gets the same
+404 as for a key that does not exist); an answer shared by a policy rule (with every tenant,
+or a share group's members) is readable by those it is shared with only where the rule
+reveals hits and their age (``reveal``), since reading it says that someone stored it; an
+API key scoped to some models sees only their answers. A purged or expired entry, or one of
+a model revision no longer served, is a 404 too.
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ from typing import Any
 
 from litestar import Request, Response, get
 
+from backends.protocol import RequestContext
 from semcache import replay
-from semcache.keys import SHARED_SCOPE, CacheKey, scope_for
+from semcache.exact import CacheResult
+from semcache.keys import scope_for
+from semcache.policy import Policy
 from server.apidoc.operation import SERVER_ERROR, Answer, Field, RouteDoc, documented
 from server.apidoc.request_headers import CONTEXT_HEADERS, STRING
 from server.auth import model_allowed
-from server.caching import edge_headers, result_headers
+from server.caching import edge_headers, status_headers
 from server.errors import ApiError
 from server.openai.reply import Reply
 from server.openai.routing import context, respond, serving
@@ -27,8 +32,13 @@ from server.openai.usage import note_result
 _HEX = frozenset("0123456789abcdef")
 
 
-def _visible(key: CacheKey, tenant: str | None) -> bool:
-    return key.scope in (SHARED_SCOPE, scope_for(tenant, shared=False))
+def _visible(res: CacheResult, route: str, policy: Policy, ctx: RequestContext) -> bool:
+    key = res.key
+    if key.scope == scope_for(ctx.tenant, shared=False):
+        return True
+    rule = policy.rule(key.model_id, route)
+    said = {"status", "age"}.issubset(rule.reveal)
+    return said and policy.scope(rule, ctx.tenant, ctx.token_id) == key.scope
 
 
 @get(
@@ -68,7 +78,7 @@ async def cached_answer(request: Request[Any, Any, Any]) -> Response[Any]:
         or res.entry is None
         or info is None
         or info.revision != res.key.revision
-        or not _visible(res.key, ctx.tenant)
+        or not _visible(res, res.entry.route, svc.state.policy.current, ctx)
         or not model_allowed(ctx.models, info.id, info)
     ):
         raise ApiError(
@@ -79,7 +89,12 @@ async def cached_answer(request: Request[Any, Any, Any]) -> Response[Any]:
     body = replay.as_json(res.entry, res.entry.route)
     note_result(ctx.usage, res)
     ctx.usage.model, ctx.usage.route = info.id, res.entry.route
-    headers = {**result_headers(res), **edge_headers(res)}
+    own = res.key.scope == scope_for(ctx.tenant, shared=False)
+    saved = own or "saved" in svc.state.policy.current.rule(info.id, res.entry.route).reveal
+    said = status_headers(
+        res.status, res.key.short_id, entry=res.entry, age_s=res.age_s, saved=saved
+    )
+    headers = {**said, **edge_headers(res)}
     reply = Reply(200, body, headers=headers)
     return respond(reply, ctx, if_none_match=request.headers.get("if-none-match"))
 

@@ -50,9 +50,11 @@ def test_embedded_default_is_valid_and_documented() -> None:
     policy = load_policy()
     assert policy.source == str(DEFAULT_POLICY)
     for route in ROUTES:
-        assert policy.rule("any-model", route).cacheable
-    assert policy.rule("any-model", "embeddings").shared
-    assert not policy.rule("any-model", "chat").shared
+        rule = policy.rule("any-model", route)
+        # every route, embeddings and classification included, is each tenant's own
+        assert rule.cacheable and rule.shared is False and rule.reveal == ()
+        assert policy.scope(rule, "t1", "key:a") == "tenant:t1"
+    assert not policy.warnings and not policy.share_groups
     assert policy.tiers.redis.url is None and policy.tiers.disk.enabled
     readme = (DEFAULT_POLICY.parent / "README.md").read_text()
     for field in (
@@ -112,6 +114,11 @@ def test_layers_override_field_by_field(tmp_path: Path) -> None:
             "< 0.5",
         ),
         ("[routes.chat.semantic]\nmax_error = 0", "routes.chat.semantic.max_error", "> 0"),
+        ('[routes.embeddings]\nshared = "acme"', "routes.embeddings.shared", "no share group"),
+        ("[share_groups.acme]\ntenants = []", "share_groups.acme", "an empty group"),
+        ('[defaults]\nreveal = ["hits"]', "defaults.reveal[0]", "enum value"),
+        ('[routes.chat]\nreveal = ["age"]', "routes.chat.reveal", '"status" in the list'),
+        ("[share_groups.a]\ntenant = ['x']", "share_groups.a", "`tenant`"),
         ('[routes.chat.semantic]\njudge = "llm"', "routes.chat.semantic.judge", "enum value"),
         (
             '[routes.chat.semantic]\nmode = "verified"\njudge = "model"',
@@ -198,3 +205,48 @@ def test_verified_mode_turns_chat_semantic_caching_on(tmp_path: Path) -> None:
     assert not policy.rule("other", "chat").semantic.enabled
     off = write(tmp_path, '[models."m".routes.chat.semantic]\nmode = "verified"\nenabled = false\n')
     assert not load_policy(off).rule("m", "chat").semantic.verified
+
+
+SHARING = """
+[share_groups.acme]
+tenants = ["acme-eu", "acme-us"]
+keys = ["key:k1", "partner-token"]
+
+[routes.embeddings]
+shared = "acme"
+reveal = ["status", "age"]
+
+[routes.classification]
+shared = true
+
+[models."public-embedder".routes.embeddings]
+shared = true
+reveal = ["status"]
+"""
+
+
+def test_scopes_of_tenants_groups_and_keys(tmp_path: Path) -> None:
+    policy = load_policy(write(tmp_path, SHARING))
+    emb = policy.rule("m", "embeddings")
+    assert emb.shared == "acme" and emb.reveal == ("status", "age")
+    # members share the group's scope: by tenant, or by the API key or token that sent it
+    assert policy.scope(emb, "acme-eu", "key:zz") == "group:acme"
+    assert policy.scope(emb, "acme-us", None) == "group:acme"
+    assert policy.scope(emb, "other", "key:k1") == "group:acme"
+    assert policy.scope(emb, "other", "partner-token") == "group:acme"
+    # everyone else keeps a scope of their own
+    assert policy.scope(emb, "other", "key:k2") == "tenant:other"
+    assert policy.scope(emb, None, None) == "tenant:"
+    assert policy.scope(policy.rule("m", "classification"), "x", None) == "shared"
+    assert policy.scope(policy.rule("m", "chat"), "acme-eu", "key:k1") == "tenant:acme-eu"
+
+
+def test_rules_sharing_with_every_tenant_are_warned_about(tmp_path: Path) -> None:
+    policy = load_policy(write(tmp_path, SHARING))
+    assert len(policy.warnings) == 2
+    cls, public = policy.warnings
+    assert cls.startswith("routes.classification: shared = true shares answers across every")
+    assert public.startswith("models.public-embedder.routes.embeddings: shared = true")
+    for warning in policy.warnings:
+        assert "how fast it is answered" in warning and "Sharing between tenants" in warning
+    assert "reveal = ['status']" in public and "reveal" not in cls

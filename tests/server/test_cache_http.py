@@ -49,6 +49,7 @@ input_per_m = 0.045
 output_per_m = 0.384
 [routes.embeddings]
 shared = true
+reveal = ["status", "age", "saved", "semantic"]
 {extra}
 """
     )

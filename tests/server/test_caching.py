@@ -124,7 +124,7 @@ def test_a_reshaped_answer_keeps_its_cache_control_but_no_validator(client: Any)
         headers={"authorization": "Bearer t"},
     )
     assert r.status_code == 200, r.text
-    assert r.headers["cache-control"].startswith("public, max-age=")
+    assert r.headers["cache-control"].startswith("private, max-age=")
     assert "etag" not in r.headers and "content-location" not in r.headers
     assert reshaped({"ETag": '"a"', "content-location": "/x", "age": "1"}) == {"age": "1"}
 

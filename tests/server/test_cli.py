@@ -211,7 +211,7 @@ def test_config_check_names_the_field(tmp_path: Path) -> None:
 
 def test_sighup_reloads_the_policy_and_keeps_it_when_invalid(tmp_path: Path) -> None:
     policy = tmp_path / "policy.toml"
-    policy.write_text("[routes.embeddings]\nshared = true\n")
+    policy.write_text("[routes.embeddings]\nttl_s = 600\n")
     config = tmp_path / "gw.toml"
     config.write_text(
         f'data_dir = "{tmp_path}"\npolicy = "{policy}"\n'

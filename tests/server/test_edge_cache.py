@@ -31,8 +31,10 @@ token = "{ADMIN}"
 ttl_s = 600
 [routes.embeddings]
 shared = true
+reveal = ["status", "age", "saved", "semantic"]
 [routes.classification]
 shared = true
+reveal = ["status", "age", "saved", "semantic"]
 [models."private-emb"]
 shared = false
 [models."short-emb"]

@@ -36,7 +36,7 @@ def test_sighup_applies_a_policy_change_under_traffic_and_drops_no_request(
     tmp_path: Path,
 ) -> None:
     policy = tmp_path / "policy.toml"
-    policy.write_text("version = 1\n[routes.embeddings]\nshared = true\n")
+    policy.write_text("version = 1\n[routes.embeddings]\nttl_s = 600\n")
     config = tmp_path / "gateway.toml"
     config.write_text(
         f"data_dir = {json.dumps(str(tmp_path / 'data'))}\npolicy = {json.dumps(str(policy))}\n"

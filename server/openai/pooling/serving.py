@@ -118,11 +118,7 @@ class PoolingServing:
             self.state.registry.set_revision(info.backend_name, backend.version)
             info = self.state.resolve(req.model, "classification", ctx)
         started = time.perf_counter()
-        ctx.salt_scope = (
-            "shared"
-            if self.state.policy.current.rule(info.id, "classification").shared
-            else ctx.tenant
-        )
+        ctx.salt_scope = self.state.scope(info, "classification", ctx)
 
         async def compute(todo: list[str]) -> tuple[list[bytes], list[int]]:
             self.state.metrics.count_backend_call(backend.name, "classification", len(todo))
@@ -237,19 +233,20 @@ class PoolingServing:
 
         res = await self.state.cache.get_or_fill(creq, fill)
         assert res.entry is not None
-        headers = result_headers(res, creq.rule.prices)
+        headers = result_headers(res, creq)
         note_result(ctx.usage, res)
         if outcome.get("served") and not res.from_cache and not res.coalesced:
             note_semantic(ctx.usage, outcome["served"], len(texts), outcome["saved"], 0)
             self.state.metrics.semantic_hits.labels(info.id, route).inc()
-            headers = semantic_headers(
-                outcome["served"],
-                len(texts),
-                outcome["similarity"],
-                creq.key.short_id,
-                stored=res.stored,
-            )
-        headers.update(edge_headers(res))
+            if "semantic" not in creq.hidden:
+                headers = semantic_headers(
+                    outcome["served"],
+                    len(texts),
+                    outcome["similarity"],
+                    creq.key.short_id,
+                    stored=res.stored,
+                )
+        headers.update(edge_headers(res, creq))
         return Reply(200, res.entry.body or b"", headers=headers)
 
 

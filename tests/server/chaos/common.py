@@ -36,6 +36,7 @@ token = "{ADMIN}"
 ttl_s = 600
 [routes.embeddings]
 shared = true
+reveal = ["status", "age", "saved", "semantic"]
 [routes.embeddings.semantic]
 enabled = true
 threshold = 0.99

@@ -92,11 +92,11 @@ def test_get_errors_are_openai_errors_never_stored(client: Client) -> None:
     assert empty.status_code == 400 and error_of(empty)["param"] == "input"
 
 
-def test_shared_answer_is_public_with_an_etag_and_304s(client: Client) -> None:
+def test_an_answer_is_private_with_an_etag_and_304s(client: Client) -> None:
     url = f"{EMB}?model=embed-model&input=etag+text"
     first = client.get(url)
-    assert first.headers["cache-control"].startswith("public, max-age=")
-    assert "vary" not in first.headers
+    assert first.headers["cache-control"].startswith("private, max-age=")
+    assert first.headers["vary"] == "Authorization"
     etag = first.headers["etag"]
     assert etag.startswith('"') and etag.endswith('"')
     again = client.get(url)

@@ -22,19 +22,24 @@ def chat(text: str) -> dict[str, Any]:
     }
 
 
-def test_a_shared_answer_is_read_again_by_its_digest(client: Client) -> None:
+def test_an_embedding_is_read_again_by_its_digest_by_its_tenant_only(client: Client) -> None:
     first = client.post("/v1/embeddings", json={"model": "embed-model", "input": "by digest"})
     where = first.headers["content-location"]
     assert where.startswith("/v1/cache/") and len(where) == len("/v1/cache/") + 64
-    again = client.get(where, headers={"authorization": "Bearer anyone"})
+    again = client.get(where)
     assert again.status_code == 200
     assert again.content == first.content
     assert again.headers["etag"] == first.headers["etag"]
-    assert again.headers["cache-control"].startswith("public, max-age=")
+    assert again.headers["cache-control"].startswith("private, max-age=")
     assert again.headers["cf-aig-cache-status"] == "HIT"
     cond = client.get(where, headers={"if-none-match": first.headers["etag"]})
     assert cond.status_code == 304 and cond.content == b""
     assert cond.headers["content-location"] == where
+    # another tenant: the same 404 as a key never stored
+    theirs = client.get(where, headers={"authorization": "Bearer anyone"})
+    never = client.get("/v1/cache/" + "0" * 64, headers={"authorization": "Bearer anyone"})
+    assert theirs.status_code == never.status_code == 404
+    assert theirs.json() == never.json()
 
 
 def test_a_tenant_answer_is_only_its_tenants(client: Client, fake: FakeGeneration) -> None:

@@ -241,6 +241,41 @@ def test_another_tenants_files_and_batches_are_404(http: TestClient[Any]) -> Non
     assert [f.id for f in alice.files.list().data] == [batch.input_file_id]
 
 
+def _unknown_like(real: str) -> str:
+    """An id of ``real``'s form that names nothing: its prefix, other characters."""
+    cut = real.rfind("-") + 1
+    return real[:cut] + "0" * (len(real) - cut)
+
+
+def test_a_foreign_id_reads_exactly_as_one_that_never_existed(http: TestClient[Any]) -> None:
+    """No answer differs by whether another tenant's object exists: status, error body
+    (the id aside) and headers alike."""
+    batch = create(sdk(http, "alice"), [line("a")])
+    bob = {"authorization": "Bearer bob"}
+    calls = [
+        ("GET", "/v1/files/{}", batch.input_file_id, None),
+        ("GET", "/v1/files/{}/content", batch.input_file_id, None),
+        ("DELETE", "/v1/files/{}", batch.input_file_id, None),
+        ("GET", "/v1/batches/{}", batch.id, None),
+        ("POST", "/v1/batches/{}/cancel", batch.id, None),
+        (
+            "POST",
+            "/v1/batches",
+            batch.input_file_id,
+            {"input_file_id": "{}", "endpoint": CHAT, "completion_window": "24h"},
+        ),
+    ]
+    for method, path, real, body in calls:
+        answers = []
+        for oid in (real, _unknown_like(real)):
+            json = None if body is None else {k: v.format(oid) for k, v in body.items()}
+            r = http.request(method, path.format(oid), headers=bob, json=json)
+            headers = {k: v for k, v in r.headers.items() if k not in ("x-request-id", "date")}
+            answers.append((r.status_code, r.text.replace(oid, "<id>"), headers))
+        assert answers[0] == answers[1], (method, path)
+        assert answers[0][0] == 404
+
+
 def test_files_list_pages_and_delete(http: TestClient[Any]) -> None:
     client = sdk(http)
     ids = [client.files.create(file=(f"{i}.jsonl", b"{}\n"), purpose="batch").id for i in range(3)]

@@ -153,6 +153,9 @@ def test_another_tenants_response_is_404(
     assert client.get(f"{PATH}/{rid}", headers=AUTH).status_code == 200
     theirs = client.get(f"{PATH}/{rid}", headers=other)
     assert theirs.status_code == 404 and error_of(theirs)["param"] == "response_id"
+    nobody = f"resp_{'0' * (len(rid) - 5)}"  # an id that never existed: the same answer
+    never = client.get(f"{PATH}/{nobody}", headers=other)
+    assert theirs.text.replace(rid, "<id>") == never.text.replace(nobody, "<id>")
     follow = {"model": "chat-model", "input": "and?", "previous_response_id": rid}
     refused = client.post(PATH, json=follow, headers=other)
     assert refused.status_code == 404 and error_of(refused)["param"] == "previous_response_id"
