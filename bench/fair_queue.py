@@ -49,7 +49,7 @@ from bench.wrk import parse_wrk
 from harness.gateway import GatewayProcess
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm, test_data_dir
-from server.tenancy.queueing import QueueSettings, Tickets
+from server.envelope.queue_tickets import QueueSettings, Tickets
 
 MODEL = "@cf/test/tiny"
 TOKENS = {"a": "tok-a", "b": "tok-b"}

@@ -73,7 +73,7 @@ from backends.vllm import VllmClient
 from bench.support import pct_ms, stderr_printer
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, test_data_dir, tiny_llama
-from server.speedups import write_bodies_eagerly
+from server.http.internals import write_bodies_eagerly
 
 SHIPPED_DELAY_US = VllmLaunch().nixl_progress_delay_us
 

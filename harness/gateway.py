@@ -22,7 +22,7 @@ from harness.ports import free_port
 from harness.vllm_process import REPO_ROOT, test_data_dir
 from server.app import create_app
 from server.config import ENCODER_DIR_ENV, GatewayConfig
-from server.uvicorn_config import uvicorn_config
+from server.http.uvicorn_config import uvicorn_config
 
 
 def write_config_toml(config: GatewayConfig, path: Path) -> Path:

@@ -23,18 +23,28 @@ from semcache.exact import open_exact_cache
 from semcache.ledger import open_ledger
 from semcache.policy import PolicyHolder
 from semcache.semantic.service import SemanticService
+from server import health
+from server.admin import debug_clock
+from server.admin import routes as admin
 from server.apidoc.document import docs_router, openapi_config
-from server.apikeys.admin import KeyAdmin
-from server.apikeys.factory import build_key_view
-from server.auth import TokenAuth, policy_admin_token
 from server.config import GatewayConfig
 from server.dashboard.formats import template_config
 from server.dashboard.routes import DashboardState, dashboard_router
 from server.dashboard.series import CounterSeries
-from server.draining import Drain, drain_middleware
 from server.encoders import load_encoder
+from server.envelope.early_hits import EarlyHits
+from server.envelope.middleware import Tenancy, tenancy_middleware
+from server.envelope.queue_tickets import Tickets
+from server.envelope.request_log import RequestLog
 from server.errors import handle_exception
-from server.membership.factory import build_membership
+from server.gateway_api import cached_answer, usage
+from server.http.draining import Drain, drain_middleware
+from server.http.internals import before_routing, write_bodies_eagerly
+from server.identity import routes as api_keys
+from server.identity.api_keys.admin import KeyAdmin
+from server.identity.api_keys.factory import build_key_view
+from server.identity.auth import TokenAuth, policy_admin_token
+from server.limits.limiter import build_limiter
 from server.metrics import GatewayMetrics
 from server.openai.batches import api_router as batches_routes
 from server.openai.batches.protocol import PAYLOAD_KEY
@@ -42,7 +52,6 @@ from server.openai.batches.runner import OpenAIItemRunner
 from server.openai.batches.serving import BatchesServing
 from server.openai.chat_completion import api_router as chat_completion
 from server.openai.completion import api_router as completion
-from server.openai.early_hits import EarlyHits
 from server.openai.files import api_router as files_routes
 from server.openai.files.serving import FilesServing
 from server.openai.models import api_router as models
@@ -50,13 +59,9 @@ from server.openai.pooling import api_router as pooling
 from server.openai.responses import api_router as responses
 from server.openai.serving import OpenAIServing
 from server.openai.stores import build_stores
-from server.routes import admin, api_keys, cached_answer, debug_clock, health, pools, usage
-from server.speedups import before_routing, write_bodies_eagerly
-from server.tenancy.limits.limiter import build_limiter
-from server.tenancy.middleware import Tenancy, tenancy_middleware
-from server.tenancy.queueing import Tickets
-from server.tenancy.request_log import RequestLog
-from server.tracing import build_tracing
+from server.pools import routes as pools
+from server.pools.factory import build_membership
+from server.telemetry import build_tracing
 from server.workers_ai import api_router as workers_ai_routes
 from server.workers_ai.serving import open_workers_ai
 
@@ -211,7 +216,7 @@ def create_app(
         clock=clock,
     )
     dashboard = DashboardState(CounterSeries(metrics.registry))
-    drain = Drain()  # SIGTERM: `semcache serve` drains (server/draining.py)
+    drain = Drain()  # SIGTERM: `semcache serve` drains (server/http/draining.py)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:

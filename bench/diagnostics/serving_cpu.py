@@ -31,10 +31,10 @@ from bench.diagnostics.gateway_cpu import _ANSWER, _EVENT, _FINAL, _LAST, TOKENS
 from bench.overhead_lib.chat import chat_body
 from semcache.exact import open_exact_cache
 from semcache.policy import PolicyHolder
-from server.auth import tenant_from
-from server.caching import directives_from
+from server.identity.auth import tenant_from
 from server.metrics import GatewayMetrics
 from server.openai.serving import OpenAIServing
+from server.serving.cache_headers import directives_from
 
 CHUNKS = [b"data: " + _EVENT + b"\n\n"] * (TOKENS - 1) + [
     b"data: " + _FINAL + b"\n\n",

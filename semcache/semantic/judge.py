@@ -10,7 +10,7 @@ the request itself:
   a bound (answers worded differently but meaning the same);
 - ``model``: a chat model served by one of the configured backends is asked whether the
   two answers agree. It knows backends, so the server builds it
-  (``server.openai.model_judge``) and hands it to :func:`judge_for`.
+  (``server.serving.model_judge``) and hands it to :func:`judge_for`.
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ from server.batch.queue.base import BatchQueue, WorkItem
 from server.batch.results import ItemOutcome, ItemRunner, StoredItem, response_object
 from server.batch.settings import BatchSettings
 from server.batch.traces import item_span
-from server.tenancy.queueing import Tickets
+from server.envelope.queue_tickets import Tickets
 
 log = logging.getLogger("semcache.batch")
 

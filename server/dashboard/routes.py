@@ -3,7 +3,7 @@
 Every page is a Jinja template rendered from the same dict its JSON endpoint
 (``/dashboard/api/<page>``) returns; ``static/dashboard.js`` re-fetches the page's data
 section and its charts' columns every few seconds. Every page and endpoint needs the admin
-token (``server.routes.admin.require_admin``): sent as ``Authorization: Bearer``, or kept by the
+token (``server.admin.routes.require_admin``): sent as ``Authorization: Bearer``, or kept by the
 browser in an HttpOnly, SameSite=Strict cookie set by the login form.
 """
 
@@ -25,14 +25,14 @@ from litestar.static_files import create_static_files_router
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from foundation.package_files import package_file
+from server.admin.routes import PurgeRequest, purge_caches, require_admin
 from server.dashboard import figures as fig
 from server.dashboard import keys as dashboard_keys
 from server.dashboard.keys import keys_page
 from server.dashboard.series import WINDOWS, CounterSeries
+from server.envelope.middleware import Tenancy
 from server.errors import ApiError
-from server.openai.routing import parse_body
-from server.routes.admin import PurgeRequest, purge_caches, require_admin
-from server.tenancy.middleware import Tenancy
+from server.serving.respond import parse_body
 
 PAGES = ("overview", "tenants", "keys", "backends", "cache", "batches", "requests")
 COOKIE = "semcache_admin"

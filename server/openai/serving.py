@@ -11,16 +11,16 @@ from backends.registry import ModelRegistry
 from semcache.exact import ExactCache
 from semcache.policy import PolicyHolder
 from semcache.semantic.service import SemanticService
-from server.caching import CacheDirectives
 from server.metrics import GatewayMetrics
 from server.openai.chat_completion.serving import ChatCompletionServing
 from server.openai.completion.serving import CompletionServing
-from server.openai.generation import Generation
 from server.openai.models.serving import ModelsServing
 from server.openai.pooling.serving import PoolingServing
-from server.openai.reply import Reply
 from server.openai.responses.serving import ResponsesServing
-from server.openai.state import ServingState
+from server.serving.cache_headers import CacheDirectives
+from server.serving.core import ServingState
+from server.serving.generation import Generation
+from server.serving.reply import Reply
 
 
 class OpenAIServing:

@@ -16,7 +16,6 @@ from backends.protocol import BackendError, RequestContext
 from backends.registry import ModelInfo, ModelRegistry
 from foundation.sse import MEDIA_TYPE
 from foundation.tracing import Tracing
-from server.auth import check_model
 from server.batch.dispatch import ItemDispatch
 from server.batch.gates import CapacityGates
 from server.batch.metrics import BatchMetrics
@@ -25,12 +24,13 @@ from server.batch.results import ItemOutcome, ItemRunner
 from server.batch.service import BatchService
 from server.batch.settings import BatchSettings
 from server.batch.workers import BatchWorkers
-from server.caching import CacheDirectives, reshaped
 from server.config import GatewayConfig
+from server.envelope.queue_tickets import Tickets
 from server.errors import ApiError, from_backend, from_validation
-from server.openai.reply import SSE_HEADERS, ClosingStream, Reply, aclose_stream
+from server.identity.auth import check_model
 from server.openai.serving import OpenAIServing
-from server.tenancy.queueing import Tickets
+from server.serving.cache_headers import CacheDirectives, reshaped
+from server.serving.reply import SSE_HEADERS, ClosingStream, Reply, aclose_stream
 from server.workers_ai.protocol import (
     ClassificationInput,
     EmbeddingInput,

@@ -23,8 +23,8 @@ from backends.scraped_metrics import parse_upstream_metrics
 from backends.servers import ServerState
 from backends.vllm import VllmClient
 from server.app import create_app
-from server.auth import AuthSettings, TokenEntry
 from server.config import GatewayConfig, ModelEntry
+from server.identity.auth import AuthSettings, TokenEntry
 from tests.backends.pools import make_pool
 from tests.support.fake_upstream import FakeServer
 

@@ -29,8 +29,8 @@ from backends.config import VllmBackend, VllmServer
 from harness.gateway import GatewayProcess, GatewayThread, write_config_toml
 from harness.otlp_receiver import OtlpReceiver, ReceivedSpan
 from server.config import GatewayConfig, ModelEntry
-from server.tenancy.limits.settings import LimitSettings
-from server.tracing import TracingSettings
+from server.limits.settings import LimitSettings
+from server.telemetry import TracingSettings
 from tests.support.fake_upstream import FakeServer, sse
 from tests.support.waiting import wait_until_async
 

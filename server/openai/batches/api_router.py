@@ -21,7 +21,7 @@ from server.apidoc.request_headers import STRING
 from server.openai.batches.protocol import BatchCreate, BatchObject
 from server.openai.batches.serving import BatchesServing
 from server.openai.protocol import ListPage
-from server.openai.routing import parse_body, principal_tenant, record, respond
+from server.serving.respond import parse_body, principal_tenant, record, respond
 
 BATCH_ID = {"batch_id": "$response.body#/id"}
 

@@ -12,11 +12,11 @@ import orjson
 
 from backends.protocol import BackendError, RequestContext
 from server.batch.results import ItemOutcome
-from server.caching import CacheDirectives
 from server.errors import ApiError, from_backend, from_validation, openai_error_body
 from server.openai.batches.protocol import InputLine
-from server.openai.reply import Reply, aclose_stream
 from server.openai.serving import OpenAIServing
+from server.serving.cache_headers import CacheDirectives
+from server.serving.reply import Reply, aclose_stream
 
 RETRYABLE = (408, 429, 502, 503, 504)
 

@@ -34,7 +34,7 @@ from server.openai.files.serving import json_reply, not_found, page_limit
 from server.openai.files.store import FileStore
 from server.openai.protocol import ListPage, public
 from server.openai.records import new_id
-from server.openai.reply import Reply
+from server.serving.reply import Reply
 
 VALIDATING_GRACE_S = 60.0
 """A batch still ``validating`` this long after its creation was interrupted (the gateway

@@ -15,9 +15,9 @@ from server.apidoc.operation import (
     documented,
 )
 from server.apidoc.request_headers import CACHE_HEADERS
-from server.caching import directives_from
 from server.openai.completion.protocol import Completion, CompletionRequest
-from server.openai.routing import context, parse_body, respond, serving
+from server.serving.cache_headers import directives_from
+from server.serving.respond import context, parse_body, respond, serving
 
 
 @post(

@@ -7,11 +7,11 @@ from typing import Any
 import msgspec
 
 from backends.protocol import RequestContext
-from server.caching import CacheDirectives
 from server.openai.completion.protocol import CompletionRequest
-from server.openai.generation import Generation
-from server.openai.reply import Reply
-from server.openai.state import ServingState
+from server.serving.cache_headers import CacheDirectives
+from server.serving.core import ServingState
+from server.serving.generation import Generation
+from server.serving.reply import Reply
 
 
 class CompletionServing:

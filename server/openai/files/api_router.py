@@ -15,7 +15,7 @@ from server.errors import ApiError
 from server.openai.files.protocol import FileDeleted, FileObject
 from server.openai.files.serving import FilesServing
 from server.openai.protocol import ListPage
-from server.openai.routing import principal_tenant, respond
+from server.serving.respond import principal_tenant, respond
 
 MULTIPART_SLACK = 64 * 1024
 """Room for the form's other fields and boundaries around the file itself."""

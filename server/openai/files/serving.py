@@ -11,7 +11,7 @@ from server.errors import ApiError
 from server.openai.files.protocol import FileDeleted, FileObject
 from server.openai.files.store import FileStore
 from server.openai.protocol import ListPage, public
-from server.openai.reply import Reply
+from server.serving.reply import Reply
 
 UPLOAD_PURPOSES = ("batch",)
 

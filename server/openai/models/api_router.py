@@ -9,7 +9,7 @@ from litestar.params import FromPath
 
 from server.apidoc.operation import SERVER_ERROR, Answer, RouteDoc, documented
 from server.openai.models.protocol import ModelCard, ModelList
-from server.openai.routing import record, respond, serving
+from server.serving.respond import record, respond, serving
 
 
 @get(

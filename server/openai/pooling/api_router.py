@@ -17,7 +17,6 @@ from server.apidoc.operation import (
     documented,
 )
 from server.apidoc.request_headers import CACHE_HEADERS, STRING
-from server.caching import directives_from
 from server.openai.pooling.protocol import (
     ClassificationList,
     ClassificationRequest,
@@ -25,7 +24,8 @@ from server.openai.pooling.protocol import (
     EmbeddingRequest,
 )
 from server.openai.pooling.query import query_body
-from server.openai.routing import context, parse_body, respond, serving
+from server.serving.cache_headers import directives_from
+from server.serving.respond import context, parse_body, respond, serving
 
 POST_ERRORS = (*CLIENT_ERRORS, 404, *SERVER_ERROR, *BACKEND_ERRORS)
 GET_ERRORS = (400, 401, 404, 414, 429, *SERVER_ERROR, *BACKEND_ERRORS)

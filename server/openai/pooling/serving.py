@@ -18,9 +18,7 @@ from backends.protocol import BackendError, RequestContext, UpstreamRejected, as
 from backends.registry import ModelInfo
 from semcache.entry import CachedAnswer
 from semcache.semantic.items import ItemCache, label_margin
-from server.caching import CacheDirectives, edge_headers, result_headers, semantic_headers
 from server.errors import ApiError
-from server.openai.generation import Generation
 from server.openai.pooling.protocol import (
     ClassificationRequest,
     EmbeddingRequest,
@@ -28,9 +26,16 @@ from server.openai.pooling.protocol import (
     classification_inputs,
     embedding_inputs,
 )
-from server.openai.reply import Reply
-from server.openai.state import ServingState
-from server.openai.usage import note_result, note_semantic
+from server.serving.cache_headers import (
+    CacheDirectives,
+    edge_headers,
+    result_headers,
+    semantic_headers,
+)
+from server.serving.core import ServingState
+from server.serving.generation import Generation
+from server.serving.reply import Reply
+from server.serving.usage_notes import note_result, note_semantic
 
 Compute = Callable[[list[str]], Awaitable[tuple[list[bytes], list[int]]]]
 """Runs the backend on some texts: one stored payload and one token count per text."""

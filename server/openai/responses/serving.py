@@ -16,13 +16,13 @@ from urllib.parse import quote
 import msgspec
 
 from backends.protocol import RequestContext, StoredResponses
-from server.caching import CacheDirectives
 from server.errors import ApiError
-from server.openai.generation import Generation
-from server.openai.reply import Reply, aclose_stream
 from server.openai.responses.owners import ResponseOwners, response_id_in
 from server.openai.responses.protocol import ResponsesRequest
-from server.openai.state import ServingState
+from server.serving.cache_headers import CacheDirectives
+from server.serving.core import ServingState
+from server.serving.generation import Generation
+from server.serving.reply import Reply, aclose_stream
 
 PATH = "/v1/responses"
 

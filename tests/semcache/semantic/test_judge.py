@@ -10,7 +10,7 @@ import pytest
 from backends.protocol import BackendError, RequestContext, UpstreamResponse
 from semcache.semantic.judge import EmbeddingJudge, ExactJudge, NoVerdict, judge_for
 from semcache.semantic.settings import SemanticRule
-from server.openai.model_judge import ModelJudge, parse_verdict
+from server.serving.model_judge import ModelJudge, parse_verdict
 
 
 def reply(content: object, status: int = 200) -> UpstreamResponse:

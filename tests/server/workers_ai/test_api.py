@@ -42,10 +42,10 @@ from harness.metrics import parse_metric
 from harness.ports import free_port
 from harness.vllm_process import REPO_ROOT, TINY_MODEL_NAME
 from server.app import create_app
-from server.auth import AuthSettings, TokenAuth, TokenEntry, tenant_from, token_digest
 from server.batch.settings import BatchSettings, QueueSettings
 from server.config import ConfigError, GatewayConfig, ModelEntry, load_config, parse_config
 from server.errors import ApiError
+from server.identity.auth import AuthSettings, TokenAuth, TokenEntry, tenant_from, token_digest
 from tests.semcache.conftest import RedisServer
 from tests.support.waiting import wait_until
 

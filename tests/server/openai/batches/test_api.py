@@ -20,9 +20,9 @@ from backends.protocol import RequestContext, UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
 from harness.fake_backend import FakeGeneration
 from server.app import create_app
-from server.auth import AuthSettings, TokenEntry
 from server.batch.settings import BatchSettings, FilesSettings, QueueSettings
 from server.config import GatewayConfig
+from server.identity.auth import AuthSettings, TokenEntry
 from tests.support.waiting import wait_until
 
 CHAT = "/v1/chat/completions"

@@ -1,0 +1,97 @@
+"""What every OpenAI family's serving object shares: the models, metrics, policy and caches,
+which model a request names, and the request's exact-cache key."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from backends.protocol import RequestContext
+from backends.registry import ModelInfo, ModelRegistry, Task
+from semcache.exact import CacheRequest, ExactCache
+from semcache.policy import PolicyHolder
+from semcache.semantic.service import SemanticService
+from server.errors import ApiError
+from server.identity.auth import check_model
+from server.metrics import GatewayMetrics
+from server.serving.cache_headers import CacheDirectives
+
+
+def unknown_model(name: str) -> ApiError:
+    return ApiError(
+        404,
+        f"The model `{name}` does not exist or you do not have access to it.",
+        param="model",
+        code="model_not_found",
+    )
+
+
+@dataclass
+class ServingState:
+    """One per gateway, shared by the families' serving objects (the caches are set later)."""
+
+    registry: ModelRegistry
+    metrics: GatewayMetrics
+    policy: PolicyHolder
+    cache: ExactCache | None = None
+    """Set at start-up (opening the tiers is async); ``None`` serves without caching."""
+    semantic: SemanticService | None = None
+    """The semantic cache (loaded on first use); also the classifier's encoder."""
+    live_request: Callable[[str], None] | None = None
+    """Told the backend's name just before a live request is sent to it (the batch workers'
+    gates: batch items running there yield, sync first); set at start-up."""
+
+    def announce(self, backend: str, ctx: RequestContext) -> None:
+        """A request is about to reach ``backend``: batch work there yields to a live one."""
+        if self.live_request is not None and not ctx.background:
+            self.live_request(backend)
+
+    def resolve(self, name: str, task: Task, ctx: RequestContext | None = None) -> ModelInfo:
+        """The model ``name`` (an id or alias) serving ``task``; a 404 or 400 otherwise, a
+        403 when the request's API key may not use it."""
+        info = self.registry.resolve(name)
+        if info is None:
+            raise unknown_model(name)
+        if ctx is not None:
+            check_model(ctx.models, name, info)
+        if info.task != task:
+            raise ApiError(
+                400,
+                f"The model `{name}` serves {info.task}, not {task}.",
+                param="model",
+                code="model_task_mismatch",
+            )
+        return info
+
+    def scope(self, info: ModelInfo, route: str, ctx: RequestContext) -> str:
+        """Whose answers the request may share (the exact cache's key scope, the semantic
+        partition's, and vLLM's ``cache_salt``): see ``semcache.policy.Policy.scope``."""
+        policy = self.policy.current
+        return policy.scope(policy.rule(info.id, route), ctx.tenant, ctx.token_id)
+
+    async def cache_request(
+        self,
+        route: str,
+        info: ModelInfo,
+        body: dict[str, Any],
+        ctx: RequestContext,
+        directives: CacheDirectives | None,
+    ) -> CacheRequest | None:
+        """The request as the exact cache sees it; ``None`` when it goes uncached."""
+        if self.cache is None or directives is None:
+            return None
+        return await self.cache.prepare(
+            route=route,
+            body=body,
+            model_id=info.id,
+            revision=info.revision,
+            rule=self.policy.current.rule(info.id, route),
+            tenant=ctx.tenant,
+            scope=self.scope(info, route, ctx),
+            control=directives.control,
+            tags=directives.tags,
+            chat_template_fp=info.chat_template_fp,
+            custom_key=directives.custom_key,
+            sampling_defaults=info.sampling_defaults,
+        )

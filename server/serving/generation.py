@@ -1,0 +1,144 @@
+"""The generation path that chat completions and completions (and embeddings served by a
+generation backend) share: the semantic and exact caches, then the backend.
+
+Answers of vLLM pass through byte for byte; a stream goes through ``cached_stream`` when the
+cache is on and ``stream_relay`` when it is not.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+import orjson
+
+from backends.protocol import BackendError, RequestContext
+from backends.registry import ModelInfo
+from foundation.sse import MEDIA_TYPE
+from semcache import replay
+from semcache.entry import CachedAnswer
+from semcache.exact import CacheRequest
+from server.serving.cache_headers import NO_STORE, CacheDirectives, edge_headers, result_headers
+from server.serving.cached_stream import CachedStreams
+from server.serving.call import GenerationCall
+from server.serving.core import ServingState
+from server.serving.reply import SSE_HEADERS, Reply
+from server.serving.semantic_chat import Remember, semantic_chat
+from server.serving.stream_relay import relay
+from server.serving.usage_notes import note_result
+
+
+class Generation:
+    """Sends one generation request through the caches to its backend."""
+
+    def __init__(self, state: ServingState) -> None:
+        self.state = state
+        self.streams = CachedStreams(state)
+
+    async def generate(
+        self,
+        path: str,
+        route: str,
+        info: ModelInfo,
+        body: dict[str, Any],
+        stream: bool,
+        ctx: RequestContext,
+        directives: CacheDirectives | None = None,
+    ) -> Reply:
+        state = self.state
+        backend = state.registry.generation_backend(info)
+        ctx.salt_scope = state.scope(info, route, ctx)
+        ctx.usage.model, ctx.usage.route = info.id, route
+        call = GenerationCall(
+            path=path,
+            route=route,
+            info=info,
+            backend=backend,
+            upstream={**body, "model": backend.served_model},
+            ctx=ctx,
+            started=time.perf_counter(),
+            metrics=state.metrics,
+        )
+        creq = await state.cache_request(route, info, body, ctx, directives)
+        if creq is None:
+            return await self._forward(call, stream)
+        plan = await semantic_chat(state, call, creq, body, stream, directives)
+        if plan.hit is not None:
+            return plan.hit
+        remember = plan.remember
+        if remember is not None:
+            # The semantic record written after the store points to this answer: no record
+            # may outlive its answer on disk after a crash.
+            creq = msgspec.structs.replace(creq, write_through=True)
+        if not stream:
+            reply = await self._cached_json(call, creq, remember)
+        else:
+            reply = await self.streams.reply(call, creq, remember)
+        reply.headers.update(plan.headers)
+        return reply
+
+    async def _forward(self, call: GenerationCall, stream: bool) -> Reply:
+        """No cache: relay the backend's bytes as they are."""
+        self.state.announce(call.backend.name, call.ctx)
+        try:
+            if not stream:
+                resp = await call.backend.post(call.path, call.upstream, call.ctx)
+                call.observe_latency(stream=False)
+                if resp.status == 200:
+                    call.count_usage(_usage_of(resp.body))
+                return Reply(resp.status, resp.body, media_type=resp.content_type)
+            opened = await call.backend.open_stream(call.path, call.upstream, call.ctx)
+        except BackendError as exc:
+            call.backend_failed(exc.kind)
+            raise
+        if opened.status != 200:
+            # vLLM rejected the request before streaming (e.g. prompt too long): relay its error.
+            return Reply(opened.status, await opened.read_all())
+        return Reply(200, stream=relay(call, opened), media_type=MEDIA_TYPE, headers=SSE_HEADERS)
+
+    async def _cached_json(
+        self, call: GenerationCall, creq: CacheRequest, remember: Remember | None = None
+    ) -> Reply:
+        assert self.state.cache is not None
+
+        async def fill() -> CachedAnswer:
+            self.state.announce(call.backend.name, call.ctx)
+            try:
+                resp = await call.backend.post(call.path, call.upstream, call.ctx)
+            except BackendError as exc:
+                call.backend_failed(exc.kind)
+                raise
+            # a non-200 answer is handed to coalesced waiters but never stored
+            answer = CachedAnswer.from_json(
+                resp.body, model_id=call.info.id, status=resp.status, content_type=resp.content_type
+            )
+            if resp.status == 200:  # the body is parsed once, for the answer's usage
+                usage = answer.usage
+                call.metrics.count_tokens(
+                    call.info.id, usage.prompt_tokens, usage.completion_tokens
+                )
+                call.ctx.usage.add(usage.prompt_tokens, usage.completion_tokens)
+            return answer
+
+        res = await self.state.cache.get_or_fill(creq, fill)
+        entry = res.entry
+        assert entry is not None  # fill always answers (or raises)
+        if res.stored and remember is not None:
+            await remember()
+        call.observe_latency(stream=False)
+        note_result(call.ctx.usage, res)
+        if entry.status == 200:
+            headers = {**result_headers(res, creq), **edge_headers(res, creq)}
+        else:
+            headers = {"cache-control": NO_STORE}
+        return Reply(entry.status, replay.as_json(entry, call.route), headers=headers)
+
+
+def _usage_of(body: bytes) -> dict[str, Any] | None:
+    """The ``usage`` object of a JSON answer, if it has one."""
+    try:
+        usage = orjson.loads(body).get("usage")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return usage if isinstance(usage, dict) else None
