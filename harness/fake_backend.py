@@ -10,7 +10,8 @@ from typing import Any
 
 import orjson
 
-from backends.protocol import BackendError, RequestContext, UpstreamResponse
+from backends.protocol import BackendError, UpstreamResponse
+from foundation.request import RequestContext
 
 
 class FakeStream:

@@ -27,6 +27,7 @@ from server import health
 from server.admin import debug_clock
 from server.admin import routes as admin
 from server.apidoc.document import docs_router, openapi_config
+from server.batch.system import BatchSystem
 from server.config import GatewayConfig
 from server.dashboard.formats import template_config
 from server.dashboard.routes import DashboardState, dashboard_router
@@ -48,22 +49,23 @@ from server.limits.limiter import build_limiter
 from server.metrics import GatewayMetrics
 from server.openai.batches import api_router as batches_routes
 from server.openai.batches.protocol import PAYLOAD_KEY
-from server.openai.batches.runner import OpenAIItemRunner
 from server.openai.batches.serving import BatchesServing
 from server.openai.chat_completion import api_router as chat_completion
 from server.openai.completion import api_router as completion
+from server.openai.families import build_openai
 from server.openai.files import api_router as files_routes
-from server.openai.files.serving import FilesServing
 from server.openai.models import api_router as models
 from server.openai.pooling import api_router as pooling
 from server.openai.responses import api_router as responses
-from server.openai.serving import OpenAIServing
 from server.openai.stores import build_stores
 from server.pools import routes as pools
 from server.pools.factory import build_membership
+from server.serving.core import ServingCore
+from server.serving.generation import Generation
+from server.serving.pooling import Pooling
 from server.telemetry import build_tracing
 from server.workers_ai import api_router as workers_ai_routes
-from server.workers_ai.serving import open_workers_ai
+from server.workers_ai.serving import WorkersAIServing
 
 log = logging.getLogger("semcache.server")
 
@@ -139,10 +141,12 @@ def create_app(
     # the vLLM servers: in-flight, health, errors, P/D hops, hand-off latency, their own counters
     metrics.registry.register(BackendCollector(registry.generation.values()))
     policy = PolicyHolder(config.policy)  # invalid → PolicyError: the server refuses to start
-    serving = OpenAIServing(registry, metrics, policy)
+    core = ServingCore(registry, metrics, policy)
+    generation = Generation(core)
+    pooling_core = Pooling(core, generation)
     # Built now, loaded on first use: the semantic cache and the classifiers' encoder.
     tiers = policy.current.tiers
-    serving.semantic = SemanticService(
+    core.semantic = SemanticService(
         directory=config.data_path() / tiers.semantic.dir if config.cache else None,
         redis_url=tiers.redis.url if config.cache else None,
         redis_prefix=tiers.redis.prefix,
@@ -156,9 +160,6 @@ def create_app(
     openai_dir = Path(files_settings.dir) if files_settings.dir else config.data_path() / "openai"
     openai_dir = openai_dir.expanduser()
     stores = build_stores(config.batch, openai_dir)  # Redis when the batch queue is shared
-    batches = BatchesServing(stores.batches, stores.files, registry, config.batch)
-    openai_items = OpenAIItemRunner(serving, batches.stop_reason)
-    serving.responses.owners = stores.responses
     key_view = build_key_view(
         config.keys,
         data_dir=config.data_path(),
@@ -215,6 +216,26 @@ def create_app(
         tracing=tracing,
         clock=clock,
     )
+    batch_system = BatchSystem(
+        config.batch,
+        config.data_path(),
+        registry,
+        metrics.registry,
+        accounting=tenancy.finish_item,
+        tracing=tracing,
+        tickets=tickets,
+    )
+    openai = build_openai(
+        core,
+        generation,
+        pooling_core,
+        stores,
+        batch_system,
+        max_file_bytes=files_settings.max_bytes,
+    )
+    workers_ai = WorkersAIServing(core, generation, pooling_core, batch_system)
+    batch_system.register(workers_ai)  # items a Workers-AI batch queued
+    batch_system.register(openai.item_runner(), key=PAYLOAD_KEY)  # lines of OpenAI batches
     dashboard = DashboardState(CounterSeries(metrics.registry))
     drain = Drain()  # SIGTERM: `semcache serve` drains (server/http/draining.py)
 
@@ -235,31 +256,20 @@ def create_app(
             if not classifier.uses_encoder:  # vLLM classifiers: their tokenizer
                 await classifier.start()
         if config.cache:
-            serving.cache = await open_exact_cache(
+            core.cache = await open_exact_cache(
                 policy.current.tiers,
                 data_dir=config.data_path(),
                 registry=metrics.registry,
                 clock=adjustable,  # None: the system's clock
             )
         reload_on_sighup(policy)
-        if serving.semantic is not None and serving.semantic.redis_url and semantic_used(policy):
+        if core.semantic is not None and core.semantic.redis_url and semantic_used(policy):
             # Subscribe to the other gateways' entries now, not at the first request.
-            serving.semantic.warm()
-        app.state.workers_ai = await open_workers_ai(
-            config,
-            serving,
-            registry,
-            metrics.registry,
-            item_runners={PAYLOAD_KEY: openai_items},
-            accounting=tenancy.finish_item,
-            tracing=tracing,
-            tickets=tickets,
-        )
-        if app.state.workers_ai.batch is not None:
-            batches.queue = app.state.workers_ai.batch.queue
-        if app.state.workers_ai.workers is not None:  # live /v1 requests: batch work yields
-            serving.state.live_request = app.state.workers_ai.workers.gates.live_request
-        sweeper = asyncio.create_task(sweep_batches(batches), name="openai-batch-sweep")
+            core.semantic.warm()
+        await batch_system.start()
+        if batch_system.enabled:  # live requests: batch work on their backend yields
+            core.live = batch_system
+        sweeper = asyncio.create_task(sweep_batches(openai.batches), name="openai-batch-sweep")
         sampler = asyncio.create_task(dashboard.series.run(), name="dashboard-series")
         try:
             yield
@@ -267,14 +277,13 @@ def create_app(
             sweeper.cancel()
             sampler.cancel()
             await asyncio.gather(sweeper, sampler, return_exceptions=True)
-            batches.queue = None
-            serving.state.live_request = None
-            await app.state.workers_ai.aclose()  # batch workers stop before the cache closes
-            if serving.semantic is not None:
-                await serving.semantic.aclose()
-            if serving.cache is not None:
-                await serving.cache.aclose()
-                serving.cache = None
+            core.live = None
+            await batch_system.aclose()  # batch workers stop before the cache closes
+            if core.semantic is not None:
+                await core.semantic.aclose()
+            if core.cache is not None:
+                await core.cache.aclose()
+                core.cache = None
             if membership is not None:  # before the pools close: no change lands after
                 await membership.aclose()
             await registry.aclose()
@@ -312,7 +321,10 @@ def create_app(
             {
                 "registry": registry,
                 "metrics": metrics,
-                "serving": serving,
+                "core": core,
+                **openai.state(),
+                "workers_ai": workers_ai,
+                "batch_system": batch_system,
                 "config": config,
                 "policy": policy,
                 "auth": auth,
@@ -320,8 +332,6 @@ def create_app(
                 "queue_tickets": tickets,
                 "drain": drain,
                 "ledger": ledger,
-                "files": FilesServing(stores.files, files_settings.max_bytes),
-                "batches": batches,
                 "dashboard": dashboard,
                 "tracing": tracing,
                 "api_keys": key_admin,
@@ -338,5 +348,5 @@ def create_app(
         logging_config=None,
     )
     if config.server.early_hits:
-        before_routing(app, partial(EarlyHits, state=serving.state, tenancy=tenancy, drain=drain))
+        before_routing(app, partial(EarlyHits, state=core, tenancy=tenancy, drain=drain))
     return app

@@ -25,10 +25,11 @@ import orjson
 import uvloop
 from prometheus_client import CollectorRegistry
 
-from backends.protocol import RequestContext, UpstreamResponse
+from backends.protocol import UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
 from bench.diagnostics.gateway_cpu import _ANSWER, _EVENT, _FINAL, _LAST, TOKENS
 from bench.overhead_lib.chat import chat_body
+from foundation.request import RequestContext
 from semcache.exact import open_exact_cache
 from semcache.policy import PolicyHolder
 from server.identity.auth import tenant_from

@@ -14,7 +14,7 @@ from litestar import Request, Response, get, post
 from foundation.clock import AdjustableClock, ClockState
 from server.admin.routes import ADMIN_ERRORS, require_admin
 from server.apidoc.operation import Answer, RouteDoc, documented
-from server.serving.respond import parse_body
+from server.http.respond import parse_body
 
 
 class ClockChange(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

@@ -17,9 +17,9 @@ from server.apidoc.operation import SERVER_ERROR, Answer, RouteDoc, documented, 
 from server.envelope.middleware import Tenancy
 from server.envelope.record import record_of
 from server.errors import ApiError
+from server.http.respond import parse_body
 from server.identity.auth import TokenAuth
-from server.openai.serving import OpenAIServing
-from server.serving.respond import parse_body
+from server.serving.core import ServingCore
 
 PurgeKind = Literal["key", "model", "tenant", "scope", "tag", "all"]
 
@@ -88,11 +88,11 @@ async def purge(request: Request[Any, Any, Any]) -> Response[bytes]:
     req = msgspec.convert(parse_body(await request.body()), PurgeRequest)
     if req.kind != "all" and not req.target:
         raise ApiError(400, f"Purge by {req.kind} needs a `target`.", param="target")
-    result = await purge_caches(request.app.state.serving, req)
+    result = await purge_caches(request.app.state.core, req)
     return Response(orjson.dumps(msgspec.to_builtins(result)), media_type="application/json")
 
 
-async def purge_caches(serving: OpenAIServing, req: PurgeRequest) -> PurgeResult:
+async def purge_caches(serving: ServingCore, req: PurgeRequest) -> PurgeResult:
     """The exact and semantic caches purged (the admin API's and the dashboard's purge)."""
     if serving.cache is None:
         raise ApiError(409, "The cache is disabled on this gateway.", code="cache_disabled")

@@ -23,8 +23,8 @@ from typing import Any, Literal
 import msgspec
 import orjson
 
-from backends.protocol import RequestContext
 from foundation import tracing as spans
+from foundation.request import RequestContext
 from foundation.tracing import Tracing
 from server.batch.gates import BackendGate, CapacityGates
 from server.batch.metrics import BatchMetrics

@@ -15,10 +15,10 @@ from litestar import Request, Response, post
 from litestar.params import FromPath
 
 from server.errors import ApiError
+from server.http.respond import parse_body
 from server.identity.api_keys.admin import Actor, KeyAdmin
 from server.identity.api_keys.records import KeyCreate
 from server.identity.auth import Principal, TokenAuth
-from server.serving.respond import parse_body
 
 KEYS_NOTE = "API keys are off on this gateway ([keys] enabled = false)"
 

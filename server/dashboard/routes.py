@@ -32,7 +32,7 @@ from server.dashboard.keys import keys_page
 from server.dashboard.series import WINDOWS, CounterSeries
 from server.envelope.middleware import Tenancy
 from server.errors import ApiError
-from server.serving.respond import parse_body
+from server.http.respond import parse_body
 
 PAGES = ("overview", "tenants", "keys", "backends", "cache", "batches", "requests")
 COOKIE = "semcache_admin"
@@ -118,7 +118,7 @@ async def overview(request: Request[Any, Any, Any]) -> dict[str, Any]:
 async def backends(request: Request[Any, Any, Any]) -> dict[str, Any]:
     samples = fig.read_samples(request.app.state.metrics.registry)
     partitions = []
-    semantic = request.app.state.serving.semantic
+    semantic = request.app.state.core.semantic
     cache = semantic.loaded if semantic is not None else None
     if cache is not None:
         for key in cache.index.keys():
@@ -143,7 +143,7 @@ async def backends(request: Request[Any, Any, Any]) -> dict[str, Any]:
 
 async def cache(request: Request[Any, Any, Any]) -> dict[str, Any]:
     samples = fig.read_samples(request.app.state.metrics.registry)
-    exact = request.app.state.serving.cache
+    exact = request.app.state.core.cache
     tiers: list[dict[str, Any]] = []
     if exact is not None:
         if exact.memory is not None:
@@ -175,8 +175,8 @@ async def batches(request: Request[Any, Any, Any]) -> dict[str, Any]:
     counts = [b.request_counts for b in unfinished]
     shown = request.query_params.get("batch")
     chosen = next((b for b in recent if b.id == shown), recent[0] if recent else None)
-    wai = request.app.state.workers_ai
-    depth = await wai.batch.queue.depth() if wai.batch is not None else None
+    queue = request.app.state.batch_system.queue
+    depth = await queue.depth() if queue is not None else None
     return {
         "queue": msgspec.to_builtins(depth) if depth is not None else None,
         "running": fig.total(samples, "semcache_batch_running"),
@@ -372,7 +372,7 @@ async def purge(request: Request[Any, Any, Any]) -> Response[bytes]:
     req = msgspec.convert(parse_body(await request.body()), PurgeRequest)
     if req.kind != "all" and not req.target:
         raise ApiError(400, f"Purge by {req.kind} needs a `target`.", param="target")
-    result = msgspec.to_builtins(await purge_caches(request.app.state.serving, req))
+    result = msgspec.to_builtins(await purge_caches(request.app.state.core, req))
     _state(request).purges.append({**result, "time": time.time()})
     return Response(msgspec.json.encode(result), media_type="application/json")
 

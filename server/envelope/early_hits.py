@@ -30,9 +30,9 @@ import orjson
 from litestar.handlers import HTTPRouteHandler
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 
-from backends.protocol import RequestContext
 from backends.registry import ModelInfo, Task
 from foundation import tracing as spans
+from foundation.request import RequestContext
 from semcache import replay
 from semcache.exact import CacheRequest
 from semcache.policy import Policy
@@ -42,6 +42,8 @@ from server.envelope.server_span import run_traced
 from server.errors import ApiError
 from server.http.draining import Drain
 from server.http.internals import encoded_headers
+from server.http.reply import Reply
+from server.http.respond import reply_headers
 from server.identity.auth import model_allowed
 from server.limits.limiter import Admission
 from server.serving.cache_headers import (
@@ -51,9 +53,7 @@ from server.serving.cache_headers import (
     result_headers,
 )
 from server.serving.cached_stream import replayed_reply
-from server.serving.core import ServingState
-from server.serving.reply import Reply
-from server.serving.respond import reply_headers
+from server.serving.core import ServingCore
 from server.serving.stream_format import stream_format
 from server.serving.usage_notes import note_result
 
@@ -111,7 +111,7 @@ class EarlyHits:
     def __init__(
         self,
         app: ASGIApp,
-        state: ServingState,
+        state: ServingCore,
         tenancy: Tenancy,
         drain: Drain,
         *,

@@ -9,7 +9,7 @@ for the request's model and route: computed → ``cost_usd``, cached → ``saved
 
 from __future__ import annotations
 
-from backends.protocol import RequestUsage
+from foundation.request import RequestUsage
 from semcache.ledger import UsageRecord, utc_day
 from semcache.policy import Policy
 

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Final
 
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 
-from backends.protocol import RequestContext, RequestUsage
 from foundation import tracing as spans
+from foundation.request import RequestContext, RequestUsage
 from foundation.tracing import Tracing
 from semcache.ledger import UsageLedger
 from semcache.policy import PolicyHolder

@@ -12,8 +12,8 @@ from typing import Literal
 
 import msgspec
 
-from backends.fair_queue import ANONYMOUS, Band, QueueTicket
 from foundation.config_types import NonNegFloat, PosFloat, PosInt
+from foundation.request import ANONYMOUS, Band, QueueTicket
 
 PRIORITY_HEADER = "x-semcache-priority"
 

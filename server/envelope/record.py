@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from backends.protocol import RequestContext, RequestUsage
+from foundation.request import RequestContext, RequestUsage
 from server.identity.auth import Principal
 
 RECORD_KEY = "semcache.record"

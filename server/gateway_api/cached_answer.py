@@ -15,18 +15,20 @@ from typing import Any
 
 from litestar import Request, Response, get
 
-from backends.protocol import RequestContext
+from foundation.request import RequestContext
 from semcache import replay
 from semcache.exact import CacheResult
 from semcache.keys import scope_for
 from semcache.policy import Policy
 from server.apidoc.operation import SERVER_ERROR, Answer, Field, RouteDoc, documented
 from server.apidoc.request_headers import CONTEXT_HEADERS, STRING
+from server.envelope.context import context
 from server.errors import ApiError
+from server.http.reply import Reply
+from server.http.respond import respond
 from server.identity.auth import model_allowed
 from server.serving.cache_headers import edge_headers, status_headers
-from server.serving.reply import Reply
-from server.serving.respond import context, respond, serving
+from server.serving.core import ServingCore
 from server.serving.usage_notes import note_result
 
 _HEX = frozenset("0123456789abcdef")
@@ -70,15 +72,15 @@ async def cached_answer(request: Request[Any, Any, Any]) -> Response[Any]:
             code="invalid_value",
         )
     ctx = context(request)
-    svc = serving(request)
-    res = await svc.cache.lookup_digest(digest) if svc.cache is not None else None
-    info = svc.state.registry.resolve(res.key.model_id) if res is not None else None
+    core: ServingCore = request.app.state.core
+    res = await core.cache.lookup_digest(digest) if core.cache is not None else None
+    info = core.registry.resolve(res.key.model_id) if res is not None else None
     if (
         res is None
         or res.entry is None
         or info is None
         or info.revision != res.key.revision
-        or not _visible(res, res.entry.route, svc.state.policy.current, ctx)
+        or not _visible(res, res.entry.route, core.policy.current, ctx)
         or not model_allowed(ctx.models, info.id, info)
     ):
         raise ApiError(
@@ -90,7 +92,7 @@ async def cached_answer(request: Request[Any, Any, Any]) -> Response[Any]:
     note_result(ctx.usage, res)
     ctx.usage.model, ctx.usage.route = info.id, res.entry.route
     own = res.key.scope == scope_for(ctx.tenant, shared=False)
-    saved = own or "saved" in svc.state.policy.current.rule(info.id, res.entry.route).reveal
+    saved = own or "saved" in core.policy.current.rule(info.id, res.entry.route).reveal
     said = status_headers(
         res.status, res.key.short_id, entry=res.entry, age_s=res.age_s, saved=saved
     )

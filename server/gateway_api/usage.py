@@ -17,8 +17,8 @@ from litestar import Request, Response, get
 from semcache.ledger import LedgerUnavailable, UsageLedger, utc_day
 from semcache.ledger.records import FLOAT_FIELDS, INT_FIELDS, KEY_FIELDS, SUM_FIELDS
 from server.apidoc.operation import SERVER_ERROR, Answer, Field, RouteDoc, documented
+from server.envelope.context import record
 from server.errors import ApiError
-from server.serving.respond import record
 
 DEFAULT_GROUP_BY = "tenant,model,day"
 

@@ -14,7 +14,9 @@ from litestar.params import FromPath
 
 from server.admin.routes import ADMIN_ERRORS, require_admin
 from server.apidoc.operation import Answer, Field, RouteDoc, documented
+from server.envelope.context import record
 from server.errors import ApiError
+from server.http.respond import parse_body
 from server.identity.api_keys.admin import Actor, KeyAdmin
 from server.identity.api_keys.records import (
     AuditEntry,
@@ -24,7 +26,6 @@ from server.identity.api_keys.records import (
     KeyRotate,
     KeyUpdate,
 )
-from server.serving.respond import parse_body, record
 
 
 class KeyList(msgspec.Struct):

@@ -25,9 +25,9 @@ from backends.vllm import VllmClient
 from server.admin.routes import ADMIN_ERRORS, require_admin
 from server.apidoc.operation import Answer, Field, RouteDoc, documented
 from server.errors import ApiError
+from server.http.respond import parse_body
 from server.pools.records import MemberState
 from server.pools.sync import PoolMembership
-from server.serving.respond import parse_body
 
 ROLES: tuple[ServerRole, ...] = ("both", "prefill", "decode")
 ServerStateName = Literal["serving", "ejected", "draining"]

@@ -23,9 +23,7 @@ from semcache.entry import CachedAnswer, entry_tag
 from semcache.exact import CacheControl, CacheRequest, CacheResult, CacheStatus
 from semcache.keys import SHARED_SCOPE
 from semcache.policy import Prices
-
-NO_STORE: Final = "no-store"
-"""``Cache-Control`` of every answer no cache may keep: errors, uncached and uncacheable answers."""
+from server.http.conditional import NO_STORE
 
 
 class CacheDirectives(msgspec.Struct, frozen=True, kw_only=True):
@@ -259,29 +257,3 @@ envelope around an OpenAI answer) — its ETag and URL are the OpenAI body's."""
 def reshaped(headers: Mapping[str, str]) -> dict[str, str]:
     """``headers`` of an answer sent in another shape (no validator, no content URL)."""
     return {k: v for k, v in headers.items() if k.lower() not in REPRESENTATION_HEADERS}
-
-
-NOT_MODIFIED_HEADERS: Final = frozenset(
-    {"cache-control", "etag", "vary", "age", "content-location", "expires", "date"}
-)
-"""What a 304 repeats of the 200 it stands for (RFC 9110 §15.4.5), with the cache's own."""
-
-
-def etag_matches(if_none_match: str | None, etag: str | None) -> bool:
-    """``If-None-Match`` against a response's ETag, by weak comparison (RFC 9110 §13.1.2)."""
-    if not if_none_match or not etag:
-        return False
-    if if_none_match.strip() == "*":
-        return True
-    opaque = etag.removeprefix("W/")
-    return any(
-        tag.strip().removeprefix("W/") == opaque for tag in if_none_match.split(",") if tag.strip()
-    )
-
-
-def not_modified(headers: Mapping[str, str], if_none_match: str | None) -> dict[str, str] | None:
-    """The headers of a 304 when ``If-None-Match`` names the answer's ETag, else ``None``."""
-    if not etag_matches(if_none_match, headers.get("etag")):
-        return None
-    keep = NOT_MODIFIED_HEADERS | {"cache-status", "cf-aig-cache-status", "x-semcache-key"}
-    return {k: v for k, v in headers.items() if k.lower() in keep}

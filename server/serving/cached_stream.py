@@ -13,10 +13,10 @@ from foundation.sse import MEDIA_TYPE, SSEReader
 from semcache import replay
 from semcache.entry import CachedAnswer
 from semcache.exact import CacheRequest, CacheResult, CacheStatus, Flight
+from server.http.reply import SSE_HEADERS, ClosingStream, Reply
 from server.serving.cache_headers import result_headers, status_headers
 from server.serving.call import GenerationCall
-from server.serving.core import ServingState
-from server.serving.reply import SSE_HEADERS, ClosingStream, Reply
+from server.serving.core import ServingCore
 from server.serving.semantic_chat import Remember
 from server.serving.stream_format import StreamFormat, stream_format
 from server.serving.stream_relay import broken_stream_event, replayed
@@ -55,7 +55,7 @@ class LiveAnswer:
 class CachedStreams:
     """Answers ``stream: true`` generation requests through the exact cache."""
 
-    def __init__(self, state: ServingState) -> None:
+    def __init__(self, state: ServingCore) -> None:
         self.state = state
         self._background: set[asyncio.Task[None]] = set()
 

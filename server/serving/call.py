@@ -6,8 +6,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from backends.protocol import GenerationBackend, RequestContext
+from backends.protocol import GenerationBackend
 from backends.registry import ModelInfo
+from foundation.request import RequestContext
 from server.metrics import GatewayMetrics
 from server.serving.usage_notes import tokens_of
 

@@ -1,14 +1,14 @@
-"""What every OpenAI family's serving object shares: the models, metrics, policy and caches,
-which model a request names, and the request's exact-cache key."""
+"""The serving core every API surface shares: the models, metrics, policy and caches; which
+model a request names, whose answers it may share, and its exact-cache key (built once, here,
+through ``semcache``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from backends.protocol import RequestContext
 from backends.registry import ModelInfo, ModelRegistry, Task
+from foundation.request import RequestContext
 from semcache.exact import CacheRequest, ExactCache
 from semcache.policy import PolicyHolder
 from semcache.semantic.service import SemanticService
@@ -27,9 +27,16 @@ def unknown_model(name: str) -> ApiError:
     )
 
 
+class LiveTraffic(Protocol):
+    """What hears that a live request is about to reach a backend (the batch workers' gates:
+    batch items running there yield, live traffic first)."""
+
+    def live_request(self, backend: str) -> None: ...
+
+
 @dataclass
-class ServingState:
-    """One per gateway, shared by the families' serving objects (the caches are set later)."""
+class ServingCore:
+    """One per gateway, built by the app factory (the caches are set at start-up)."""
 
     registry: ModelRegistry
     metrics: GatewayMetrics
@@ -38,14 +45,13 @@ class ServingState:
     """Set at start-up (opening the tiers is async); ``None`` serves without caching."""
     semantic: SemanticService | None = None
     """The semantic cache (loaded on first use); also the classifier's encoder."""
-    live_request: Callable[[str], None] | None = None
-    """Told the backend's name just before a live request is sent to it (the batch workers'
-    gates: batch items running there yield, sync first); set at start-up."""
+    live: LiveTraffic | None = None
+    """Told of each live request before it is sent (set at start-up when batches run)."""
 
     def announce(self, backend: str, ctx: RequestContext) -> None:
         """A request is about to reach ``backend``: batch work there yields to a live one."""
-        if self.live_request is not None and not ctx.background:
-            self.live_request(backend)
+        if self.live is not None and not ctx.background:
+            self.live.live_request(backend)
 
     def resolve(self, name: str, task: Task, ctx: RequestContext | None = None) -> ModelInfo:
         """The model ``name`` (an id or alias) serving ``task``; a 404 or 400 otherwise, a

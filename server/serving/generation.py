@@ -13,17 +13,19 @@ from typing import Any
 import msgspec
 import orjson
 
-from backends.protocol import BackendError, RequestContext
+from backends.protocol import BackendError
 from backends.registry import ModelInfo
+from foundation.request import RequestContext
 from foundation.sse import MEDIA_TYPE
 from semcache import replay
 from semcache.entry import CachedAnswer
 from semcache.exact import CacheRequest
-from server.serving.cache_headers import NO_STORE, CacheDirectives, edge_headers, result_headers
+from server.http.conditional import NO_STORE
+from server.http.reply import SSE_HEADERS, Reply
+from server.serving.cache_headers import CacheDirectives, edge_headers, result_headers
 from server.serving.cached_stream import CachedStreams
 from server.serving.call import GenerationCall
-from server.serving.core import ServingState
-from server.serving.reply import SSE_HEADERS, Reply
+from server.serving.core import ServingCore
 from server.serving.semantic_chat import Remember, semantic_chat
 from server.serving.stream_relay import relay
 from server.serving.usage_notes import note_result
@@ -32,7 +34,7 @@ from server.serving.usage_notes import note_result
 class Generation:
     """Sends one generation request through the caches to its backend."""
 
-    def __init__(self, state: ServingState) -> None:
+    def __init__(self, state: ServingCore) -> None:
         self.state = state
         self.streams = CachedStreams(state)
 

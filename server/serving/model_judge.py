@@ -16,7 +16,8 @@ from typing import Any
 
 import orjson
 
-from backends.protocol import BackendError, GenerationBackend, RequestContext, UpstreamRejected
+from backends.protocol import BackendError, GenerationBackend, UpstreamRejected
+from foundation.request import RequestContext
 from semcache.semantic.judge import normalised
 
 log = logging.getLogger(__name__)

@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from backends.protocol import RequestContext
 from foundation import tracing as spans
+from foundation.request import RequestContext
 from foundation.sse import MEDIA_TYPE
 from semcache import replay
 from semcache.entry import CachedAnswer
@@ -21,11 +21,11 @@ from semcache.semantic.match import Match
 from semcache.semantic.records import PartitionKey
 from semcache.semantic.settings import SemanticRule
 from semcache.semantic.verified import Action, Observation
+from server.http.reply import SSE_HEADERS, Reply
 from server.serving.cache_headers import CacheDirectives, miss_headers, semantic_headers
 from server.serving.call import GenerationCall
-from server.serving.core import ServingState
+from server.serving.core import ServingCore
 from server.serving.model_judge import ModelJudge
-from server.serving.reply import SSE_HEADERS, Reply
 from server.serving.stream_format import DataChunks
 from server.serving.stream_relay import replayed
 from server.serving.usage_notes import note_semantic
@@ -48,7 +48,7 @@ class SemanticPlan:
 
 
 async def semantic_chat(
-    state: ServingState,
+    state: ServingCore,
     call: GenerationCall,
     creq: CacheRequest,
     body: dict[str, Any],
@@ -153,7 +153,7 @@ async def semantic_chat(
 
 
 def _judged(
-    state: ServingState,
+    state: ServingCore,
     call: GenerationCall,
     creq: CacheRequest,
     semantic: SemanticCache,
@@ -193,7 +193,7 @@ def _judged(
     return judged
 
 
-def _model_judge(state: ServingState, call: GenerationCall, rule: SemanticRule) -> Judge | None:
+def _model_judge(state: ServingCore, call: GenerationCall, rule: SemanticRule) -> Judge | None:
     """The ``model`` judge of the rule: its chat model's backend, asked with the explored
     request's routing facts (None: not a model judge, or no such chat model)."""
     if rule.judge != "model" or rule.judge_model is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from backends.protocol import RequestUsage
+from foundation.request import RequestUsage
 from semcache.exact import CacheResult, CacheStatus
 
 _USAGE_NAMES = (("prompt_tokens", "input_tokens"), ("completion_tokens", "output_tokens"))

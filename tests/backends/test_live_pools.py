@@ -18,10 +18,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from backends.config import VllmBackend, VllmServer
 from backends.placement import RouteKey
 from backends.pool_signals import pool_signals
-from backends.protocol import RequestContext
 from backends.scraped_metrics import parse_upstream_metrics
 from backends.servers import ServerState
 from backends.vllm import VllmClient
+from foundation.request import RequestContext
 from server.app import create_app
 from server.config import GatewayConfig, ModelEntry
 from server.identity.auth import AuthSettings, TokenEntry

@@ -10,10 +10,10 @@ from __future__ import annotations
 import msgspec
 
 from backends.registry import ModelRegistry
+from server.http.reply import Reply
 from server.identity.auth import model_allowed
 from server.openai.models.protocol import ModelCard, ModelList
 from server.serving.core import unknown_model
-from server.serving.reply import Reply
 
 
 class ModelsServing:

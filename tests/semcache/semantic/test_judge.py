@@ -7,7 +7,8 @@ from typing import Any
 import orjson
 import pytest
 
-from backends.protocol import BackendError, RequestContext, UpstreamResponse
+from backends.protocol import BackendError, UpstreamResponse
+from foundation.request import RequestContext
 from semcache.semantic.judge import EmbeddingJudge, ExactJudge, NoVerdict, judge_for
 from semcache.semantic.settings import SemanticRule
 from server.serving.model_judge import ModelJudge, parse_verdict

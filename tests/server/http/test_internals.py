@@ -279,8 +279,8 @@ async def test_relay_response_ends_quietly_when_the_client_leaves() -> None:
 
     from litestar.background_tasks import BackgroundTask
 
-    from server.serving.reply import Reply
-    from server.serving.respond import respond
+    from server.http.reply import Reply
+    from server.http.respond import respond
 
     closed = asyncio.Event()
 
@@ -318,8 +318,8 @@ async def test_relay_response_ends_quietly_when_the_client_leaves() -> None:
 async def test_relay_response_sends_the_whole_stream() -> None:
     from collections.abc import AsyncIterator
 
-    from server.serving.reply import Reply
-    from server.serving.respond import respond
+    from server.http.reply import Reply
+    from server.http.respond import respond
 
     async def three() -> AsyncIterator[bytes]:
         for i in range(3):

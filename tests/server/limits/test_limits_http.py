@@ -16,8 +16,8 @@ import httpx
 import orjson
 import pytest
 
-from backends.protocol import RequestContext
 from backends.registry import ModelInfo, ModelRegistry
+from foundation.request import RequestContext
 from harness.fake_backend import FakeGeneration, FakeStream
 from harness.gateway import GatewayProcess, GatewayThread
 from server.config import GatewayConfig, parse_config

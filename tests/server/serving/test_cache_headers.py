@@ -10,13 +10,12 @@ import msgspec
 from semcache.entry import CachedAnswer, encode_entry
 from semcache.exact import CacheResult, CacheStatus
 from semcache.keys import CacheKey
+from server.http.conditional import etag_matches, not_modified
 from server.serving.cache_headers import (
     DIRECTIVE_HEADERS,
     CacheDirectives,
     directives_from,
     edge_headers,
-    etag_matches,
-    not_modified,
     reshaped,
 )
 

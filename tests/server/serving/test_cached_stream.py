@@ -15,16 +15,20 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
-from backends.protocol import BackendError, RequestContext, UpstreamResponse
+from backends.protocol import BackendError, UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
+from foundation.request import RequestContext
 from semcache.entry import CachedAnswer
 from semcache.exact import CacheControl, ExactCache
 from semcache.policy import PolicyHolder
 from semcache.tiers import MemoryStore
+from server.http.reply import Reply, aclose_stream
 from server.metrics import GatewayMetrics
-from server.openai.serving import OpenAIServing
+from server.openai.chat_completion.protocol import ChatCompletionRequest
+from server.openai.text_generation import TextGenerationServing
 from server.serving.cache_headers import CacheDirectives
-from server.serving.reply import Reply, aclose_stream
+from server.serving.core import ServingCore
+from server.serving.generation import Generation
 
 
 def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
@@ -119,14 +123,15 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def serving(backend: Backend, clock: Clock) -> OpenAIServing:
+def serving(backend: Backend, clock: Clock) -> TextGenerationServing:
     reg = ModelRegistry()
     reg.generation["fake"] = backend
     reg.add(ModelInfo("chat-model", "chat", (), "t", "fake", "rev1", "tpl"))
-    svc = OpenAIServing(reg, GatewayMetrics(CollectorRegistry()), PolicyHolder(None))
+    core = ServingCore(reg, GatewayMetrics(CollectorRegistry()), PolicyHolder(None))
     memory = MemoryStore[CachedAnswer](1 << 20, sizeof=CachedAnswer.memory_size)
-    svc.cache = ExactCache(memory=memory, clock=clock)
-    return svc
+    core.cache = ExactCache(memory=memory, clock=clock)
+    path, schema = "/v1/chat/completions", ChatCompletionRequest
+    return TextGenerationServing(core, Generation(core), path=path, route="chat", schema=schema)
 
 
 def body(usage: bool = False) -> dict[str, Any]:
@@ -141,9 +146,9 @@ def body(usage: bool = False) -> dict[str, Any]:
     return out
 
 
-async def ask(svc: OpenAIServing, usage: bool = False, ttl: int | None = None) -> Reply:
+async def ask(svc: TextGenerationServing, usage: bool = False, ttl: int | None = None) -> Reply:
     directives = CacheDirectives(control=CacheControl(ttl_s=ttl))
-    return await svc.chat(body(usage), RequestContext(request_id="r", tenant="t"), directives)
+    return await svc.create(body(usage), RequestContext(request_id="r", tenant="t"), directives)
 
 
 async def read(reply: Reply) -> bytes:
@@ -153,13 +158,13 @@ async def read(reply: Reply) -> bytes:
     return out
 
 
-async def settled(svc: OpenAIServing) -> None:
+async def settled(svc: TextGenerationServing) -> None:
     for _ in range(5):  # the fill stores once the relay hands it the recorded answer
         await asyncio.sleep(0)
 
 
 async def test_a_miss_is_relayed_then_replayed_from_the_cache(
-    serving: OpenAIServing, backend: Backend
+    serving: TextGenerationServing, backend: Backend
 ) -> None:
     miss = await ask(serving, usage=True)
     assert miss.headers["cf-aig-cache-status"] == "MISS"
@@ -173,7 +178,7 @@ async def test_a_miss_is_relayed_then_replayed_from_the_cache(
 
 
 async def test_the_usage_chunk_goes_only_to_clients_that_asked(
-    serving: OpenAIServing, backend: Backend
+    serving: TextGenerationServing, backend: Backend
 ) -> None:
     miss = await ask(serving)
     expected = b"".join(c for c in CHUNKS if c != USAGE)
@@ -184,7 +189,7 @@ async def test_the_usage_chunk_goes_only_to_clients_that_asked(
 
 
 async def test_a_broken_stream_ends_with_an_error_event_and_stores_nothing(
-    serving: OpenAIServing, backend: Backend
+    serving: TextGenerationServing, backend: Backend
 ) -> None:
     backend.fail_after = 2
     out = await read(await ask(serving))
@@ -196,7 +201,7 @@ async def test_a_broken_stream_ends_with_an_error_event_and_stores_nothing(
 
 
 async def test_concurrent_identical_streams_make_one_backend_call(
-    serving: OpenAIServing, backend: Backend
+    serving: TextGenerationServing, backend: Backend
 ) -> None:
     backend.gate.clear()
     leader = await ask(serving)
@@ -215,7 +220,7 @@ async def test_concurrent_identical_streams_make_one_backend_call(
 
 
 async def test_a_client_gone_mid_stream_stores_nothing_and_releases_the_backend(
-    serving: OpenAIServing, backend: Backend
+    serving: TextGenerationServing, backend: Backend
 ) -> None:
     backend.gate.clear()
     leader = await ask(serving)
@@ -234,7 +239,7 @@ async def test_a_client_gone_mid_stream_stores_nothing_and_releases_the_backend(
 
 
 async def test_a_relay_closed_before_it_started_releases_everything(
-    serving: OpenAIServing, backend: Backend
+    serving: TextGenerationServing, backend: Backend
 ) -> None:
     leader = await ask(serving)
     assert leader.stream is not None
@@ -247,7 +252,7 @@ async def test_a_relay_closed_before_it_started_releases_everything(
 
 
 async def test_a_stale_stream_is_served_and_refreshed_once_in_the_background(
-    serving: OpenAIServing, backend: Backend, clock: Clock
+    serving: TextGenerationServing, backend: Backend, clock: Clock
 ) -> None:
     await read(await ask(serving, ttl=10))
     await settled(serving)
@@ -255,8 +260,8 @@ async def test_a_stale_stream_is_served_and_refreshed_once_in_the_background(
     stale = await ask(serving)
     assert stale.headers["cf-aig-cache-status"] == "STALE"
     await read(stale)
-    assert serving.cache is not None
-    await serving.cache.wait_refreshes()
+    assert serving.core.cache is not None
+    await serving.core.cache.wait_refreshes()
     assert len(backend.streams) == 2 and backend.streams[1].closed
     fresh = await ask(serving)
     assert fresh.headers["cf-aig-cache-status"] == "HIT"
@@ -264,7 +269,7 @@ async def test_a_stale_stream_is_served_and_refreshed_once_in_the_background(
 
 
 async def test_the_leader_opens_the_backend_stream_from_its_own_task(
-    serving: OpenAIServing, backend: Backend
+    serving: TextGenerationServing, backend: Backend
 ) -> None:
     # No hop through another task: with many requests arriving together, each one's stream
     # is opened as it is handled rather than after every handler has run.

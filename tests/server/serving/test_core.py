@@ -8,16 +8,19 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from backends.protocol import RequestContext
 from backends.registry import ModelInfo, ModelRegistry
+from foundation.request import RequestContext
 from harness.fake_backend import FakeGeneration
 from semcache.entry import CachedAnswer
 from semcache.exact import ExactCache
 from semcache.policy import PolicyHolder
 from semcache.tiers.memory import MemoryStore
 from server.metrics import GatewayMetrics
-from server.openai.serving import OpenAIServing
+from server.openai.chat_completion.protocol import ChatCompletionRequest
+from server.openai.text_generation import TextGenerationServing
 from server.serving.cache_headers import CacheDirectives
+from server.serving.core import ServingCore
+from server.serving.generation import Generation
 
 
 def body(stream: bool) -> dict[str, Any]:
@@ -37,17 +40,29 @@ async def test_live_requests_announce_their_backend_batch_items_do_not(
     reg = ModelRegistry()
     reg.generation["fake"] = FakeGeneration()
     reg.add(ModelInfo("chat-model", "chat", (), "t", "fake", "rev1", "tpl"))
-    svc = OpenAIServing(reg, GatewayMetrics(CollectorRegistry()), PolicyHolder(None))
+    core = ServingCore(reg, GatewayMetrics(CollectorRegistry()), PolicyHolder(None))
+    chat = TextGenerationServing(
+        core,
+        Generation(core),
+        path="/v1/chat/completions",
+        route="chat",
+        schema=ChatCompletionRequest,
+    )
     if cached:
-        svc.cache = ExactCache(
+        core.cache = ExactCache(
             memory=MemoryStore[CachedAnswer](1 << 20, sizeof=CachedAnswer.memory_size)
         )
     announced: list[str] = []
-    svc.state.live_request = announced.append
+
+    class Gates:
+        def live_request(self, backend: str) -> None:
+            announced.append(backend)
+
+    core.live = Gates()
     directives = CacheDirectives() if cached else None
 
     async def call(ctx: RequestContext) -> None:
-        reply = await svc.chat(body(stream), ctx, directives)
+        reply = await chat.create(body(stream), ctx, directives)
         if reply.stream is not None:
             async for _ in reply.stream:
                 pass

@@ -16,8 +16,9 @@ import orjson
 import pytest
 from litestar.testing import TestClient
 
-from backends.protocol import RequestContext, UpstreamResponse
+from backends.protocol import UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
+from foundation.request import RequestContext
 from harness.fake_backend import FakeGeneration
 from server.app import create_app
 from server.batch.settings import BatchSettings, FilesSettings, QueueSettings
@@ -196,7 +197,7 @@ def test_bad_input_fails_the_batch_with_line_numbers_and_runs_nothing(
     assert batch.errors is not None and batch.errors.data
     assert (batch.errors.data[0].code, batch.errors.data[0].line) == (code, line_no)
     assert client.batches.retrieve(batch.id).status == "failed"
-    queue = http.app.state.workers_ai.batch.queue
+    queue = http.app.state.batch_system.queue
     assert http.blocking_portal.call(queue.job, batch.id) is None  # nothing was queued
     assert fake.calls == []
 

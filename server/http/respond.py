@@ -1,22 +1,19 @@
-"""What every thin route shares: the JSON body, the request's context, the injected serving
-object, and a ``Reply`` sent as a Litestar response."""
+"""What every thin route shares: its JSON body parsed, and a ``Reply`` sent as a Litestar
+response (``no-store`` unless it says otherwise; a 304 for a GET whose ETag matches)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import orjson
-from litestar import Request, Response
+from litestar import Response
 from litestar.background_tasks import BackgroundTask
 
-from backends.protocol import RequestContext
-from server.envelope.queue_tickets import PRIORITY_HEADER, Tickets
-from server.envelope.record import RequestRecord, record_of
+from foundation.request import RequestContext
 from server.errors import ApiError
+from server.http.conditional import NO_STORE, not_modified
 from server.http.internals import EncodedResponse, RelayStream
-from server.openai.serving import OpenAIServing
-from server.serving.cache_headers import NO_STORE, not_modified
-from server.serving.reply import Reply, aclose_stream
+from server.http.reply import Reply, aclose_stream
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -33,40 +30,6 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object.", code="invalid_json")
     return body
-
-
-def serving(request: Request[Any, Any, Any]) -> OpenAIServing:
-    svc: OpenAIServing = request.app.state.serving
-    return svc
-
-
-def principal_tenant(request: Request[Any, Any, Any]) -> str:
-    """The tenant owning stored objects (files, batches): the authenticated token's."""
-    return record(request).principal.tenant
-
-
-def record(request: Request[Any, Any, Any]) -> RequestRecord:
-    """The tenancy middleware's record of this request (every API route has one)."""
-    found = record_of(request.scope)
-    if found is None:
-        raise RuntimeError(f"{request.url.path} is public: it has no principal")
-    return found
-
-
-def context(request: Request[Any, Any, Any]) -> RequestContext:
-    """The request's context: its id, tenant and usage are the tenancy record's."""
-    rec = record(request)
-    tickets: Tickets = request.app.state.queue_tickets
-    tenant = rec.principal.tenant
-    return RequestContext(
-        request_id=rec.request_id,
-        session_affinity=request.headers.get("x-session-affinity"),
-        tenant=tenant,
-        token_id=rec.principal.token_id,
-        models=rec.principal.models,
-        usage=rec.usage,
-        queue=tickets.ticket(tenant, priority=request.headers.get(PRIORITY_HEADER)),
-    )
 
 
 def reply_headers(reply: Reply, request_id: str | None) -> dict[str, str]:
