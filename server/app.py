@@ -24,7 +24,7 @@ from semcache.ledger import open_ledger
 from semcache.policy import PolicyHolder
 from semcache.semantic.service import SemanticService
 from server import health
-from server.admin import debug_clock
+from server.admin import api_keys, debug_clock, pools
 from server.admin import routes as admin
 from server.apidoc.document import docs_router, openapi_config
 from server.batch.system import BatchSystem
@@ -41,7 +41,6 @@ from server.errors import handle_exception
 from server.gateway_api import cached_answer, usage
 from server.http.draining import Drain, drain_middleware
 from server.http.internals import before_routing, write_bodies_eagerly
-from server.identity import routes as api_keys
 from server.identity.api_keys.admin import KeyAdmin
 from server.identity.api_keys.factory import build_key_view
 from server.identity.auth import TokenAuth, policy_admin_token
@@ -58,7 +57,6 @@ from server.openai.models import api_router as models
 from server.openai.pooling import api_router as pooling
 from server.openai.responses import api_router as responses
 from server.openai.stores import build_stores
-from server.pools import routes as pools
 from server.pools.factory import build_membership
 from server.serving.core import ServingCore
 from server.serving.generation import Generation

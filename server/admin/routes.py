@@ -14,11 +14,10 @@ from semcache.policy import PolicyHolder
 from semcache.purge import PurgeResult
 from semcache.semantic.records import PartitionKey
 from server.apidoc.operation import SERVER_ERROR, Answer, RouteDoc, documented, query_fields
+from server.envelope.context import require_admin
 from server.envelope.middleware import Tenancy
-from server.envelope.record import record_of
 from server.errors import ApiError
 from server.http.respond import parse_body
-from server.identity.auth import TokenAuth
 from server.serving.core import ServingCore
 
 PurgeKind = Literal["key", "model", "tenant", "scope", "tag", "all"]
@@ -50,20 +49,6 @@ def semantic_purge_predicate(kind: str, target: str) -> Callable[[PartitionKey],
             return lambda key: key.scope == target
         case _:
             return lambda _key: False
-
-
-def require_admin(request: Request[Any, Any, Any]) -> None:
-    """The request's principal has the admin role: the one the tenancy middleware resolved,
-    or on a route that authenticates itself (``auth="self"``: the dashboard, whose login
-    cookie a router middleware turns into a bearer token), the same ``TokenAuth``'s."""
-    record = record_of(request.scope)
-    if record is not None:
-        principal = record.principal
-    else:
-        auth: TokenAuth = request.app.state.auth
-        principal = auth.authenticate(request.headers, key_required=True)
-    if not principal.admin:
-        raise ApiError(403, "This route needs a token with the admin role.")
 
 
 @post(

@@ -25,11 +25,12 @@ from litestar.static_files import create_static_files_router
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from foundation.package_files import package_file
-from server.admin.routes import PurgeRequest, purge_caches, require_admin
+from server.admin.routes import PurgeRequest, purge_caches
 from server.dashboard import figures as fig
 from server.dashboard import keys as dashboard_keys
 from server.dashboard.keys import keys_page
 from server.dashboard.series import WINDOWS, CounterSeries
+from server.envelope.context import require_admin
 from server.envelope.middleware import Tenancy
 from server.errors import ApiError
 from server.http.respond import parse_body

@@ -1,5 +1,6 @@
 """The request's context as a route reads it: the envelope's record of the request (its id,
-principal and usage) and the ticket of its tenant in the fair queue."""
+principal and usage), the ticket of its tenant in the fair queue, whether it may act as an
+admin."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from litestar import Request
 from foundation.request import RequestContext
 from server.envelope.queue_tickets import PRIORITY_HEADER, Tickets
 from server.envelope.record import RequestRecord, record_of
+from server.errors import ApiError
+from server.identity.auth import TokenAuth
 
 
 def principal_tenant(request: Request[Any, Any, Any]) -> str:
@@ -39,3 +42,17 @@ def context(request: Request[Any, Any, Any]) -> RequestContext:
         usage=rec.usage,
         queue=tickets.ticket(tenant, priority=request.headers.get(PRIORITY_HEADER)),
     )
+
+
+def require_admin(request: Request[Any, Any, Any]) -> None:
+    """The request's principal has the admin role: the one the tenancy middleware resolved,
+    or on a route that authenticates itself (``auth="self"``: the dashboard, whose login
+    cookie a router middleware turns into a bearer token), the same ``TokenAuth``'s."""
+    record = record_of(request.scope)
+    if record is not None:
+        principal = record.principal
+    else:
+        auth: TokenAuth = request.app.state.auth
+        principal = auth.authenticate(request.headers, key_required=True)
+    if not principal.admin:
+        raise ApiError(403, "This route needs a token with the admin role.")

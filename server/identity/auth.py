@@ -47,9 +47,9 @@ from backends.registry import ModelInfo
 from semcache.policy import Policy, PolicyHolder
 from server.errors import ApiError
 from server.identity.api_keys.hashing import looks_like_key
-from server.identity.api_keys.records import ApiKey, Role
+from server.identity.api_keys.records import ApiKey, Role, key_token_id
 from server.identity.api_keys.view import KeyView
-from server.identity.key_budgets import split_budgets
+from server.limits.key_budgets import split_budgets
 from server.limits.settings import LimitSettings
 
 ANONYMOUS = "anonymous"
@@ -311,11 +311,6 @@ class TokenAuth:
         )
         self._key_principals[key.id] = (key, principal)
         return principal
-
-
-def key_token_id(key_id: str) -> str:
-    """How logs and limits name an API key: its id, never its secret."""
-    return f"key:{key_id}"
 
 
 def _iso(seconds: float) -> str:

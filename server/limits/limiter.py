@@ -27,7 +27,6 @@ from limits.aio.storage import Storage
 
 from semcache.ledger.records import utc_day, utc_month
 from semcache.tiers.redis import CircuitBreaker
-from server.identity.key_budgets import KeyBudgets, KeyCharge
 from server.limits.budgets import (
     BudgetStatus,
     Period,
@@ -39,6 +38,7 @@ from server.limits.budgets import (
     tokens_spent,
 )
 from server.limits.headers import rate_headers
+from server.limits.key_budgets import KeyBudgets, KeyCharge
 from server.limits.refusals import quota_exceeded, rate_limited, too_many_concurrent
 from server.limits.reservations import RedisReservations, Reservation, Reservations
 from server.limits.settings import LimitSettings

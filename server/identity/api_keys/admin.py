@@ -19,10 +19,10 @@ from server.identity.api_keys.records import (
     KeyInfo,
     KeyRotate,
     KeyUpdate,
+    key_token_id,
 )
 from server.identity.api_keys.view import KeyView
-from server.identity.auth import key_token_id
-from server.identity.key_budgets import split_budgets
+from server.limits.key_budgets import split_budgets
 from server.limits.limiter import TenantLimiter
 from server.limits.settings import LimitSettings
 

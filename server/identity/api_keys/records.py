@@ -155,3 +155,8 @@ class AuditEntry(msgspec.Struct, frozen=True, kw_only=True):
     """The key's tenant."""
     changes: dict[str, Any] = msgspec.field(default_factory=dict)
     """The fields set, with their new values (hashes and secrets never)."""
+
+
+def key_token_id(key_id: str) -> str:
+    """How logs and limits name an API key: its id, never its secret."""
+    return f"key:{key_id}"

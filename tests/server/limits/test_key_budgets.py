@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from server.errors import ApiError
-from server.identity.key_budgets import split_budgets
+from server.limits.key_budgets import split_budgets
 from server.limits.settings import LimitSettings
 from tests.server.limits.test_limits import Clock, Ledger, clock, limiter
 

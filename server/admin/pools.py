@@ -22,8 +22,9 @@ from backends.pool_signals import PoolSignals, pool_signals
 from backends.registry import ModelRegistry
 from backends.servers import ServerState
 from backends.vllm import VllmClient
-from server.admin.routes import ADMIN_ERRORS, require_admin
+from server.admin.routes import ADMIN_ERRORS
 from server.apidoc.operation import Answer, Field, RouteDoc, documented
+from server.envelope.context import require_admin
 from server.errors import ApiError
 from server.http.respond import parse_body
 from server.pools.records import MemberState

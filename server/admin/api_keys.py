@@ -12,9 +12,9 @@ import msgspec
 from litestar import Request, Response, delete, get, patch, post
 from litestar.params import FromPath
 
-from server.admin.routes import ADMIN_ERRORS, require_admin
+from server.admin.routes import ADMIN_ERRORS
 from server.apidoc.operation import Answer, Field, RouteDoc, documented
-from server.envelope.context import record
+from server.envelope.context import record, require_admin
 from server.errors import ApiError
 from server.http.respond import parse_body
 from server.identity.api_keys.admin import Actor, KeyAdmin
