@@ -34,12 +34,12 @@ from server.dashboard.routes import DashboardState, dashboard_router
 from server.dashboard.series import CounterSeries
 from server.encoders import load_encoder
 from server.envelope.early_hits import EarlyHits
-from server.envelope.middleware import Tenancy, tenancy_middleware
+from server.envelope.middleware import Envelope, envelope_middleware
 from server.envelope.queue_tickets import Tickets
 from server.envelope.request_log import RequestLog
 from server.errors import handle_exception
 from server.gateway_api import cached_answer, usage
-from server.http.draining import Drain, drain_middleware
+from server.http.draining import Drain
 from server.http.internals import before_routing, write_bodies_eagerly
 from server.identity.api_keys.admin import KeyAdmin
 from server.identity.api_keys.factory import build_key_view
@@ -203,10 +203,12 @@ def create_app(
         else None
     )
     tickets = Tickets(config.queue)
-    tenancy = Tenancy(
+    drain = Drain()  # SIGTERM: `semcache serve` drains (server/http/draining.py)
+    envelope = Envelope(
         auth=auth,
         metrics=metrics,
         policy=policy,
+        drain=drain,
         request_log=request_log,
         ledger=ledger,
         limiter=limiter,
@@ -219,7 +221,7 @@ def create_app(
         config.data_path(),
         registry,
         metrics.registry,
-        accounting=tenancy.finish_item,
+        accounting=envelope.finish_item,
         tracing=tracing,
         tickets=tickets,
     )
@@ -235,7 +237,6 @@ def create_app(
     batch_system.register(workers_ai)  # items a Workers-AI batch queued
     batch_system.register(openai.item_runner(), key=PAYLOAD_KEY)  # lines of OpenAI batches
     dashboard = DashboardState(CounterSeries(metrics.registry))
-    drain = Drain()  # SIGTERM: `semcache serve` drains (server/http/draining.py)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -326,7 +327,7 @@ def create_app(
                 "config": config,
                 "policy": policy,
                 "auth": auth,
-                "tenancy": tenancy,
+                "envelope": envelope,
                 "queue_tickets": tickets,
                 "drain": drain,
                 "ledger": ledger,
@@ -337,7 +338,7 @@ def create_app(
                 "clock": adjustable,
             }
         ),
-        middleware=[drain_middleware(drain), tenancy_middleware(tenancy)],
+        middleware=[envelope_middleware(envelope)],
         exception_handlers={Exception: handle_exception},
         template_config=template_config(),
         lifespan=[lifespan],
@@ -346,5 +347,7 @@ def create_app(
         logging_config=None,
     )
     if config.server.early_hits:
-        before_routing(app, partial(EarlyHits, state=core, tenancy=tenancy, drain=drain))
+        early = EarlyHits(core, envelope)
+        before_routing(app, early.wrap)
+        core.hits = early
     return app

@@ -15,7 +15,7 @@ from semcache.purge import PurgeResult
 from semcache.semantic.records import PartitionKey
 from server.apidoc.operation import SERVER_ERROR, Answer, RouteDoc, documented, query_fields
 from server.envelope.context import require_admin
-from server.envelope.middleware import Tenancy
+from server.envelope.middleware import Envelope
 from server.errors import ApiError
 from server.http.respond import parse_body
 from server.serving.core import ServingCore
@@ -156,7 +156,7 @@ async def logs(request: Request[Any, Any, Any]) -> Response[bytes]:
     """The request log's newest lines, filtered by tenant, status, model and time."""
     require_admin(request)
     query = msgspec.convert(dict(request.query_params), LogQuery, strict=False)
-    tenancy: Tenancy = request.app.state.tenancy
+    tenancy: Envelope = request.app.state.envelope
     if tenancy.request_log is None:
         raise ApiError(409, "The request log is off on this gateway.", code="request_log_off")
     lines = tenancy.request_log.query(

@@ -31,7 +31,7 @@ from server.dashboard import keys as dashboard_keys
 from server.dashboard.keys import keys_page
 from server.dashboard.series import WINDOWS, CounterSeries
 from server.envelope.context import require_admin
-from server.envelope.middleware import Tenancy
+from server.envelope.middleware import Envelope
 from server.errors import ApiError
 from server.http.respond import parse_body
 
@@ -239,7 +239,7 @@ async def tenants(request: Request[Any, Any, Any]) -> dict[str, Any]:
 
 async def _limits(request: Request[Any, Any, Any]) -> list[dict[str, Any]]:
     """Each configured token's limits and what remains of them."""
-    tenancy: Tenancy = request.app.state.tenancy
+    tenancy: Envelope = request.app.state.envelope
     if tenancy.limiter is None:
         return []
     out = []

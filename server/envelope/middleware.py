@@ -1,10 +1,13 @@
 """The one place every API request is authenticated, admitted and accounted for.
 
 Before the route runs: the bearer token → a ``Principal`` (401/403 in the route's own error
-format otherwise), then the limits. While the answer goes out: its status, the time to its
-first body byte, whether it was sent whole. After: the ``semcache_requests`` metric, the
-request log, the usage ledger and the limits' reconciliation, from the ``RequestRecord``
-the serving path filled in (``record.usage`` is the request context's ``usage``).
+format otherwise), once per request, then the limits. While the answer goes out: its
+status, the time to its first body byte, whether it was sent whole. After: the
+``semcache_requests`` metric, the request log, the usage ledger and the limits'
+reconciliation, from the ``RequestRecord`` the serving path filled in (``record.usage`` is
+the request context's ``usage``). ``Envelope.run`` is that path, for a routed request
+(``EnvelopeMiddleware``) and for an exact hit answered before routing (``early_hits``) alike;
+the middleware also counts the requests in flight and refuses new ones while draining.
 
 A route says what it needs in its ``opt``: ``auth="public"`` (health, metrics: no token),
 ``auth="self"`` (the dashboard: it authenticates with the same ``TokenAuth`` itself, after
@@ -35,6 +38,7 @@ from server.envelope.record import RECORD_KEY, RequestRecord, item_line, log_lin
 from server.envelope.request_log import RequestLog
 from server.envelope.server_span import run_traced
 from server.errors import ERROR_CODE_KEY, ApiError
+from server.http.draining import OPEN_PATHS, Drain, refuse
 from server.identity.auth import ANONYMOUS, TokenAuth
 from server.limits.limiter import Admission, TenantLimiter, estimate_tokens
 from server.metrics import GatewayMetrics
@@ -69,12 +73,13 @@ class RequestIds:
 
 
 @dataclass
-class Tenancy:
-    """What the middleware applies; built by the app factory."""
+class Envelope:
+    """What every request goes through; built by the app factory."""
 
     auth: TokenAuth
     metrics: GatewayMetrics
     policy: PolicyHolder
+    drain: Drain = field(default_factory=Drain)
     request_log: RequestLog | None = None
     limiter: TenantLimiter | None = None
     max_body_bytes: int = 10 * 1024 * 1024
@@ -95,10 +100,16 @@ class Tenancy:
         return found
 
     def begin(self, scope: Scope) -> RequestRecord | None:
-        """Authenticate the request of ``scope``; ``None`` for a public route."""
+        """The record of the request of ``scope``, authenticated; ``None`` for a public route.
+
+        A request the early hits already authenticated (a record in the scope, for this
+        route and a token's need) is not authenticated again."""
         route, need = self.route_of(scope["route_handler"])  # type: ignore[arg-type]
         if need in ("public", "self"):
             return None
+        opened = scope["state"].get(RECORD_KEY)
+        if opened is not None and opened.route == route and need == "token":
+            return opened
         account = scope["path_params"].get("account_id")
         return self.open_record(route, need, wanted_headers(scope["headers"]), account)
 
@@ -188,6 +199,56 @@ class Tenancy:
             cost = prices.cost_usd(usage.prompt_tokens, usage.completion_tokens)
         await self.limiter.settle(admission, prompt, completion, cache_hit=hit, cost_usd=cost)
 
+    async def run(
+        self,
+        record: RequestRecord,
+        admission: Admission | None,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        app: ASGIApp,
+    ) -> None:
+        """Run ``app`` (the route, or an early hit's answer) for an authenticated and admitted
+        request, accounting for what it sends: its status and rate-limit headers, the time to
+        the first body byte, whether the answer was whole; then finish and settle it."""
+        scope["state"][RECORD_KEY] = record
+        limiter = self.limiter
+        extra = (
+            limiter.encoded_headers(admission)
+            if limiter is not None and admission is not None
+            else []
+        )
+        capture = self.body_capture()
+        if capture is not None:
+            receive = capture.receiving(receive)
+
+        async def accounted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                record.status = message["status"]
+                if extra:
+                    message["headers"] = [*message.get("headers", ()), *extra]
+                if capture is not None:
+                    capture.wanted = self.logs_bodies_of(record)
+            elif message["type"] == "http.response.body":
+                if record.ttft_s is None and message.get("body"):
+                    record.ttft_s = time.perf_counter() - record.started
+                if capture is not None:
+                    capture.sent(message.get("body", b""))
+                if not message.get("more_body", False):
+                    record.completed = True
+            await send(message)
+
+        try:
+            await app(scope, receive, accounted)
+        finally:
+            record.latency_s = time.perf_counter() - record.started
+            record.usage.error_code = scope["state"].get(ERROR_CODE_KEY)
+            if capture is not None and capture.wanted:
+                record.bodies = capture.fields()
+            self.finish(record)
+            if admission is not None:
+                await self.settle(record, admission)
+
     def finish_item(self, ctx: RequestContext, success: bool) -> None:
         """Account for a batch item this gateway finished (it never passed the middleware)."""
         now = self.clock()
@@ -241,83 +302,57 @@ async def read_ahead(receive: Receive, limit: int) -> tuple[bytes, Receive]:
     return body, replay
 
 
-class TenancyMiddleware:
-    """ASGI middleware applying ``Tenancy`` to every HTTP request (see the module doc)."""
+class EnvelopeMiddleware:
+    """ASGI middleware applying the ``Envelope`` to every HTTP request (see the module doc)."""
 
-    def __init__(self, app: ASGIApp, tenancy: Tenancy) -> None:
+    def __init__(self, app: ASGIApp, envelope: Envelope) -> None:
         self.app = app
-        self.tenancy = tenancy
+        self.envelope = envelope
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        tracing = self.tenancy.tracing
-        if tracing is None or spans.current() is not None:  # off, or the early hits opened it
-            await self._serve(scope, receive, send)
+        drain = self.envelope.drain
+        if drain.draining and scope["path"] not in OPEN_PATHS:
+            drain.refused += 1
+            await refuse(scope["path"], send)
             return
-        route, need = self.tenancy.route_of(scope["route_handler"])  # type: ignore[arg-type]
-        if need == "public":  # health checks and scrapes: no trace
-            await self._serve(scope, receive, send)
-            return
-        await run_traced(tracing, scope, route, lambda: self._serve(scope, receive, send))
+        with drain.holding():
+            tracing = self.envelope.tracing
+            if tracing is None or spans.current() is not None:  # off, or the early hits'
+                await self._serve(scope, receive, send)
+                return
+            route, need = self.envelope.route_of(scope["route_handler"])  # type: ignore[arg-type]
+            if need == "public":  # health checks and scrapes: no trace
+                await self._serve(scope, receive, send)
+                return
+            await run_traced(tracing, scope, route, lambda: self._serve(scope, receive, send))
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
-        tenancy = self.tenancy
+        envelope = self.envelope
         with spans.span("auth"):
-            record = tenancy.begin(scope)
+            record = envelope.begin(scope)
         if record is None:
             await self.app(scope, receive, send)
             return
-        scope["state"][RECORD_KEY] = record
-        extra: list[tuple[bytes, bytes]] = []
         admission: Admission | None = None
-        if tenancy.limiter is not None:
+        if envelope.limiter is not None:
             try:
-                admission, receive = await tenancy.admit(record, receive)
+                admission, receive = await envelope.admit(record, receive)
             except ApiError as err:  # answered in the route's format by the exception handler
                 record.status = err.status
                 record.usage.error_code = err.code
                 record.latency_s = time.perf_counter() - record.started
-                tenancy.finish(record)
+                envelope.finish(record)
                 raise
-            extra = tenancy.limiter.encoded_headers(admission)
-        capture = tenancy.body_capture()
-        if capture is not None:
-            receive = capture.receiving(receive)
-
-        async def accounted(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                record.status = message["status"]
-                if extra:
-                    message["headers"] = [*message.get("headers", ()), *extra]
-                if capture is not None:
-                    capture.wanted = tenancy.logs_bodies_of(record)
-            elif message["type"] == "http.response.body":
-                if record.ttft_s is None and message.get("body"):
-                    record.ttft_s = time.perf_counter() - record.started
-                if capture is not None:
-                    capture.sent(message.get("body", b""))
-                if not message.get("more_body", False):
-                    record.completed = True
-            await send(message)
-
-        try:
-            await self.app(scope, receive, accounted)
-        finally:
-            record.latency_s = time.perf_counter() - record.started
-            record.usage.error_code = scope["state"].get(ERROR_CODE_KEY)
-            if capture is not None and capture.wanted:
-                record.bodies = capture.fields()
-            tenancy.finish(record)
-            if admission is not None:
-                await tenancy.settle(record, admission)
+        await envelope.run(record, admission, scope, receive, send, self.app)
 
 
-def tenancy_middleware(tenancy: Tenancy) -> Callable[[ASGIApp], ASGIApp]:
+def envelope_middleware(envelope: Envelope) -> Callable[[ASGIApp], ASGIApp]:
     """The middleware factory Litestar's ``middleware=[...]`` takes."""
 
     def build(app: ASGIApp) -> ASGIApp:
-        return TenancyMiddleware(app, tenancy)
+        return EnvelopeMiddleware(app, envelope)
 
     return build

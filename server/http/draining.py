@@ -20,11 +20,11 @@ import contextlib
 import logging
 import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Iterator
 from types import FrameType
 
 import uvicorn
-from litestar.types import ASGIApp, Receive, Scope, Send
+from litestar.types import Send
 
 from server.errors import ApiError, openai_error_body, workers_ai_error_body
 
@@ -65,6 +65,15 @@ class Drain:
         if self.in_flight == 0 and self._idle is not None:
             self._idle.set()
 
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """One admitted request in flight while the block runs."""
+        self.enter()
+        try:
+            yield
+        finally:
+            self.leave()
+
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until nothing admitted is in flight; False when ``timeout_s`` ran out first."""
         if self._idle is None:
@@ -86,30 +95,8 @@ _REFUSAL = ApiError(
 )
 
 
-class DrainMiddleware:
-    """ASGI middleware: counts requests in flight; while draining, refuses new ones (503)."""
-
-    def __init__(self, app: ASGIApp, drain: Drain) -> None:
-        self.app = app
-        self.drain = drain
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        drain = self.drain
-        if drain.draining and scope["path"] not in OPEN_PATHS:
-            drain.refused += 1
-            await _refuse(scope["path"], send)
-            return
-        drain.enter()
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            drain.leave()
-
-
-async def _refuse(path: str, send: Send) -> None:
+async def refuse(path: str, send: Send) -> None:
+    """The 503 a request gets while the gateway drains, in its route's own error format."""
     if path == "/ready":
         body = b'{"status":"draining"}'
     elif path.startswith("/client/v4"):
@@ -130,15 +117,6 @@ async def _refuse(path: str, send: Send) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-def drain_middleware(drain: Drain) -> Callable[[ASGIApp], ASGIApp]:
-    """The middleware factory Litestar's ``middleware=[...]`` takes."""
-
-    def build(app: ASGIApp) -> ASGIApp:
-        return DrainMiddleware(app, drain)
-
-    return build
 
 
 class DrainingServer(uvicorn.Server):

@@ -55,12 +55,16 @@ class LiveAnswer:
 class CachedStreams:
     """Answers ``stream: true`` generation requests through the exact cache."""
 
-    def __init__(self, state: ServingCore) -> None:
-        self.state = state
+    def __init__(self, core: ServingCore) -> None:
+        self.core = core
         self._background: set[asyncio.Task[None]] = set()
 
     async def reply(
-        self, call: GenerationCall, creq: CacheRequest, remember: Remember | None = None
+        self,
+        call: GenerationCall,
+        creq: CacheRequest,
+        body: dict[str, Any],
+        remember: Remember | None = None,
     ) -> Reply:
         """A stream through the cache: replay a stored answer, or relay and record a live one.
 
@@ -71,7 +75,7 @@ class CachedStreams:
         requests reach vLLM as each is handled), its response relays the stream, recording
         it, and the recorded answer ends the cache's flight.
         """
-        assert self.state.cache is not None
+        assert self.core.cache is not None
         include_usage = replay.wants_usage(call.upstream)
         form = stream_format(call.route)
         live_body = form.live_body(call.upstream)
@@ -82,8 +86,9 @@ class CachedStreams:
             refused = await refusal(up)
             return refused if refused is not None else await self._record(call, up, form)
 
-        got = await self.state.cache.claim(creq, refresh)
+        got = await self.core.cache.claim(creq, refresh)
         if isinstance(got, CacheResult):
+            self.core.answered(call.ctx, creq, got, call.info, body)
             return self._replayed_reply(call, creq, got, include_usage, form)
         flight = got
         try:
@@ -104,7 +109,7 @@ class CachedStreams:
         return Reply(200, stream=relay, media_type=MEDIA_TYPE, headers=headers)
 
     async def _open_stream(self, call: GenerationCall, body: dict[str, Any]) -> UpstreamStream:
-        self.state.announce(call.backend.name, call.ctx)
+        self.core.announce(call.backend.name, call.ctx)
         try:
             return await call.backend.open_stream(call.path, body, call.ctx)
         except BackendError as exc:

@@ -4,12 +4,13 @@ through ``semcache``)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from backends.registry import ModelInfo, ModelRegistry, Task
 from foundation.request import RequestContext
-from semcache.exact import CacheRequest, ExactCache
+from semcache.exact import CacheRequest, CacheResult, CacheStatus, ExactCache
 from semcache.policy import PolicyHolder
 from semcache.semantic.service import SemanticService
 from server.errors import ApiError
@@ -25,6 +26,15 @@ def unknown_model(name: str) -> ApiError:
         param="model",
         code="model_not_found",
     )
+
+
+class HitListener(Protocol):
+    """What hears of the fresh exact hits the core answers (the envelope's early hits: a
+    repeat of the same bytes is then answered before routing)."""
+
+    def exact_hit(
+        self, ctx: RequestContext, creq: CacheRequest, info: ModelInfo, body: Mapping[str, Any]
+    ) -> None: ...
 
 
 class LiveTraffic(Protocol):
@@ -47,6 +57,20 @@ class ServingCore:
     """The semantic cache (loaded on first use); also the classifier's encoder."""
     live: LiveTraffic | None = None
     """Told of each live request before it is sent (set at start-up when batches run)."""
+    hits: HitListener | None = None
+    """Told of each fresh exact hit answered (set by the app factory with early hits on)."""
+
+    def answered(
+        self,
+        ctx: RequestContext,
+        creq: CacheRequest,
+        res: CacheResult,
+        info: ModelInfo,
+        body: Mapping[str, Any],
+    ) -> None:
+        """``res`` answered ``ctx``'s request: a fresh exact hit is told to ``hits``."""
+        if self.hits is not None and res.status is CacheStatus.HIT and not res.coalesced:
+            self.hits.exact_hit(ctx, creq, info, body)
 
     def announce(self, backend: str, ctx: RequestContext) -> None:
         """A request is about to reach ``backend``: batch work there yields to a live one."""

@@ -34,9 +34,9 @@ from server.serving.usage_notes import note_result
 class Generation:
     """Sends one generation request through the caches to its backend."""
 
-    def __init__(self, state: ServingCore) -> None:
-        self.state = state
-        self.streams = CachedStreams(state)
+    def __init__(self, core: ServingCore) -> None:
+        self.core = core
+        self.streams = CachedStreams(core)
 
     async def generate(
         self,
@@ -48,9 +48,9 @@ class Generation:
         ctx: RequestContext,
         directives: CacheDirectives | None = None,
     ) -> Reply:
-        state = self.state
-        backend = state.registry.generation_backend(info)
-        ctx.salt_scope = state.scope(info, route, ctx)
+        core = self.core
+        backend = core.registry.generation_backend(info)
+        ctx.salt_scope = core.scope(info, route, ctx)
         ctx.usage.model, ctx.usage.route = info.id, route
         call = GenerationCall(
             path=path,
@@ -60,12 +60,12 @@ class Generation:
             upstream={**body, "model": backend.served_model},
             ctx=ctx,
             started=time.perf_counter(),
-            metrics=state.metrics,
+            metrics=core.metrics,
         )
-        creq = await state.cache_request(route, info, body, ctx, directives)
+        creq = await core.cache_request(route, info, body, ctx, directives)
         if creq is None:
             return await self._forward(call, stream)
-        plan = await semantic_chat(state, call, creq, body, stream, directives)
+        plan = await semantic_chat(core, call, creq, body, stream, directives)
         if plan.hit is not None:
             return plan.hit
         remember = plan.remember
@@ -74,15 +74,15 @@ class Generation:
             # may outlive its answer on disk after a crash.
             creq = msgspec.structs.replace(creq, write_through=True)
         if not stream:
-            reply = await self._cached_json(call, creq, remember)
+            reply = await self._cached_json(call, creq, body, remember)
         else:
-            reply = await self.streams.reply(call, creq, remember)
+            reply = await self.streams.reply(call, creq, body, remember)
         reply.headers.update(plan.headers)
         return reply
 
     async def _forward(self, call: GenerationCall, stream: bool) -> Reply:
         """No cache: relay the backend's bytes as they are."""
-        self.state.announce(call.backend.name, call.ctx)
+        self.core.announce(call.backend.name, call.ctx)
         try:
             if not stream:
                 resp = await call.backend.post(call.path, call.upstream, call.ctx)
@@ -100,12 +100,16 @@ class Generation:
         return Reply(200, stream=relay(call, opened), media_type=MEDIA_TYPE, headers=SSE_HEADERS)
 
     async def _cached_json(
-        self, call: GenerationCall, creq: CacheRequest, remember: Remember | None = None
+        self,
+        call: GenerationCall,
+        creq: CacheRequest,
+        body: dict[str, Any],
+        remember: Remember | None = None,
     ) -> Reply:
-        assert self.state.cache is not None
+        assert self.core.cache is not None
 
         async def fill() -> CachedAnswer:
-            self.state.announce(call.backend.name, call.ctx)
+            self.core.announce(call.backend.name, call.ctx)
             try:
                 resp = await call.backend.post(call.path, call.upstream, call.ctx)
             except BackendError as exc:
@@ -123,13 +127,14 @@ class Generation:
                 call.ctx.usage.add(usage.prompt_tokens, usage.completion_tokens)
             return answer
 
-        res = await self.state.cache.get_or_fill(creq, fill)
+        res = await self.core.cache.get_or_fill(creq, fill)
         entry = res.entry
         assert entry is not None  # fill always answers (or raises)
         if res.stored and remember is not None:
             await remember()
         call.observe_latency(stream=False)
         note_result(call.ctx.usage, res)
+        self.core.answered(call.ctx, creq, res, call.info, body)
         if entry.status == 200:
             headers = {**result_headers(res, creq), **edge_headers(res, creq)}
         else:

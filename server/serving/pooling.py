@@ -228,6 +228,7 @@ class Pooling:
 
         res = await self.core.cache.get_or_fill(creq, fill)
         assert res.entry is not None
+        self.core.answered(ctx, creq, res, info, body)
         headers = result_headers(res, creq)
         note_result(ctx.usage, res)
         if outcome.get("served") and not res.from_cache and not res.coalesced:

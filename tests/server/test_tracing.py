@@ -299,7 +299,7 @@ async def test_the_semantic_lookup_is_a_span_and_a_semantic_hit_has_no_backend_s
 async def logged(gw: GatewayThread, lines: int) -> list[dict[str, Any]]:
     """The request log once it holds ``lines`` lines: a stream's line is written as it
     ends on the server, which may come after the client read its last byte."""
-    recent = gw.app.state.tenancy.request_log.recent
+    recent = gw.app.state.envelope.request_log.recent
     await wait_until_async(lambda: len(recent) >= lines)
     return list(recent)
 

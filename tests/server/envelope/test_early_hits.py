@@ -261,3 +261,48 @@ def test_a_limit_reached_on_an_early_hit_is_refused_by_the_route(start: Start) -
         assert early(http, "chat") == 1.0
         requests = {"route": path, "status": "429"}
         assert metric(http, "semcache_requests_total", requests) == 1.0
+
+
+def test_every_request_is_authenticated_once(start: Start) -> None:
+    """A miss, the first repeat (the route answers it and its hit teaches the memo) and an
+    early hit: each request's token is checked once, by the early hits or the envelope."""
+    gw = start(TOKENS)
+    auth = gw.app.state.auth
+    checks: list[str] = []
+    authenticate = auth.authenticate
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        principal = authenticate(*args, **kwargs)
+        checks.append(principal.token_id)
+        return principal
+
+    auth.authenticate = counted
+    path, body, _ = CASES["chat"]
+    with httpx.Client(base_url=gw.url) as http:
+        for n in range(1, 4):
+            assert post(http, path, body).status_code == 200
+            assert len(checks) == n, checks
+        assert early(http, "chat") == 1.0
+        # a route the early hits do not watch is authenticated by the envelope alone
+        assert http.get("/v1/models", headers={"authorization": "Bearer tok-a"}).status_code == 200
+        assert len(checks) == 4
+
+
+def test_the_memo_comes_from_the_core_not_the_headers(start: Start) -> None:
+    """Under a sharing rule that hides hits, every answer's headers say MISS: the memo is
+    still learned (the serving core tells the early hits), and the early answer says the
+    same as the route would (MISS, no age), with a body made new."""
+    fake = FakeGeneration()
+    gw = start(TOKENS, fake)
+    Path(gw.app.state.config.policy).write_text(POLICY + "[routes.chat]\nshared = true\n")
+    admin = {"authorization": f"Bearer {ADMIN}"}
+    path, body, _ = CASES["chat"]
+    with httpx.Client(base_url=gw.url) as http:
+        assert http.post("/admin/policy/reload", headers=admin).status_code == 200
+        sent = [post(http, path, body) for _ in range(3)]
+        assert {r.headers["cf-aig-cache-status"] for r in sent} == {"MISS"}
+        assert early(http, "chat") == 1.0  # the third, taught by the second's hit
+        assert len(fake.calls) == 1
+        assert "age" not in sent[2].headers
+        assert sent[2].headers["cache-status"] == sent[1].headers["cache-status"]
+        assert sent[2].json()["id"] != sent[1].json()["id"]

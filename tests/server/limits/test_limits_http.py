@@ -135,7 +135,7 @@ def test_over_the_limit_is_a_429_in_each_routes_format(gateway: GatewayFactory) 
         again = http.post(CHAT, content=chat(), headers=bearer("tok-b"))
         assert again.headers["x-ratelimit-remaining-requests"] == "98"
 
-    lines = list(gw.app.state.tenancy.request_log.recent)
+    lines = list(gw.app.state.envelope.request_log.recent)
     assert [line["cache"] for line in lines[:2]] == ["miss", "exact"]
     refusals = [line for line in lines if line["status"] == 429]
     assert [(r["token"], r["route"], r["error_code"]) for r in refusals] == [
@@ -308,7 +308,7 @@ tenant = "acme"
             fake.gate.set()
             rest = [line for line in events if line]
         assert rest[-1] == "data: [DONE]"
-    log = gw.app.state.tenancy.request_log.recent
+    log = gw.app.state.envelope.request_log.recent
 
     def answered() -> list[bool]:  # the stream's line is written once its answer has ended
         return [line["completed"] for line in log if line["status"] == 200]
