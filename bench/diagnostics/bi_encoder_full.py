@@ -107,7 +107,7 @@ def main() -> int:
         idx = by_len[start : start + 128]
         vectors[idx] = embed(model, tokenizer, [texts[i] for i in idx]).numpy()
     print(f"encoded {len(texts)} texts in {time.time() - t0:.0f} s", flush=True)
-    from semcache.semantic.verifier import PairVerifier
+    from semcache.semantic.pair_verifier import PairVerifier
     from semcache.tuning.train_verifier import train_mlp
 
     feats, tuned_cos = {}, {}

@@ -159,14 +159,14 @@ def load_scores(name: str) -> dict[str, np.ndarray] | None:
 
 
 def m_shipped(parts, x, y) -> dict[str, np.ndarray]:
-    from semcache.semantic.verifier import load_verifier
+    from semcache.semantic.pair_verifier import load_verifier
 
     v = load_verifier()
     return {s: v.probabilities_of_features(x[s]) for s in SPLITS}
 
 
 def m_mlp_retrained(parts, x, y) -> dict[str, np.ndarray]:
-    from semcache.semantic.verifier import PairVerifier
+    from semcache.semantic.pair_verifier import PairVerifier
     from semcache.tuning.train_verifier import train_mlp
 
     w = train_mlp(x["train"], y["train"], x["val"], y["val"], hidden=256, seed=0, epochs=40)
@@ -218,7 +218,7 @@ def m_hgb_lex_seed(seed: int) -> Callable:
 
 def m_hgb_lex_stack(parts, x, y):
     """HGB over cos + lexical + extra + the MLP's out-of-fold probability (5 folds on train)."""
-    from semcache.semantic.verifier import PairVerifier
+    from semcache.semantic.pair_verifier import PairVerifier
     from semcache.tuning.train_verifier import train_mlp
 
     n = len(y["train"])
@@ -252,7 +252,7 @@ def m_hgb_all(parts, x, y):
 
 
 def m_mlp_extra(parts, x, y):
-    from semcache.semantic.verifier import PairVerifier
+    from semcache.semantic.pair_verifier import PairVerifier
     from semcache.tuning.train_verifier import train_mlp
 
     xe = {s: np.hstack([x[s], extra_features(parts[s])]) for s in SPLITS}
@@ -285,7 +285,7 @@ def _extra(a: str, b: str) -> list[float]:
     import difflib
     import re
 
-    from semcache.semantic.verifier import _STOP
+    from semcache.semantic.pair_verifier import _STOP
 
     wa = re.findall(r"[a-z0-9]+", a.lower())
     wb = re.findall(r"[a-z0-9]+", b.lower())
@@ -342,7 +342,7 @@ def measure_cost(parts, x, y) -> None:
     """Per lookup with 4 candidates: the shipped MLP vs HGB over cos + lexical + extra."""
     from sklearn.ensemble import HistGradientBoostingClassifier
 
-    from semcache.semantic.verifier import lexical_features, load_verifier
+    from semcache.semantic.pair_verifier import lexical_features, load_verifier
 
     xe = np.hstack([x["train"][:, COS:], extra_features(parts["train"])])
     clf = HistGradientBoostingClassifier(**{**HGB_PARAMS, "random_state": 1}).fit(xe, y["train"])

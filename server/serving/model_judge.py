@@ -5,7 +5,7 @@ Its reply must be one word, ``yes`` or ``no`` (anything else, or a backend failu
 verdict: nothing is learned). The request asks vLLM's structured outputs for exactly one of
 the two words (``structured_outputs.choice``, vLLM 0.32), so even a small model that would
 otherwise ramble gives a verdict. It lives in server because it calls a backend; the cache's
-other judges (``semcache.semantic.judge``) need none.
+other judges (``semcache.semantic.verified.judges``) need none.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import orjson
 
 from backends.protocol import BackendError, GenerationBackend, UpstreamRejected
 from foundation.request import RequestContext
-from semcache.semantic.judge import normalised
+from semcache.semantic.verified.judges import normalised
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,11 @@ from semcache.entry import CachedAnswer
 from semcache.exact import CacheRequest
 from semcache.semantic.cache import SemanticCache
 from semcache.semantic.chat import chat_partition, chat_query, with_query
-from semcache.semantic.judge import Judge, chat_text, judge_for
 from semcache.semantic.match import Match
 from semcache.semantic.records import PartitionKey
 from semcache.semantic.settings import SemanticRule
-from semcache.semantic.verified import Action, Observation
+from semcache.semantic.verified.decisions import Action, Observation
+from semcache.semantic.verified.judges import Judge, chat_text, judge_for
 from server.http.reply import SSE_HEADERS, Reply
 from server.serving.cache_headers import CacheDirectives, miss_headers, semantic_headers
 from server.serving.call import GenerationCall

@@ -3,7 +3,7 @@ learned over, the serve-or-explore decision, and the per-partition cap on judged
 
 Candidates are the nearest entries at or above the threshold (a floor here); with the
 verifier on, the score is the verifier's probability instead of the cosine
-(``semcache.semantic.verified`` holds the decision itself).
+(``semcache.semantic.verified.decisions`` holds the decision itself).
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 
 from semcache.semantic.match import SLACK, Match, match_of
+from semcache.semantic.pair_verifier import PairVerifier
 from semcache.semantic.partition import PartitionIndex
 from semcache.semantic.records import PartitionKey
 from semcache.semantic.settings import SemanticRule
-from semcache.semantic.verified import Decision, VerifiedParams
-from semcache.semantic.verifier import PairVerifier
+from semcache.semantic.verified.decisions import Decision, VerifiedParams
 
 
 def verified_params(rule: SemanticRule) -> VerifiedParams:

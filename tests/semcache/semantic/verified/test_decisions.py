@@ -1,5 +1,5 @@
-"""The verified-caching decision (semcache.semantic.verified), with a seeded RNG and explicit
-judgement times."""
+"""The verified-caching decision (semcache.semantic.verified.decisions), with a seeded RNG and
+explicit judgement times."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from semcache.semantic.verified import (
+from semcache.semantic.verified.decisions import (
     MAX_OBSERVATIONS,
     Action,
     Observation,

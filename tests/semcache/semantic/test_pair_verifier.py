@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from semcache.semantic.encoder import Encoder
-from semcache.semantic.verifier import (
+from semcache.semantic.pair_verifier import (
     DEFAULT_VERIFIER_DIR,
     WEIGHTS_FILE,
     PairVerifier,

@@ -1,7 +1,7 @@
 """Judges of an explored request: was the cached answer right, given the fresh one?
 
-A verified partition (``semcache.semantic.verified``) learns from these verdicts. The judge
-compares the answer of the entry that would have been served with the backend's answer to
+A verified partition (``semcache.semantic.verified.decisions``) learns from these verdicts.
+The judge compares the answer of the entry that would have been served with the backend's answer to
 the request itself:
 
 - ``exact``: the two answers are equal once case and spacing are normalised (temperature-0
