@@ -207,10 +207,12 @@ class Envelope:
         receive: Receive,
         send: Send,
         app: ASGIApp,
+        capture: BodyCapture | None = None,
     ) -> None:
         """Run ``app`` (the route, or an early hit's answer) for an authenticated and admitted
         request, accounting for what it sends: its status and rate-limit headers, the time to
-        the first body byte, whether the answer was whole; then finish and settle it."""
+        the first body byte, whether the answer was whole; then finish and settle it.
+        ``capture``: the bodies to keep for the request log (``body_capture``)."""
         scope["state"][RECORD_KEY] = record
         limiter = self.limiter
         extra = (
@@ -218,7 +220,6 @@ class Envelope:
             if limiter is not None and admission is not None
             else []
         )
-        capture = self.body_capture()
         if capture is not None:
             receive = capture.receiving(receive)
 
@@ -318,7 +319,8 @@ class EnvelopeMiddleware:
             drain.refused += 1
             await refuse(scope["path"], send)
             return
-        with drain.holding():
+        drain.enter()  # not `holding()`: a generator's context costs more than the request
+        try:
             tracing = self.envelope.tracing
             if tracing is None or spans.current() is not None:  # off, or the early hits'
                 await self._serve(scope, receive, send)
@@ -328,6 +330,8 @@ class EnvelopeMiddleware:
                 await self._serve(scope, receive, send)
                 return
             await run_traced(tracing, scope, route, lambda: self._serve(scope, receive, send))
+        finally:
+            drain.leave()
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         envelope = self.envelope
@@ -346,7 +350,8 @@ class EnvelopeMiddleware:
                 record.latency_s = time.perf_counter() - record.started
                 envelope.finish(record)
                 raise
-        await envelope.run(record, admission, scope, receive, send, self.app)
+        capture = envelope.body_capture()
+        await envelope.run(record, admission, scope, receive, send, self.app, capture)
 
 
 def envelope_middleware(envelope: Envelope) -> Callable[[ASGIApp], ASGIApp]:
