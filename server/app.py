@@ -210,7 +210,7 @@ def create_app(
         policy=policy,
         drain=drain,
         request_log=request_log,
-        ledger=ledger,
+        ledger=ledger if config.ledger.enabled else None,
         limiter=limiter,
         max_body_bytes=config.server.max_body_bytes,
         tracing=tracing,

@@ -161,16 +161,20 @@ class Envelope:
             record.principal.tenant, record.route, record.usage, record.status, record.time
         )
 
-    async def admit(self, record: RequestRecord, receive: Receive) -> tuple[Admission, Receive]:
+    async def admit(
+        self, record: RequestRecord, receive: Receive
+    ) -> tuple[Admission | None, Receive]:
         """Count the request against its token's limits (ApiError 429 when over); the
-        ``receive`` to run the route with (the body was read ahead to estimate its tokens)."""
+        ``receive`` to run the route with (the body was read ahead to estimate its tokens).
+        ``None``: no limit or budget applies to its token, nothing to count or settle."""
         assert self.limiter is not None
         principal = record.principal
-        estimate = 0
         own = principal.budgets
-        if self.limiter.settings_of(principal.limits).estimates_tokens or (
-            own is not None and own.estimates_tokens
-        ):
+        settings = self.limiter.settings_of(principal.limits)
+        if not settings.limited and (own is None or not own.limited):
+            return None, receive
+        estimate = 0
+        if settings.estimates_tokens or (own is not None and own.estimates_tokens):
             body, receive = await read_ahead(receive, self.max_body_bytes)
             estimate = estimate_tokens(body)
         with spans.span("limits"):
