@@ -13,6 +13,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Final
 
 from semcache.guard_rules import GuardSettings
@@ -60,8 +61,8 @@ def _builtin() -> dict[str, Callable[[], Any]]:
         "US_ITIN": UsItinRecognizer,
         "UK_NINO": UkNinoRecognizer,
         "UK_NHS": NhsRecognizer,
-        "ES_NIF": EsNifRecognizer,
-        "IT_FISCAL_CODE": ItFiscalCodeRecognizer,
+        "ES_NIF": partial(EsNifRecognizer, supported_language="en"),  # one language: any text
+        "IT_FISCAL_CODE": partial(ItFiscalCodeRecognizer, supported_language="en"),
         "AU_TFN": AuTfnRecognizer,
         "IN_PAN": InPanRecognizer,
         "SG_NRIC_FIN": SgFinRecognizer,
