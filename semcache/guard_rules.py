@@ -48,7 +48,6 @@ BUILTIN_GROUPS: Final[dict[str, tuple[str, ...]]] = {
         "ES_NIF",
         "IT_FISCAL_CODE",
         "AU_TFN",
-        "IN_PAN",
         "SG_NRIC_FIN",
     ),
     "CONTACT": ("EMAIL_ADDRESS", "PHONE_NUMBER", "IP_ADDRESS"),
@@ -101,7 +100,7 @@ class GuardSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
 
     min_score: float = 0.5
     """Findings scored below this are ignored (Presidio scores 0 to 1)."""
-    hold_back_chars: PosInt = 256
+    hold_back_chars: PosInt = 128
     """A streamed answer's text is held back this many characters, so a value split across
     chunks is seen whole before it leaves; also the longest value caught across chunks."""
     detectors: dict[str, CustomDetector] = msgspec.field(default_factory=dict)

@@ -41,7 +41,6 @@ def _builtin() -> dict[str, Callable[[], Any]]:
         CreditCardRecognizer,
         EsNifRecognizer,
         IbanRecognizer,
-        InPanRecognizer,
         IpRecognizer,
         ItFiscalCodeRecognizer,
         NhsRecognizer,
@@ -64,7 +63,6 @@ def _builtin() -> dict[str, Callable[[], Any]]:
         "ES_NIF": partial(EsNifRecognizer, supported_language="en"),  # one language: any text
         "IT_FISCAL_CODE": partial(ItFiscalCodeRecognizer, supported_language="en"),
         "AU_TFN": AuTfnRecognizer,
-        "IN_PAN": InPanRecognizer,
         "SG_NRIC_FIN": SgFinRecognizer,
         "EMAIL_ADDRESS": OfflineEmailRecognizer,
         "PHONE_NUMBER": PhoneRecognizer,
