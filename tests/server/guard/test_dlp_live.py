@@ -82,7 +82,12 @@ async def live(
         proxy.url,
         data_dir / "models" / TINY_MODEL_NAME,
         policy=str(policy_path),
-        auth=AuthSettings(tokens=[TokenEntry(tenant=t, token=f"tok-{t}") for t in TENANTS]),
+        auth=AuthSettings(
+            tokens=[
+                *(TokenEntry(tenant=t, token=f"tok-{t}") for t in TENANTS),
+                TokenEntry(tenant="ops", token="tok-ops", roles=["admin"]),
+            ]
+        ),
         tracing=TracingSettings(endpoint=otlp.endpoint),
     )
     config.models.append(
@@ -248,10 +253,18 @@ def test_metrics_and_no_value_anywhere(live: Live) -> None:
         'semcache_guard_duration_seconds_count{direction="stream"}',
     ):
         assert line in metrics, line
+    ops = {"authorization": "Bearer tok-ops"}
+    panel = httpx.get(live.gw.url + "/dashboard/api/overview", headers=ops).json()["content"]
+    assert {"kind": "dlp", "direction": "prompt", "name": "CREDIT_CARD", "action": "redact"} in [
+        {k: v for k, v in row.items() if k != "count"} for row in panel
+    ]
+    page = httpx.get(live.gw.url + "/dashboard/overview", headers=ops).text
+    assert 'data-content="prompt:CREDIT_CARD:block"' in page
     spans = live.otlp.matching(lambda s: s.name.startswith("guard."))
     assert {s.name for s in spans} >= {"guard.prompt"}
     outputs = [
         metrics,
+        page,
         "".join(live.gw.lines),
         repr([s.attributes for s in live.otlp.matching(lambda s: True)]),
     ]
