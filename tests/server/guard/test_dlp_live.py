@@ -167,6 +167,20 @@ def test_each_type_flagged_and_sent_on(live: Live) -> None:
         assert json.dumps(value)[1:-1].encode() in live.proxy.bodies[-1]
 
 
+def test_embeddings_inputs_redacted_and_blocked(live: Live) -> None:
+    value = "jane.doe.77@example.org"
+    live.sent.append(value)
+    text = SENTENCES["EMAIL_ADDRESS"]
+    body = {"model": "all-MiniLM-L6-v2", "input": [text.format(value), "no value here"]}
+    got = live.post("redact", "/v1/embeddings", body)
+    assert got.status_code == 200 and got.headers["x-semcache-dlp-prompt"] == "EMAIL_ADDRESS=redact"
+    plain = {"model": "all-MiniLM-L6-v2", "input": [text.format("<EMAIL_ADDRESS>")]}
+    direct = live.post("ops", "/v1/embeddings", plain).json()["data"][0]["embedding"]
+    assert got.json()["data"][0]["embedding"] == pytest.approx(direct, abs=1e-6)
+    refused = live.post("block", "/v1/embeddings", body)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "prompt_blocked"
+
+
 def schema_for(value: str) -> dict[str, Any]:
     """An answer vLLM must give token by token: the value, split across chunks."""
     return {
