@@ -248,8 +248,8 @@ class Envelope:
         finally:
             record.latency_s = time.perf_counter() - record.started
             record.usage.error_code = scope["state"].get(ERROR_CODE_KEY)
-            if capture is not None and capture.wanted:
-                record.bodies = capture.fields()
+            if capture is not None and capture.wanted and not record.usage.inspected:
+                record.bodies = capture.fields()  # never the bodies the content rules read
             self.finish(record)
             if admission is not None:
                 await self.settle(record, admission)
