@@ -167,7 +167,7 @@ def ratio_interval(ratios: list[float]) -> tuple[float, float]:
 
 async def run(args: argparse.Namespace) -> bool:
     os.sched_setaffinity(0, {1})  # this process (the fake backend) beside wrk
-    upstream, upstream_url = await fake_vllm()
+    upstream = fake_vllm()
     servers: dict[str, ServerProcess] = {}
     runs: dict[str, list[Run]] = {t: [] for t in TARGETS}
     try:
@@ -176,7 +176,7 @@ async def run(args: argparse.Namespace) -> bool:
             for name in ("small", "large"):
                 port = free_port()
                 config = folder / f"{name}.toml"
-                config.write_text(config_text(folder / name, port, upstream_url))
+                config.write_text(config_text(folder / name, port, upstream.url))
                 servers[name] = gateway(name, config, port, folder / f"{name}.log")
             for server in servers.values():
                 server.start()
@@ -218,7 +218,7 @@ async def run(args: argparse.Namespace) -> bool:
     finally:
         for server in servers.values():
             await server.stop()
-        await upstream.cleanup()
+        upstream.stop()
     load = os.getloadavg()[0]
     print(
         f"\n{wrk_version()}, -t1 -c{args.connections} -d{args.seconds}s, {args.rounds} rounds; "

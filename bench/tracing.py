@@ -37,7 +37,6 @@ from pathlib import Path
 
 import httpx
 import orjson
-from aiohttp import web
 
 sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -53,6 +52,7 @@ from bench.support import (
     toml_value,
 )
 from bench.wrk import WrkReport, parse_wrk, wrk_version
+from harness.fake_vllm import FakeVllm
 from harness.otlp_receiver import OtlpReceiver
 from harness.ports import free_port
 
@@ -61,22 +61,6 @@ MODEL = GATEWAY_MODEL_ID
 SERVED = "bench-model"
 MESSAGES = [{"role": "user", "content": "What is the capital of France? One sentence."}]
 HIT_BODY = orjson.dumps({"model": MODEL, "messages": MESSAGES, "temperature": 0, "max_tokens": 16})
-ANSWER = orjson.dumps(
-    {
-        "id": "chatcmpl-bench",
-        "object": "chat.completion",
-        "created": 0,
-        "model": SERVED,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": "Paris is the capital of France."},
-                "finish_reason": "stop",
-            }
-        ],
-        "usage": {"prompt_tokens": 20, "completion_tokens": 8, "total_tokens": 28},
-    }
-)
 TRACING = {
     "today": None,
     "default": None,
@@ -88,28 +72,9 @@ TRACING = {
 receiver's endpoint)."""
 
 
-async def fake_vllm() -> tuple[web.AppRunner, str]:
-    """A local server answering chat completions, /health and /v1/models like vLLM."""
-
-    async def chat(request: web.Request) -> web.Response:
-        await request.read()
-        return web.Response(body=ANSWER, content_type="application/json")
-
-    async def models(request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": SERVED, "object": "model"}]})
-
-    async def health(request: web.Request) -> web.Response:
-        return web.Response(status=200)
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/health", health)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, f"http://127.0.0.1:{port}"
+def fake_vllm() -> FakeVllm:
+    """A local server in this process answering like vLLM (one fixed answer), started."""
+    return FakeVllm(SERVED, text="Paris is the capital of France.", usage=(20, 8)).start()
 
 
 def config_text(
@@ -193,7 +158,7 @@ async def prime(url: str) -> None:
 
 async def run(args: argparse.Namespace) -> bool:
     os.sched_setaffinity(0, {1})  # this process (fake backend, receiver) beside wrk
-    upstream, upstream_url = await fake_vllm()
+    upstream = fake_vllm()
     receiver = OtlpReceiver().start()
     servers: list[ServerProcess] = []
     results: dict[tuple[str, str], list[float]] = {}
@@ -204,7 +169,7 @@ async def run(args: argparse.Namespace) -> bool:
             for name, tracing in TRACING.items():
                 port = free_port()
                 config = folder / f"{name}.toml"
-                text = config_text(folder / name, port, upstream_url, tracing, receiver.endpoint)
+                text = config_text(folder / name, port, upstream.url, tracing, receiver.endpoint)
                 config.write_text(text)
                 tree = base if name == "today" else REPO
                 servers.append(gateway(name, tree, config, port, folder / f"{name}.log"))
@@ -229,7 +194,7 @@ async def run(args: argparse.Namespace) -> bool:
         for server in servers:
             await server.stop()
         receiver.stop()
-        await upstream.cleanup()
+        upstream.stop()
     print(f"\n{wrk_version()}, -t1 -c{args.connections} -d{args.seconds}s, {args.rounds} rounds;")
     print(f"gateways on core 0, wrk on core 1; today = {args.baseline}")
     print(f"{'kind':5} {'target':8} {'req/s (median)':>15} {'vs today':>9}")

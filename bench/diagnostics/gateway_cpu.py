@@ -1,8 +1,8 @@
 """Gateway CPU per request, without a model: the gateway in front of a fake vLLM.
 
-The fake (an aiohttp server in its own process) answers chat completions like vLLM does, at
-once: a JSON answer, or 16 content events (the last with its finish reason), a usage event and
-``[DONE]``, one HTTP chunk each (1 ms apart): complete answers, which the cache stores. With
+The fake (``harness.fake_vllm``, in its own process) answers chat completions like vLLM does,
+at once: a JSON answer, or 16 content events (the last with its finish reason), a usage event
+and ``[DONE]``, one HTTP chunk each (1 ms apart): complete answers, which the cache stores. With
 no model competing for the cores, the gateway's CPU time per request (user + system, read
 with psutil) is a steadier figure than latency on a shared machine; it is what the gateway
 adds to every request. Write system calls per request (``/proc/PID/io``) are steadier still.
@@ -28,103 +28,34 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 
 import httpx
-import orjson
 import psutil
-from aiohttp import web
 
 from bench.overhead_lib.chat import chat_body
 from bench.support import GATEWAY_MODEL_ID, ServerProcess, gateway_process, gateway_toml
+from harness.fake_vllm import FakeVllm
 from harness.ports import free_port
 
 SERVED = "fake-llama"
 TOKENS = 16
 PACE_S = 0.001
 """The fake's gap between two tokens (``--burst``: none)."""
-_EVENT = orjson.dumps(
-    {
-        "id": "chatcmpl-x",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": SERVED,
-        "choices": [{"index": 0, "delta": {"content": " word"}, "finish_reason": None}],
-    }
-)
-_FINAL = orjson.dumps(  # the last content event carries the finish reason, as vLLM's does
-    {
-        "id": "chatcmpl-x",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": SERVED,
-        "choices": [{"index": 0, "delta": {"content": " word"}, "finish_reason": "length"}],
-    }
-)
-_USAGE = {"prompt_tokens": 40, "completion_tokens": TOKENS, "total_tokens": 40 + TOKENS}
-_LAST = orjson.dumps(
-    {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1, "model": SERVED}
-    | {"choices": [], "usage": _USAGE}
-)
-_ANSWER = orjson.dumps(
-    {
-        "id": "chatcmpl-x",
-        "object": "chat.completion",
-        "created": 1,
-        "model": SERVED,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": " word" * TOKENS},
-                "finish_reason": "length",
-            }
-        ],
-        "usage": _USAGE,
-    }
-)
 
 
-def fake_app(
-    pace_s: float = PACE_S, on_chat: Callable[[bytes], None] | None = None
-) -> web.Application:
-    """The fake vLLM: answers ``pace_s`` apart per token; ``on_chat`` sees each request body
-    as soon as it is read."""
-
-    async def chat(request: web.Request) -> web.StreamResponse:
-        raw = await request.read()
-        if on_chat is not None:
-            on_chat(raw)
-        if not orjson.loads(raw).get("stream"):
-            if pace_s:
-                await asyncio.sleep(pace_s * TOKENS)
-            return web.Response(body=_ANSWER, content_type="application/json")
-        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
-        await response.prepare(request)
-        for i in range(TOKENS):
-            await response.write(b"data: " + (_FINAL if i == TOKENS - 1 else _EVENT) + b"\n\n")
-            if pace_s:
-                await asyncio.sleep(pace_s)
-        await response.write(b"data: " + _LAST + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
-
-    async def empty(request: web.Request) -> web.StreamResponse:
-        return web.Response(text="")
-
-    async def models(request: web.Request) -> web.StreamResponse:
-        card = {"id": SERVED, "object": "model", "max_model_len": 2048}
-        payload = {"object": "list", "data": [card]}
-        return web.Response(body=orjson.dumps(payload), content_type="application/json")
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/health", empty)
-    app.router.add_get("/metrics", empty)
-    app.router.add_get("/v1/models", models)
-    return app
-
-
-def serve_fake(port: int, pace_s: float = PACE_S) -> None:
-    """Run the fake vLLM on ``port`` until killed."""
-    web.run_app(fake_app(pace_s), host="127.0.0.1", port=port, access_log=None, print=None)
+def fake_vllm(
+    pace_s: float = PACE_S, on_chat: Callable[[bytes], None] | None = None, port: int | None = None
+) -> FakeVllm:
+    """The fake vLLM: ``TOKENS`` words ``pace_s`` apart, finished by length, as a real one
+    asked for ``TOKENS`` tokens with ``ignore_eos``; ``on_chat`` sees each request body as
+    soon as it is read."""
+    return FakeVllm(
+        SERVED,
+        text=" word" * TOKENS,
+        usage=(40, TOKENS),
+        finish_reason="length",
+        pace_s=pace_s,
+        on_chat=on_chat,
+        port=port,
+    )
 
 
 @contextlib.asynccontextmanager
@@ -225,7 +156,7 @@ def main() -> int:
     ap.add_argument("--serve-fake", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_fake:
-        serve_fake(args.serve_fake, 0.0 if args.burst else PACE_S)
+        fake_vllm(0.0 if args.burst else PACE_S, port=args.serve_fake).serve_forever()
         return 0
     with fake_process(__spec__.name, extra=["--burst"] if args.burst else []) as fake_url:
         asyncio.run(measure(args, fake_url))

@@ -15,6 +15,7 @@ from litestar.testing import AsyncTestClient
 
 from backends.config import VllmBackend, VllmServer
 from backends.vllm import VllmClient
+from harness.fake_vllm import FakeServer
 from harness.ports import free_port
 from server.apikeys.settings import KeySettings
 from server.app import create_app, registry_from_config
@@ -24,7 +25,6 @@ from server.membership.records import MemberChange
 from server.membership.settings import MembershipSettings
 from server.membership.store import LocalMembershipStore
 from server.membership.sync import PoolMembership
-from tests.support.fake_upstream import FakeServer
 
 ADMIN = {"authorization": "Bearer tok-ops"}
 SERVERS = "/admin/backends/tiny/both/servers"

@@ -36,7 +36,7 @@ from backends.config import (
 from backends.launch.process import VllmProcess
 from backends.protocol import RequestContext, UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
-from harness.fake_backend import FakeGeneration
+from harness.fake_vllm import FakeGeneration
 from harness.gateway import GatewayProcess, write_config_toml
 from harness.metrics import parse_metric
 from harness.ports import free_port

@@ -18,7 +18,7 @@ from litestar.testing import TestClient
 
 from backends.protocol import RequestContext, UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
-from harness.fake_backend import FakeGeneration
+from harness.fake_vllm import FakeGeneration
 from server.app import create_app
 from server.auth import AuthSettings, TokenEntry
 from server.batch.settings import BatchSettings, FilesSettings, QueueSettings
