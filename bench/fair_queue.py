@@ -98,9 +98,9 @@ def write_config(work: Path, data_dir: Path, vllm_url: str, queue: str) -> Path:
 def start_gateway(
     tmp: Path, name: str, data_dir: Path, vllm_url: str, queue: str
 ) -> GatewayProcess:
-    """A gateway of this mode in a new folder (on this process' core 0, inherited)."""
+    """A gateway of this mode in a new folder, on core 0 (beside this process and wrk)."""
     work = Path(tempfile.mkdtemp(prefix=name.replace(" ", "-"), dir=tmp))
-    return GatewayProcess(write_config(work, data_dir, vllm_url, queue)).start()
+    return GatewayProcess(write_config(work, data_dir, vllm_url, queue), cores="0").start()
 
 
 def headers(tenant: str) -> dict[str, str]:

@@ -50,17 +50,18 @@ sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).r
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.support import (
-    REPO,
-    ServerProcess,
+    GATEWAY_ENV,
     bootstrap_interval,
-    child_env,
     exit_status,
+    gateway_ready,
     gateway_toml,
     stderr_printer,
+    stop_gateway,
     toml_value,
 )
 from bench.tracing import HIT_BODY, SERVED, fake_vllm
 from bench.wrk import WrkReport, parse_wrk, wrk_version
+from harness.gateway import GatewayProcess
 from harness.ports import free_port
 
 say = stderr_printer("keys")
@@ -95,11 +96,9 @@ def config_text(data_dir: Path, port: int, upstream: str) -> str:
     )
 
 
-def gateway(name: str, config: Path, port: int, log: Path) -> ServerProcess:
+def gateway(config: Path, port: int, log: Path) -> GatewayProcess:
     """The gateway of this checkout on core 0 (not yet started)."""
-    command = ["taskset", "-c", "0", sys.executable, "-m", "server.cli", "serve", "--no-launch"]
-    command += ["--config", str(config), "--port", str(port)]
-    return ServerProcess(name, command, f"http://127.0.0.1:{port}", log, child_env(), REPO)
+    return GatewayProcess(config, port, GATEWAY_ENV, cores="0", log=log)
 
 
 async def create_keys(url: str, count: int) -> str:
@@ -168,7 +167,7 @@ def ratio_interval(ratios: list[float]) -> tuple[float, float]:
 async def run(args: argparse.Namespace) -> bool:
     os.sched_setaffinity(0, {1})  # this process (the fake backend) beside wrk
     upstream = fake_vllm()
-    servers: dict[str, ServerProcess] = {}
+    servers: dict[str, GatewayProcess] = {}
     runs: dict[str, list[Run]] = {t: [] for t in TARGETS}
     try:
         with tempfile.TemporaryDirectory(prefix="bench-keys-") as tmp:
@@ -177,11 +176,11 @@ async def run(args: argparse.Namespace) -> bool:
                 port = free_port()
                 config = folder / f"{name}.toml"
                 config.write_text(config_text(folder / name, port, upstream.url))
-                servers[name] = gateway(name, config, port, folder / f"{name}.log")
+                servers[name] = gateway(config, port, folder / f"{name}.log")
             for server in servers.values():
-                server.start()
+                server.start(wait=False)
             for server in servers.values():
-                await server.wait_ready(240)
+                await gateway_ready(server, 240)
             one = await create_keys(servers["small"].url, 1)
             started = time.monotonic()
             secret = await create_keys(servers["large"].url, args.keys)
@@ -217,7 +216,7 @@ async def run(args: argparse.Namespace) -> bool:
                     )
     finally:
         for server in servers.values():
-            await server.stop()
+            await stop_gateway(server)
         upstream.stop()
     load = os.getloadavg()[0]
     print(

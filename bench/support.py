@@ -1,5 +1,6 @@
 """What the bench scripts share: percentiles, bootstrap intervals, progress lines, exit
-statuses, CPU pinning, gateway configs and child servers (the gateway, a bare app, ...)."""
+statuses, CPU pinning, gateway configs, the gateway's start and stop (``GatewayProcess``) and
+other child servers (a bare app, a proxy, ...)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import numpy as np
 import orjson
 
 from backends.launch.process_group import die_with_parent_hook
+from harness.gateway import GatewayProcess
 
 REPO = Path(__file__).resolve().parent.parent
 INTERRUPTED = 130
@@ -114,7 +116,8 @@ async def served_model_of(url: str) -> str:
 
 
 class ServerProcess:
-    """A server in its own session (so a Ctrl-C reaches only us, and we stop it in order)."""
+    """A server other than the gateway in its own session (so a Ctrl-C reaches only us, and
+    we stop it in order)."""
 
     def __init__(
         self,
@@ -203,20 +206,25 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def gateway_process(config: Path, port: int, log_path: Path) -> ServerProcess:
-    """``python -m server.cli serve --no-launch`` of this checkout with ``config`` on ``port``
-    (not yet started)."""
-    command = [sys.executable, "-m", "server.cli", "serve", "--no-launch"]
-    command += ["--config", str(config), "--port", str(port)]
-    url = f"http://127.0.0.1:{port}"
-    return ServerProcess("gateway", command, url, log_path, child_env(PYTHONPATH=str(REPO)), REPO)
+GATEWAY_ENV = {"TOKENIZERS_PARALLELISM": "false"}
+"""Added to the environment of the gateways the benches start (``harness.gateway``'s
+``GatewayProcess``, the one way tests and benches start one)."""
 
 
-def serve_process(config: Path, url: str, log_path: Path, *extra: str) -> ServerProcess:
-    """``python -m server.cli serve --config CONFIG [extra]`` of this checkout, serving at
-    ``url`` and launching its own backends (not yet started)."""
-    command = [sys.executable, "-m", "server.cli", "serve", "--config", str(config), *extra]
-    return ServerProcess("serve", command, url, log_path, child_env(PYTHONPATH=str(REPO)), REPO)
+async def gateway_ready(
+    gateway: GatewayProcess, timeout_s: float = 180.0, path: str = "/ready"
+) -> float:
+    """Start ``gateway`` unless started, from this thread (the event loop's, the main one: it
+    then dies with the bench), and wait in another until ``GET path`` answers 200 (``/ready``:
+    its backends have a healthy server). Seconds from its start."""
+    if gateway.proc is None:
+        gateway.start(wait=False)
+    return await asyncio.to_thread(gateway.wait_answers, path, timeout_s)
+
+
+async def stop_gateway(gateway: GatewayProcess, timeout_s: float = 30.0) -> None:
+    """Ctrl-C it and wait until it has stopped what it launched (killed after ``timeout_s``)."""
+    await asyncio.to_thread(gateway.stop, timeout_s)
 
 
 def toml_value(value: Any) -> str:

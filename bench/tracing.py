@@ -42,17 +42,19 @@ sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).r
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.support import (
+    GATEWAY_ENV,
     GATEWAY_MODEL_ID,
     REPO,
-    ServerProcess,
-    child_env,
     exit_status,
+    gateway_ready,
     gateway_toml,
     stderr_printer,
+    stop_gateway,
     toml_value,
 )
 from bench.wrk import WrkReport, parse_wrk, wrk_version
 from harness.fake_vllm import FakeVllm
+from harness.gateway import GatewayProcess
 from harness.otlp_receiver import OtlpReceiver
 from harness.ports import free_port
 
@@ -106,12 +108,9 @@ def baseline_tree(revision: str, into: Path) -> Path:
     return tree
 
 
-def gateway(name: str, tree: Path, config: Path, port: int, log: Path) -> ServerProcess:
+def gateway(tree: Path, config: Path, port: int, log: Path) -> GatewayProcess:
     """The gateway of ``tree`` on core 0 (not yet started)."""
-    command = ["taskset", "-c", "0", sys.executable, "-m", "server.cli", "serve", "--no-launch"]
-    command += ["--config", str(config), "--port", str(port)]
-    env = child_env(PYTHONPATH=str(tree))
-    return ServerProcess(name, command, f"http://127.0.0.1:{port}", log, env, tree)
+    return GatewayProcess(config, port, GATEWAY_ENV, cores="0", checkout=tree, log=log)
 
 
 def wrk_script(kind: str, folder: Path) -> Path:
@@ -160,7 +159,7 @@ async def run(args: argparse.Namespace) -> bool:
     os.sched_setaffinity(0, {1})  # this process (fake backend, receiver) beside wrk
     upstream = fake_vllm()
     receiver = OtlpReceiver().start()
-    servers: list[ServerProcess] = []
+    servers: dict[str, GatewayProcess] = {}
     results: dict[tuple[str, str], list[float]] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="bench-tracing-") as tmp:
@@ -172,27 +171,27 @@ async def run(args: argparse.Namespace) -> bool:
                 text = config_text(folder / name, port, upstream.url, tracing, receiver.endpoint)
                 config.write_text(text)
                 tree = base if name == "today" else REPO
-                servers.append(gateway(name, tree, config, port, folder / f"{name}.log"))
-            for server in servers:
-                server.start()
-            for server in servers:
-                await server.wait_ready(240)
+                servers[name] = gateway(tree, config, port, folder / f"{name}.log")
+            for server in servers.values():
+                server.start(wait=False)
+            for server in servers.values():
+                await gateway_ready(server, 240)
                 await prime(server.url)
             scripts = {kind: wrk_script(kind, folder) for kind in args.kinds}
             for n in range(args.rounds):
-                order = servers if n % 2 == 0 else servers[::-1]
+                order = list(servers) if n % 2 == 0 else list(servers)[::-1]
                 for kind, script in scripts.items():
-                    for server in order:
+                    for name in order:
                         report = await asyncio.to_thread(
-                            run_wrk, server.url, script, args.connections, args.seconds
+                            run_wrk, servers[name].url, script, args.connections, args.seconds
                         )
                         if report.non_2xx or report.socket_errors:
-                            raise RuntimeError(f"{server.name} {kind}: errors: {report}")
-                        results.setdefault((kind, server.name), []).append(report.rps)
-                        say(f"round {n + 1} {kind:4} {server.name:8} {report.rps:9.0f} req/s")
+                            raise RuntimeError(f"{name} {kind}: errors: {report}")
+                        results.setdefault((kind, name), []).append(report.rps)
+                        say(f"round {n + 1} {kind:4} {name:8} {report.rps:9.0f} req/s")
     finally:
-        for server in servers:
-            await server.stop()
+        for server in servers.values():
+            await stop_gateway(server)
         receiver.stop()
         upstream.stop()
     print(f"\n{wrk_version()}, -t1 -c{args.connections} -d{args.seconds}s, {args.rounds} rounds;")

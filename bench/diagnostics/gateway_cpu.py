@@ -31,8 +31,15 @@ import httpx
 import psutil
 
 from bench.overhead_lib.chat import chat_body
-from bench.support import GATEWAY_MODEL_ID, ServerProcess, gateway_process, gateway_toml
+from bench.support import (
+    GATEWAY_ENV,
+    GATEWAY_MODEL_ID,
+    gateway_ready,
+    gateway_toml,
+    stop_gateway,
+)
 from harness.fake_vllm import FakeVllm
+from harness.gateway import GatewayProcess
 from harness.ports import free_port
 
 SERVED = "fake-llama"
@@ -59,7 +66,7 @@ def fake_vllm(
 
 
 @contextlib.asynccontextmanager
-async def gateway_before(fake_url: str, *, cache: bool = True) -> AsyncIterator[ServerProcess]:
+async def gateway_before(fake_url: str, *, cache: bool = True) -> AsyncIterator[GatewayProcess]:
     """The real gateway (its own process, a throw-away data dir) in front of ``fake_url``."""
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="semcache-gwbench-") as tmp_name:
@@ -70,13 +77,12 @@ async def gateway_before(fake_url: str, *, cache: bool = True) -> AsyncIterator[
                 data_dir=tmp, port=port, vllm_url=fake_url, served=SERVED, model=None, cache=cache
             )
         )
-        gateway = gateway_process(config, port, tmp / "gateway.log")
-        gateway.start()
+        gateway = GatewayProcess(config, port, GATEWAY_ENV, log=tmp / "gateway.log")
         try:
-            await gateway.wait_ready(180.0)
+            await gateway_ready(gateway)
             yield gateway
         finally:
-            await gateway.stop()
+            await stop_gateway(gateway)
 
 
 @contextlib.contextmanager

@@ -24,17 +24,20 @@ from bench.exact_hit_lib.litellm_proxy import litellm_config
 from bench.exact_hit_lib.targets import NOT_HITS, Target, not_hits, prime
 from bench.exact_hit_lib.workload import CHAT_KINDS, MASTER_KEY
 from bench.support import (
+    GATEWAY_ENV,
     REPO,
     ServerProcess,
     affinity,
     child_env,
-    gateway_process,
+    gateway_ready,
     gateway_toml,
     parse_cores,
     served_model_of,
     stderr_printer,
+    stop_gateway,
     toml_value,
 )
+from harness.gateway import GatewayProcess
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, tiny_llama
 from server.config import GatewayConfig, load_config
@@ -140,15 +143,14 @@ class Bench:
             )
         )
         load_config(config)  # fail here, not in the child, on a bad config
-        graphs = REPO / ".data" / "encoders"
-        if graphs.is_dir():  # MiniLM's exported ONNX graph, not exported again at each start
-            data_dir.mkdir(parents=True, exist_ok=True)
-            (data_dir / "encoders").symlink_to(graphs, target_is_directory=True)
-        child = gateway_process(config, port, self.tmp / f"{name}.log")
-        self.start(child)
-        await child.wait_ready(300.0)
-        say(f"{name} gateway ready at {child.url}")
-        target = Target(name, child.url, self.client(), child.pid, "cf-aig-cache-status", "HIT")
+        # every server on the same core(s); MiniLM's graph is exported once (GatewayProcess)
+        gateway = GatewayProcess(
+            config, port, GATEWAY_ENV, cores=self.server_cores, log=self.tmp / f"{name}.log"
+        )
+        self.stack.push_async_callback(stop_gateway, gateway)
+        await gateway_ready(gateway, 300.0)
+        say(f"{name} gateway ready at {gateway.url}")
+        target = Target(name, gateway.url, self.client(), gateway.pid, "cf-aig-cache-status", "HIT")
         await prime(target)
         if await not_hits(target) < 1:  # the priming miss: the counter is the one to watch
             raise RuntimeError(f"{name}: its embeddings miss did not count in {NOT_HITS[0]}")

@@ -11,6 +11,8 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -24,14 +26,19 @@ from bench.overhead_lib.chat import PROMPT, Target, chat_body, load_client, one_
 from bench.overhead_lib.report import first_errors, report
 from bench.overhead_lib.workload import run_sustained_workload, run_workload
 from bench.support import (
+    GATEWAY_ENV,
     GATEWAY_MODEL_ID,
     REPO,
+    ServerProcess,
     affinity,
-    gateway_process,
+    child_env,
+    gateway_ready,
     gateway_toml,
     served_model_of,
     stderr_printer,
+    stop_gateway,
 )
+from harness.gateway import GatewayProcess
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, tiny_llama
 from server.config import load_config
@@ -39,6 +46,41 @@ from server.config import load_config
 MINIMAL_PROXY = REPO / "bench" / "diagnostics" / "minimal_proxy.py"
 
 say = stderr_printer("overhead")
+
+
+@dataclass
+class Gateway:
+    """What the session measures in the gateway's place: the gateway, or the minimal proxy."""
+
+    url: str
+    pid: int
+    ready: Callable[[float], Awaitable[float]]
+    """Seconds until ``/ready`` answers 200 (every backend healthy), at most the argument."""
+
+
+async def start_gateway(
+    args: argparse.Namespace,
+    stack: contextlib.AsyncExitStack,
+    config: Path,
+    port: int,
+    vllm_url: str,
+    served: str,
+    tmp: Path,
+) -> Gateway:
+    """The gateway (``GatewayProcess``, on this process' cores), or with ``--minimal-proxy``
+    the bare aiohttp proxy in its place; started, stopped when the session ends."""
+    log = tmp / "gateway.log"
+    if args.minimal_proxy:
+        argv = [sys.executable, str(MINIMAL_PROXY), str(port), vllm_url, served]
+        url = f"http://127.0.0.1:{port}"
+        proxy = ServerProcess("minimal proxy", argv, url, log, child_env(), REPO)
+        proxy.start()
+        stack.push_async_callback(proxy.stop)
+        return Gateway(proxy.url, proxy.pid, proxy.wait_ready)
+    gateway = GatewayProcess(config, port, GATEWAY_ENV, log=log)
+    stack.push_async_callback(stop_gateway, gateway)
+    gateway.start(wait=False)
+    return Gateway(gateway.url, gateway.pid, lambda timeout_s: gateway_ready(gateway, timeout_s))
 
 
 async def run(args: argparse.Namespace, vllm_cores: set[int] | None) -> bool:
@@ -106,12 +148,8 @@ async def run(args: argparse.Namespace, vllm_cores: set[int] | None) -> bool:
             )
         )
         load_config(config_path)  # fail here, not in the child, on a bad config
-        gateway = gateway_process(config_path, port, tmp / "gateway.log")
-        if args.minimal_proxy:
-            gateway.command = [sys.executable, str(MINIMAL_PROXY), str(port), vllm_url, served]
-        gateway.start()
-        stack.push_async_callback(gateway.stop)
-        await gateway.wait_ready(180.0)
+        gateway = await start_gateway(args, stack, config_path, port, vllm_url, served, tmp)
+        await gateway.ready(180.0)
         say(f"gateway ready at {gateway.url} (pid {gateway.pid})")
 
         clients = [load_client(args.client) for _ in range(2)]
@@ -134,7 +172,7 @@ async def run(args: argparse.Namespace, vllm_cores: set[int] | None) -> bool:
                 # above run on vLLM's defaults); the gateway re-admits it once it answers.
                 await vllm.stop()
                 vllm = await start_vllm(["--max-num-seqs", str(VLLM_MAX_NUM_SEQS)])
-                await gateway.wait_ready(180.0)
+                await gateway.ready(180.0)
                 for target in targets:  # pooled connections to the old vLLM fail once
                     for _ in range(2):
                         with contextlib.suppress(Exception):

@@ -4,7 +4,6 @@ one policy, the shared tier as L3 and as the batch queue, p1 and d1 behind them.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from harness.cluster.processes import Service
@@ -19,6 +18,7 @@ from harness.cluster.topology import (
     address,
 )
 from harness.cluster.vllm import vllm_url
+from harness.gateway import serve_command
 from harness.vllm_process import REPO_ROOT, TINY_MODEL_NAME
 
 
@@ -99,9 +99,6 @@ def policy(redis_url: str) -> str:
 
 def gateway_service(host: str, run_dir: Path, core: str | None) -> Service:
     """``semcache serve --no-launch`` on ``host`` with its config (on ``core`` if given)."""
-    command = [sys.executable, "-m", "server.cli", "serve", "--no-launch"]
-    command += ["--config", str(run_dir / f"{host}.toml")]
-    if core:
-        command = ["taskset", "-c", core, *command]
+    command = serve_command(run_dir / f"{host}.toml", cores=core)
     env = {"PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     return Service(host, command, env, f"{gateway_url(host)}/ready", GATEWAY_PORT)
