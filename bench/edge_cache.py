@@ -45,8 +45,8 @@ import psutil
 sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.support import GATEWAY_ENV, exit_status, gateway_ready, stderr_printer, stop_gateway
-from bench.wrk import parse_wrk
+from bench.lib.support import GATEWAY_ENV, exit_status, gateway_ready, stderr_printer, stop_gateway
+from bench.lib.wrk import parse_wrk
 from harness.edge import EdgeCache, nginx_binary
 from harness.gateway import GatewayProcess
 from harness.metrics import parse_metric

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.support import GATEWAY_ENV, gateway_ready, gateway_toml, stop_gateway
+from bench.lib.support import GATEWAY_ENV, gateway_ready, gateway_toml, stop_gateway
 from harness.gateway import GatewayProcess
 from harness.ports import free_port
 

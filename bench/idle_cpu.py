@@ -30,7 +30,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.support import GATEWAY_ENV, REPO, gateway_ready, stderr_printer, stop_gateway
+from bench.lib.support import GATEWAY_ENV, REPO, gateway_ready, stderr_printer, stop_gateway
 from harness.gateway import GatewayProcess
 from server.config import DEFAULT_CONFIG
 

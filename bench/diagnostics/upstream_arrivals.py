@@ -25,9 +25,9 @@ import numpy as np
 import orjson
 from aiohttp import web
 
-from bench.diagnostics.gateway_cpu import SERVED, TOKENS, fake_process, gateway_before
-from bench.overhead_lib.chat import chat_body
-from bench.support import GATEWAY_MODEL_ID
+from bench.lib.cpu_probe import SERVED, TOKENS, fake_process, gateway_before
+from bench.lib.overhead.chat import chat_body
+from bench.lib.support import GATEWAY_MODEL_ID
 from harness.fake_vllm import FakeVllm
 
 UID = re.compile(rb'"content":"(\d{7})\.')
