@@ -29,9 +29,10 @@ from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client import Histogram
 
-from backends.fair_queue import FIFO, Band, FairQueue, QueueTicket, Waiter
+from backends.fair_queue import FIFO, FairQueue, Waiter
 from backends.protocol import BackendError
 from backends.servers import ServerState
+from foundation.request import Band, QueueTicket
 
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 

@@ -24,7 +24,7 @@ import numpy as np
 from foundation.package_files import package_file
 
 if TYPE_CHECKING:
-    from backends.protocol import RequestContext
+    from foundation.request import RequestContext
 
 log = logging.getLogger(__name__)
 

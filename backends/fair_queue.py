@@ -20,32 +20,8 @@ import heapq
 import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import Literal
 
-import msgspec
-
-Band = Literal["interactive", "batch", "background"]
-BANDS: tuple[Band, ...] = ("interactive", "batch", "background")
-"""Highest priority first."""
-
-ANONYMOUS = "-"
-
-
-class QueueTicket(msgspec.Struct, frozen=True, kw_only=True):
-    """What the queue knows of a request: set by the server from its ``[queue]`` config."""
-
-    tenant: str = ANONYMOUS
-    band: Band = "interactive"
-    weight: float = 1.0
-    max_queued: int | None = None
-    """Waiters of this tenant (in this pool) past which a new one is refused."""
-    max_wait_s: float | None = None
-    """The longest this request waits (the pool's own ``queue_timeout_s`` bounds it too)."""
-    share_window_s: float = 0.0
-    """How long a flow (a tenant in a band) counts as active after its last request; while
-    two or more are active, each holds at most its weighted share of the pool's slots (see
-    ``backends.admission``). 0: no cap, a free slot goes to whoever asks."""
-
+from foundation.request import BANDS, Band, QueueTicket
 
 FIFO = QueueTicket()
 """A request without a ticket (the queue switched off): one line, first come first served."""

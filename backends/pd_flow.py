@@ -47,10 +47,11 @@ from backends.config import VllmBackend
 from backends.placement import Placement, PromptShape, RouteKey
 from backends.pool import Pool
 from backends.pool_metrics import BackendStats
-from backends.protocol import BackendError, RequestContext
+from backends.protocol import BackendError
 from backends.servers import ServerState
 from backends.upstream import HTTP_ERRORS, HttpSession, http_failure, stream_timeout
 from foundation import tracing as spans
+from foundation.request import RequestContext
 
 _PREFILL_DROPPED = ("stream_options", "min_tokens", "min_completion_tokens")
 _SERVER_STATE = ("previous_response_id", "conversation")

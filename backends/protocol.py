@@ -8,7 +8,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import msgspec
 import numpy as np
 
-from backends.fair_queue import QueueTicket
+from foundation.request import RequestContext
 
 FailureKind = Literal["unreachable", "timeout", "overloaded", "unavailable", "broken"]
 
@@ -48,67 +48,6 @@ class UpstreamRejected(Exception):
             if isinstance(error.get("code"), str):
                 code = error["code"]
         return cls(status, message, code)
-
-
-CacheOutcome = Literal["none", "miss", "exact", "stale", "semantic", "partial", "bypass"]
-"""How the cache answered: not consulted, missed (the backend answered and the answer may
-be stored), an exact hit (fresh or ``stale``), a semantic hit, some items from semantic
-matches (``partial``), or bypassed by the client's directives."""
-
-
-class RequestUsage(msgspec.Struct, kw_only=True):
-    """What one request used and saved, filled in along its way; read once it has ended
-    (by the usage ledger, the limits and the request log)."""
-
-    model: str | None = None
-    route: str | None = None
-    """The policy's name of the route (``chat``, ``embeddings``, …): with ``model``, it
-    names the rule (prices, whether bodies are logged)."""
-    cache: CacheOutcome = "none"
-    prompt_tokens: int = 0
-    """Tokens the backends computed for this request (a hit computes none)."""
-    completion_tokens: int = 0
-    saved_prompt_tokens: int = 0
-    """Tokens a cached answer spared the backends."""
-    saved_completion_tokens: int = 0
-    servers: list[str] = msgspec.field(default_factory=list)
-    """The backend servers that took part, in order (prefill then decode on a P/D hop)."""
-    pd_hop: bool = False
-    """A prefill server computed the prompt and handed its KV to the decode server."""
-    pd_handoff_s: float | None = None
-    """Seconds from the prefill answer to the decode server's first streamed event."""
-    error_code: str | None = None
-
-    def add(self, prompt_tokens: int, completion_tokens: int) -> None:
-        self.prompt_tokens += max(prompt_tokens, 0)
-        self.completion_tokens += max(completion_tokens, 0)
-
-    def saved(self, prompt_tokens: int, completion_tokens: int) -> None:
-        self.saved_prompt_tokens += max(prompt_tokens, 0)
-        self.saved_completion_tokens += max(completion_tokens, 0)
-
-
-class RequestContext(msgspec.Struct, kw_only=True):
-    """Per-request facts a backend may route on; never cache state."""
-
-    request_id: str
-    session_affinity: str | None = None
-    tenant: str | None = None
-    token_id: str | None = None
-    """The API key (``key:<id>``) or config token (its name) that sent the request."""
-    salt_scope: str | None = None
-    """Who may share vLLM's prefix-cache blocks with this request: the answer cache's scope
-    (``tenant:<id>``, ``group:<name>`` or ``shared``, as the policy shares the model's answers);
-    backends derive vLLM's ``cache_salt`` from it."""
-    background: bool = False
-    """A batch item: it runs on idle capacity and never makes batch work yield."""
-    models: frozenset[str] | None = None
-    """The models (ids or aliases) the request's API key may use; ``None``: every model."""
-    usage: RequestUsage = msgspec.field(default_factory=RequestUsage)
-    """What the request used and saved, for the ledger, the limits and the request log."""
-    queue: QueueTicket | None = None
-    """Its place in a full pool's wait queue (band, tenant, weight, bounds); ``None``: first
-    come, first served."""
 
 
 class UpstreamResponse(msgspec.Struct, kw_only=True):

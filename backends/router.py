@@ -23,11 +23,12 @@ from backends.pd_flow import DecodeHop, Plan, PrefillHop, hop_headers
 from backends.placement import Placement, RouteKey, prefix_key, prompt_shape
 from backends.pool import Pool
 from backends.pool_metrics import BackendStats
-from backends.protocol import BackendError, RequestContext, UpstreamResponse
+from backends.protocol import BackendError, UpstreamResponse
 from backends.salt import ANONYMOUS_SCOPE, CacheSalter
 from backends.upstream import HTTP_ERRORS, HttpSession, body_failure
 from backends.vllm_stream import VllmStream, is_server_error_event, read_first_event
 from foundation import tracing as spans
+from foundation.request import RequestContext
 
 
 def placement_attributes(plan: Plan, server: str) -> dict[str, str | bool]:

@@ -18,12 +18,13 @@ from backends.health import HealthMonitor
 from backends.kv.service import KvPlacement
 from backends.pool import Pool, build_pools
 from backends.pool_metrics import BackendStats
-from backends.protocol import RequestContext, UpstreamResponse
+from backends.protocol import UpstreamResponse
 from backends.router import PDRouter
 from backends.salt import CacheSalter
 from backends.servers import ServerLoad, ServerState
 from backends.upstream import HTTP_ERRORS, HttpSession
 from backends.vllm_stream import VllmStream
+from foundation.request import RequestContext
 
 
 class VllmClient:

@@ -31,8 +31,9 @@ from typing import Any
 import orjson
 
 from backends.classifier import LabelScores, TextEncoder
-from backends.protocol import BackendError, RequestContext, UpstreamRejected
+from backends.protocol import BackendError, UpstreamRejected
 from backends.vllm import VllmClient
+from foundation.request import RequestContext
 
 CLASSIFY_PATH = "/classify"
 TOKENIZE_PATH = "/tokenize"

@@ -41,15 +41,15 @@ sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).r
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.config import VllmServer
-from backends.fair_queue import QueueTicket
 from backends.pool import Pool
 from backends.servers import ServerState
 from bench.lib.support import pct, toml_value
 from bench.lib.wrk import parse_wrk
+from foundation.request import QueueTicket
 from harness.gateway import GatewayProcess
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm, test_data_dir
-from server.tenancy.queueing import QueueSettings, Tickets
+from server.envelope.queue_tickets import QueueSettings, Tickets
 
 MODEL = "@cf/test/tiny"
 TOKENS = {"a": "tok-a", "b": "tok-b"}

@@ -68,12 +68,13 @@ from backends.launch.command import Device
 from backends.launch.launcher import Launcher
 from backends.pool_metrics import histogram_totals
 from backends.profiles import LaunchProfile
-from backends.protocol import BackendError, RequestContext
+from backends.protocol import BackendError
 from backends.vllm import VllmClient
 from bench.lib.support import pct_ms, stderr_printer
+from foundation.request import RequestContext
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, test_data_dir, tiny_llama
-from server.speedups import write_bodies_eagerly
+from server.http.internals import write_bodies_eagerly
 
 SHIPPED_DELAY_US = VllmLaunch().nixl_progress_delay_us
 

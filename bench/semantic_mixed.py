@@ -22,7 +22,7 @@ import subprocess
 import time
 
 from backends.classifier import DEFAULT_EXAMPLES
-from semcache.semantic.verified import VerifiedParams
+from semcache.semantic.verified.decisions import VerifiedParams
 from semcache.tuning.mixed import SENTENCES, SOURCES, source_pairs, stream_of_sources
 from semcache.tuning.pairs import (
     EMBEDDING_CACHE_DIR,

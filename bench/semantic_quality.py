@@ -32,8 +32,8 @@ import numpy as np
 from backends.classifier import TextClassifier, load_classifier
 from semcache.semantic.encoder import Encoder
 from semcache.semantic.items import label_margin
-from semcache.semantic.verified import VerifiedParams
-from semcache.semantic.verifier import PairVerifier, load_verifier, pair_features
+from semcache.semantic.pair_verifier import PairVerifier, load_verifier, pair_features
+from semcache.semantic.verified.decisions import VerifiedParams
 from semcache.tuning.calibrate import (
     FIDELITY,
     PairScores,

@@ -1,7 +1,7 @@
 """Request traces (OpenTelemetry): the tracer a request runs under, and spans that cost one
 context-variable read when tracing is off.
 
-The app factory builds a :class:`Tracing` from its config (``server/tracing.py``) and the
+The app factory builds a :class:`Tracing` from its config (``server/telemetry.py``) and the
 request's entry points (the tenancy middleware, the early hits, the batch workers) make it
 the request's tracer with :func:`activate`; every layer below opens spans with :func:`span`
 and passes the trace on to vLLM with :func:`inject`, without being handed a tracer. With

@@ -71,7 +71,7 @@ class GatewayThread:
         import uvicorn
 
         from server.app import create_app
-        from server.uvicorn_config import uvicorn_config
+        from server.http.uvicorn_config import uvicorn_config
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -33,7 +33,7 @@ import msgspec
 import orjson
 
 from foundation.redis_client import RedisClient, open_redis, ready_for_pubsub
-from semcache.generation import Generation
+from semcache.change_counter import Generation
 from semcache.keys import scope_for
 from semcache.tiers.base import Store
 from semcache.tiers.redis import OUTAGE_ERRORS, RedisLink

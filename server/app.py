@@ -21,44 +21,52 @@ from backends.registry import ModelRegistry, ModelSpec, build_registry
 from foundation.clock import AdjustableClock
 from semcache.exact import open_exact_cache
 from semcache.ledger import open_ledger
-from semcache.policy import PolicyHolder
+from semcache.policy import PolicyError, PolicyHolder
 from semcache.semantic.service import SemanticService
+from server import health
+from server.admin import api_keys, debug_clock, pools
+from server.admin import routes as admin
 from server.apidoc.document import docs_router, openapi_config
-from server.apikeys.admin import KeyAdmin
-from server.apikeys.factory import build_key_view
-from server.auth import TokenAuth, policy_admin_token
+from server.batch.system import BatchSystem
 from server.config import GatewayConfig
 from server.dashboard.formats import template_config
 from server.dashboard.routes import DashboardState, dashboard_router
 from server.dashboard.series import CounterSeries
-from server.draining import Drain, drain_middleware
 from server.encoders import load_encoder
+from server.envelope.early_hits import EarlyHits
+from server.envelope.middleware import Envelope, envelope_middleware
+from server.envelope.queue_tickets import Tickets
+from server.envelope.request_log import RequestLog
 from server.errors import handle_exception
-from server.membership.factory import build_membership
+from server.gateway_api import cached_answer, usage
+from server.guard.guardrails import Scorer
+from server.guard.inspector import Guard
+from server.guard.metrics import GuardMetrics
+from server.http.draining import Drain
+from server.http.internals import before_routing, write_bodies_eagerly
+from server.identity.api_keys.admin import KeyAdmin
+from server.identity.api_keys.factory import build_key_view
+from server.identity.auth import TokenAuth, policy_admin_token
+from server.limits.limiter import build_limiter
 from server.metrics import GatewayMetrics
 from server.openai.batches import api_router as batches_routes
 from server.openai.batches.protocol import PAYLOAD_KEY
-from server.openai.batches.runner import OpenAIItemRunner
 from server.openai.batches.serving import BatchesServing
 from server.openai.chat_completion import api_router as chat_completion
 from server.openai.completion import api_router as completion
-from server.openai.early_hits import EarlyHits
+from server.openai.families import build_openai
 from server.openai.files import api_router as files_routes
-from server.openai.files.serving import FilesServing
 from server.openai.models import api_router as models
 from server.openai.pooling import api_router as pooling
 from server.openai.responses import api_router as responses
-from server.openai.serving import OpenAIServing
 from server.openai.stores import build_stores
-from server.routes import admin, api_keys, cached_answer, debug_clock, health, pools, usage
-from server.speedups import before_routing, write_bodies_eagerly
-from server.tenancy.limits.limiter import build_limiter
-from server.tenancy.middleware import Tenancy, tenancy_middleware
-from server.tenancy.queueing import Tickets
-from server.tenancy.request_log import RequestLog
-from server.tracing import build_tracing
+from server.pools.factory import build_membership
+from server.serving.core import ServingCore
+from server.serving.generation import Generation
+from server.serving.pooling import Pooling
+from server.telemetry import build_tracing
 from server.workers_ai import api_router as workers_ai_routes
-from server.workers_ai.serving import open_workers_ai
+from server.workers_ai.serving import WorkersAIServing
 
 log = logging.getLogger("semcache.server")
 
@@ -134,10 +142,12 @@ def create_app(
     # the vLLM servers: in-flight, health, errors, P/D hops, hand-off latency, their own counters
     metrics.registry.register(BackendCollector(registry.generation.values()))
     policy = PolicyHolder(config.policy)  # invalid → PolicyError: the server refuses to start
-    serving = OpenAIServing(registry, metrics, policy)
+    core = ServingCore(registry, metrics, policy)
+    generation = Generation(core)
+    pooling_core = Pooling(core, generation)
     # Built now, loaded on first use: the semantic cache and the classifiers' encoder.
     tiers = policy.current.tiers
-    serving.semantic = SemanticService(
+    core.semantic = SemanticService(
         directory=config.data_path() / tiers.semantic.dir if config.cache else None,
         redis_url=tiers.redis.url if config.cache else None,
         redis_prefix=tiers.redis.prefix,
@@ -147,13 +157,16 @@ def create_app(
         registry=metrics.registry,
     )
 
+    core.guard = guard = Guard(
+        GuardMetrics(metrics.registry), Scorer(registry, core.semantic.encoder)
+    )
+    if (problem := guard.check_models(policy.current)) is not None:
+        raise PolicyError(problem)  # a guardrail names no classifier: refuse to start
+
     files_settings = config.batch.files
     openai_dir = Path(files_settings.dir) if files_settings.dir else config.data_path() / "openai"
     openai_dir = openai_dir.expanduser()
     stores = build_stores(config.batch, openai_dir)  # Redis when the batch queue is shared
-    batches = BatchesServing(stores.batches, stores.files, registry, config.batch)
-    openai_items = OpenAIItemRunner(serving, batches.stop_reason)
-    serving.responses.owners = stores.responses
     key_view = build_key_view(
         config.keys,
         data_dir=config.data_path(),
@@ -199,19 +212,40 @@ def create_app(
         else None
     )
     tickets = Tickets(config.queue)
-    tenancy = Tenancy(
+    drain = Drain()  # SIGTERM: `semcache serve` drains (server/http/draining.py)
+    envelope = Envelope(
         auth=auth,
         metrics=metrics,
         policy=policy,
+        drain=drain,
         request_log=request_log,
-        ledger=ledger,
+        ledger=ledger if config.ledger.enabled else None,
         limiter=limiter,
         max_body_bytes=config.server.max_body_bytes,
         tracing=tracing,
         clock=clock,
     )
+    batch_system = BatchSystem(
+        config.batch,
+        config.data_path(),
+        registry,
+        metrics.registry,
+        accounting=envelope.finish_item,
+        tracing=tracing,
+        tickets=tickets,
+    )
+    openai = build_openai(
+        core,
+        generation,
+        pooling_core,
+        stores,
+        batch_system,
+        max_file_bytes=files_settings.max_bytes,
+    )
+    workers_ai = WorkersAIServing(core, generation, pooling_core, batch_system)
+    batch_system.register(workers_ai)  # items a Workers-AI batch queued
+    batch_system.register(openai.item_runner(), key=PAYLOAD_KEY)  # lines of OpenAI batches
     dashboard = DashboardState(CounterSeries(metrics.registry))
-    drain = Drain()  # SIGTERM: `semcache serve` drains (server/draining.py)
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -230,31 +264,21 @@ def create_app(
             if not classifier.uses_encoder:  # vLLM classifiers: their tokenizer
                 await classifier.start()
         if config.cache:
-            serving.cache = await open_exact_cache(
+            core.cache = await open_exact_cache(
                 policy.current.tiers,
                 data_dir=config.data_path(),
                 registry=metrics.registry,
                 clock=adjustable,  # None: the system's clock
             )
         reload_on_sighup(policy)
-        if serving.semantic is not None and serving.semantic.redis_url and semantic_used(policy):
+        await guard.warm(policy.current)  # the detectors a rule names, built off the loop
+        if core.semantic is not None and core.semantic.redis_url and semantic_used(policy):
             # Subscribe to the other gateways' entries now, not at the first request.
-            serving.semantic.warm()
-        app.state.workers_ai = await open_workers_ai(
-            config,
-            serving,
-            registry,
-            metrics.registry,
-            item_runners={PAYLOAD_KEY: openai_items},
-            accounting=tenancy.finish_item,
-            tracing=tracing,
-            tickets=tickets,
-        )
-        if app.state.workers_ai.batch is not None:
-            batches.queue = app.state.workers_ai.batch.queue
-        if app.state.workers_ai.workers is not None:  # live /v1 requests: batch work yields
-            serving.state.live_request = app.state.workers_ai.workers.gates.live_request
-        sweeper = asyncio.create_task(sweep_batches(batches), name="openai-batch-sweep")
+            core.semantic.warm()
+        await batch_system.start()
+        if batch_system.enabled:  # live requests: batch work on their backend yields
+            core.live = batch_system
+        sweeper = asyncio.create_task(sweep_batches(openai.batches), name="openai-batch-sweep")
         sampler = asyncio.create_task(dashboard.series.run(), name="dashboard-series")
         try:
             yield
@@ -262,14 +286,13 @@ def create_app(
             sweeper.cancel()
             sampler.cancel()
             await asyncio.gather(sweeper, sampler, return_exceptions=True)
-            batches.queue = None
-            serving.state.live_request = None
-            await app.state.workers_ai.aclose()  # batch workers stop before the cache closes
-            if serving.semantic is not None:
-                await serving.semantic.aclose()
-            if serving.cache is not None:
-                await serving.cache.aclose()
-                serving.cache = None
+            core.live = None
+            await batch_system.aclose()  # batch workers stop before the cache closes
+            if core.semantic is not None:
+                await core.semantic.aclose()
+            if core.cache is not None:
+                await core.cache.aclose()
+                core.cache = None
             if membership is not None:  # before the pools close: no change lands after
                 await membership.aclose()
             await registry.aclose()
@@ -307,16 +330,17 @@ def create_app(
             {
                 "registry": registry,
                 "metrics": metrics,
-                "serving": serving,
+                "core": core,
+                **openai.state(),
+                "workers_ai": workers_ai,
+                "batch_system": batch_system,
                 "config": config,
                 "policy": policy,
                 "auth": auth,
-                "tenancy": tenancy,
+                "envelope": envelope,
                 "queue_tickets": tickets,
                 "drain": drain,
                 "ledger": ledger,
-                "files": FilesServing(stores.files, files_settings.max_bytes),
-                "batches": batches,
                 "dashboard": dashboard,
                 "tracing": tracing,
                 "api_keys": key_admin,
@@ -324,7 +348,7 @@ def create_app(
                 "clock": adjustable,
             }
         ),
-        middleware=[drain_middleware(drain), tenancy_middleware(tenancy)],
+        middleware=[envelope_middleware(envelope)],
         exception_handlers={Exception: handle_exception},
         template_config=template_config(),
         lifespan=[lifespan],
@@ -333,5 +357,7 @@ def create_app(
         logging_config=None,
     )
     if config.server.early_hits:
-        before_routing(app, partial(EarlyHits, state=serving.state, tenancy=tenancy, drain=drain))
+        early = EarlyHits(core, envelope)
+        before_routing(app, early.wrap)
+        core.hits = early
     return app

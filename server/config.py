@@ -12,14 +12,14 @@ import msgspec
 from backends.config import BackendConfig, VllmBackend
 from foundation.package_files import package_file
 from semcache.ledger.settings import LedgerSettings
-from server.apikeys.settings import KeySettings
-from server.auth import AuthSettings
 from server.batch.settings import BatchSettings
-from server.membership.settings import MembershipSettings
-from server.tenancy.limits.settings import LimitSettings
-from server.tenancy.queueing import QueueSettings
-from server.tenancy.request_log import RequestLogSettings
-from server.tracing import TracingSettings
+from server.envelope.queue_tickets import QueueSettings
+from server.envelope.request_log import RequestLogSettings
+from server.identity.api_keys.settings import KeySettings
+from server.identity.auth import AuthSettings
+from server.limits.settings import LimitSettings
+from server.pools.settings import MembershipSettings
+from server.telemetry import TracingSettings
 
 Task = Literal["chat", "embeddings", "classification"]
 
@@ -35,10 +35,10 @@ class ServerSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ready_timeout_s: float = 900.0
     """How long `semcache serve` waits for launched backends to become healthy."""
     drain_timeout_s: float = 30.0
-    """On SIGTERM, how long requests in flight may take to finish (server/draining.py)."""
+    """On SIGTERM, how long requests in flight may take to finish (server/http/draining.py)."""
     early_hits: bool = True
     """Answer byte-identical repeats of cached requests before routing
-    (server/openai/early_hits.py); false sends every request through its route."""
+    (server/envelope/early_hits.py); false sends every request through its route."""
 
 
 class DebugSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -74,21 +74,21 @@ class GatewayConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     models: list[ModelEntry] = msgspec.field(default_factory=list)
     backends: list[BackendConfig] = msgspec.field(default_factory=list)
     auth: AuthSettings = msgspec.field(default_factory=AuthSettings)
-    """API tokens of every route and the tenants they belong to (server/auth.py)."""
+    """API tokens of every route and the tenants they belong to (server/identity/auth.py)."""
     request_log: RequestLogSettings = msgspec.field(default_factory=RequestLogSettings)
-    """One JSON line per request (server/tenancy/request_log.py)."""
+    """One JSON line per request (server/envelope/request_log.py)."""
     batch: BatchSettings = msgspec.field(default_factory=BatchSettings)
     """Asynchronous batches (Workers AI ``queueRequest``): the queue and its workers."""
     limits: LimitSettings = msgspec.field(default_factory=LimitSettings)
     """Default rate limits and budgets of every token (a token entry may override them)."""
     queue: QueueSettings = msgspec.field(default_factory=QueueSettings)
-    """How requests wait for a full pool: bands, fair shares (server/tenancy/queueing.py)."""
+    """How requests wait for a full pool: bands, fair shares (server/envelope/queue_tickets.py)."""
     ledger: LedgerSettings = msgspec.field(default_factory=LedgerSettings)
     """The usage and cost ledger: SQLite under the data dir, or Redis counters."""
     tracing: TracingSettings = msgspec.field(default_factory=TracingSettings)
-    """OpenTelemetry traces of every request (server/tracing.py); off by default."""
+    """OpenTelemetry traces of every request (server/telemetry.py); off by default."""
     keys: KeySettings = msgspec.field(default_factory=KeySettings)
-    """API keys made through the admin API: their store and hash (server/apikeys/)."""
+    """API keys made through the admin API: their store and hash (server/identity/api_keys/)."""
     pools: MembershipSettings = msgspec.field(default_factory=MembershipSettings)
     """Where servers added and drained at run time are kept (server/membership/)."""
     debug: DebugSettings = msgspec.field(default_factory=DebugSettings)

@@ -19,6 +19,7 @@ from tests.semcache.conftest import (
     redis_cluster,
     redis_factory,
     redis_installed,
+    redis_prefix,
     redis_server,
     shared_redis_url,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "redis_cluster",
     "redis_factory",
     "redis_installed",
+    "redis_prefix",
     "redis_server",
     "shared_redis_url",
 ]  # shared fixtures

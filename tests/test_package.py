@@ -131,7 +131,7 @@ def test_the_installed_wheel_finds_its_defaults_inside_itself(wheel: Path, tmp_p
 import server
 from backends.classifier import DEFAULT_EXAMPLES, DEFAULT_HEAD
 from semcache.policy import DEFAULT_POLICY
-from semcache.semantic.verifier import DEFAULT_VERIFIER_DIR, load_verifier
+from semcache.semantic.pair_verifier import DEFAULT_VERIFIER_DIR, load_verifier
 from server.config import DEFAULT_CONFIG
 load_verifier()
 for path in (server.__file__, DEFAULT_CONFIG, DEFAULT_POLICY, DEFAULT_VERIFIER_DIR,

@@ -6,7 +6,7 @@ side-channel port of its own, and waits until it is healthy. It runs detached fr
 (its own session, no parent-death signal) and is recorded in
 ``<data_dir>/scaled/<backend>-<role>.json``. ``-1`` takes the last record back and stops that
 server's process group. Joining and leaving the gateways is the command's part (their admin
-API, ``server.routes.pools``): this module never talks to a gateway.
+API, ``server.admin.pools``): this module never talks to a gateway.
 """
 
 from __future__ import annotations

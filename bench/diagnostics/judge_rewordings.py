@@ -4,10 +4,10 @@
     .venv/bin/python -m bench.diagnostics.judge_rewordings --url http://127.0.0.1:8391
 
 A verified partition learns from judged explores: the backend's answer to the new request
-against the cached answer to its nearest entry (``semcache.semantic.judge``). This asks the
-gateway's chat model both questions of QQP test pairs at temperature 0 (``no-store``, so
-the cache answers nothing) and judges the two answers with the ``exact`` and ``embedding``
-judges, in three groups:
+against the cached answer to its nearest entry (``semcache.semantic.verified.judges``).
+This asks the gateway's chat model both questions of QQP test pairs at temperature 0
+(``no-store``, so the cache answers nothing) and judges the two answers with the ``exact``
+and ``embedding`` judges, in three groups:
 
 - pairs QQP labels duplicates (the stream evaluation counts a hit between them as right);
 - pairs the label calls different that are the same question reworded (the questions were
@@ -24,7 +24,7 @@ import asyncio
 
 import httpx
 
-from semcache.semantic.judge import EmbeddingJudge, ExactJudge, Judge
+from semcache.semantic.verified.judges import EmbeddingJudge, ExactJudge, Judge
 from server.encoders import load_encoder
 
 GROUPS: dict[str, list[tuple[str, str]]] = {

@@ -23,7 +23,7 @@ import msgspec
 from foundation import tracing as spans
 from semcache.entry import CachedAnswer
 from semcache.exact.coalescing import Flight, Flights
-from semcache.exact.freshness import judge
+from semcache.exact.freshness import freshness
 from semcache.exact.request import CacheControl, CacheRequest, CacheResult, CacheStatus, Fill
 from semcache.exact.revalidation import Refreshes
 from semcache.exact.tier_stack import TierStack
@@ -219,7 +219,7 @@ class ExactCache:
             current = epochs.for_key(key.model_id, key.scope) == key.epochs
             if not current or epochs.purged(key.short_id, entry.tags, entry.epochs):
                 continue
-            status, age = judge(entry, CacheControl(), now)
+            status, age = freshness(entry, CacheControl(), now)
             if status is CacheStatus.EXPIRED:
                 continue
             tier = self.tiers.store_at(i).tier
@@ -289,7 +289,7 @@ class ExactCache:
         entry = await self.memory.get(req.key.digest)
         if entry is None or req.epochs.purged(req.key.short_id, entry.tags, entry.epochs):
             return None
-        status, _ = judge(entry, req.control, self.clock())
+        status, _ = freshness(entry, req.control, self.clock())
         return entry if status is CacheStatus.HIT else None
 
     async def claim(self, req: CacheRequest, refresh: Fill) -> CacheResult | Flight:

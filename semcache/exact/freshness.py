@@ -6,7 +6,7 @@ from semcache.entry import CachedAnswer
 from semcache.exact.request import CacheControl, CacheStatus
 
 
-def judge(entry: CachedAnswer, ctl: CacheControl, now: float) -> tuple[CacheStatus, float]:
+def freshness(entry: CachedAnswer, ctl: CacheControl, now: float) -> tuple[CacheStatus, float]:
     """The entry's status at ``now`` under the request's control, and its age in seconds.
 
     Fresh for its TTL, then stale for its ``swr_s``; a request ``max-age`` shortens the fresh

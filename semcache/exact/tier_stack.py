@@ -18,7 +18,7 @@ import msgspec
 
 from foundation import tracing as spans
 from semcache.entry import CachedAnswer, IntegrityError, decode_entry, encode_entry
-from semcache.exact.freshness import judge
+from semcache.exact.freshness import freshness
 from semcache.exact.request import CacheRequest, CacheStatus
 from semcache.exact.tier_errors import TierErrors
 from semcache.metrics import CacheMetrics
@@ -121,7 +121,7 @@ class TierStack:
                     self.metrics.purged_reads.labels(store.tier).inc()
                 await self._delete(store, req.key.digest)
                 continue
-            status, age = judge(entry, req.control, now)
+            status, age = freshness(entry, req.control, now)
             if status is CacheStatus.EXPIRED:
                 expired = True
                 continue

@@ -4,7 +4,7 @@ The cache stores no answers: an entry points (``payload_ref``) to the answer the
 keeps in the exact tiers. A lookup returns, for each input text, the best cached entry
 that passes the rule's threshold (and the verifier, when the rule asks for it), or None
 (``semcache.semantic.match``); a verified partition's lookup also decides whether to serve
-or explore (``semcache.semantic.verified_lookup``). Inserts, observations and removals are
+or explore (``semcache.semantic.verified.lookup``). Inserts, observations and removals are
 kept durably in the record store and published to the other gateways through the feed.
 """
 
@@ -24,14 +24,18 @@ from semcache.semantic.encoder import Encoder
 from semcache.semantic.feed import EntryFeed
 from semcache.semantic.index import LoadReport, SemanticIndex
 from semcache.semantic.match import Match, best_matches, effective_threshold
+from semcache.semantic.pair_verifier import PairVerifier
 from semcache.semantic.partition_types import Limits
 from semcache.semantic.reconcile import reconcile
 from semcache.semantic.records import PartitionKey, SemanticRecord, vector_bytes
 from semcache.semantic.settings import SemanticRule
 from semcache.semantic.store import RecordStore
-from semcache.semantic.verified import Decision, Observation
-from semcache.semantic.verified_lookup import ExploreBudget, verified_candidate, verified_params
-from semcache.semantic.verifier import PairVerifier
+from semcache.semantic.verified.decisions import Decision, Observation
+from semcache.semantic.verified.lookup import (
+    ExploreBudget,
+    verified_candidate,
+    verified_params,
+)
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +142,7 @@ class SemanticCache:
         vectors: np.ndarray | None = None,
     ) -> tuple[Match, Decision] | None:
         """The nearest candidate of a verified partition and whether to serve or explore it
-        (see ``semcache.semantic.verified_lookup``)."""
+        (see ``semcache.semantic.verified.lookup``)."""
         if vectors is None:
             vectors = await self.encoder.encode([text])
         threshold = effective_threshold(rule, tighten_threshold)

@@ -30,7 +30,7 @@ from semcache.semantic.partition_types import (
 )
 from semcache.semantic.records import IndexEntry, PartitionKey, SemanticRecord, vector_bytes
 from semcache.semantic.vector_index import VectorIndex, as_matrix
-from semcache.semantic.verified import (
+from semcache.semantic.verified.decisions import (
     Decision,
     Observation,
     PartitionPrior,

@@ -7,7 +7,7 @@ import hashlib
 import msgspec
 import numpy as np
 
-from semcache.semantic.verified import Observation
+from semcache.semantic.verified.decisions import Observation
 
 
 class PartitionKey(msgspec.Struct, frozen=True, kw_only=True):
@@ -41,7 +41,7 @@ class IndexEntry(msgspec.Struct, kw_only=True, gc=False):
     """Unix time after which the entry is never served and is removed."""
     created_at: float
     observations: list[Observation] = []
-    """Judged explores of a verified partition (``semcache.semantic.verified``)."""
+    """Judged explores of a verified partition (``semcache.semantic.verified.decisions``)."""
 
 
 class SemanticRecord(msgspec.Struct, kw_only=True):

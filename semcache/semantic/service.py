@@ -25,10 +25,10 @@ from semcache.semantic.cache import SemanticCache
 from semcache.semantic.encoder import Encoder
 from semcache.semantic.feed import FeedEvent, RedisEntryFeed
 from semcache.semantic.index import SemanticIndex
+from semcache.semantic.pair_verifier import PairVerifier, load_verifier
 from semcache.semantic.partition_types import IndexSettings
 from semcache.semantic.records import PartitionKey
 from semcache.semantic.store import RecordStore
-from semcache.semantic.verifier import PairVerifier, load_verifier
 
 log = logging.getLogger(__name__)
 

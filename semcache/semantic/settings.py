@@ -34,7 +34,7 @@ class SemanticRule(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """``static``: serve every match past the threshold (and verifier). ``verified`` (chat
     only): each entry learns from judged explores when its answer is right, and is served
     only while the share of wrong answers served stays under ``max_error``
-    (``semcache.semantic.verified``); ``threshold`` is then the floor of candidates."""
+    (``semcache.semantic.verified.decisions``); ``threshold`` is then the floor of candidates."""
     max_error: Fraction = 0.05
     """Verified: the bound on the share of wrong answers among those served."""
     min_observations: PosInt = 10

@@ -31,7 +31,7 @@ from typing import Any
 
 import diskcache
 
-from semcache.generation import Generation
+from semcache.change_counter import Generation
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ import numpy as np
 from tqdm import tqdm
 
 from semcache.semantic.encoder import Encoder
-from semcache.semantic.verifier import PairVerifier, pair_features
+from semcache.semantic.pair_verifier import PairVerifier, pair_features
 from semcache.tuning.pairs import EmbeddedTexts, Pair, embed_texts, load_pairs, unique_texts
 
 Task = Literal["chat", "classification", "embeddings"]
@@ -367,7 +367,7 @@ def calibrate_file(
     """
     if task == "classification" and classifier_factory is None:
         raise ValueError("classification calibration needs a classifier")
-    from semcache.semantic.verifier import load_verifier
+    from semcache.semantic.pair_verifier import load_verifier
 
     verifier = load_verifier() if use_verifier else None
 

@@ -27,8 +27,8 @@ import msgspec
 import numpy as np
 
 from semcache.semantic.encoder import Encoder
-from semcache.semantic.verified import VerifiedParams
-from semcache.semantic.verifier import PairVerifier
+from semcache.semantic.pair_verifier import PairVerifier
+from semcache.semantic.verified.decisions import VerifiedParams
 from semcache.tuning.stream_build import (
     Stream,
     build_repeated_stream,
@@ -182,7 +182,7 @@ def compare_stream(
 ) -> list[Comparison]:
     """``compare`` on a built stream with ``encoder`` (and the verifier); blocking; closes
     the encoder. ``cache_dir``: keep the texts' vectors there (``embed_texts``)."""
-    from semcache.semantic.verifier import load_verifier
+    from semcache.semantic.pair_verifier import load_verifier
     from semcache.tuning.pairs import embed_texts
 
     try:

@@ -4,7 +4,7 @@ Each policy sees the same stream, as requests to one cache partition:
 
 - static: the nearest entry is served when its score reaches a fixed threshold, else the
   request is a miss and its question becomes an entry;
-- verified (``semcache.semantic.verified``): the nearest entry at or above the candidate
+- verified (``semcache.semantic.verified.decisions``): the nearest entry at or above the candidate
   floor is served or explored; an explored request is judged, the observation is added to
   the entry, and its question becomes an entry of its own when the judge says the cached
   answer was wrong.
@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 import msgspec
 import numpy as np
 
-from semcache.semantic.verified import (
+from semcache.semantic.verified.decisions import (
     Action,
     Observation,
     PartitionPrior,

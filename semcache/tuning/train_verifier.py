@@ -20,7 +20,7 @@ import numpy as np
 from tqdm import tqdm
 
 from semcache.semantic.encoder import Encoder
-from semcache.semantic.verifier import (
+from semcache.semantic.pair_verifier import (
     DEFAULT_VERIFIER_DIR,
     FEATURE_SPEC,
     PairVerifier,

@@ -30,7 +30,7 @@ from server.apidoc.operation import BEARER, REF_TEMPLATE, DocumentedOperation, P
 DOCUMENT_PATH = "/openapi.json"
 DOCS_PATH = "/docs"
 PUBLIC = {"auth": "public"}
-"""No token needed (``server.tenancy.middleware``)."""
+"""No token needed (``server.envelope.middleware``)."""
 
 DESCRIPTION = """\
 An OpenAI-compatible gateway with exact and semantic caching in front of vLLM, and

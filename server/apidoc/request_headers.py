@@ -1,4 +1,4 @@
-"""The request headers the document lists: those ``server.caching.directives_from`` and the
+"""The request headers the document lists: those ``cache_headers.directives_from`` and the
 request context read (unknown or malformed values are ignored, never an error)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Final
 
 from server.apidoc.operation import Field
-from server.caching import SEMANTIC_THRESHOLD_HEADER
+from server.serving.cache_headers import SEMANTIC_THRESHOLD_HEADER
 
 STRING: Final = {"type": "string"}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from backends.protocol import RequestContext
+from foundation.request import RequestContext
 from server.batch.results import ItemOutcome, ItemRunner
 
 

@@ -6,7 +6,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from backends.protocol import RequestContext
+from foundation.request import RequestContext
 
 
 class ItemOutcome(msgspec.Struct, kw_only=True):

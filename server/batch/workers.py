@@ -23,8 +23,8 @@ from typing import Any, Literal
 import msgspec
 import orjson
 
-from backends.protocol import RequestContext
 from foundation import tracing as spans
+from foundation.request import RequestContext
 from foundation.tracing import Tracing
 from server.batch.gates import BackendGate, CapacityGates
 from server.batch.metrics import BatchMetrics
@@ -32,7 +32,7 @@ from server.batch.queue.base import BatchQueue, WorkItem
 from server.batch.results import ItemOutcome, ItemRunner, StoredItem, response_object
 from server.batch.settings import BatchSettings
 from server.batch.traces import item_span
-from server.tenancy.queueing import Tickets
+from server.envelope.queue_tickets import Tickets
 
 log = logging.getLogger("semcache.batch")
 

@@ -15,7 +15,7 @@ from backends.launch.scale import ScaleRecords, pool_of, start_server, stop_serv
 from server.cli.console import load_or_exit, say
 from server.cli.options import env_option
 from server.config import GatewayConfig
-from server.tracing import vllm_traces_endpoint
+from server.telemetry import vllm_traces_endpoint
 
 
 def launcher(config: GatewayConfig) -> Launcher:

@@ -53,7 +53,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _calibrate_stream(args: argparse.Namespace) -> int:
     """``calibrate --stream``: verified caching vs static thresholds on a replayed stream."""
-    from semcache.semantic.verified import VerifiedParams
+    from semcache.semantic.verified.decisions import VerifiedParams
     from semcache.tuning.stream_eval import compare_file
     from semcache.tuning.stream_report import format_comparison
 
@@ -79,7 +79,7 @@ def _calibrate_stream(args: argparse.Namespace) -> int:
 def _calibrate_mixed(args: argparse.Namespace) -> int:
     """``calibrate --stream --sources a,b``: the stream evaluation on a mixed workload."""
     from backends.classifier import DEFAULT_EXAMPLES
-    from semcache.semantic.verified import VerifiedParams
+    from semcache.semantic.verified.decisions import VerifiedParams
     from semcache.tuning.mixed import mixed_stream
     from semcache.tuning.pairs import PARAPHRASE_PAIRS, QQP_PAIRS
     from semcache.tuning.stream_eval import compare_stream

@@ -16,7 +16,7 @@ import httpx
 import msgspec
 
 from server.cli.options import env_option
-from server.tenancy.limits.settings import LimitSettings
+from server.limits.settings import LimitSettings
 
 LIST_COLUMNS = ("id", "tenant", "name", "status", "models", "expires", "last used")
 

@@ -13,13 +13,13 @@ from typing import Any
 from backends.launch.process import VllmStartError
 from semcache.policy import PolicyError, load_policy
 from server.app import create_app, registry_from_config
-from server.auth import describe, exposure_problem
 from server.cli.backends import launcher
 from server.cli.console import load_or_exit, say
 from server.cli.options import env_option
 from server.config import GatewayConfig
-from server.draining import DrainingServer
-from server.uvicorn_config import uvicorn_config
+from server.http.draining import DrainingServer
+from server.http.uvicorn_config import uvicorn_config
+from server.identity.auth import describe, exposure_problem
 
 
 async def _serve(config: GatewayConfig, launch: bool) -> None:

@@ -14,11 +14,11 @@ import msgspec
 from litestar import Request, Response, post
 from litestar.params import FromPath
 
-from server.apikeys.admin import Actor, KeyAdmin
-from server.apikeys.records import KeyCreate
-from server.auth import Principal, TokenAuth
 from server.errors import ApiError
-from server.openai.routing import parse_body
+from server.http.respond import parse_body
+from server.identity.api_keys.admin import Actor, KeyAdmin
+from server.identity.api_keys.records import KeyCreate
+from server.identity.auth import Principal, TokenAuth
 
 KEYS_NOTE = "API keys are off on this gateway ([keys] enabled = false)"
 

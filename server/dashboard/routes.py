@@ -3,7 +3,7 @@
 Every page is a Jinja template rendered from the same dict its JSON endpoint
 (``/dashboard/api/<page>``) returns; ``static/dashboard.js`` re-fetches the page's data
 section and its charts' columns every few seconds. Every page and endpoint needs the admin
-token (``server.routes.admin.require_admin``): sent as ``Authorization: Bearer``, or kept by the
+token (``server.admin.routes.require_admin``): sent as ``Authorization: Bearer``, or kept by the
 browser in an HttpOnly, SameSite=Strict cookie set by the login form.
 """
 
@@ -25,14 +25,15 @@ from litestar.static_files import create_static_files_router
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from foundation.package_files import package_file
+from server.admin.routes import PurgeRequest, purge_caches
 from server.dashboard import figures as fig
 from server.dashboard import keys as dashboard_keys
 from server.dashboard.keys import keys_page
 from server.dashboard.series import WINDOWS, CounterSeries
+from server.envelope.context import require_admin
+from server.envelope.middleware import Envelope
 from server.errors import ApiError
-from server.openai.routing import parse_body
-from server.routes.admin import PurgeRequest, purge_caches, require_admin
-from server.tenancy.middleware import Tenancy
+from server.http.respond import parse_body
 
 PAGES = ("overview", "tenants", "keys", "backends", "cache", "batches", "requests")
 COOKIE = "semcache_admin"
@@ -111,6 +112,7 @@ async def overview(request: Request[Any, Any, Any]) -> dict[str, Any]:
         "latency_p99_s": fig.quantile(hist["latency"], 0.99),
         "ttft_p50_s": fig.quantile(hist["ttft"], 0.5),
         "ttft_p99_s": fig.quantile(hist["ttft"], 0.99),
+        "content": fig.content_findings(samples),
         "windows": list(WINDOWS),
     }
 
@@ -118,7 +120,7 @@ async def overview(request: Request[Any, Any, Any]) -> dict[str, Any]:
 async def backends(request: Request[Any, Any, Any]) -> dict[str, Any]:
     samples = fig.read_samples(request.app.state.metrics.registry)
     partitions = []
-    semantic = request.app.state.serving.semantic
+    semantic = request.app.state.core.semantic
     cache = semantic.loaded if semantic is not None else None
     if cache is not None:
         for key in cache.index.keys():
@@ -143,7 +145,7 @@ async def backends(request: Request[Any, Any, Any]) -> dict[str, Any]:
 
 async def cache(request: Request[Any, Any, Any]) -> dict[str, Any]:
     samples = fig.read_samples(request.app.state.metrics.registry)
-    exact = request.app.state.serving.cache
+    exact = request.app.state.core.cache
     tiers: list[dict[str, Any]] = []
     if exact is not None:
         if exact.memory is not None:
@@ -175,8 +177,8 @@ async def batches(request: Request[Any, Any, Any]) -> dict[str, Any]:
     counts = [b.request_counts for b in unfinished]
     shown = request.query_params.get("batch")
     chosen = next((b for b in recent if b.id == shown), recent[0] if recent else None)
-    wai = request.app.state.workers_ai
-    depth = await wai.batch.queue.depth() if wai.batch is not None else None
+    queue = request.app.state.batch_system.queue
+    depth = await queue.depth() if queue is not None else None
     return {
         "queue": msgspec.to_builtins(depth) if depth is not None else None,
         "running": fig.total(samples, "semcache_batch_running"),
@@ -238,7 +240,7 @@ async def tenants(request: Request[Any, Any, Any]) -> dict[str, Any]:
 
 async def _limits(request: Request[Any, Any, Any]) -> list[dict[str, Any]]:
     """Each configured token's limits and what remains of them."""
-    tenancy: Tenancy = request.app.state.tenancy
+    tenancy: Envelope = request.app.state.envelope
     if tenancy.limiter is None:
         return []
     out = []
@@ -372,7 +374,7 @@ async def purge(request: Request[Any, Any, Any]) -> Response[bytes]:
     req = msgspec.convert(parse_body(await request.body()), PurgeRequest)
     if req.kind != "all" and not req.target:
         raise ApiError(400, f"Purge by {req.kind} needs a `target`.", param="target")
-    result = msgspec.to_builtins(await purge_caches(request.app.state.serving, req))
+    result = msgspec.to_builtins(await purge_caches(request.app.state.core, req))
     _state(request).purges.append({**result, "time": time.time()})
     return Response(msgspec.json.encode(result), media_type="application/json")
 

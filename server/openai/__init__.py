@@ -1,3 +1,4 @@
 """The OpenAI-compatible ``/v1`` surface, one subpackage per endpoint family (as vLLM's
-``entrypoints/openai``): each has ``api_router.py`` (thin routes), ``protocol.py`` (request
-schemas) and ``serving.py`` (logic). Shared pieces sit next to them, one idea per module."""
+``entrypoints/openai``): each has ``api_router.py`` (thin routes) and ``protocol.py`` (request
+schemas), and where its logic is its own, ``serving.py``; chat and completions share
+``text_generation.py``. ``families.py`` builds them over the serving core."""

@@ -1,7 +1,7 @@
 """Cloudflare Workers AI's REST surface (``/client/v4/accounts/{id}/ai/run/{model}``).
 
-Maps Workers-AI inputs onto the OpenAI serving object (so the same caches and backends
-answer both APIs) and its answers back into Cloudflare's shapes:
+Translates Workers-AI inputs into the serving core's requests (so the same caches and
+backends answer both APIs) and its answers back into Cloudflare's shapes:
 
 - text generation: ``prompt`` or ``messages`` → ``{"response", "usage"}``; with
   ``stream: true`` the events ``data: {"response": "<piece>"}`` and a final ``data: [DONE]``;

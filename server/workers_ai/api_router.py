@@ -19,8 +19,9 @@ from server.apidoc.operation import (
     documented,
 )
 from server.apidoc.request_headers import CACHE_HEADERS
-from server.caching import directives_from
-from server.openai.routing import context, parse_body, respond
+from server.envelope.context import context
+from server.http.respond import parse_body, respond
+from server.serving.cache_headers import directives_from
 from server.workers_ai.protocol import (
     BatchResponses,
     ClassificationInput,

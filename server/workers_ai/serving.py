@@ -1,36 +1,30 @@
 """``POST /client/v4/accounts/{account_id}/ai/run/{model}``: a model run, a batch submission
-or a poll; model runs (live or a batch's items) go through one dispatch to the OpenAI
-serving object."""
+or a poll. Model runs, live or a batch's items, are translated to the serving core's
+OpenAI-shaped requests (generation, pooling) and their answers back."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-from prometheus_client import CollectorRegistry
 
-from backends.protocol import BackendError, RequestContext
+from backends.protocol import BackendError
 from backends.registry import ModelInfo, ModelRegistry
+from foundation.request import RequestContext
 from foundation.sse import MEDIA_TYPE
-from foundation.tracing import Tracing
-from server.auth import check_model
-from server.batch.dispatch import ItemDispatch
-from server.batch.gates import CapacityGates
-from server.batch.metrics import BatchMetrics
-from server.batch.queue import open_queue
-from server.batch.results import ItemOutcome, ItemRunner
+from server.batch.results import ItemOutcome
 from server.batch.service import BatchService
-from server.batch.settings import BatchSettings
-from server.batch.workers import BatchWorkers
-from server.caching import CacheDirectives, reshaped
-from server.config import GatewayConfig
+from server.batch.system import BatchSystem
 from server.errors import ApiError, from_backend, from_validation
-from server.openai.reply import SSE_HEADERS, ClosingStream, Reply, aclose_stream
-from server.openai.serving import OpenAIServing
-from server.tenancy.queueing import Tickets
+from server.http.reply import SSE_HEADERS, ClosingStream, Reply, aclose_stream
+from server.identity.auth import check_model
+from server.serving.cache_headers import CacheDirectives, reshaped
+from server.serving.core import ServingCore
+from server.serving.generation import Generation
+from server.serving.pooling import Pooling
 from server.workers_ai.protocol import (
     ClassificationInput,
     EmbeddingInput,
@@ -67,24 +61,16 @@ class WorkersAIServing:
 
     def __init__(
         self,
-        openai: OpenAIServing,
-        registry: ModelRegistry,
-        *,
-        batch: BatchService | None = None,
+        core: ServingCore,
+        generation: Generation,
+        pooling: Pooling,
+        batches: BatchSystem | None = None,
     ) -> None:
-        self.openai = openai
-        self.registry = registry
-        self.batch = batch
-        self.workers: BatchWorkers | None = None
-        """This gateway's batch workers; live requests are announced to their gates."""
-
-    async def aclose(self) -> None:
-        if self.workers is not None:
-            await self.workers.aclose()
-            self.workers = None
-        if self.batch is not None:
-            await self.batch.queue.aclose()
-            self.batch = None
+        self.core = core
+        self.registry: ModelRegistry = core.registry
+        self.generation = generation
+        self.pooling = pooling
+        self.batches = batches
 
     # -- entry points ---------------------------------------------------------------------
 
@@ -107,7 +93,7 @@ class WorkersAIServing:
         )
         tenant = ctx.tenant or "anonymous"
         if "request_id" in body and "requests" not in body:
-            return Reply(200, envelope(await self._batches().poll(tenant, body["request_id"])))
+            return Reply(200, envelope(await self._accepting().poll(tenant, body["request_id"])))
         if "requests" in body or queued:
             if not queued:
                 raise ApiError(
@@ -122,10 +108,12 @@ class WorkersAIServing:
                 for i, item in enumerate(requests):
                     if isinstance(item, dict):
                         self._validate_item(info, item, i)
-            queued_result = await self._batches().submit(tenant, model, requests)
+            queued_result = await self._accepting().submit(tenant, model, requests)
             return Reply(200, envelope(queued_result))
         inputs = {k: v for k, v in body.items() if k not in ("options", "queueRequest")}
-        self.live_request(info)
+        # sync first: batch items running on the model's backend stop before this request is
+        # sent (they go back to the queue)
+        self.core.announce(info.backend_name, ctx)
         answer = await self._answer(
             info, inputs, ctx, directives or CacheDirectives(), may_stream=True
         )
@@ -152,24 +140,18 @@ class WorkersAIServing:
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def live_request(self, info: ModelInfo) -> None:
-        """Sync first: batch items running on the model's backend stop before this request
-        is sent (they go back to the queue). The OpenAI routes may call it too."""
-        if self.workers is not None:
-            self.workers.gates.live_request(info.backend_name)
-
     def resolve(self, model: str) -> ModelInfo:
         info = self.registry.resolve(model)
         if info is None:
             raise ApiError(400, f"No such model {model} or task", code="model_not_found")
         return info
 
-    def _batches(self) -> BatchService:
-        if self.batch is None:
+    def _accepting(self) -> BatchService:
+        if self.batches is None:
             raise ApiError(
                 400, "Queued requests are disabled on this gateway.", code="batch_disabled"
             )
-        return self.batch
+        return self.batches.accepting()
 
     def _validate_item(self, info: ModelInfo, item: dict[str, Any], index: int) -> None:
         fields = {k: v for k, v in item.items() if k != "external_reference"}
@@ -208,18 +190,21 @@ class WorkersAIServing:
 
     async def _call_text(
         self,
+        info: ModelInfo,
         route: str,
         body: dict[str, Any],
         ctx: RequestContext,
         directives: CacheDirectives,
     ) -> Reply:
-        call = self.openai.chat if route == "chat" else self.openai.completions
-        reply = await call(body, ctx, directives)
+        path = "/v1/chat/completions" if route == "chat" else "/v1/completions"
+        stream = bool(body.get("stream"))
+        generate = self.generation.generate
+        reply = await generate(path, route, info, body, stream, ctx, directives)
         if reply.status == 400 and context_overflow(reply):
             # Workers AI's `max_tokens` is a ceiling, vLLM's a demand it refuses past the
             # context left; without one, vLLM generates up to what is left, the same ceiling.
             body = {k: v for k, v in body.items() if k != "max_tokens"}
-            reply = await call(body, ctx, directives)
+            reply = await generate(path, route, info, body, stream, ctx, directives)
         return reply
 
     async def _text(
@@ -230,7 +215,7 @@ class WorkersAIServing:
         directives: CacheDirectives,
     ) -> Answer:
         route, body = text_request(info, inp)
-        reply = await self._call_text(route, body, ctx, directives)
+        reply = await self._call_text(info, route, body, ctx, directives)
         if reply.status != 200:
             raise upstream_error(reply)
         return Answer(text_result(route, reply.body), reply.headers)
@@ -245,7 +230,7 @@ class WorkersAIServing:
         route, body = text_request(info, inp)
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
-        reply = await self._call_text(route, body, ctx, directives)
+        reply = await self._call_text(info, route, body, ctx, directives)
         if reply.stream is None:
             if reply.status != 200:
                 raise upstream_error(reply)
@@ -267,7 +252,14 @@ class WorkersAIServing:
         ctx: RequestContext,
         directives: CacheDirectives,
     ) -> Answer:
-        reply = await self.openai.embeddings(embedding_request(info, inp), ctx, directives)
+        body = embedding_request(info, inp)
+        if info.backend_name in self.registry.generation:  # a vLLM embedding model
+            generate = self.generation.generate
+            reply = await generate(
+                "/v1/embeddings", "embeddings", info, body, False, ctx, directives
+            )
+        else:
+            reply = await self.pooling.embed(info, body["input"], body, ctx, directives)
         if reply.status != 200:
             raise upstream_error(reply)
         return Answer(embedding_result(reply.body), reply.headers)
@@ -280,45 +272,9 @@ class WorkersAIServing:
         directives: CacheDirectives,
     ) -> Answer:
         """Through ``/v1/classify``'s serving path (exact and semantic caches included)."""
-        reply = await self.openai.classify({"model": info.id, "input": inp.text}, ctx, directives)
+        body = {"model": info.id, "input": inp.text}
+        reply = await self.pooling.classify(info, [inp.text], body, ctx, directives)
         if reply.status != 200:
             raise upstream_error(reply)
         labels = self.registry.classifier_backend(info).labels
         return Answer(classification_result(reply.body, labels), reply.headers)
-
-
-# -- assembly -------------------------------------------------------------------------
-
-
-async def open_workers_ai(
-    config: GatewayConfig,
-    openai: OpenAIServing,
-    registry: ModelRegistry,
-    metrics_registry: CollectorRegistry,
-    *,
-    settings: BatchSettings | None = None,
-    item_runners: Mapping[str, ItemRunner] | None = None,
-    accounting: Callable[[RequestContext, bool], None] | None = None,
-    tracing: Tracing | None = None,
-    tickets: Tickets | None = None,
-) -> WorkersAIServing:
-    """Build the Workers-AI surface for ``config`` and start this gateway's batch workers,
-    which also run the items other APIs queue (``item_runners``, by payload key)."""
-    settings = settings or config.batch
-    wai = WorkersAIServing(openai, registry)
-    if settings.enabled:
-        queue = await open_queue(settings.queue, config.data_path())
-        wai.batch = BatchService(queue, settings)
-        runner: ItemRunner = ItemDispatch(wai, item_runners) if item_runners else wai
-        wai.workers = BatchWorkers(
-            queue,
-            runner,
-            CapacityGates(registry, settings),
-            settings,
-            BatchMetrics(metrics_registry),
-            accounting=accounting,
-            tracing=tracing,
-            tickets=tickets,
-        )
-        wai.workers.start()
-    return wai

@@ -13,7 +13,7 @@ from backends.registry import ModelInfo
 from foundation.sse import DONE, DONE_EVENT, SSEReader, event
 from server.batch.results import USAGE_KEYS
 from server.errors import ApiError
-from server.openai.reply import Reply
+from server.http.reply import Reply
 from server.workers_ai.protocol import EmbeddingInput, TextGenerationInput
 
 _OPENAI_SAMPLING = (

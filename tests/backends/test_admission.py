@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from backends.fair_queue import QueueTicket
 from backends.protocol import BackendError
+from foundation.request import QueueTicket
 from tests.backends.pools import make_pool
 
 

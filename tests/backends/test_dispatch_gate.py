@@ -7,11 +7,11 @@ import asyncio
 from aiohttp import web
 
 from backends.dispatch_gate import DispatchGate, ServerSignals, scraped_signals
-from backends.fair_queue import QueueTicket
 from backends.health import HealthMonitor
 from backends.scraped_metrics import parse_upstream_metrics
 from backends.servers import ServerState
 from backends.upstream import HttpSession
+from foundation.request import QueueTicket
 from harness.fake_vllm import FakeServer
 from tests.backends.pools import make_pool
 

@@ -18,14 +18,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from backends.config import VllmBackend, VllmServer
 from backends.placement import RouteKey
 from backends.pool_signals import pool_signals
-from backends.protocol import RequestContext
 from backends.scraped_metrics import parse_upstream_metrics
 from backends.servers import ServerState
 from backends.vllm import VllmClient
+from foundation.request import RequestContext
 from harness.fake_vllm import FakeServer
 from server.app import create_app
-from server.auth import AuthSettings, TokenEntry
 from server.config import GatewayConfig, ModelEntry
+from server.identity.auth import AuthSettings, TokenEntry
 from tests.backends.pools import make_pool
 
 LONG = "The cat reads a book near the window. " * 40

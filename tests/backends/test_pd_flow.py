@@ -18,9 +18,10 @@ from aiohttp import web
 
 from backends.config import VllmBackend, VllmServer
 from backends.pool_metrics import histogram_totals
-from backends.protocol import BackendError, RequestContext
+from backends.protocol import BackendError
 from backends.salt import CacheSalter
 from backends.vllm import VllmClient
+from foundation.request import RequestContext
 from harness.fake_vllm import FakeServer, sse
 
 PREFILL, DECODE_1, DECODE_2 = "prefill", "decode-1", "decode-2"

@@ -6,8 +6,8 @@ import pytest
 
 from backends.config import VllmBackend, VllmServer
 from backends.launch.process import VllmProcess
-from backends.protocol import RequestContext
 from backends.vllm import VllmClient
+from foundation.request import RequestContext
 from harness.vllm_process import TINY_MODEL_NAME
 
 

@@ -14,9 +14,10 @@ from aiohttp import web
 from backends.classifier import label_names
 from backends.config import VllmBackend, VllmLaunch, VllmServer
 from backends.launch.command import build_command
-from backends.protocol import BackendError, RequestContext, UpstreamRejected
+from backends.protocol import BackendError, UpstreamRejected
 from backends.vllm import VllmClient
 from backends.vllm_classifier import VllmClassifier, labels_from_config
+from foundation.request import RequestContext
 from harness.fake_vllm import FakeServer
 from server.config import ConfigError, parse_config
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from backends.config import VllmBackend, VllmServer
-from backends.protocol import RequestContext
 from backends.vllm import VllmClient
+from foundation.request import RequestContext
 from harness.fake_vllm import FakeServer
 
 CTX = RequestContext(request_id="r")

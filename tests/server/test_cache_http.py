@@ -167,7 +167,7 @@ def test_hit_replays_the_same_answer_without_the_backend(
     second = post(gw, body)
     assert second.headers["cf-aig-cache-status"] == "HIT"
     early_before = early_hits(gw)
-    third = post(gw, body)  # the same bytes: answered before routing (server/openai/early_hits)
+    third = post(gw, body)  # the same bytes: answered before routing (server/envelope/early_hits)
     assert early_hits(gw) == early_before + 1
     assert third.content == second.content
     assert third.headers["x-semcache-key"] == second.headers["x-semcache-key"]

@@ -30,8 +30,8 @@ from harness.fake_vllm import FakeServer, sse
 from harness.gateway import GatewayProcess, GatewayThread, write_config_toml
 from harness.otlp_receiver import OtlpReceiver, ReceivedSpan
 from server.config import GatewayConfig, ModelEntry
-from server.tenancy.limits.settings import LimitSettings
-from server.tracing import TracingSettings
+from server.limits.settings import LimitSettings
+from server.telemetry import TracingSettings
 from tests.support.waiting import wait_until_async
 
 PARAMS = {"do_remote_prefill": True, "remote_block_ids": [1], "remote_engine_id": "e"}
@@ -299,7 +299,7 @@ async def test_the_semantic_lookup_is_a_span_and_a_semantic_hit_has_no_backend_s
 async def logged(gw: GatewayThread, lines: int) -> list[dict[str, Any]]:
     """The request log once it holds ``lines`` lines: a stream's line is written as it
     ends on the server, which may come after the client read its last byte."""
-    recent = gw.app.state.tenancy.request_log.recent
+    recent = gw.app.state.envelope.request_log.recent
     await wait_until_async(lambda: len(recent) >= lines)
     return list(recent)
 

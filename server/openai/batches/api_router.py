@@ -18,10 +18,11 @@ from server.apidoc.operation import (
     documented,
 )
 from server.apidoc.request_headers import STRING
+from server.envelope.context import principal_tenant, record
+from server.http.respond import parse_body, respond
 from server.openai.batches.protocol import BatchCreate, BatchObject
 from server.openai.batches.serving import BatchesServing
 from server.openai.protocol import ListPage
-from server.openai.routing import parse_body, principal_tenant, record, respond
 
 BATCH_ID = {"batch_id": "$response.body#/id"}
 

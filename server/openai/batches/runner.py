@@ -4,21 +4,24 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import msgspec
 import orjson
 
-from backends.protocol import BackendError, RequestContext
+from backends.protocol import BackendError
+from foundation.request import RequestContext
 from server.batch.results import ItemOutcome
-from server.caching import CacheDirectives
 from server.errors import ApiError, from_backend, from_validation, openai_error_body
+from server.http.reply import Reply, aclose_stream
 from server.openai.batches.protocol import InputLine
-from server.openai.reply import Reply, aclose_stream
-from server.openai.serving import OpenAIServing
+from server.serving.cache_headers import CacheDirectives
 
 RETRYABLE = (408, 429, 502, 503, 504)
+
+Call = Callable[[dict[str, Any], RequestContext, CacheDirectives], Awaitable[Reply]]
+"""A family's ``create`` (or ``embeddings``): a line's body, its context, no cache headers."""
 
 StopReason = Callable[[str, str], Awaitable[str | None]]
 """``(tenant, batch_id)`` → ``"cancelled"`` or ``"expired"`` when the batch's remaining lines
@@ -32,8 +35,9 @@ def line_id(batch_id: str, line: int) -> str:
 class OpenAIItemRunner:
     """Runs the queued lines of OpenAI batches (the ``ItemRunner`` of their payloads)."""
 
-    def __init__(self, serving: OpenAIServing, stop_reason: StopReason) -> None:
-        self.serving = serving
+    def __init__(self, calls: Mapping[str, Call], stop_reason: StopReason) -> None:
+        """``calls``: the serving call of each endpoint a line may name (its ``url``)."""
+        self.calls = dict(calls)
         self.stop_reason = stop_reason
 
     async def run_item(self, model: str, body: dict[str, Any], ctx: RequestContext) -> ItemOutcome:
@@ -68,11 +72,7 @@ class OpenAIItemRunner:
         )
 
     async def _call(self, url: str, body: dict[str, Any], ctx: RequestContext) -> tuple[int, Any]:
-        call = {
-            "/v1/chat/completions": self.serving.chat,
-            "/v1/completions": self.serving.completions,
-            "/v1/embeddings": self.serving.embeddings,
-        }[url]
+        call = self.calls[url]
         try:
             reply: Reply = await call(body, ctx, CacheDirectives())
         except msgspec.ValidationError as exc:

@@ -18,6 +18,7 @@ from server.batch.results import StoredItem
 from server.batch.settings import BatchSettings
 from server.batch.traces import submit_traced
 from server.errors import ApiError
+from server.http.reply import Reply
 from server.openai.batches.protocol import (
     COMPLETION_WINDOWS,
     ENDPOINTS,
@@ -34,7 +35,6 @@ from server.openai.files.serving import json_reply, not_found, page_limit
 from server.openai.files.store import FileStore
 from server.openai.protocol import ListPage, public
 from server.openai.records import new_id
-from server.openai.reply import Reply
 
 VALIDATING_GRACE_S = 60.0
 """A batch still ``validating`` this long after its creation was interrupted (the gateway
@@ -108,18 +108,24 @@ class BatchesServing:
         registry: ModelRegistry,
         settings: BatchSettings,
         *,
+        queue_of: Callable[[], BatchQueue | None] = lambda: None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """``queue_of``: the gateway's batch queue once it is open (``BatchSystem.queue``);
+        ``None`` while batches are off."""
         self.store = store
         self.files = files
         self.registry = registry
         self.settings = settings
-        self.queue: BatchQueue | None = None
-        """Set at start-up with the batch workers; ``None``: batches are disabled."""
+        self._queue_of = queue_of
         self._clock = clock
         self._stopped: dict[str, str] = {}
         self._finalizing = asyncio.Lock()
         self._counts_cache: dict[str, tuple[float, RequestCounts]] = {}
+
+    @property
+    def queue(self) -> BatchQueue | None:
+        return self._queue_of()
 
     def _queue(self) -> BatchQueue:
         if self.queue is None:

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from backends.registry import ModelRegistry
-from server.auth import model_allowed
+from server.identity.auth import model_allowed
 from server.openai.batches.protocol import ENDPOINTS, BatchError, InputLine
 
 MAX_ERRORS = 100

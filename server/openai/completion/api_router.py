@@ -15,9 +15,11 @@ from server.apidoc.operation import (
     documented,
 )
 from server.apidoc.request_headers import CACHE_HEADERS
-from server.caching import directives_from
+from server.envelope.context import context
+from server.http.respond import parse_body, respond
 from server.openai.completion.protocol import Completion, CompletionRequest
-from server.openai.routing import context, parse_body, respond, serving
+from server.openai.text_generation import TextGenerationServing
+from server.serving.cache_headers import directives_from
 
 
 @post(
@@ -43,7 +45,7 @@ from server.openai.routing import context, parse_body, respond, serving
 async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
     ctx = context(request)
     body = parse_body(await request.body())
-    svc = serving(request).completion
+    svc: TextGenerationServing = request.app.state.completion
     return respond(await svc.create(body, ctx, directives_from(request.headers)), ctx)
 
 

@@ -11,11 +11,12 @@ from litestar.params import FromPath
 
 from server.apidoc.operation import SERVER_ERROR, Answer, Field, Public, RouteDoc, documented
 from server.apidoc.request_headers import STRING
+from server.envelope.context import principal_tenant
 from server.errors import ApiError
+from server.http.respond import respond
 from server.openai.files.protocol import FileDeleted, FileObject
 from server.openai.files.serving import FilesServing
 from server.openai.protocol import ListPage
-from server.openai.routing import principal_tenant, respond
 
 MULTIPART_SLACK = 64 * 1024
 """Room for the form's other fields and boundaries around the file itself."""

@@ -8,10 +8,10 @@ from typing import Any
 import msgspec
 
 from server.errors import ApiError
+from server.http.reply import Reply
 from server.openai.files.protocol import FileDeleted, FileObject
 from server.openai.files.store import FileStore
 from server.openai.protocol import ListPage, public
-from server.openai.reply import Reply
 
 UPLOAD_PURPOSES = ("batch",)
 

@@ -8,8 +8,15 @@ from litestar import Request, Response, get
 from litestar.params import FromPath
 
 from server.apidoc.operation import SERVER_ERROR, Answer, RouteDoc, documented
+from server.envelope.context import record
+from server.http.respond import respond
 from server.openai.models.protocol import ModelCard, ModelList
-from server.openai.routing import record, respond, serving
+from server.openai.models.serving import ModelsServing
+
+
+def models(request: Request[Any, Any, Any]) -> ModelsServing:
+    svc: ModelsServing = request.app.state.models
+    return svc
 
 
 @get(
@@ -31,7 +38,7 @@ from server.openai.routing import record, respond, serving
     ),
 )
 def list_models(request: Request[Any, Any, Any]) -> Response[Any]:
-    return respond(serving(request).models.list_models(record(request).principal.models))
+    return respond(models(request).list_models(record(request).principal.models))
 
 
 @get(
@@ -50,7 +57,7 @@ def list_models(request: Request[Any, Any, Any]) -> Response[Any]:
 )
 def get_model(request: Request[Any, Any, Any], model: FromPath[str]) -> Response[Any]:
     allowed = record(request).principal.models
-    return respond(serving(request).models.get_model(model.lstrip("/"), allowed))
+    return respond(models(request).get_model(model.lstrip("/"), allowed))
 
 
 ROUTES = [list_models, get_model]

@@ -10,10 +10,10 @@ from __future__ import annotations
 import msgspec
 
 from backends.registry import ModelRegistry
-from server.auth import model_allowed
+from server.http.reply import Reply
+from server.identity.auth import model_allowed
 from server.openai.models.protocol import ModelCard, ModelList
-from server.openai.reply import Reply
-from server.openai.state import unknown_model
+from server.serving.core import unknown_model
 
 
 class ModelsServing:

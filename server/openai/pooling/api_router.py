@@ -17,7 +17,8 @@ from server.apidoc.operation import (
     documented,
 )
 from server.apidoc.request_headers import CACHE_HEADERS, STRING
-from server.caching import directives_from
+from server.envelope.context import context
+from server.http.respond import parse_body, respond
 from server.openai.pooling.protocol import (
     ClassificationList,
     ClassificationRequest,
@@ -25,7 +26,14 @@ from server.openai.pooling.protocol import (
     EmbeddingRequest,
 )
 from server.openai.pooling.query import query_body
-from server.openai.routing import context, parse_body, respond, serving
+from server.openai.pooling.serving import PoolingServing
+from server.serving.cache_headers import directives_from
+
+
+def pooling(request: Request[Any, Any, Any]) -> PoolingServing:
+    svc: PoolingServing = request.app.state.pooling
+    return svc
+
 
 POST_ERRORS = (*CLIENT_ERRORS, 404, *SERVER_ERROR, *BACKEND_ERRORS)
 GET_ERRORS = (400, 401, 404, 414, 429, *SERVER_ERROR, *BACKEND_ERRORS)
@@ -62,8 +70,9 @@ NOT_MODIFIED = (Answer(304, None, "Not modified: the answer still has this ETag.
 async def embeddings(request: Request[Any, Any, Any]) -> Response[Any]:
     ctx = context(request)
     body = parse_body(await request.body())
-    svc = serving(request).pooling
-    return respond(await svc.embeddings(body, ctx, directives_from(request.headers)), ctx)
+    return respond(
+        await pooling(request).embeddings(body, ctx, directives_from(request.headers)), ctx
+    )
 
 
 @get(
@@ -89,7 +98,7 @@ async def embeddings(request: Request[Any, Any, Any]) -> Response[Any]:
 async def embeddings_get(request: Request[Any, Any, Any]) -> Response[Any]:
     ctx = context(request)
     body = query_body(request.scope["query_string"], "embeddings")
-    reply = await serving(request).pooling.embeddings(body, ctx, directives_from(request.headers))
+    reply = await pooling(request).embeddings(body, ctx, directives_from(request.headers))
     return respond(reply, ctx, if_none_match=request.headers.get("if-none-match"))
 
 
@@ -109,8 +118,9 @@ async def embeddings_get(request: Request[Any, Any, Any]) -> Response[Any]:
 async def classify(request: Request[Any, Any, Any]) -> Response[Any]:
     ctx = context(request)
     body = parse_body(await request.body())
-    svc = serving(request).pooling
-    return respond(await svc.classify(body, ctx, directives_from(request.headers)), ctx)
+    return respond(
+        await pooling(request).classify(body, ctx, directives_from(request.headers)), ctx
+    )
 
 
 @get(
@@ -132,7 +142,7 @@ async def classify(request: Request[Any, Any, Any]) -> Response[Any]:
 async def classify_get(request: Request[Any, Any, Any]) -> Response[Any]:
     ctx = context(request)
     body = query_body(request.scope["query_string"], "classification")
-    reply = await serving(request).pooling.classify(body, ctx, directives_from(request.headers))
+    reply = await pooling(request).classify(body, ctx, directives_from(request.headers))
     return respond(reply, ctx, if_none_match=request.headers.get("if-none-match"))
 
 

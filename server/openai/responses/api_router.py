@@ -16,9 +16,16 @@ from server.apidoc.operation import (
     documented,
 )
 from server.apidoc.request_headers import CACHE_HEADERS
-from server.caching import directives_from
+from server.envelope.context import context
+from server.http.respond import parse_body, respond
 from server.openai.responses.protocol import ResponseObject, ResponsesRequest
-from server.openai.routing import context, parse_body, respond, serving
+from server.openai.responses.serving import ResponsesServing
+from server.serving.cache_headers import directives_from
+
+
+def responses(request: Request[Any, Any, Any]) -> ResponsesServing:
+    svc: ResponsesServing = request.app.state.responses
+    return svc
 
 
 @post(
@@ -46,7 +53,7 @@ from server.openai.routing import context, parse_body, respond, serving
 async def create_response(request: Request[Any, Any, Any]) -> Response[Any]:
     ctx = context(request)
     body = parse_body(await request.body())
-    svc = serving(request).responses
+    svc = responses(request)
     return respond(await svc.create(body, ctx, directives_from(request.headers)), ctx)
 
 
@@ -65,7 +72,7 @@ async def retrieve_response(
     request: Request[Any, Any, Any], response_id: FromPath[str]
 ) -> Response[Any]:
     ctx = context(request)
-    return respond(await serving(request).responses.retrieve(response_id, ctx), ctx)
+    return respond(await responses(request).retrieve(response_id, ctx), ctx)
 
 
 ROUTES = [create_response, retrieve_response]

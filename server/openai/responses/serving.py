@@ -15,14 +15,15 @@ from urllib.parse import quote
 
 import msgspec
 
-from backends.protocol import RequestContext, StoredResponses
-from server.caching import CacheDirectives
+from backends.protocol import StoredResponses
+from foundation.request import RequestContext
 from server.errors import ApiError
-from server.openai.generation import Generation
-from server.openai.reply import Reply, aclose_stream
+from server.http.reply import Reply, aclose_stream
 from server.openai.responses.owners import ResponseOwners, response_id_in
 from server.openai.responses.protocol import ResponsesRequest
-from server.openai.state import ServingState
+from server.serving.cache_headers import CacheDirectives
+from server.serving.core import ServingCore
+from server.serving.generation import Generation
 
 PATH = "/v1/responses"
 
@@ -49,18 +50,21 @@ def without_nulls(body: dict[str, Any]) -> dict[str, Any]:
 
 
 class ResponsesServing:
-    def __init__(self, state: ServingState, generation: Generation) -> None:
-        self.state = state
+    def __init__(
+        self, core: ServingCore, generation: Generation, owners: ResponseOwners | None = None
+    ) -> None:
+        """``owners``: who made each stored response (stored responses are then scoped by
+        tenant; ``None``: unscoped, for tests of the relay alone)."""
+        self.core = core
         self.generation = generation
-        self.owners: ResponseOwners | None = None
-        """Set by the app factory: stored responses are then scoped by tenant."""
+        self.owners = owners
 
     async def create(
         self, body: dict[str, Any], ctx: RequestContext, cache: CacheDirectives | None = None
     ) -> Reply:
         body = without_nulls(body)
         req = msgspec.convert(body, ResponsesRequest)
-        info = self.state.resolve(req.model, "chat", ctx)
+        info = self.core.resolve(req.model, "chat", ctx)
         previous = req.previous_response_id
         if previous is not None and not await self._owned(ctx, previous):
             raise ApiError(
@@ -108,7 +112,7 @@ class ResponsesServing:
         if this tenant made it."""
         if not await self._owned(ctx, response_id):
             raise response_not_found(response_id)
-        registry = self.state.registry
+        registry = self.core.registry
         for backend in registry.generation.values():
             if not isinstance(backend, StoredResponses):
                 continue

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from semcache.semantic.encoder import Encoder
-from semcache.semantic.verifier import PairVerifier, load_verifier
+from semcache.semantic.pair_verifier import PairVerifier, load_verifier
 from server.encoders import load_encoder
 
 

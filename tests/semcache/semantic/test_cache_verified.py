@@ -15,7 +15,7 @@ from semcache.semantic.partition_types import IndexSettings
 from semcache.semantic.records import PartitionKey
 from semcache.semantic.settings import SemanticRule
 from semcache.semantic.store import RecordStore
-from semcache.semantic.verified import Action, Observation
+from semcache.semantic.verified.decisions import Action, Observation
 
 RULE = SemanticRule(
     enabled=True,

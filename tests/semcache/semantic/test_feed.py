@@ -16,7 +16,7 @@ from semcache.semantic.match import Match
 from semcache.semantic.partition_types import IndexSettings
 from semcache.semantic.records import PartitionKey
 from semcache.semantic.settings import SemanticRule
-from semcache.semantic.verified import Observation
+from semcache.semantic.verified.decisions import Observation
 from tests.semcache.conftest import RedisServer
 from tests.support.waiting import wait_until_async
 

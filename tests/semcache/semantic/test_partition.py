@@ -6,7 +6,7 @@ import numpy as np
 
 from semcache.semantic.partition import PartitionIndex
 from semcache.semantic.partition_types import Limits
-from semcache.semantic.verified import Action, Observation, VerifiedParams
+from semcache.semantic.verified.decisions import Action, Observation, VerifiedParams
 from tests.semcache.semantic.index_helpers import DIM, NOW, fill, key, settings, unit_vectors
 
 

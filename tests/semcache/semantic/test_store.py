@@ -13,11 +13,11 @@ from semcache.semantic.cache import SemanticCache
 from semcache.semantic.encoder import Encoder
 from semcache.semantic.index import SemanticIndex
 from semcache.semantic.items import label_margin
+from semcache.semantic.pair_verifier import PairVerifier
 from semcache.semantic.partition_types import IndexSettings
 from semcache.semantic.records import PartitionKey
 from semcache.semantic.settings import SemanticRule
 from semcache.semantic.store import RecordStore
-from semcache.semantic.verifier import PairVerifier
 
 RULE = SemanticRule(enabled=True, threshold=0.99, min_threshold=0.8)
 NOW = 1_000_000.0

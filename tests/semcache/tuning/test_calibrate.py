@@ -10,7 +10,7 @@ import pytest
 
 from backends.classifier import load_classifier
 from semcache.semantic.encoder import Encoder
-from semcache.semantic.verifier import PairVerifier
+from semcache.semantic.pair_verifier import PairVerifier
 from semcache.tuning.calibrate import (
     THRESHOLDS,
     calibrate,

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from semcache.semantic.verified import VerifiedParams
+from semcache.semantic.verified.decisions import VerifiedParams
 from semcache.tuning.mixed import classification_pairs, mixed_stream
 from semcache.tuning.stream_build import Stream, build_mixed_stream, source_stream
 from semcache.tuning.stream_eval import compare

@@ -7,7 +7,7 @@ from collections import Counter
 
 import numpy as np
 
-from semcache.semantic.verified import VerifiedParams
+from semcache.semantic.verified.decisions import VerifiedParams
 from semcache.tuning.pairs import Pair
 from semcache.tuning.stream_build import Stream, build_repeated_stream, build_stream, variant
 from semcache.tuning.stream_eval import Comparison, compare

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backends.protocol import RequestContext
+from foundation.request import RequestContext
 from server.batch.dispatch import ItemDispatch
 from server.batch.results import ItemOutcome
 

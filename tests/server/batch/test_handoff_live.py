@@ -28,9 +28,9 @@ from backends.launch.process import VllmProcess
 from harness.gateway import GatewayProcess, write_config_toml
 from harness.metrics import parse_metric
 from harness.vllm_process import TINY_MODEL_NAME
-from server.auth import AuthSettings, TokenEntry
 from server.batch.settings import BatchSettings, QueueSettings
 from server.config import GatewayConfig, ModelEntry
+from server.identity.auth import AuthSettings, TokenEntry
 from tests.conftest import gateway_config
 from tests.server.chaos.common import chat
 from tests.server.workers_ai.test_api import CHAT as WAI_CHAT

@@ -11,7 +11,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from foundation import tracing as spans
 from server.batch.queue.base import WorkItem
 from server.batch.traces import item_span, submit_traced
-from server.tracing import TracingSettings, build_tracing
+from server.telemetry import TracingSettings, build_tracing
 
 
 class Recorded:

@@ -9,8 +9,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from backends.protocol import RequestContext
 from backends.registry import ModelInfo, ModelRegistry
+from foundation.request import RequestContext
 from server.batch.gates import CapacityGates
 from server.batch.metrics import BatchMetrics
 from server.batch.queue.disk import DiskQueue

@@ -22,8 +22,8 @@ import pytest
 from backends.config import LocalEmbeddingBackend
 from harness.gateway import GatewayProcess, write_config_toml
 from semcache.ledger.settings import LedgerSettings
-from server.auth import AuthSettings, TokenEntry
 from server.config import GatewayConfig, ModelEntry
+from server.identity.auth import AuthSettings, TokenEntry
 from tests.server.chaos.common import metric, write_policy
 from tests.support.waiting import wait_until
 

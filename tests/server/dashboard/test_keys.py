@@ -7,7 +7,7 @@ from typing import Any
 
 from litestar.testing import TestClient
 
-from tests.server.apikeys.test_http import ADMIN, CHAT, app, bearer, client
+from tests.server.identity.api_keys.test_http import ADMIN, CHAT, app, bearer, client
 
 __all__ = ["app", "client"]  # the app with a fake backend, an admin and a tenant token
 

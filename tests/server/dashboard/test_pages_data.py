@@ -10,9 +10,9 @@ from litestar.testing import TestClient
 from backends.registry import ModelInfo, ModelRegistry
 from harness.fake_vllm import FakeGeneration
 from server.app import create_app
-from server.auth import AuthSettings, TokenEntry
 from server.config import GatewayConfig
-from server.tenancy.limits.settings import LimitSettings
+from server.identity.auth import AuthSettings, TokenEntry
+from server.limits.settings import LimitSettings
 from tests.support.waiting import wait_until
 
 CHAT = {"model": "chat-model", "messages": [{"role": "user", "content": "hi"}], "temperature": 0}

@@ -10,10 +10,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
-from backends.fair_queue import QueueTicket
 from backends.pool import Pool
 from backends.pool_metrics import QueueFamilies
 from backends.protocol import BackendError
+from foundation.request import QueueTicket
 from server.dashboard import figures as fig
 from tests.backends.pools import make_pool
 from tests.server.dashboard.test_kv_view import render_backends

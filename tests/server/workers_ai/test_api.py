@@ -34,18 +34,19 @@ from backends.config import (
     VllmServer,
 )
 from backends.launch.process import VllmProcess
-from backends.protocol import RequestContext, UpstreamResponse
+from backends.protocol import UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
+from foundation.request import RequestContext
 from harness.fake_vllm import FakeGeneration
 from harness.gateway import GatewayProcess, write_config_toml
 from harness.metrics import parse_metric
 from harness.ports import free_port
 from harness.vllm_process import REPO_ROOT, TINY_MODEL_NAME
 from server.app import create_app
-from server.auth import AuthSettings, TokenAuth, TokenEntry, tenant_from, token_digest
 from server.batch.settings import BatchSettings, QueueSettings
 from server.config import ConfigError, GatewayConfig, ModelEntry, load_config, parse_config
 from server.errors import ApiError
+from server.identity.auth import AuthSettings, TokenAuth, TokenEntry, tenant_from, token_digest
 from tests.semcache.conftest import RedisServer
 from tests.support.waiting import wait_until
 

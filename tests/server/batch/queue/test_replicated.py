@@ -20,10 +20,10 @@ from foundation.redis_client import open_redis
 from foundation.redis_replication import NotReplicated, ReplicaAck
 from harness.gateway import GatewayProcess, write_config_toml
 from harness.redis_cluster import RedisClusterProcess
-from server.auth import AuthSettings, TokenEntry
 from server.batch.queue.redis import RedisQueue
 from server.batch.settings import BatchSettings, QueueSettings
 from server.config import GatewayConfig, ModelEntry
+from server.identity.auth import AuthSettings, TokenEntry
 from server.openai.files.redis_store import RedisFileStore
 
 pytestmark = pytest.mark.slow

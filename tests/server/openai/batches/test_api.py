@@ -16,13 +16,14 @@ import orjson
 import pytest
 from litestar.testing import TestClient
 
-from backends.protocol import RequestContext, UpstreamResponse
+from backends.protocol import UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
+from foundation.request import RequestContext
 from harness.fake_vllm import FakeGeneration
 from server.app import create_app
-from server.auth import AuthSettings, TokenEntry
 from server.batch.settings import BatchSettings, FilesSettings, QueueSettings
 from server.config import GatewayConfig
+from server.identity.auth import AuthSettings, TokenEntry
 from tests.support.waiting import wait_until
 
 CHAT = "/v1/chat/completions"
@@ -196,7 +197,7 @@ def test_bad_input_fails_the_batch_with_line_numbers_and_runs_nothing(
     assert batch.errors is not None and batch.errors.data
     assert (batch.errors.data[0].code, batch.errors.data[0].line) == (code, line_no)
     assert client.batches.retrieve(batch.id).status == "failed"
-    queue = http.app.state.workers_ai.batch.queue
+    queue = http.app.state.batch_system.queue
     assert http.blocking_portal.call(queue.job, batch.id) is None  # nothing was queued
     assert fake.calls == []
 

@@ -5,14 +5,14 @@ lines do not run."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 import orjson
 import pytest
 
-from backends.protocol import RequestContext
 from backends.registry import ModelInfo, ModelRegistry
+from foundation.request import RequestContext
 from server.batch.queue.disk import DiskQueue
 from server.batch.results import StoredItem
 from server.batch.settings import BatchSettings
@@ -38,9 +38,10 @@ async def parts(tmp_path: Path, make_stores: StoresFactory) -> Any:
     reg.add(ModelInfo("chat-model", "chat", (), "t", "fake", "rev1", "tpl"))
     stores = make_stores(retention_s=30 * 86400.0, clock=clock)
     files = stores.files
-    batches = BatchesServing(stores.batches, files, reg, BatchSettings(), clock=clock)
+    batches = BatchesServing(
+        stores.batches, files, reg, BatchSettings(), queue_of=lambda: queue, clock=clock
+    )
     queue = await DiskQueue.open(tmp_path / "q.sqlite3", clock=clock)
-    batches.queue = queue
     yield clock, files, batches, queue
     await queue.aclose()
 
@@ -60,7 +61,7 @@ async def test_a_batch_past_its_window_expires_and_its_lines_do_not_run(parts: A
     assert created["expires_at"] == created["created_at"] + 86400
     clock.now += 86400 + 1
     # serving is never reached: every line is stopped before it runs
-    runner = OpenAIItemRunner(cast(Any, None), batches.stop_reason)
+    runner = OpenAIItemRunner({}, batches.stop_reason)
     for item in await queue.claim("w", 10, wait_s=0):
         body = orjson.loads(item.payload)
         ctx = RequestContext(request_id="r", tenant=item.tenant)
@@ -131,6 +132,6 @@ async def test_a_payload_not_queued_by_the_batch_api_is_answered_not_retried() -
     async def never(tenant: str, batch_id: str) -> str | None:
         raise AssertionError("not reached")
 
-    runner = OpenAIItemRunner(cast(Any, None), never)
+    runner = OpenAIItemRunner({}, never)
     outcome = await runner.run_item("m", {"custom_id": 1}, RequestContext(request_id="r"))
     assert not outcome.success and not outcome.retryable and outcome.response is None

@@ -1,0 +1,44 @@
+"""A finished request's usage as a record of the usage ledger (live requests and batch items).
+
+The client's ``usage`` counts every token of its answer; the request's ``RequestUsage``
+splits them into what the backends computed (``prompt_tokens``, ``completion_tokens``) and
+what the cache answered (``saved_*``). The ledger keeps the client's view in its token
+counts, the cached part in ``tokens_saved``, and prices each part at the policy's prices
+for the request's model and route: computed → ``cost_usd``, cached → ``saved_usd``.
+"""
+
+from __future__ import annotations
+
+from foundation.request import RequestUsage
+from semcache.ledger import UsageRecord, utc_day
+from semcache.policy import Policy
+
+BATCH_ROUTE = "batch"
+"""The ledger's route of batch items (Workers AI ``queueRequest`` and OpenAI batches)."""
+
+
+def ledger_record(
+    *, tenant: str, route: str, usage: RequestUsage, status: int, now: float, policy: Policy
+) -> UsageRecord | None:
+    """The ledger's record of one ended request; ``None`` when it named no model, or was
+    refused without the backends computing anything."""
+    if usage.model is None:
+        return None
+    computed_p, computed_c = usage.prompt_tokens, usage.completion_tokens
+    if not 200 <= status < 400 and computed_p + computed_c == 0:
+        return None
+    saved_p, saved_c = usage.saved_prompt_tokens, usage.saved_completion_tokens
+    prices = policy.rule(usage.model, usage.route or "").prices
+    return UsageRecord(
+        tenant=tenant,
+        model=usage.model,
+        route=route,
+        day=utc_day(now),
+        prompt_tokens=computed_p + saved_p,
+        completion_tokens=computed_c + saved_c,
+        exact_hits=int(usage.cache in ("exact", "stale")),
+        semantic_hits=int(usage.cache in ("semantic", "partial")),
+        tokens_saved=saved_p + saved_c,
+        cost_usd=prices.cost_usd(computed_p, computed_c),
+        saved_usd=prices.cost_usd(saved_p, saved_c),
+    )

@@ -1,1 +1,0 @@
-"""Pool membership changed at run time, kept beyond the gateway that made it."""

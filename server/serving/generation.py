@@ -1,0 +1,177 @@
+"""The generation path that chat completions and completions (and embeddings served by a
+generation backend) share: the semantic and exact caches, then the backend.
+
+Answers of vLLM pass through byte for byte; a stream goes through ``cached_stream`` when the
+cache is on and ``stream_relay`` when it is not.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+import orjson
+
+from backends.protocol import BackendError
+from backends.registry import ModelInfo
+from foundation.request import RequestContext
+from foundation.sse import MEDIA_TYPE
+from semcache import replay
+from semcache.entry import CachedAnswer
+from semcache.exact import CacheRequest
+from server.http.conditional import NO_STORE
+from server.http.reply import SSE_HEADERS, Reply
+from server.serving.cache_headers import CacheDirectives, edge_headers, result_headers
+from server.serving.cached_stream import CachedStreams
+from server.serving.call import GenerationCall
+from server.serving.core import ServingCore
+from server.serving.semantic_chat import Remember, semantic_chat
+from server.serving.stream_relay import answer_stream, relay, unsupported_stream
+from server.serving.usage_notes import note_result
+
+
+class Generation:
+    """Sends one generation request through the caches to its backend."""
+
+    def __init__(self, core: ServingCore) -> None:
+        self.core = core
+        self.streams = CachedStreams(core)
+
+    async def generate(
+        self,
+        path: str,
+        route: str,
+        info: ModelInfo,
+        body: dict[str, Any],
+        stream: bool,
+        ctx: RequestContext,
+        directives: CacheDirectives | None = None,
+    ) -> Reply:
+        core = self.core
+        backend = core.registry.generation_backend(info)
+        ctx.salt_scope = core.scope(info, route, ctx)
+        ctx.usage.model, ctx.usage.route = info.id, route
+        inspection, guard_headers = None, dict[str, str]()
+        if core.guard is not None:  # the prompt as the rules leave it: the key is built on it
+            policy = core.policy.current
+            body, guard_headers, inspection = await core.guard.begin(
+                policy, info.id, route, body, ctx
+            )
+            if stream and route == "responses" and inspection and inspection.answers:
+                raise unsupported_stream()
+        call = GenerationCall(
+            path=path,
+            route=route,
+            info=info,
+            backend=backend,
+            upstream={**body, "model": backend.served_model},
+            ctx=ctx,
+            started=time.perf_counter(),
+            metrics=core.metrics,
+            inspection=inspection,
+        )
+        version = inspection.rule.version if inspection else ""
+        creq = await core.cache_request(route, info, body, ctx, directives, version)
+        if creq is None:
+            reply = await self._forward(call, stream)
+            reply.headers.update(guard_headers)
+            return reply
+        plan = await semantic_chat(core, call, creq, body, stream, directives)
+        if plan.hit is not None:
+            plan.hit.headers.update(guard_headers)
+            return plan.hit
+        remember = plan.remember
+        if remember is not None:
+            # The semantic record written after the store points to this answer: no record
+            # may outlive its answer on disk after a crash.
+            creq = msgspec.structs.replace(creq, write_through=True)
+        if not stream:
+            reply = await self._cached_json(call, creq, body, remember)
+        else:
+            reply = await self.streams.reply(call, creq, body, remember)
+        reply.headers.update(plan.headers)
+        reply.headers.update(guard_headers)
+        return reply
+
+    async def _forward(self, call: GenerationCall, stream: bool) -> Reply:
+        """No cache: relay the backend's bytes as they are."""
+        self.core.announce(call.backend.name, call.ctx)
+        try:
+            if not stream:
+                resp = await call.backend.post(call.path, call.upstream, call.ctx)
+                call.observe_latency(stream=False)
+                if resp.status != 200 or call.inspection is None:
+                    if resp.status == 200:
+                        call.count_usage(_usage_of(resp.body))
+                    return Reply(resp.status, resp.body, media_type=resp.content_type)
+                call.count_usage(_usage_of(resp.body))
+                body, said = await call.inspection.answer(call.route, resp.body, call.ctx)
+                return Reply(200, body, media_type=resp.content_type, headers=said)
+            opened = await call.backend.open_stream(call.path, call.upstream, call.ctx)
+        except BackendError as exc:
+            call.backend_failed(exc.kind)
+            raise
+        if opened.status != 200:
+            # vLLM rejected the request before streaming (e.g. prompt too long): relay its error.
+            return Reply(opened.status, await opened.read_all())
+        inspected = await answer_stream(call)
+        return Reply(
+            200, stream=relay(call, opened, inspected), media_type=MEDIA_TYPE, headers=SSE_HEADERS
+        )
+
+    async def _cached_json(
+        self,
+        call: GenerationCall,
+        creq: CacheRequest,
+        body: dict[str, Any],
+        remember: Remember | None = None,
+    ) -> Reply:
+        assert self.core.cache is not None
+        said: dict[str, str] = {}
+
+        async def fill() -> CachedAnswer:
+            self.core.announce(call.backend.name, call.ctx)
+            try:
+                resp = await call.backend.post(call.path, call.upstream, call.ctx)
+            except BackendError as exc:
+                call.backend_failed(exc.kind)
+                raise
+            raw = resp.body
+            if resp.status == 200 and call.inspection is not None:  # a block raises: no entry
+                raw, found = await call.inspection.answer(call.route, raw, call.ctx)
+                said.update(found)
+            # a non-200 answer is handed to coalesced waiters but never stored
+            answer = CachedAnswer.from_json(
+                raw, model_id=call.info.id, status=resp.status, content_type=resp.content_type
+            )
+            if resp.status == 200:  # the body is parsed once, for the answer's usage
+                usage = answer.usage
+                call.metrics.count_tokens(
+                    call.info.id, usage.prompt_tokens, usage.completion_tokens
+                )
+                call.ctx.usage.add(usage.prompt_tokens, usage.completion_tokens)
+            return answer
+
+        res = await self.core.cache.get_or_fill(creq, fill)
+        entry = res.entry
+        assert entry is not None  # fill always answers (or raises)
+        if res.stored and remember is not None:
+            await remember()
+        call.observe_latency(stream=False)
+        note_result(call.ctx.usage, res)
+        self.core.answered(call.ctx, creq, res, call.info, body)
+        if entry.status == 200:
+            headers = {**result_headers(res, creq), **edge_headers(res, creq), **said}
+        else:
+            headers = {"cache-control": NO_STORE}
+        return Reply(entry.status, replay.as_json(entry, call.route), headers=headers)
+
+
+def _usage_of(body: bytes) -> dict[str, Any] | None:
+    """The ``usage`` object of a JSON answer, if it has one."""
+    try:
+        usage = orjson.loads(body).get("usage")
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    return usage if isinstance(usage, dict) else None

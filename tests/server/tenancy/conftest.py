@@ -1,7 +1,0 @@
-"""Fixtures of the tenancy tests."""
-
-from __future__ import annotations
-
-from tests.semcache.conftest import redis_prefix
-
-__all__ = ["redis_prefix"]  # a Redis key prefix of its own per test
