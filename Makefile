@@ -46,4 +46,4 @@ test-fast: install
 ## Screenshots of every dashboard page (docs/images/dashboard/), from Debian's chromium.
 screenshots: install
 	@bash scripts/chromium.sh install
-	$(BIN)/python bench/dashboard_screenshots.py $(if $(VLLM_URL),--vllm-url $(VLLM_URL) --served-model $(SERVED_MODEL))
+	$(BIN)/python scripts/dashboard_screenshots.py $(if $(VLLM_URL),--vllm-url $(VLLM_URL) --served-model $(SERVED_MODEL))

@@ -45,9 +45,10 @@ import psutil
 sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.support import affinity, exit_status, gateway_process, stderr_printer
-from bench.wrk import parse_wrk
+from bench.lib.support import GATEWAY_ENV, exit_status, gateway_ready, stderr_printer, stop_gateway
+from bench.lib.wrk import parse_wrk
 from harness.edge import EdgeCache, nginx_binary
+from harness.gateway import GatewayProcess
 from harness.metrics import parse_metric
 from harness.ports import free_port
 
@@ -218,12 +219,12 @@ async def main(seconds: float, rounds: int, connections: int) -> bool:
         (tmp / "policy.toml").write_text(POLICY)
         port = free_port()
         (tmp / "gateway.toml").write_text(config_toml(tmp / "data", port, tmp / "policy.toml"))
-        gateway = gateway_process(tmp / "gateway.toml", port, tmp / "gateway.log")
-        with affinity({int(SERVER_CORE)}):
-            gateway.start()
+        config, log = tmp / "gateway.toml", tmp / "gateway.log"
+        gateway = GatewayProcess(config, port, GATEWAY_ENV, cores=SERVER_CORE, log=log)
         edge: EdgeCache | None = None
         try:
-            say(f"gateway ready in {await gateway.wait_ready(300):.1f} s (core {SERVER_CORE})")
+            ready_s = await gateway_ready(gateway, 300)
+            say(f"gateway ready in {ready_s:.1f} s (core {SERVER_CORE})")
             edge = EdgeCache(binary, f"127.0.0.1:{port}", tmp / "nginx").start(cpus=SERVER_CORE)
             # No keep-alive: the gateway closes idle connections while wrk runs.
             client = httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_keepalive_connections=0))
@@ -271,7 +272,7 @@ async def main(seconds: float, rounds: int, connections: int) -> bool:
         finally:
             if edge is not None:
                 edge.stop()
-            await gateway.stop()
+            await stop_gateway(gateway)
     report(runs, seconds, connections)
     return all(run.non_2xx == 0 for run in runs)
 

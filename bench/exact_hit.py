@@ -54,12 +54,12 @@ from pathlib import Path
 sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.exact_hit_lib.bare_app import serve_bare
-from bench.exact_hit_lib.litellm_proxy import LITELLM_SPEC, LITELLM_VENV, setup_litellm
-from bench.exact_hit_lib.measure import measure
-from bench.exact_hit_lib.report import report
-from bench.exact_hit_lib.workload import CHAT_KINDS, KINDS
-from bench.support import exit_status, stderr_printer
+from bench.lib.exact_hit.bare_app import serve_bare
+from bench.lib.exact_hit.litellm_proxy import LITELLM_SPEC, LITELLM_VENV, setup_litellm
+from bench.lib.exact_hit.measure import measure
+from bench.lib.exact_hit.report import report
+from bench.lib.exact_hit.workload import CHAT_KINDS, KINDS
+from bench.lib.support import exit_status, stderr_printer
 from harness.vllm_process import test_data_dir
 
 say = stderr_printer("exact_hit")

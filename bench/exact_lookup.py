@@ -29,7 +29,7 @@ sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).r
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import semcache.entry as entry_module
-from bench.support import pct
+from bench.lib.support import pct
 from semcache.entry import CachedAnswer, checksum, decode_entry, encode_entry
 from semcache.exact import CacheStatus, ExactCache
 from semcache.metrics import CacheMetrics

@@ -1,6 +1,6 @@
 """Lose one host at a time under a steady mixed load: what each fault costs.
 
-The cluster of ``harness/cluster.py`` with the replicated shared tier (``cache_cluster``: a
+The cluster of ``harness/cluster/`` with the replicated shared tier (``cache_cluster``: a
 Redis Cluster of three primaries and three replicas on hosts c1-c3, the gateways waiting for
 a replica before acknowledging a batch submit, an upload or a ledger flush). For each fault,
 ``harness.fleet_load.FleetLoad`` sends hits, misses, streams, Workers-AI batch submits, file
@@ -47,7 +47,7 @@ import httpx
 sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.support import exit_status, stderr_printer
+from bench.lib.support import exit_status, stderr_printer
 from harness.cluster import (
     TOKEN,
     Cluster,

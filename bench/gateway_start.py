@@ -27,7 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.support import REPO, ServerProcess, child_env, gateway_toml
+from bench.lib.support import GATEWAY_ENV, gateway_ready, gateway_toml, stop_gateway
+from harness.gateway import GatewayProcess
 from harness.ports import free_port
 
 WAYS = ("checked", "first", "torch")
@@ -52,21 +53,11 @@ async def start_once(root: Path, way: str, shared: Path, run: int) -> float:
         "first": {"SEMCACHE_ENCODER_DIR": str(data / "encoders")},
         "torch": {"SEMCACHE_ENCODER_RUNTIME": "torch"},
     }[way]
-    command = [sys.executable, "-m", "server.cli", "serve", "--no-launch"]
-    command += ["--config", str(config), "--port", str(port)]
-    process = ServerProcess(
-        way,
-        command,
-        f"http://127.0.0.1:{port}",
-        data / "gateway.log",
-        child_env(PYTHONPATH=str(REPO), **env),
-        REPO,
-    )
-    process.start()
+    gateway = GatewayProcess(config, port, {**GATEWAY_ENV, **env}, log=data / "gateway.log")
     try:
-        return await process.wait_ready(120.0, "/health")  # up once the models are loaded
+        return await gateway_ready(gateway, 120.0, "/health")  # up once the models are loaded
     finally:
-        await process.stop()
+        await stop_gateway(gateway)
 
 
 async def main(rounds: int) -> None:

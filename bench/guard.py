@@ -44,9 +44,10 @@ import httpx
 import orjson
 from prometheus_client import CollectorRegistry
 
-from bench.support import REPO, gateway_process, pct, toml_value
-from bench.wrk import parse_wrk, wrk_version
+from bench.lib.support import GATEWAY_ENV, REPO, gateway_ready, pct, stop_gateway, toml_value
+from bench.lib.wrk import parse_wrk, wrk_version
 from foundation.request import RequestContext
+from harness.gateway import GatewayProcess
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm, test_data_dir
 from semcache.guard_rules import BUILTIN_ENTITIES
@@ -215,11 +216,11 @@ async def hits(rounds: int, seconds: int, connections: list[int]) -> None:
             config = tmp / f"{name}-gateway.toml"
             lines = [extra.strip()] if extra else []
             config.write_text("\n".join([*lines, _gateway(tmp / name, port, vllm.url, data)]))
-            gw = gateway_process(config, port, tmp / f"{name}.log")
-            gw.command = ["taskset", "-c", server_core, *gw.command]
-            gw.start()
-            await gw.wait_ready(240)
+            gw = GatewayProcess(
+                config, port, GATEWAY_ENV, cores=server_core, log=tmp / f"{name}.log"
+            )
             gateways[name] = gw
+            await gateway_ready(gw, 240)
         scripts = {}
         for way, headers in (("early", {}), ("routed", {"Cache-Control": "max-age=86400"})):
             lua = [
@@ -270,7 +271,7 @@ async def hits(rounds: int, seconds: int, connections: list[int]) -> None:
                 print(f"  {way:6s} c={c:<2d} " + " | ".join(cells))
     finally:
         for gw in gateways.values():
-            await gw.stop()
+            await stop_gateway(gw)
         await vllm.stop()
 
 

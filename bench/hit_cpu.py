@@ -7,7 +7,7 @@ over ``--requests`` hits after a warm-up. On a machine shared with other work a 
 CPU time still grows with contention (caches, SMT siblings): compare two trees by
 alternating runs (``--repeat``) and reading the lowest figure of each.
 
-The answers come from the tests' fake generation backend (``harness.fake_backend``)
+The answers come from the tests' fake generation backend (``harness.fake_vllm``)
 and the local MiniLM embedder; each request is sent until it is a hit
 (``cf-aig-cache-status: HIT``), then only hits are measured. Beside each, a bare Litestar
 route sending back the same headers and bytes is measured the same way: ``bare/hit`` is
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.local import LocalEmbeddingBackend
 from backends.registry import ModelInfo, ModelRegistry
-from harness.fake_backend import FakeGeneration
+from harness.fake_vllm import FakeGeneration
 from server.app import create_app
 from server.config import GatewayConfig
 

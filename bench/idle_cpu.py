@@ -30,7 +30,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.support import REPO, ServerProcess, serve_process, stderr_printer
+from bench.lib.support import GATEWAY_ENV, REPO, gateway_ready, stderr_printer, stop_gateway
+from harness.gateway import GatewayProcess
 from server.config import DEFAULT_CONFIG
 
 say = stderr_printer("idle_cpu")
@@ -169,20 +170,19 @@ async def traffic(url: str) -> None:
 @contextlib.asynccontextmanager
 async def serve_default(
     label: str, delay_us: int | None, args: argparse.Namespace
-) -> AsyncIterator[tuple[str, ServerProcess]]:
+) -> AsyncIterator[tuple[str, GatewayProcess]]:
     """``semcache serve`` with the default config (``config_with``), ready; stopped after."""
     folder = Path(tempfile.mkdtemp(prefix="semcache-idle-"))
     config = folder / "config.toml"
     config.write_text(config_with(delay_us, args.port, args.base_port))
-    url = f"http://127.0.0.1:{args.port}"
-    server = serve_process(config, url, folder / "serve.log")
-    server.start()
+    log = folder / "serve.log"
+    server = GatewayProcess(config, args.port, GATEWAY_ENV, launch=True, log=log)
     try:
-        say(f"{label}: starting semcache serve (config {config}, log {folder / 'serve.log'})")
-        await server.wait_ready(args.ready_timeout_s)
-        yield url, server
+        say(f"{label}: starting semcache serve (config {config}, log {log})")
+        await gateway_ready(server, args.ready_timeout_s)
+        yield server.url, server
     finally:
-        await server.stop(grace_s=30)
+        await stop_gateway(server)
 
 
 async def measure(label: str, delay_us: int | None, args: argparse.Namespace) -> dict[str, float]:

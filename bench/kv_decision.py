@@ -24,7 +24,7 @@ from backends.kv.scoring import KvScorer
 from backends.kv.tokens import PromptTokenizer
 from backends.placement import Placement, RouteKey
 from backends.servers import ServerState
-from bench.support import pct
+from bench.lib.support import pct
 from harness.tiny_llama import build_tiny_llama
 from harness.vllm_process import TINY_MODEL_NAME, test_data_dir
 

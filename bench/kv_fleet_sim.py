@@ -55,7 +55,7 @@ from backends.kv.scoring import KvScorer
 from backends.kv.settings import PlacementPolicy
 from backends.placement import Placement, RouteKey
 from backends.servers import ServerState
-from bench.support import pct
+from bench.lib.support import pct
 
 POLICIES: tuple[PlacementPolicy, ...] = ("kv", "prefix-hash", "round-robin", "least-loaded")
 _encoder = msgspec.msgpack.Encoder()

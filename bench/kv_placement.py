@@ -37,7 +37,7 @@ from backends.kv.hashing import BlockHasher
 from backends.kv.settings import KvSettings
 from backends.kv.tokens import PromptTokenizer
 from backends.launch.process import VllmProcess
-from bench.support import pct
+from bench.lib.support import pct
 from harness.gateway import GatewayProcess
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm, test_data_dir

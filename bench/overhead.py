@@ -12,7 +12,7 @@ batch capped at 32 so it always has a full batch and a queue): there tok/s is vL
 capacity as each target delivers it, and that is where "loses no throughput" is judged.
 They sample vLLM's running and waiting requests during every window (the gateway must never
 leave vLLM's queue empty), and with ``--control`` add a third target: direct traffic while
-``diagnostics/cpu_burn.py`` burns, on the client's core, the CPU share the gateway used (does the
+``lib/cpu_burn.py`` burns, on the client's core, the CPU share the gateway used (does the
 gateway's CPU alone, on the core next to vLLM's, cost vLLM throughput?).
 With 1 or 8 requests sent together and awaited, tok/s is tokens over latency: those ratios
 restate the added latency and are shown, not judged. Every prompt is
@@ -53,10 +53,10 @@ from pathlib import Path
 sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.overhead_lib.batches import CPU_BURN
-from bench.overhead_lib.cells import CONTROL, SUSTAINED_IN_FLIGHT
-from bench.overhead_lib.session import run
-from bench.support import REPO, exit_status, parse_cores, stderr_printer
+from bench.lib.overhead.batches import CPU_BURN
+from bench.lib.overhead.cells import CONTROL, SUSTAINED_IN_FLIGHT
+from bench.lib.overhead.session import run
+from bench.lib.support import REPO, exit_status, parse_cores, stderr_printer
 from harness.vllm_process import test_data_dir
 
 say = stderr_printer("overhead")
@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--minimal-proxy",
         action="store_true",
-        help="measure bench/diagnostics/minimal_proxy.py (aiohttp in and out, nothing else) in the "
+        help="measure bench/lib/minimal_proxy.py (aiohttp in and out, nothing else) in the "
         "gateway's place: the floor of any Python proxy in this layout",
     )
     ap.add_argument("--throughput-tolerance", type=float, default=0.01)

@@ -70,7 +70,7 @@ from backends.pool_metrics import histogram_totals
 from backends.profiles import LaunchProfile
 from backends.protocol import BackendError
 from backends.vllm import VllmClient
-from bench.support import pct_ms, stderr_printer
+from bench.lib.support import pct_ms, stderr_printer
 from foundation.request import RequestContext
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, test_data_dir, tiny_llama

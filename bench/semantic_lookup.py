@@ -26,7 +26,7 @@ import msgspec
 import numpy as np
 from tqdm import tqdm
 
-from bench.support import pct_ms
+from bench.lib.support import pct_ms
 from semcache.semantic.encoder import Encoder
 from semcache.semantic.partition import PartitionIndex
 from semcache.semantic.partition_types import IndexSettings, Limits

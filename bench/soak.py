@@ -34,7 +34,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.support import REPO, pct_ms, serve_process, stderr_printer
+from bench.lib.support import GATEWAY_ENV, REPO, gateway_ready, pct_ms, stderr_printer, stop_gateway
+from harness.gateway import GatewayProcess
 from harness.metrics import parse_metric
 from server.config import DEFAULT_CONFIG
 
@@ -284,26 +285,27 @@ def records_on_disk(data_dir: Path) -> int | None:
 async def run(args: argparse.Namespace) -> bool:
     folder = Path(tempfile.mkdtemp(prefix="semcache-soak-"))
     data_dir = folder / "data"
-    # the prepared model and the exported encoder graph are reused from the checkout's .data
+    # the prepared model is reused from the checkout's .data (the encoder graphs from the
+    # folder GatewayProcess gives every gateway)
     data_dir.mkdir()
-    for shared in ("models", "encoders"):
-        if (REPO / ".data" / shared).exists():
-            (data_dir / shared).symlink_to(REPO / ".data" / shared)
+    if (REPO / ".data" / "models").exists():
+        (data_dir / "models").symlink_to(REPO / ".data" / "models")
     config = folder / "config.toml"
     config.write_text(config_text(args.port, args.base_port, data_dir))
     policy = folder / "policy.toml"
     policy.write_text(policy_text())
-    url = f"http://127.0.0.1:{args.port}"
-    server = serve_process(config, url, folder / "serve.log", "--policy", str(policy))
-    server.start()
+    log = folder / "serve.log"
+    server = GatewayProcess(
+        config, args.port, GATEWAY_ENV, launch=True, args=["--policy", str(policy)], log=log
+    )
     try:
-        say(f"starting semcache serve (log {folder / 'serve.log'})")
-        await server.wait_ready(args.ready_timeout_s)
+        say(f"starting semcache serve (log {log})")
+        await gateway_ready(server, args.ready_timeout_s)
         gateway = psutil.Process(server.pid)
         say(f"ready; {args.minutes:g} min of traffic at {args.rate} req/s")
-        tally, metrics = await drive(url, gateway.pid, args)
+        tally, metrics = await drive(server.url, gateway.pid, args)
     finally:
-        await server.stop(grace_s=60)
+        await stop_gateway(server, 60)
     return report(tally, metrics, args, records_on_disk(data_dir))
 
 

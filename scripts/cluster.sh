@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# A multi-host Semcache on this one machine: hosts as network namespaces on a private bridge
-# (lb, gw1, gw2, redis, p1, d1 on 10.77.0.0/24; see harness/cluster.py and docs/deploy.md).
+# The tests' multi-host cluster on this one machine: hosts as network namespaces on a private
+# bridge (lb, gw1, gw2, redis, p1, d1 on 10.77.0.0/24; see harness/cluster/ and docs/deploy.md).
+# A developer tool: what tests/server/test_cluster.py proves the multi-host topology on and
+# the benches measure (the tests' tiny model and tokens), not a deployment of Semcache.
 #
 #   scripts/cluster.sh up [--kv-transport tcp|shm] [--cache-cluster]
 #                                                    build and start what is missing (idempotent);
@@ -26,6 +28,6 @@ case "${1:-}" in
         fi
         ;;
     down | status | requirements) ;;
-    *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
 exec env PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m harness.cluster "$@"

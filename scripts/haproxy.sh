@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# HAProxy for the multi-host cluster (harness/cluster.py, scripts/cluster.sh): the load
+# HAProxy for the multi-host cluster (harness/cluster/, scripts/cluster.sh): the load
 # balancer in front of the gateways.
 #
 #   scripts/haproxy.sh install     install haproxy from Debian if missing (not started as a

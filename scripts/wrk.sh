@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# wrk, the load generator of the benches (bench/wrk.py): an httpx client tops out near
+# wrk, the load generator of the benches (bench/lib/wrk.py): an httpx client tops out near
 # 300 req/s here, wrk does not.
 #
 #   scripts/wrk.sh install     install wrk from Debian if missing

@@ -1,5 +1,5 @@
-"""README.md's measured figures are bench/RESULTS.md's: ``python -m bench.readme_figures``
-checks it (tests never import bench/, so the check runs as its command)."""
+"""README.md's measured figures are bench/RESULTS.md's: ``scripts/readme_figures.py`` checks
+it (the tests import no script, so the check runs as its command)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def check(*args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "bench.readme_figures", *args]
+    command = [sys.executable, str(ROOT / "scripts" / "readme_figures.py"), *args]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from backends.local import LocalEmbeddingBackend
 from backends.models import package_model_dir
-from bench.support import pct_ms
+from bench.lib.support import pct_ms
 from semcache.tuning.pairs import QQP_PAIRS, load_pairs, unique_texts
 
 RUNTIMES = ("torch", "onnx")

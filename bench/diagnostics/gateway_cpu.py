@@ -1,8 +1,8 @@
 """Gateway CPU per request, without a model: the gateway in front of a fake vLLM.
 
-The fake (an aiohttp server in its own process) answers chat completions like vLLM does, at
-once: a JSON answer, or 16 content events (the last with its finish reason), a usage event and
-``[DONE]``, one HTTP chunk each (1 ms apart): complete answers, which the cache stores. With
+The fake (``harness.fake_vllm``, in its own process) answers chat completions like vLLM does,
+at once: a JSON answer, or 16 content events (the last with its finish reason), a usage event
+and ``[DONE]``, one HTTP chunk each (1 ms apart): complete answers, which the cache stores. With
 no model competing for the cores, the gateway's CPU time per request (user + system, read
 with psutil) is a steadier figure than latency on a shared machine; it is what the gateway
 adds to every request. Write system calls per request (``/proc/PID/io``) are steadier still.
@@ -17,161 +17,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
-import socket
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from pathlib import Path
 
 import httpx
-import orjson
 import psutil
-from aiohttp import web
 
-from bench.overhead_lib.chat import chat_body
-from bench.support import GATEWAY_MODEL_ID, ServerProcess, gateway_process, gateway_toml
-from harness.ports import free_port
-
-SERVED = "fake-llama"
-TOKENS = 16
-PACE_S = 0.001
-"""The fake's gap between two tokens (``--burst``: none)."""
-_EVENT = orjson.dumps(
-    {
-        "id": "chatcmpl-x",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": SERVED,
-        "choices": [{"index": 0, "delta": {"content": " word"}, "finish_reason": None}],
-    }
-)
-_FINAL = orjson.dumps(  # the last content event carries the finish reason, as vLLM's does
-    {
-        "id": "chatcmpl-x",
-        "object": "chat.completion.chunk",
-        "created": 1,
-        "model": SERVED,
-        "choices": [{"index": 0, "delta": {"content": " word"}, "finish_reason": "length"}],
-    }
-)
-_USAGE = {"prompt_tokens": 40, "completion_tokens": TOKENS, "total_tokens": 40 + TOKENS}
-_LAST = orjson.dumps(
-    {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1, "model": SERVED}
-    | {"choices": [], "usage": _USAGE}
-)
-_ANSWER = orjson.dumps(
-    {
-        "id": "chatcmpl-x",
-        "object": "chat.completion",
-        "created": 1,
-        "model": SERVED,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": " word" * TOKENS},
-                "finish_reason": "length",
-            }
-        ],
-        "usage": _USAGE,
-    }
-)
-
-
-def fake_app(
-    pace_s: float = PACE_S, on_chat: Callable[[bytes], None] | None = None
-) -> web.Application:
-    """The fake vLLM: answers ``pace_s`` apart per token; ``on_chat`` sees each request body
-    as soon as it is read."""
-
-    async def chat(request: web.Request) -> web.StreamResponse:
-        raw = await request.read()
-        if on_chat is not None:
-            on_chat(raw)
-        if not orjson.loads(raw).get("stream"):
-            if pace_s:
-                await asyncio.sleep(pace_s * TOKENS)
-            return web.Response(body=_ANSWER, content_type="application/json")
-        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
-        await response.prepare(request)
-        for i in range(TOKENS):
-            await response.write(b"data: " + (_FINAL if i == TOKENS - 1 else _EVENT) + b"\n\n")
-            if pace_s:
-                await asyncio.sleep(pace_s)
-        await response.write(b"data: " + _LAST + b"\n\n")
-        await response.write(b"data: [DONE]\n\n")
-        await response.write_eof()
-        return response
-
-    async def empty(request: web.Request) -> web.StreamResponse:
-        return web.Response(text="")
-
-    async def models(request: web.Request) -> web.StreamResponse:
-        card = {"id": SERVED, "object": "model", "max_model_len": 2048}
-        payload = {"object": "list", "data": [card]}
-        return web.Response(body=orjson.dumps(payload), content_type="application/json")
-
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", chat)
-    app.router.add_get("/health", empty)
-    app.router.add_get("/metrics", empty)
-    app.router.add_get("/v1/models", models)
-    return app
-
-
-def serve_fake(port: int, pace_s: float = PACE_S) -> None:
-    """Run the fake vLLM on ``port`` until killed."""
-    web.run_app(fake_app(pace_s), host="127.0.0.1", port=port, access_log=None, print=None)
-
-
-@contextlib.asynccontextmanager
-async def gateway_before(fake_url: str, *, cache: bool = True) -> AsyncIterator[ServerProcess]:
-    """The real gateway (its own process, a throw-away data dir) in front of ``fake_url``."""
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="semcache-gwbench-") as tmp_name:
-        tmp = Path(tmp_name)
-        config = tmp / "gateway.toml"
-        config.write_text(
-            gateway_toml(
-                data_dir=tmp, port=port, vllm_url=fake_url, served=SERVED, model=None, cache=cache
-            )
-        )
-        gateway = gateway_process(config, port, tmp / "gateway.log")
-        gateway.start()
-        try:
-            await gateway.wait_ready(180.0)
-            yield gateway
-        finally:
-            await gateway.stop()
-
-
-@contextlib.contextmanager
-def fake_process(
-    module: str, cores: set[int] | None = None, extra: Sequence[str] = ()
-) -> Iterator[str]:
-    """``python -m module --serve-fake PORT [extra]`` in a child process (on ``cores``) while
-    the block runs; yields its URL once it accepts connections."""
-    port = free_port()
-    pin = (lambda: os.sched_setaffinity(0, cores)) if cores else None
-    command = [sys.executable, "-m", module, "--serve-fake", str(port), *extra]
-    fake = subprocess.Popen(command, preexec_fn=pin)
-    try:
-        deadline = time.monotonic() + 30.0
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if fake.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"the fake vLLM of {module} did not start") from None
-                time.sleep(0.05)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        fake.terminate()
-        fake.wait()
+from bench.lib.cpu_probe import PACE_S, TOKENS, fake_process, fake_vllm, gateway_before
+from bench.lib.overhead.chat import chat_body
+from bench.lib.support import GATEWAY_MODEL_ID
 
 
 async def measure(args: argparse.Namespace, fake_url: str) -> None:
@@ -225,7 +79,7 @@ def main() -> int:
     ap.add_argument("--serve-fake", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_fake:
-        serve_fake(args.serve_fake, 0.0 if args.burst else PACE_S)
+        fake_vllm(0.0 if args.burst else PACE_S, port=args.serve_fake).serve_forever()
         return 0
     with fake_process(__spec__.name, extra=["--burst"] if args.burst else []) as fake_url:
         asyncio.run(measure(args, fake_url))

@@ -23,7 +23,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench.idle_cpu import report_threads, serve_default, thread_snapshot, traffic
-from bench.support import stderr_printer
+from bench.lib.support import stderr_printer
 
 say = stderr_printer("idle_threads")
 

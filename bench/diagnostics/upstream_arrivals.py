@@ -1,6 +1,6 @@
 """When a wave of concurrent requests reaches vLLM: sent straight to it, or through the gateway.
 
-A fake vLLM (an aiohttp server in its own process, pinned to core 1 when there is one) notes
+A fake vLLM (``harness.fake_vllm`` in its own process, pinned to core 1 when there is one) notes
 the moment each chat request arrives; the gateway (``python -m server.cli serve --no-launch``)
 and this load client share the other core, as in ``overhead.py``. Waves of ``--concurrency``
 requests alternate between the fake itself and the gateway in front of it. For each target it
@@ -25,32 +25,35 @@ import numpy as np
 import orjson
 from aiohttp import web
 
-from bench.diagnostics.gateway_cpu import SERVED, TOKENS, fake_app, fake_process, gateway_before
-from bench.overhead_lib.chat import chat_body
-from bench.support import GATEWAY_MODEL_ID
+from bench.lib.cpu_probe import SERVED, TOKENS, fake_process, gateway_before
+from bench.lib.overhead.chat import chat_body
+from bench.lib.support import GATEWAY_MODEL_ID
+from harness.fake_vllm import FakeVllm
 
 UID = re.compile(rb'"content":"(\d{7})\.')
 
 
-def serve_fake(port: int) -> None:
-    """The fake vLLM on ``port``, answering at once; ``GET /arrivals`` hands over (and forgets)
-    when each request arrived."""
-    arrivals: dict[str, float] = {}
+class ArrivalsVllm(FakeVllm):
+    """The fake vLLM answering at once; ``GET /arrivals`` hands over (and forgets) when each
+    request arrived."""
 
-    def note(raw: bytes) -> None:
+    def __init__(self, port: int) -> None:
+        super().__init__(
+            SERVED, text=" word" * TOKENS, finish_reason="length", on_chat=self.note, port=port
+        )
+        self.arrivals: dict[str, float] = {}
+
+    def note(self, raw: bytes) -> None:
         at = time.monotonic()  # CLOCK_MONOTONIC: comparable across processes
         found = UID.search(raw)
         if found:
-            arrivals[found.group(1).decode()] = at
+            self.arrivals[found.group(1).decode()] = at
 
-    async def taken(request: web.Request) -> web.Response:
-        out = dict(arrivals)
-        arrivals.clear()
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if request.path != "/arrivals":
+            return await super().handle(request)
+        out, self.arrivals = self.arrivals, {}
         return web.Response(body=orjson.dumps(out), content_type="application/json")
-
-    app = fake_app(pace_s=0, on_chat=note)
-    app.router.add_get("/arrivals", taken)
-    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
 async def measure(args: argparse.Namespace, fake_url: str) -> None:
@@ -112,7 +115,7 @@ def main() -> int:
     if args.serve_fake:
         if len(cores) > 1:
             os.sched_setaffinity(0, {cores[-1]})
-        serve_fake(args.serve_fake)
+        ArrivalsVllm(args.serve_fake).serve_forever()
         return 0
     if len(cores) > 1:
         os.sched_setaffinity(0, set(cores[:-1]))  # the gateway (started below) inherits it

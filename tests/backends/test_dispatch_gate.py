@@ -12,8 +12,8 @@ from backends.scraped_metrics import parse_upstream_metrics
 from backends.servers import ServerState
 from backends.upstream import HttpSession
 from foundation.request import QueueTicket
+from harness.fake_vllm import FakeServer
 from tests.backends.pools import make_pool
-from tests.support.fake_upstream import FakeServer
 
 
 class Signals:

@@ -8,8 +8,8 @@ from aiohttp import web
 
 from backends.health import HealthMonitor
 from backends.upstream import HttpSession
+from harness.fake_vllm import FakeServer
 from tests.backends.pools import make_pool
-from tests.support.fake_upstream import FakeServer
 
 
 async def test_health_checks_eject_after_three_silent_failures_and_readmit() -> None:

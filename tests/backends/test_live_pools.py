@@ -1,5 +1,5 @@
 """Servers joining and leaving pools while they serve, without vLLM: the pool mechanics, the
-P/D client over fake servers (``tests.support.fake_upstream``), and the admin API of the app
+P/D client over fake servers (``harness.fake_vllm``), and the admin API of the app
 ``semcache serve`` builds. Real vLLM under load: ``test_live_pools_vllm.py``."""
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from backends.scraped_metrics import parse_upstream_metrics
 from backends.servers import ServerState
 from backends.vllm import VllmClient
 from foundation.request import RequestContext
+from harness.fake_vllm import FakeServer
 from server.app import create_app
 from server.config import GatewayConfig, ModelEntry
 from server.identity.auth import AuthSettings, TokenEntry
 from tests.backends.pools import make_pool
-from tests.support.fake_upstream import FakeServer
 
 LONG = "The cat reads a book near the window. " * 40
 CHAT = "/v1/chat/completions"

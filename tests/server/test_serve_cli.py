@@ -11,13 +11,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
-import threading
-import time
 import tomllib
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -27,6 +24,7 @@ import pytest
 
 from backends.config import VllmBackend
 from backends.launch import cpu_pinning
+from harness.gateway import GatewayProcess
 from harness.metrics import metric_value
 from harness.ports import free_port
 from server.config import DEFAULT_CONFIG, GatewayConfig, parse_config
@@ -64,50 +62,34 @@ def _running(pid: int) -> bool:
 
 @dataclass
 class Served:
-    proc: subprocess.Popen[str]
-    url: str
+    gateway: GatewayProcess
     config: GatewayConfig
-    lines: list[str] = field(default_factory=list)
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        assert self.gateway.proc is not None
+        return self.gateway.proc
+
+    @property
+    def url(self) -> str:
+        return self.gateway.url
+
+    @property
+    def lines(self) -> list[str]:
+        return self.gateway.lines
 
     def log(self, last: int = 40) -> str:
-        return "".join(self.lines[-last:])
+        return self.gateway.log_tail(last)
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Iterator[Served]:
     path, config = _write_config(tmp_path_factory.mktemp("serve"), data_dir)
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "server.cli", "serve", "--config", str(path), "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    served = Served(proc, f"http://127.0.0.1:{port}", config)
-    ready = threading.Event()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            served.lines.append(line)
-            if "[semcache] ready" in line:
-                ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
+    gateway = GatewayProcess(path, launch=True)
     try:
-        deadline = time.monotonic() + 600
-        while not ready.wait(1) and proc.poll() is None and time.monotonic() < deadline:
-            pass
-        assert ready.is_set(), f"exit status {proc.poll()}:\n{served.log()}"
-        yield served
+        yield Served(gateway.start(600), config)
     finally:
-        if proc.poll() is None:  # the Ctrl-C test did not run, or failed
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        gateway.stop(60)  # the Ctrl-C test did not run, or failed
 
 
 def test_serve_default_answers_the_openai_sdk(served: Served) -> None:

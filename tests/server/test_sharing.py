@@ -17,7 +17,7 @@ from litestar.testing import TestClient
 
 from backends.local import LocalEmbeddingBackend
 from backends.registry import ModelInfo, ModelRegistry
-from harness.fake_backend import FakeGeneration
+from harness.fake_vllm import FakeGeneration
 from harness.metrics import parse_metric
 from server.app import create_app
 from server.config import parse_config

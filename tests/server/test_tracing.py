@@ -3,7 +3,7 @@ the client's ``traceparent``, the ``traceparent`` sent on each hop, the request 
 batch items as traces of their own linked to their batch's submit.
 
 The prefill and decode servers are local HTTP servers answering like vLLM
-(``tests.support.fake_upstream``); spans go to the SDK's in-memory exporter, except in the
+(``harness.fake_vllm``); spans go to the SDK's in-memory exporter, except in the
 slow semantic test: ``semcache serve`` exporting to a real OTLP receiver. The same through
 real vLLM too: ``test_tracing_vllm.py``.
 """
@@ -26,12 +26,12 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from backends.config import VllmBackend, VllmServer
+from harness.fake_vllm import FakeServer, sse
 from harness.gateway import GatewayProcess, GatewayThread, write_config_toml
 from harness.otlp_receiver import OtlpReceiver, ReceivedSpan
 from server.config import GatewayConfig, ModelEntry
 from server.limits.settings import LimitSettings
 from server.telemetry import TracingSettings
-from tests.support.fake_upstream import FakeServer, sse
 from tests.support.waiting import wait_until_async
 
 PARAMS = {"do_remote_prefill": True, "remote_block_ids": [1], "remote_engine_id": "e"}

@@ -11,7 +11,7 @@ import pytest
 from litestar.testing import TestClient
 
 from backends.registry import ModelInfo, ModelRegistry
-from harness.fake_backend import FakeGeneration
+from harness.fake_vllm import FakeGeneration
 from server.app import create_app
 from server.config import DebugSettings, GatewayConfig
 

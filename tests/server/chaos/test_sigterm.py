@@ -1,7 +1,7 @@
 """SIGTERM of `semcache serve`: what is in flight finishes, new work gets 503, exit status 0.
 
 The gateway runs as a child process (`semcache serve --no-launch`) in front of a stand-in
-vLLM that holds its answers until the test releases them (``held_upstream``): the requests
+vLLM that holds its answers until the test releases them (``harness.fake_vllm``): the requests
 are provably in flight for as long as the drain is probed, on any machine.
 """
 
@@ -18,10 +18,10 @@ import httpx
 import orjson
 import pytest
 
+from harness.fake_vllm import FakeVllm
 from harness.gateway import GatewayProcess
 from harness.vllm_process import TINY_MODEL_NAME
 from tests.server.chaos.common import write_gateway_toml
-from tests.server.chaos.held_upstream import HeldUpstream
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -65,7 +65,9 @@ def _plain(url: str, out: dict[str, Any]) -> None:
 def test_sigterm_drains_in_flight_refuses_new_work_and_exits_0(
     tmp_path: Path, data_dir: Path
 ) -> None:
-    upstream = HeldUpstream(TINY_MODEL_NAME).start()
+    upstream = FakeVllm(
+        TINY_MODEL_NAME, text="held answer", usage=(3, 2), finish_reason="length", hold=True
+    ).start()
     config = write_gateway_toml(
         tmp_path / "gateway.toml", tmp_path, data_dir / "models", upstream.url
     )

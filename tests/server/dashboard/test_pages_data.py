@@ -8,7 +8,7 @@ from typing import Any
 from litestar.testing import TestClient
 
 from backends.registry import ModelInfo, ModelRegistry
-from harness.fake_backend import FakeGeneration
+from harness.fake_vllm import FakeGeneration
 from server.app import create_app
 from server.config import GatewayConfig
 from server.identity.auth import AuthSettings, TokenEntry

@@ -16,7 +16,7 @@ import pytest
 
 from backends.local import LocalEmbeddingBackend
 from backends.registry import ModelInfo, ModelRegistry
-from harness.fake_backend import FakeGeneration
+from harness.fake_vllm import FakeGeneration
 from harness.gateway import GatewayThread
 from harness.metrics import parse_metric
 from server.config import parse_config

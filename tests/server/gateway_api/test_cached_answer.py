@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from litestar.testing import TestClient
 
-from harness.fake_backend import FakeGeneration
+from harness.fake_vllm import FakeGeneration
 
 Client = TestClient[Any]
 ADMIN = "edge-admin"

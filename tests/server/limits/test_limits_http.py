@@ -18,12 +18,11 @@ import pytest
 
 from backends.registry import ModelInfo, ModelRegistry
 from foundation.request import RequestContext
-from harness.fake_backend import FakeGeneration, FakeStream
+from harness.fake_vllm import FakeGeneration, FakeStream, FakeVllm
 from harness.gateway import GatewayProcess, GatewayThread
 from server.config import GatewayConfig, parse_config
 from server.limits.limiter import estimate_tokens
 from tests.semcache.conftest import RedisServer
-from tests.support.fake_vllm import FakeVllm
 from tests.support.waiting import wait_until
 
 CHAT = "/v1/chat/completions"

@@ -9,7 +9,7 @@ import pytest
 from litestar.testing import TestClient
 
 from backends.protocol import BackendError
-from harness.fake_backend import FakeGeneration
+from harness.fake_vllm import FakeGeneration
 
 Client = TestClient[Any]
 

@@ -13,9 +13,9 @@ import pytest
 from litestar.testing import TestClient
 
 from backends.config import VllmBackend, VllmLaunch, VllmServer
+from harness.fake_vllm import FakeVllm
 from server.app import create_app
 from server.config import GatewayConfig, ModelEntry
-from tests.support.fake_vllm import FakeVllm
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from litestar.testing import AsyncTestClient
 
 from backends.config import VllmBackend, VllmServer
 from backends.vllm import VllmClient
+from harness.fake_vllm import FakeServer
 from harness.ports import free_port
 from server.app import create_app, registry_from_config
 from server.config import GatewayConfig, ModelEntry
@@ -24,7 +25,6 @@ from server.pools.records import MemberChange
 from server.pools.settings import MembershipSettings
 from server.pools.store import LocalMembershipStore
 from server.pools.sync import PoolMembership
-from tests.support.fake_upstream import FakeServer
 
 ADMIN = {"authorization": "Bearer tok-ops"}
 SERVERS = "/admin/backends/tiny/both/servers"

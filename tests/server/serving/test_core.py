@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from backends.registry import ModelInfo, ModelRegistry
 from foundation.request import RequestContext
-from harness.fake_backend import FakeGeneration
+from harness.fake_vllm import FakeGeneration
 from semcache.entry import CachedAnswer
 from semcache.exact import ExactCache
 from semcache.policy import PolicyHolder

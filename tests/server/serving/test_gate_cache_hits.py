@@ -16,9 +16,9 @@ from aiohttp import web
 
 from backends.config import VllmBackend, VllmServer
 from backends.vllm import VllmClient
+from harness.fake_vllm import FakeServer
 from harness.gateway import GatewayThread
 from server.config import GatewayConfig, ModelEntry
-from tests.support.fake_upstream import FakeServer
 
 CHAT = "/v1/chat/completions"
 WAITING_PAGE = (

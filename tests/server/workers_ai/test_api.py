@@ -37,7 +37,7 @@ from backends.launch.process import VllmProcess
 from backends.protocol import UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
 from foundation.request import RequestContext
-from harness.fake_backend import FakeGeneration
+from harness.fake_vllm import FakeGeneration
 from harness.gateway import GatewayProcess, write_config_toml
 from harness.metrics import parse_metric
 from harness.ports import free_port

@@ -16,7 +16,7 @@ from litestar.testing import TestClient
 
 from backends.local import LocalEmbeddingBackend
 from backends.registry import ModelInfo, ModelRegistry
-from harness.fake_backend import FakeGeneration
+from harness.fake_vllm import FakeGeneration
 from server.app import create_app
 from server.config import GatewayConfig
 from server.identity.auth import AuthSettings, TokenEntry

@@ -17,9 +17,9 @@ import httpx
 import orjson
 import pytest
 
+from harness.fake_vllm import FakeVllm
 from harness.gateway import REPO_ROOT, GatewayProcess
 from tests.semcache.conftest import RedisServer
-from tests.support.fake_vllm import FakeVllm
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow

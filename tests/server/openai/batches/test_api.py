@@ -19,7 +19,7 @@ from litestar.testing import TestClient
 from backends.protocol import UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
 from foundation.request import RequestContext
-from harness.fake_backend import FakeGeneration
+from harness.fake_vllm import FakeGeneration
 from server.app import create_app
 from server.batch.settings import BatchSettings, FilesSettings, QueueSettings
 from server.config import GatewayConfig

@@ -16,7 +16,7 @@ import pytest
 from litestar.testing import TestClient
 from redis import Redis
 
-from harness.fake_backend import FakeGeneration
+from harness.fake_vllm import FakeGeneration
 from server.batch.settings import QueueSettings
 from tests.semcache.conftest import RedisServer
 from tests.server.openai.batches.test_api import (
