@@ -74,7 +74,8 @@ class Admission:
     ) -> None:
         self.backend = backend
         self.clock = clock
-        """Monotonic seconds: when each flow was last seen (tests set it)."""
+        """Monotonic seconds: when each flow was last seen, how long each waiter waited
+        (tests set it)."""
         self.role = role
         self.servers = servers
         self.max_queue = max_queue
@@ -195,7 +196,7 @@ class Admission:
             wait_s = min(wait_s, ticket.max_wait_s)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
-        queued_at = time.perf_counter()
+        queued_at = self.clock()
         self.waiting += 1
         waiter: Waiter | None = None
         try:
@@ -214,7 +215,7 @@ class Admission:
                     if not self.queue.remove(waiter) and future.done() and not future.cancelled():
                         self.wake_one()  # woken, but leaving: pass the free slot on
                     if isinstance(exc, TimeoutError):
-                        self._wait_histogram(ticket.band).observe(time.perf_counter() - queued_at)
+                        self._wait_histogram(ticket.band).observe(self.clock() - queued_at)
                         why = f"no free server within {wait_s:g} s"
                         raise self._overloaded(why, ticket, "wait") from None
                     raise
@@ -222,7 +223,7 @@ class Admission:
                     raise self._unavailable()
                 lease = self._take(rank(), ticket)
                 if lease is not None:
-                    self._wait_histogram(ticket.band).observe(time.perf_counter() - queued_at)
+                    self._wait_histogram(ticket.band).observe(self.clock() - queued_at)
                     if self.queue and any(s.free for s in self.servers):
                         self.wake_one()
                     return lease

@@ -2,7 +2,8 @@
 
 Six ``redis-server --cluster-enabled yes`` processes (64 MB each, no persistence), joined by
 ``redis-cli --cluster create … --cluster-replicas 1 --cluster-yes``. :meth:`kill` sends
-SIGKILL to one node, so tests can watch its replica take over.
+SIGKILL to one node, so tests can watch its replica take over; :meth:`pause` stops a node
+(SIGSTOP) and :meth:`resume` lets it run on, so a replica can fall behind its primary.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class RedisClusterProcess:
     directory: Path
     ports: list[int] = field(default_factory=list)
     procs: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+    paused: set[int] = field(default_factory=set)
 
     @property
     def url(self) -> str:
@@ -127,13 +129,50 @@ class RedisClusterProcess:
         """Ports of the live nodes that are primaries now."""
         return [p for p in self.live_ports() if "role:master" in self.cli(p, "info", "replication")]
 
+    def owner(self, key: str) -> int:
+        """The port of the live primary whose slots hold ``key``'s (``CLUSTER NODES``)."""
+        port = self.primaries()[0]
+        slot = int(self.cli(port, "cluster", "keyslot", key))
+        for line in self.cli(port, "cluster", "nodes").splitlines():
+            # id, ip:port@bus, flags, primary, ping, pong, epoch, link, slots…
+            fields = line.split()
+            address, flags, ranges = fields[1], fields[2], fields[8:]
+            if "master" not in flags or "fail" in flags:
+                continue
+            for part in ranges:
+                low, _, high = part.partition("-")
+                if low.isdigit() and int(low) <= slot <= int(high or low):
+                    return int(address.split("@")[0].rsplit(":", 1)[1])
+        raise LookupError(f"no live primary serves slot {slot}")
+
+    def replica_of(self, port: int) -> int:
+        """The port of the replica of the primary on ``port`` (``INFO replication``)."""
+        for line in self.cli(port, "info", "replication").splitlines():
+            if line.startswith("slave0:"):
+                fields = dict(kv.split("=", 1) for kv in line.split(":", 1)[1].split(","))
+                return int(fields["port"])
+        raise LookupError(f"the primary on {port} has no replica")
+
+    def pause(self, port: int) -> None:
+        """SIGSTOP the node on ``port``: it reads nothing until :meth:`resume`."""
+        os.kill(self.procs[port].pid, signal.SIGSTOP)
+        self.paused.add(port)
+
+    def resume(self, port: int) -> None:
+        """SIGCONT a node :meth:`pause` stopped."""
+        os.kill(self.procs[port].pid, signal.SIGCONT)
+        self.paused.discard(port)
+
     def kill(self, port: int) -> None:
         """SIGKILL the node on ``port`` (no shutdown, no save)."""
         proc = self.procs[port]
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+        self.paused.discard(port)
 
     def stop(self) -> None:
+        for port in list(self.paused):
+            self.resume(port)
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.terminate()

@@ -136,6 +136,8 @@ async def test_a_tenant_past_its_queued_bound_is_refused_with_retry_after() -> N
 
 
 async def test_a_waiter_past_its_max_wait_is_refused_and_leaves_the_queue() -> None:
+    """Checked against a refused wait observed as 0 s: it lands in the 0.005 s bucket and the
+    test fails."""
     pool = make_pool([1], max_queue=64, timeout_s=30.0)
     held = await pool.admission.acquire(pool.healthy)
     with pytest.raises(BackendError) as refused:
@@ -143,7 +145,12 @@ async def test_a_waiter_past_its_max_wait_is_refused_and_leaves_the_queue() -> N
     assert refused.value.kind == "overloaded"
     assert pool.admission.rejected[("interactive", "a", "wait")] == 1
     assert not pool.admission.queue
-    assert pool.admission.waits["interactive"].collect()[0].samples
+    (family,) = pool.admission.waits["interactive"].collect()
+    observed = {(s.name, s.labels.get("le")): s.value for s in family.samples}
+    assert observed[("semcache_queue_wait_seconds_count", None)] == 1
+    # it waited its 0.01 s before the refusal: above the 0.005 s bucket
+    assert observed[("semcache_queue_wait_seconds_bucket", "0.005")] == 0
+    assert observed[("semcache_queue_wait_seconds_sum", None)] > 0.005
     held.release()
 
 

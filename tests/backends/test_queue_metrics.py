@@ -14,6 +14,7 @@ from backends.pool_metrics import BackendCollector, BackendStats
 from backends.protocol import BackendError
 from foundation.request import QueueTicket
 from tests.backends.pools import make_pool
+from tests.backends.test_admission import Clock
 
 
 def scrape(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -26,7 +27,10 @@ def scrape(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str]
 
 
 async def test_queue_depth_wait_and_rejections_by_band_and_tenant() -> None:
+    """Checked against waits observed as 0 (the wait read off a clock that does not move):
+    the live band's sum is 0, not 0.2, and the test fails."""
     pool = make_pool([1], max_queue=8)
+    pool.admission.clock = clock = Clock()  # how long each waiter waited, set by the test
     registry = CollectorRegistry()
     registry.register(BackendCollector([SimpleNamespace(stats=BackendStats("b", [pool]))]))
     held = await pool.admission.acquire(pool.healthy)
@@ -55,15 +59,28 @@ async def test_queue_depth_wait_and_rejections_by_band_and_tenant() -> None:
         ),
     )
     assert samples[rejected] == 1
+    clock.now = 0.2
     held.release()
     live = await asyncio.wait_for(waiting[0], 1)  # the live waiter goes before the batch one
     assert not waiting[1].done()
+    clock.now = 0.7
     live.release()
     (await asyncio.wait_for(waiting[1], 1)).release()
     samples = scrape(registry)
     wait = "semcache_queue_wait_seconds"
-    for band in ("interactive", "batch"):
-        assert samples[(f"{wait}_count", (("band", band), ("pool", "b/decode")))] == 1
-        assert samples[(f"{wait}_sum", (("band", band), ("pool", "b/decode")))] >= 0
+    # the live waiter waited 0.2 s (until the slot was released), the batch one 0.7 s
+    for band, waited, bucket, below in (
+        ("interactive", 0.2, "0.25", "0.1"),
+        ("batch", 0.7, "1.0", "0.5"),
+    ):
+        labels = (("band", band), ("pool", "b/decode"))
+        assert samples[(f"{wait}_count", labels)] == 1
+        assert samples[(f"{wait}_sum", labels)] == pytest.approx(waited)
+        assert (
+            samples[(f"{wait}_bucket", (("band", band), ("le", bucket), ("pool", "b/decode")))] == 1
+        )
+        assert (
+            samples[(f"{wait}_bucket", (("band", band), ("le", below), ("pool", "b/decode")))] == 0
+        )
     assert not any(name == depth for name, _ in samples)  # nobody waits now
     assert not any(name == "semcache_queue_held" for name, _ in samples)  # nor holds a slot

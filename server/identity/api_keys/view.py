@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -40,12 +40,15 @@ class KeyView:
         hasher: KeyHasher,
         *,
         clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         resync_s: float = 30.0,
         last_used_flush_s: float = 5.0,
     ) -> None:
         self.store = store
         self.hasher = hasher
         self.clock = clock
+        self.sleep = sleep
+        """What the resync and the last-use flush wait on between rounds (a test's clock)."""
         self.resync_s = resync_s
         self.last_used_flush_s = last_used_flush_s
         self._by_id: dict[str, ApiKey] = {}
@@ -164,7 +167,7 @@ class KeyView:
 
     async def _every(self, seconds: float, work: Callable[[], object]) -> None:
         while True:
-            await asyncio.sleep(seconds)
+            await self.sleep(seconds)
             try:
                 result = work()
                 if asyncio.iscoroutine(result):

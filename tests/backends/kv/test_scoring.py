@@ -1,4 +1,8 @@
-"""KV placement's ranking: longest cached prefix against load, the bound, the policies."""
+"""KV placement's ranking: longest cached prefix against load, the bound, the policies.
+
+The scorers carry the shipped weighting (``KvSettings``' load and occupancy weights), and
+the tests assert which server wins, not scores, so tuned weights keep them meaningful. Each
+test names the broken scorer it was run against once, and failed."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import pytest
 from backends.config import VllmBackend, VllmServer
 from backends.kv.index import PoolBlockIndex
 from backends.kv.scoring import KvScorer
+from backends.kv.settings import KvSettings
 from backends.placement import Placement, RouteKey
 from backends.scraped_metrics import UpstreamSample
 from backends.servers import ServerState
@@ -18,8 +23,14 @@ def pool(n: int) -> list[ServerState]:
     return [ServerState(VllmServer(url=f"http://10.0.0.{i}:8000"), limit=16) for i in range(n)]
 
 
-def kv_placement(index: PoolBlockIndex, slack: int = 2, weight: float = 0.5) -> Placement:
-    return Placement(slack, "kv", KvScorer(index, weight, slack))
+SHIPPED = KvSettings()
+"""The ``[backends.kv]`` a config that says nothing gets."""
+
+
+def kv_placement(index: PoolBlockIndex, slack: int = 2) -> Placement:
+    """KV placement as a backend builds it, with the shipped load and occupancy weights."""
+    scorer = KvScorer(index, SHIPPED.load_weight, slack, SHIPPED.occupancy_weight)
+    return Placement(slack, "kv", scorer)
 
 
 def key(blocks: list[int]) -> RouteKey:
@@ -27,6 +38,7 @@ def key(blocks: list[int]) -> RouteKey:
 
 
 def test_the_server_holding_the_longest_prefix_wins() -> None:
+    """Checked against a scorer blind to the matched blocks: the emptiest server wins."""
     servers = pool(3)
     hashes = chat_hashes()
     index = PoolBlockIndex(1000)
@@ -42,15 +54,20 @@ def test_the_server_holding_the_longest_prefix_wins() -> None:
 
 
 def test_no_match_goes_to_the_least_loaded() -> None:
+    """The least loaded server holds the most blocks: one request of load outweighs the
+    occupancy. Checked against a scorer blind to load: the emptiest server wins."""
     servers = pool(3)
     servers[0].inflight, servers[1].inflight, servers[2].inflight = 3, 1, 2
-    placement = kv_placement(PoolBlockIndex(1000))
+    index = PoolBlockIndex(1000)
+    index.store(servers[1].url, range(100, 160))  # none of the request's blocks
+    placement = kv_placement(index)
     assert placement.rank(servers, key(chat_hashes()))[0] is servers[1]
     assert placement.kv is not None
     assert placement.kv.decisions.reasons[("both", "no_match")] == 1
 
 
 def test_the_load_bound_keeps_a_hot_prefix_from_piling_onto_one_server() -> None:
+    """Checked against no bound: the holder, past it, still wins on its cache."""
     servers = pool(2)
     hashes = chat_hashes()
     index = PoolBlockIndex(1000)
@@ -65,11 +82,12 @@ def test_the_load_bound_keeps_a_hot_prefix_from_piling_onto_one_server() -> None
 
 
 def test_a_short_match_loses_to_a_much_less_loaded_server() -> None:
+    """Checked against a scorer blind to load: the short match wins."""
     servers = pool(2)
     hashes = chat_hashes()
     index = PoolBlockIndex(1000)
     index.store(servers[0].url, hashes[:1])  # 1 of 19 blocks
-    placement = kv_placement(index, slack=4, weight=0.5)
+    placement = kv_placement(index, slack=4)
     servers[0].inflight = 2
     assert placement.rank(servers, key(hashes))[0] is servers[1]
     assert placement.kv is not None
@@ -77,6 +95,7 @@ def test_a_short_match_loses_to_a_much_less_loaded_server() -> None:
 
 
 def test_vllm_waiting_queue_counts_as_load() -> None:
+    """Checked against a load of the gateway's open requests only: server 0 wins the tie."""
     servers = pool(2)
     hashes = chat_hashes()
     index = PoolBlockIndex(1000)
@@ -87,6 +106,7 @@ def test_vllm_waiting_queue_counts_as_load() -> None:
 
 
 def test_a_new_scrape_replaces_the_cached_waiting_queue() -> None:
+    """Checked against a waiting queue cached per server URL (the first scrape's kept)."""
     servers = pool(2)
     hashes = chat_hashes()
     index = PoolBlockIndex(1000)
@@ -116,6 +136,7 @@ def test_matched_blocks_counts_only_prefixes_from_the_first_block() -> None:
 
 
 def test_session_affinity_still_pins_and_no_blocks_falls_back_to_the_hash() -> None:
+    """Checked against a fallback by load instead of the prefix hash."""
     servers = pool(4)
     placement = kv_placement(PoolBlockIndex(10))
     pinned = placement.rank(servers, RouteKey(session="conversation-1"))[0]
@@ -170,16 +191,33 @@ def test_kv_placement_needs_endpoints_and_launched_servers_publish() -> None:
 
 
 def test_a_prompt_nobody_holds_goes_where_it_evicts_the_least() -> None:
+    """Checked against ``occupancy_weight = 0``: the first server of the rotation wins."""
     servers = pool(3)
     index = PoolBlockIndex(1000)
     index.store(servers[0].url, range(100, 160))
     index.store(servers[1].url, range(200, 210))
     index.store(servers[2].url, range(300, 340))
-    placement = Placement(2, "kv", KvScorer(index, 0.5, 2, occupancy_weight=0.05))
-    assert placement.rank(servers, key(chat_hashes()))[0] is servers[1]
+    assert kv_placement(index).rank(servers, key(chat_hashes()))[0] is servers[1]
+
+
+def test_equal_holders_of_the_prompt_go_where_it_evicts_the_least() -> None:
+    """Two servers hold the whole prompt under the same load; the one that holds fewer blocks
+    in all takes it. Checked against ``occupancy_weight = 0``: the first of the rotation
+    (the fuller one) wins."""
+    servers = pool(2)
+    hashes = chat_hashes()
+    index = PoolBlockIndex(1000)
+    for server in servers:
+        index.store(server.url, hashes)
+    index.store(servers[0].url, range(100, 200))  # server 0 holds much more besides
+    placement = kv_placement(index)
+    assert placement.rank(servers, key(hashes))[0] is servers[1]
+    assert placement.kv is not None
+    assert placement.kv.decisions.reasons[("both", "cache")] == 1
 
 
 def test_a_large_fleet_scores_the_holders_and_keeps_every_server_once() -> None:
+    """Checked against scoring only the least outstanding servers: the holder is missed."""
     servers = pool(40)
     for i, server in enumerate(servers):
         server.inflight = 5 if i < 4 else i % 3  # the holder is not among the 8 least loaded

@@ -1,7 +1,8 @@
 """Fair share under overload through the real process ``semcache serve`` starts, in front of
-real tiny vLLM: a tenant's flood past its share of the queue gets 429s in its route's format
-while another tenant is served, a wait past ``max_wait_s`` gets a 429, and a token budget
-holds across two gateways sharing one real Redis."""
+real tiny vLLM: a trickle beside a flood goes ahead of the flood's queue and finds the slot
+its share keeps free, a tenant's flood past its share of the queue gets 429s in its route's
+format while another tenant is served, a wait past ``max_wait_s`` gets a 429, and a token
+budget holds across two gateways sharing one real Redis."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from backends.launch.process import VllmProcess
 from harness.gateway import GatewayProcess
@@ -34,7 +36,7 @@ answer is exactly ``max_tokens`` long."""
 
 
 def write_config(
-    folder: Path, vllm_url: str, *, extra: str = "", policy: str | None = None
+    folder: Path, vllm_url: str, *, extra: str = "", policy: str | None = None, slots: int = 1
 ) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     tokens = "\n".join(
@@ -61,7 +63,7 @@ kind = "vllm"
 name = "tiny"
 served_model = "{TINY_MODEL_NAME}"
 revision = "pinned"
-max_inflight_per_server = 1
+max_inflight_per_server = {slots}
 max_queue = 64
 [[backends.servers]]
 url = "{vllm_url}"
@@ -106,6 +108,80 @@ def vllm_running(http: httpx.Client, vllm_url: str) -> float:
         for line in page.splitlines()
         if line.startswith("vllm:num_requests_running")
     )
+
+
+FLOOD = 10
+FLOOD_TOKENS = 200
+"""Each of the flood's answers: long beside the trickle's, short enough for CI."""
+
+
+def queue_gauges(http: httpx.Client) -> dict[tuple[str, str], float]:
+    """``semcache_queue_held`` and ``semcache_queue_depth`` by (name, tenant), off /metrics."""
+    page = http.get("/metrics").text
+    return {
+        (s.name, s.labels["tenant"]): s.value
+        for family in text_string_to_metric_families(page)
+        for s in family.samples
+        if s.name in ("semcache_queue_held", "semcache_queue_depth")
+    }
+
+
+def test_a_trickle_is_served_within_its_share_beside_a_flood(
+    tiny_vllm: VllmProcess, tmp_path: Path, pool: ThreadPoolExecutor
+) -> None:
+    """Two slots; tenant a floods them (2 running, 8 waiting), tenant b sends one short
+    request at a time. b's first request goes ahead of a's queue (fair order), and while b is
+    active a holds one slot, its share, though it still has waiters: the other slot stays
+    free for b's next request (``share_window_s``).
+
+    Checked against ``[queue] enabled = false`` (first come, first served): b's first
+    request waits for nine of a's answers and the test fails; and against ``share_window_s =
+    0`` (fair order without the share): a takes the slot b left, holding two."""
+    extra = "[queue]\nshare_window_s = 30\nmax_wait_s = 120\n"
+    config = write_config(tmp_path / "gw", tiny_vllm.url, extra=extra, slots=2)
+    gateway = GatewayProcess(config).start()
+    ended: list[float] = []
+
+    def flood_request(i: int) -> int:
+        r = http.post(
+            CHAT,
+            content=chat_body(f"flood {i}", FLOOD_TOKENS, logit_bias=NO_END),
+            headers=bearer("a"),
+        )
+        ended.append(time.monotonic())
+        return r.status_code
+
+    try:
+        with httpx.Client(base_url=gateway.url, timeout=300) as http:
+            flood = [pool.submit(flood_request, i) for i in range(FLOOD)]
+
+            def waiting() -> float:  # in every flow: with the queue off, one line of its own
+                gauges = queue_gauges(http)
+                return sum(n for (name, _), n in gauges.items() if name == "semcache_queue_depth")
+
+            until(lambda: waiting() == FLOOD - 2, "two of a's requests run, the rest wait")
+            for turn in range(3):
+                sent = time.monotonic()
+                r = http.post(CHAT, content=chat_body(f"trickle {turn}", 8), headers=bearer("b"))
+                done = time.monotonic()
+                assert r.status_code == 200, r.text
+                if turn == 0:
+                    # ahead of a's eight waiters: at worst behind the one that tied with it,
+                    # and the other running answer may end meanwhile (first come, first
+                    # served: nine)
+                    overtaken = [t for t in ended if sent < t < done]
+                    assert len(overtaken) <= 3, len(overtaken)
+                until(
+                    lambda: not queue_gauges(http).get(("semcache_queue_held", "b")),
+                    "b's slot released",
+                )
+                gauges = queue_gauges(http)
+                # a still waits, yet holds only its share: the other slot stays free for b
+                assert gauges.get(("semcache_queue_depth", "a"), 0) >= 1, gauges
+                assert gauges.get(("semcache_queue_held", "a")) == 1, gauges
+            assert [f.result(timeout=300) for f in flood] == [200] * FLOOD
+    finally:
+        gateway.stop()
 
 
 def test_a_flood_past_its_queue_share_gets_429s_while_another_tenant_is_served(

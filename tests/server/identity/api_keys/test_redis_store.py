@@ -15,6 +15,7 @@ from server.identity.api_keys.view import KeyView
 from server.limits.settings import LimitSettings
 from tests.semcache.conftest import RedisServer
 from tests.server.identity.api_keys.conftest import ADMIN
+from tests.support.stepped_clock import SteppedClock
 from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.slow
@@ -56,18 +57,44 @@ async def test_a_change_on_one_view_reaches_the_other_through_pubsub(
         await two.aclose()
 
 
-async def test_a_view_reads_the_whole_store_when_it_reloads(
+async def test_a_view_that_missed_a_change_catches_up_on_its_resync(
     redis_server: RedisServer, redis_prefix: str
 ) -> None:
-    writer = view_on(redis_server.url, redis_prefix)
-    reader = view_on(redis_server.url, redis_prefix)  # not started: it hears no message
+    """A key whose change message was lost (written, then published where nobody listens, as
+    by a gateway that died between the two) reaches a running view on its resync, which the
+    test's clock drives. Checked against a resync that re-reads nothing: the key is never
+    seen."""
+    clock = SteppedClock()
+    reader = KeyView(
+        RedisKeyStore(redis_server.url, redis_prefix),
+        KeyHasher(SECRET),
+        clock=clock,
+        sleep=clock.sleep,
+        resync_s=30.0,
+    )
+    writer, lossy = view_on(redis_server.url, redis_prefix), view_on(redis_server.url, redis_prefix)
+    lost_store = lossy.store
+    assert isinstance(lost_store, RedisKeyStore)
+    lost_store.channel += ":nobody-listens"
+    await reader.start()
     try:
-        admin = KeyAdmin(writer, defaults=LimitSettings(), config_tokens=[])
-        made = [await admin.create(KeyCreate(tenant=f"t{i}"), ADMIN) for i in range(3)]
-        assert len(reader) == 0
-        await reader.reload()
-        assert len(reader) == 3
-        assert {reader.lookup(m.secret).key.tenant for m in made} == {"t0", "t1", "t2"}  # type: ignore[union-attr]
+        await asyncio.wait_for(reader.following.wait(), 30)
+        # the resync and the last-use flush wait on the test's clock
+        await wait_until_async(lambda: clock.sleeping == 2, timeout_s=5.0)
+        missed = await KeyAdmin(lossy, defaults=LimitSettings(), config_tokens=[]).create(
+            KeyCreate(tenant="missed"), ADMIN
+        )
+        heard = await KeyAdmin(writer, defaults=LimitSettings(), config_tokens=[]).create(
+            KeyCreate(tenant="heard"), ADMIN
+        )
+        # the message after the lost one arrived: the lost one never will
+        await wait_until_async(lambda: reader.lookup(heard.secret) is not None, timeout_s=5.0)
+        assert reader.lookup(missed.secret) is None
+        clock.advance(reader.resync_s)
+        await wait_until_async(lambda: reader.lookup(missed.secret) is not None, timeout_s=5.0)
+        found = reader.lookup(missed.secret)
+        assert found is not None and found.key.tenant == "missed" and found.refused is None
     finally:
-        await writer.aclose()
         await reader.aclose()
+        await writer.aclose()
+        await lossy.aclose()
