@@ -5,9 +5,10 @@ rules. Each layer is a *partial* override of the one below it::
 
     defaults < routes.<route> < models."<id>" < models."<id>".routes.<route>
 
-Nested tables (``semantic``, ``prices``) are merged field by field too. Every merged rule is
-computed at load time, so :meth:`Policy.rule` is a dictionary lookup. The format is
-documented in ``policies/README.md``; ``policies/default.toml`` is the embedded default.
+Nested tables (``semantic``, ``prices``, ``max_tokens``) are merged field by field too.
+Every merged rule is computed at load time, so :meth:`Policy.rule` is a dictionary lookup.
+The format is documented in ``policies/README.md``; ``policies/default.toml`` is the
+embedded default.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import msgspec
 from foundation.config_types import NonNegFloat, NonNegInt, PosFloat, PosInt
 from foundation.package_files import package_file
 from semcache.keys import SHARED_SCOPE, group_scope, scope_for
+from semcache.max_tokens import MaxTokens
 from semcache.semantic.settings import SemanticRule
 
 Route = Literal["chat", "completions", "responses", "embeddings", "classification"]
@@ -87,6 +89,8 @@ class CacheRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     prices: Prices = msgspec.field(default_factory=Prices)
     log_bodies: bool = False
     """The request log keeps this route's request and response bodies (off: never)."""
+    max_tokens: MaxTokens = msgspec.field(default_factory=MaxTokens)
+    """Generation routes: the default and the cap of a request's ``max_tokens``."""
 
 
 # --------------------------------------------------------------------------- file schema
@@ -109,6 +113,7 @@ class _RulePatch(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     semantic: SemanticRule | msgspec.UnsetType = msgspec.UNSET
     prices: Prices | msgspec.UnsetType = msgspec.UNSET
     log_bodies: bool | msgspec.UnsetType = msgspec.UNSET
+    max_tokens: MaxTokens | msgspec.UnsetType = msgspec.UNSET
 
 
 class MemoryTier(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -17,6 +17,7 @@ from server.http.reply import SSE_HEADERS, ClosingStream, Reply
 from server.serving.cache_headers import result_headers, status_headers
 from server.serving.call import GenerationCall
 from server.serving.core import ServingCore
+from server.serving.output_limit import noted_item
 from server.serving.semantic_chat import Remember
 from server.serving.stream_format import StreamFormat, stream_format
 from server.serving.stream_relay import broken_stream_event, replayed
@@ -159,7 +160,7 @@ class CachedStreams:
         try:
             async for chunk in up.chunks():
                 for item in form.read(reader, chunk):
-                    recorder.feed(item)
+                    recorder.feed(noted_item(item, call.usage_note))
         except BackendError as exc:
             call.backend_failed(exc.kind)
             return None
@@ -188,6 +189,7 @@ class CachedStreams:
                 async for chunk in up.chunks():
                     out = []
                     for item in form.read(reader, chunk):
+                        item = noted_item(item, call.usage_note)
                         recorder.feed(item)
                         if first:
                             call.observe_ttft()

@@ -26,6 +26,8 @@ class GenerationCall:
     ctx: RequestContext
     started: float
     metrics: GatewayMetrics
+    usage_note: dict[str, Any] | None = None
+    """What the gateway applied that the answer's usage says (``output_limit``)."""
 
     def backend_failed(self, kind: str) -> None:
         self.metrics.backend_errors.labels(self.backend.name, kind).inc()

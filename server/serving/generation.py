@@ -26,6 +26,7 @@ from server.serving.cache_headers import CacheDirectives, edge_headers, result_h
 from server.serving.cached_stream import CachedStreams
 from server.serving.call import GenerationCall
 from server.serving.core import ServingCore
+from server.serving.output_limit import limit_output, noted_json
 from server.serving.semantic_chat import Remember, semantic_chat
 from server.serving.stream_relay import relay
 from server.serving.usage_notes import note_result
@@ -47,11 +48,17 @@ class Generation:
         stream: bool,
         ctx: RequestContext,
         directives: CacheDirectives | None = None,
+        *,
+        max_tokens_fallback: int | None = None,
     ) -> Reply:
+        """``max_tokens_fallback``: the default ``max_tokens`` when the policy's rule has
+        none (a surface's own, as Workers AI's 256)."""
         core = self.core
         backend = core.registry.generation_backend(info)
         ctx.salt_scope = core.scope(info, route, ctx)
         ctx.usage.model, ctx.usage.route = info.id, route
+        rule = core.policy.current.rule(info.id, route)
+        body, note = limit_output(route, body, rule.max_tokens, max_tokens_fallback)
         call = GenerationCall(
             path=path,
             route=route,
@@ -61,8 +68,11 @@ class Generation:
             ctx=ctx,
             started=time.perf_counter(),
             metrics=core.metrics,
+            usage_note=note,
         )
-        creq = await core.cache_request(route, info, body, ctx, directives)
+        # The note is part of the stored answer, so of its key too.
+        keyed = body if note is None else {**body, **note}
+        creq = await core.cache_request(route, info, keyed, ctx, directives)
         if creq is None:
             return await self._forward(call, stream)
         plan = await semantic_chat(core, call, creq, body, stream, directives)
@@ -87,9 +97,11 @@ class Generation:
             if not stream:
                 resp = await call.backend.post(call.path, call.upstream, call.ctx)
                 call.observe_latency(stream=False)
-                if resp.status == 200:
-                    call.count_usage(_usage_of(resp.body))
-                return Reply(resp.status, resp.body, media_type=resp.content_type)
+                if resp.status != 200:
+                    return Reply(resp.status, resp.body, media_type=resp.content_type)
+                call.count_usage(_usage_of(resp.body))
+                body = noted_json(resp.body, call.usage_note)
+                return Reply(resp.status, body, media_type=resp.content_type)
             opened = await call.backend.open_stream(call.path, call.upstream, call.ctx)
         except BackendError as exc:
             call.backend_failed(exc.kind)
@@ -116,8 +128,9 @@ class Generation:
                 call.backend_failed(exc.kind)
                 raise
             # a non-200 answer is handed to coalesced waiters but never stored
+            body = noted_json(resp.body, call.usage_note) if resp.status == 200 else resp.body
             answer = CachedAnswer.from_json(
-                resp.body, model_id=call.info.id, status=resp.status, content_type=resp.content_type
+                body, model_id=call.info.id, status=resp.status, content_type=resp.content_type
             )
             if resp.status == 200:  # the body is parsed once, for the answer's usage
                 usage = answer.usage

@@ -9,7 +9,8 @@ from backends.protocol import BackendError, UpstreamStream
 from foundation import tracing as spans
 from foundation.sse import SSEReader, error_event
 from server.serving.call import GenerationCall
-from server.serving.stream_format import StreamFormat
+from server.serving.output_limit import noted_item
+from server.serving.stream_format import StreamFormat, stream_format
 
 
 def broken_stream_event(message: str | None) -> bytes:
@@ -24,8 +25,11 @@ def broken_stream_event(message: str | None) -> bytes:
 
 async def relay(call: GenerationCall, upstream: UpstreamStream) -> AsyncIterator[bytes]:
     """Relay chunks as they arrive (no cache); a broken upstream ends the stream with an
-    error event."""
+    error event. With a usage note (``output_limit``) the events are framed again, the
+    note in their usage."""
     reader = SSEReader()
+    note = call.usage_note
+    form = stream_format(call.route) if note is not None else None
     first = True
     span = spans.start_span("stream")
     try:
@@ -33,8 +37,11 @@ async def relay(call: GenerationCall, upstream: UpstreamStream) -> AsyncIterator
             if first:
                 call.observe_ttft()
                 first = False
-            reader.feed(chunk)
-            yield chunk
+            if form is None:
+                reader.feed(chunk)
+                yield chunk
+            elif items := form.read(reader, chunk):
+                yield b"".join(form.frame(noted_item(item, note)) for item in items)
     except BackendError as exc:
         call.backend_failed(exc.kind)
         yield broken_stream_event(exc.message)

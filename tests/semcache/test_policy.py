@@ -65,6 +65,7 @@ def test_embedded_default_is_valid_and_documented() -> None:
         "shared",
         "deterministic_only",
         "prices",
+        "max_tokens",
         "semantic",
         "tiers.redis",
         "admin",
