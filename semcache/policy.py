@@ -5,9 +5,10 @@ rules. Each layer is a *partial* override of the one below it::
 
     defaults < routes.<route> < models."<id>" < models."<id>".routes.<route>
 
-Nested tables (``semantic``, ``prices``) are merged field by field too. Every merged rule is
-computed at load time, so :meth:`Policy.rule` is a dictionary lookup. The format is
-documented in ``policies/README.md``; ``policies/default.toml`` is the embedded default.
+Nested tables (``semantic``, ``prices``, ``max_tokens``) are merged field by field too.
+Every merged rule is computed at load time, so :meth:`Policy.rule` is a dictionary lookup.
+The format is documented in ``policies/README.md``; ``policies/default.toml`` is the
+embedded default.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from foundation.package_files import package_file
 from semcache import guard_rules
 from semcache.guard_rules import DlpRule, GuardrailRule, GuardRule, GuardSettings
 from semcache.keys import SHARED_SCOPE, group_scope, scope_for
+from semcache.max_tokens import MaxTokens
 from semcache.semantic.settings import SemanticRule
 from semcache.tier_settings import DiskTier as DiskTier  # the tiers' settings, re-exported
 from semcache.tier_settings import MemoryTier as MemoryTier
@@ -98,6 +100,8 @@ class CacheRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     """Data-loss prevention: entity types per direction and their actions (docs/dlp.md)."""
     guardrails: GuardrailRule = msgspec.field(default_factory=GuardrailRule)
     """A classification model scoring prompts and answers (docs/dlp.md)."""
+    max_tokens: MaxTokens = msgspec.field(default_factory=MaxTokens)
+    """Generation routes: the default and the cap of a request's ``max_tokens``."""
 
 
 # --------------------------------------------------------------------------- file schema
@@ -122,6 +126,7 @@ class _RulePatch(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     log_bodies: bool | msgspec.UnsetType = msgspec.UNSET
     dlp: DlpRule | msgspec.UnsetType = msgspec.UNSET
     guardrails: GuardrailRule | msgspec.UnsetType = msgspec.UNSET
+    max_tokens: MaxTokens | msgspec.UnsetType = msgspec.UNSET
 
 
 class AdminSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

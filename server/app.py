@@ -207,6 +207,7 @@ def create_app(
             defaults=config.limits,
             config_tokens=auth.config_token_ids,
             limiter=limiter,
+            served=lambda name: registry.resolve(name) is not None,
         )
         if key_view is not None
         else None

@@ -44,24 +44,34 @@ class _ParaphraseRow(msgspec.Struct):
     similar: str
 
 
+PAIR_FORMS = (
+    '{"text_a": …, "text_b": …, "label": 0 or 1} (or the paraphrase form {"origin": …, '
+    '"similar": …}, read as label 1)'
+)
+
+
 def load_pairs(path: Path | str) -> list[Pair]:
     """Read a JSONL (optionally .gz) file of ``{"text_a","text_b","label"}`` rows.
 
-    Rows of the paraphrase form ``{"origin","similar"}`` are read as label-1 pairs.
+    Rows of the paraphrase form ``{"origin","similar"}`` are read as label-1 pairs. A row
+    of neither form is a ``ValueError`` naming the file, the line and both forms.
     """
     path = Path(path)
     raw = gzip.open(path, "rb").read() if path.suffix == ".gz" else path.read_bytes()
     pairs: list[Pair] = []
     pair_decoder = msgspec.json.Decoder(Pair)
     para_decoder = msgspec.json.Decoder(_ParaphraseRow)
-    for line in raw.splitlines():
+    for number, line in enumerate(raw.splitlines(), 1):
         if not line.strip():
             continue
-        if b'"text_a"' in line:
-            pairs.append(pair_decoder.decode(line))
-        else:
-            row = para_decoder.decode(line)
-            pairs.append(Pair(row.origin, row.similar, 1))
+        try:
+            if b'"origin"' in line and b'"text_a"' not in line:
+                row = para_decoder.decode(line)
+                pairs.append(Pair(row.origin, row.similar, 1))
+            else:
+                pairs.append(pair_decoder.decode(line))
+        except msgspec.DecodeError as exc:
+            raise ValueError(f"{path}:{number}: {exc}; expected {PAIR_FORMS}") from None
     return pairs
 
 

@@ -13,6 +13,7 @@ from backends.launch.launcher import Launcher
 from backends.launch.process import VllmStartError
 from backends.launch.scale import ScaleRecords, pool_of, start_server, stop_server
 from server.cli.console import load_or_exit, say
+from server.cli.gateway_auth import NoToken, bearer, refusal, say_no_token
 from server.cli.options import env_option
 from server.config import GatewayConfig
 from server.telemetry import vllm_traces_endpoint
@@ -53,7 +54,7 @@ def _gateways(args: argparse.Namespace) -> list[str]:
 
 
 def _admin(args: argparse.Namespace) -> dict[str, str]:
-    return {"authorization": f"Bearer {args.token or ''}"}
+    return bearer(args, "backends scale")
 
 
 async def _scale_up(args: argparse.Namespace, config: GatewayConfig) -> int:
@@ -83,8 +84,8 @@ async def _scale_up(args: argparse.Namespace, config: GatewayConfig) -> int:
                 say(f"{gateway}: {backend.name}/{role} has {server.url} already")
                 continue
             if r is None or r.status_code != 200:
-                problem = f"{r.status_code}: {r.text}" if r is not None else problem
-                print(f"semcache: {gateway} refused {server.url}: {problem}", file=sys.stderr)
+                problem = refusal(r, gateway) if r is not None else f"{gateway}: {problem}"
+                print(f"semcache: cannot add {server.url}: {problem}", file=sys.stderr)
                 await _scale_down_one(args, backend.name, role, config, record.url, stop=True)
                 return 1
             say(f"{gateway}: {backend.name}/{role} + {server.url} ({r.json()['state']})")
@@ -150,6 +151,10 @@ async def _scale_down(args: argparse.Namespace, config: GatewayConfig) -> int:
 
 
 def cmd_backends_scale(args: argparse.Namespace) -> int:
+    try:
+        _admin(args)  # before a server starts
+    except NoToken as exc:
+        return say_no_token(exc)
     config = load_or_exit(args.config)
     scale = _scale_up if args.delta == "+1" else _scale_down
     try:
@@ -183,7 +188,7 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         default="http://127.0.0.1:8080",
         help="the gateways, comma-separated",
     )
-    env_option(scale, "--token")
+    env_option(scale, "--token", help="an admin token")
     scale.add_argument(
         "--drain-timeout",
         type=float,

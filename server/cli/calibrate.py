@@ -115,11 +115,16 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "calibrate",
         help="precision and hit rate of the semantic matcher on your labelled pairs",
         description="Precision and hit rate per cosine threshold (alone and with the "
-        "verifier) on a JSONL file of {text_a, text_b, label} pairs, and the policy "
-        "setting with the highest hit rate that reaches the target precision.",
+        "verifier) on a JSONL file of labelled pairs, one a line: "
+        '{"text_a": ..., "text_b": ..., "label": 0 or 1} (1: they mean the same), or '
+        '{"origin": ..., "similar": ...} (read as label 1); and the policy setting with the '
+        "highest hit rate that reaches the target precision.",
     )
     calibrate.add_argument(
-        "--pairs", type=Path, default=None, help="JSONL (or .jsonl.gz) pairs (unless --sources)"
+        "--pairs",
+        type=Path,
+        default=None,
+        help='JSONL (or .jsonl.gz) of {"text_a", "text_b", "label"} rows (unless --sources)',
     )
     calibrate.add_argument(
         "--task",

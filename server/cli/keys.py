@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import msgspec
 
+from server.cli.gateway_auth import NoToken, bearer, refusal, say_no_token
 from server.cli.options import env_option
 from server.limits.settings import LimitSettings
 
@@ -112,13 +113,13 @@ def request(args: argparse.Namespace, method: str, path: str, body: Any = None) 
             params={"tenant": args.tenant}
             if method == "GET" and getattr(args, "tenant", None)
             else None,
-            headers={"authorization": f"Bearer {args.token or ''}"},
+            headers=bearer(args, f"keys {args.action}"),
             timeout=30,
         )
     except httpx.HTTPError as exc:
         raise AdminApiError(f"cannot reach {args.url}: {exc}") from None
     if r.status_code != 200:
-        raise AdminApiError(f"{r.status_code}: {r.text}")
+        raise AdminApiError(refusal(r, args.url))
     return r.json()
 
 
@@ -154,6 +155,8 @@ def cmd_keys(args: argparse.Namespace) -> int:
     except argparse.ArgumentTypeError as exc:
         print(f"semcache: {exc}", file=sys.stderr)
         return 2
+    except NoToken as exc:
+        return say_no_token(exc)
     except AdminApiError as exc:
         print(f"semcache: {exc}", file=sys.stderr)
         return 1
@@ -201,5 +204,5 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     for parser in (create, listing, show_one, update, rotate, revoke):
         parser.add_argument("--json", action="store_true", help="print the API's JSON")
         env_option(parser, "--url", default="http://127.0.0.1:8080")
-        env_option(parser, "--token")
+        env_option(parser, "--token", help="an admin token")
         parser.set_defaults(func=cmd_keys)

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import msgspec
 
+from server.cli.gateway_auth import NoToken, bearer, refusal, say_no_token
 from server.cli.options import env_option
 
 USAGE_COLUMNS: tuple[tuple[str, str], ...] = (
@@ -52,7 +53,14 @@ def format_usage(rows: Sequence[dict[str, Any]]) -> str:
     )
 
 
+TENANT_OR_ADMIN = "a tenant's token shows its own usage, an admin's every tenant's"
+
+
 def cmd_usage(args: argparse.Namespace) -> int:
+    try:
+        headers = bearer(args, "usage", TENANT_OR_ADMIN)
+    except NoToken as exc:
+        return say_no_token(exc)
     today = time.strftime("%Y-%m-%d", time.gmtime())
     params = {
         "start": args.start or today[:8] + "01",
@@ -65,14 +73,14 @@ def cmd_usage(args: argparse.Namespace) -> int:
         r = httpx.get(
             f"{args.url.rstrip('/')}/v1/usage",
             params=params,
-            headers={"authorization": f"Bearer {args.token or ''}"},
+            headers=headers,
             timeout=30,
         )
     except httpx.HTTPError as exc:
         print(f"semcache: cannot reach {args.url}: {exc}", file=sys.stderr)
         return 1
     if r.status_code != 200:
-        print(f"semcache: {r.status_code}: {r.text}", file=sys.stderr)
+        print(f"semcache: {refusal(r, args.url)}", file=sys.stderr)
         return 1
     rows = r.json()["data"]
     if args.json:
@@ -102,5 +110,5 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
     usage.add_argument("--tenant", help="only this tenant (an admin's token)")
     usage.add_argument("--json", action="store_true", help="print the rows as JSON")
     env_option(usage, "--url", default="http://127.0.0.1:8080")
-    env_option(usage, "--token", help="bearer token: a tenant's API token or an admin's")
+    env_option(usage, "--token", help="bearer token: " + TENANT_OR_ADMIN)
     usage.set_defaults(func=cmd_usage)

@@ -30,6 +30,11 @@ def millis(seconds: float | None) -> str:
     return DASH if seconds is None else f"{1000 * seconds:,.1f} ms"
 
 
+def millis_of(ms: float | None) -> str:
+    """A duration given in milliseconds (the request log's)."""
+    return DASH if ms is None else f"{ms:,.1f} ms"
+
+
 def usd(value: float | None) -> str:
     return DASH if value is None else f"${value:,.6f}".rstrip("0").rstrip(".")
 
@@ -66,6 +71,7 @@ FILTERS = {
     "number": number,
     "percent": percent,
     "millis": millis,
+    "millis_of": millis_of,
     "usd": usd,
     "size": size,
     "age": age,

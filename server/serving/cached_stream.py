@@ -19,6 +19,7 @@ from server.http.reply import SSE_HEADERS, ClosingStream, Reply
 from server.serving.cache_headers import result_headers, status_headers
 from server.serving.call import GenerationCall
 from server.serving.core import ServingCore
+from server.serving.output_limit import noted_item
 from server.serving.semantic_chat import Remember
 from server.serving.stream_format import StreamFormat, stream_format
 from server.serving.stream_relay import answer_stream, broken_stream_event, guard_event, replayed
@@ -175,7 +176,7 @@ class CachedStreams:
                 for item in form.read(reader, chunk):
                     if inspected is not None:
                         item = await _inspected(inspected, item, form)
-                    recorder.feed(item)
+                    recorder.feed(noted_item(item, call.usage_note))
         except BackendError as exc:
             call.backend_failed(exc.kind)
             return None
@@ -218,6 +219,7 @@ class CachedStreams:
                                 live.settle(None)
                                 yield b"".join(out) + guard_event(err)
                                 return
+                        item = noted_item(item, call.usage_note)
                         recorder.feed(item)
                         if first:
                             call.observe_ttft()

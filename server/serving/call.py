@@ -29,6 +29,8 @@ class GenerationCall:
     metrics: GatewayMetrics
     inspection: Inspection | None = None
     """The DLP and guardrail rule that applies to the answer (``None``: none)."""
+    usage_note: dict[str, Any] | None = None
+    """What the gateway applied that the answer's usage says (``output_limit``)."""
 
     def backend_failed(self, kind: str) -> None:
         self.metrics.backend_errors.labels(self.backend.name, kind).inc()

@@ -26,6 +26,7 @@ from server.serving.cache_headers import CacheDirectives, edge_headers, result_h
 from server.serving.cached_stream import CachedStreams
 from server.serving.call import GenerationCall
 from server.serving.core import ServingCore
+from server.serving.output_limit import limit_output, noted_json
 from server.serving.semantic_chat import Remember, semantic_chat
 from server.serving.stream_relay import answer_stream, relay, unsupported_stream
 from server.serving.usage_notes import note_result
@@ -47,7 +48,11 @@ class Generation:
         stream: bool,
         ctx: RequestContext,
         directives: CacheDirectives | None = None,
+        *,
+        max_tokens_fallback: int | None = None,
     ) -> Reply:
+        """``max_tokens_fallback``: the default ``max_tokens`` when the policy's rule has
+        none (a surface's own, as Workers AI's 256)."""
         core = self.core
         backend = core.registry.generation_backend(info)
         ctx.salt_scope = core.scope(info, route, ctx)
@@ -60,6 +65,8 @@ class Generation:
             )
             if stream and route == "responses" and inspection and inspection.answers:
                 raise unsupported_stream()
+        rule = core.policy.current.rule(info.id, route)
+        body, note = limit_output(route, body, rule.max_tokens, max_tokens_fallback)
         call = GenerationCall(
             path=path,
             route=route,
@@ -70,9 +77,12 @@ class Generation:
             started=time.perf_counter(),
             metrics=core.metrics,
             inspection=inspection,
+            usage_note=note,
         )
         version = inspection.rule.version if inspection else ""
-        creq = await core.cache_request(route, info, body, ctx, directives, version)
+        # The note is part of the stored answer, so of its key too.
+        keyed = body if note is None else {**body, **note}
+        creq = await core.cache_request(route, info, keyed, ctx, directives, version)
         if creq is None:
             reply = await self._forward(call, stream)
             reply.headers.update(guard_headers)
@@ -101,12 +111,13 @@ class Generation:
             if not stream:
                 resp = await call.backend.post(call.path, call.upstream, call.ctx)
                 call.observe_latency(stream=False)
-                if resp.status != 200 or call.inspection is None:
-                    if resp.status == 200:
-                        call.count_usage(_usage_of(resp.body))
+                if resp.status != 200:
                     return Reply(resp.status, resp.body, media_type=resp.content_type)
                 call.count_usage(_usage_of(resp.body))
-                body, said = await call.inspection.answer(call.route, resp.body, call.ctx)
+                body = noted_json(resp.body, call.usage_note)
+                if call.inspection is None:
+                    return Reply(200, body, media_type=resp.content_type)
+                body, said = await call.inspection.answer(call.route, body, call.ctx)
                 return Reply(200, body, media_type=resp.content_type, headers=said)
             opened = await call.backend.open_stream(call.path, call.upstream, call.ctx)
         except BackendError as exc:
@@ -142,8 +153,9 @@ class Generation:
                 raw, found = await call.inspection.answer(call.route, raw, call.ctx)
                 said.update(found)
             # a non-200 answer is handed to coalesced waiters but never stored
+            body = noted_json(raw, call.usage_note) if resp.status == 200 else raw
             answer = CachedAnswer.from_json(
-                raw, model_id=call.info.id, status=resp.status, content_type=resp.content_type
+                body, model_id=call.info.id, status=resp.status, content_type=resp.content_type
             )
             if resp.status == 200:  # the body is parsed once, for the answer's usage
                 usage = answer.usage

@@ -11,7 +11,8 @@ from foundation.sse import DONE, SSEReader, error_event, event
 from server.errors import ApiError
 from server.guard.stream import StreamGuard, stream_guard
 from server.serving.call import GenerationCall
-from server.serving.stream_format import StreamFormat
+from server.serving.output_limit import noted_item
+from server.serving.stream_format import StreamFormat, stream_format
 
 
 def broken_stream_event(message: str | None) -> bytes:
@@ -53,8 +54,11 @@ async def relay(
 ) -> AsyncIterator[bytes]:
     """Relay chunks as they arrive (no cache); a broken upstream ends the stream with an
     error event. ``inspected``: the events are read and sent again as the rules leave them
-    (a block ends the stream with an error event)."""
+    (a block ends the stream with an error event). With a usage note (``output_limit``) the
+    events are framed again, the note in their usage."""
     reader = SSEReader()
+    note = call.usage_note
+    form = stream_format(call.route) if note is not None and inspected is None else None
     first = True
     span = spans.start_span("stream")
     try:
@@ -62,20 +66,22 @@ async def relay(
             if first:
                 call.observe_ttft()
                 first = False
-            if inspected is None:
+            if inspected is not None:
+                out = []
+                try:
+                    for item in reader.feed(chunk):
+                        if item == DONE:
+                            await inspected.finish()
+                        out.append(event(noted_item(inspected.feed(item), note)))
+                except ApiError as err:
+                    yield b"".join(out) + guard_event(err)
+                    return
+                yield b"".join(out)
+            elif form is None:
                 reader.feed(chunk)
                 yield chunk
-                continue
-            out = []
-            try:
-                for item in reader.feed(chunk):
-                    if item == DONE:
-                        await inspected.finish()
-                    out.append(event(inspected.feed(item)))
-            except ApiError as err:
-                yield b"".join(out) + guard_event(err)
-                return
-            yield b"".join(out)
+            elif items := form.read(reader, chunk):
+                yield b"".join(form.frame(noted_item(item, note)) for item in items)
     except BackendError as exc:
         call.backend_failed(exc.kind)
         yield broken_stream_event(exc.message)

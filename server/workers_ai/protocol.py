@@ -12,7 +12,8 @@ from server.errors import ApiError
 
 DEFAULT_MAX_TOKENS: Final = 256
 DEFAULT_TEMPERATURE: Final = 0.6
-"""Workers AI's defaults for text generation (they differ from OpenAI's)."""
+"""Workers AI's defaults for text generation (they differ from OpenAI's); the policy's
+``max_tokens`` default, where its rule has one, comes before this one."""
 
 
 class TextGenerationInput(msgspec.Struct, kw_only=True):
@@ -22,7 +23,7 @@ class TextGenerationInput(msgspec.Struct, kw_only=True):
     messages: list[dict[str, Any]] | None = None
     raw: bool = False
     stream: bool = False
-    max_tokens: PosInt = DEFAULT_MAX_TOKENS
+    max_tokens: PosInt | None = None
     temperature: Annotated[float, msgspec.Meta(ge=0.0, le=5.0)] = DEFAULT_TEMPERATURE
     top_p: Annotated[float, msgspec.Meta(ge=0.0, le=2.0)] | None = None
     top_k: Annotated[int, msgspec.Meta(ge=1, le=50)] | None = None

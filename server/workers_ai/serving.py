@@ -26,6 +26,7 @@ from server.serving.core import ServingCore
 from server.serving.generation import Generation
 from server.serving.pooling import Pooling
 from server.workers_ai.protocol import (
+    DEFAULT_MAX_TOKENS,
     ClassificationInput,
     EmbeddingInput,
     TextGenerationInput,
@@ -136,7 +137,8 @@ class WorkersAIServing:
             return ItemOutcome(success=False, errors=[error_object(exc)], retryable=retryable)
         result = answer.result
         usage = result.get("usage") if isinstance(result, dict) else None
-        return ItemOutcome(success=True, result=result, usage=usage)
+        counts = {k: v for k, v in usage.items() if type(v) is int} if usage else None
+        return ItemOutcome(success=True, result=result, usage=counts)
 
     # -- helpers -----------------------------------------------------------------------------
 
@@ -198,13 +200,17 @@ class WorkersAIServing:
     ) -> Reply:
         path = "/v1/chat/completions" if route == "chat" else "/v1/completions"
         stream = bool(body.get("stream"))
-        generate = self.generation.generate
+        generate = functools.partial(
+            self.generation.generate, max_tokens_fallback=DEFAULT_MAX_TOKENS
+        )
         reply = await generate(path, route, info, body, stream, ctx, directives)
-        if reply.status == 400 and context_overflow(reply):
+        if reply.status == 400 and context_overflow(reply) and "max_tokens" in body:
             # Workers AI's `max_tokens` is a ceiling, vLLM's a demand it refuses past the
             # context left; without one, vLLM generates up to what is left, the same ceiling.
             body = {k: v for k, v in body.items() if k != "max_tokens"}
-            reply = await generate(path, route, info, body, stream, ctx, directives)
+            reply = await generate(
+                path, route, info, body, stream, ctx, directives, max_tokens_fallback=None
+            )
         return reply
 
     async def _text(

@@ -14,6 +14,7 @@ from foundation.sse import DONE, DONE_EVENT, SSEReader, event
 from server.batch.results import USAGE_KEYS
 from server.errors import ApiError
 from server.http.reply import Reply
+from server.serving.output_limit import NOTE_KEYS
 from server.workers_ai.protocol import EmbeddingInput, TextGenerationInput
 
 _OPENAI_SAMPLING = (
@@ -47,11 +48,9 @@ def text_request(info: ModelInfo, inp: TextGenerationInput) -> tuple[str, dict[s
         raise ApiError(405, f"The model {info.id} does not support LoRa inference", code="lora")
     if (inp.prompt is None) == (inp.messages is None):
         raise ApiError(400, "Send exactly one of `prompt` and `messages`.", code="invalid_value")
-    body: dict[str, Any] = {
-        "model": info.id,
-        "max_tokens": inp.max_tokens,
-        "temperature": inp.temperature,
-    }
+    body: dict[str, Any] = {"model": info.id, "temperature": inp.temperature}
+    if inp.max_tokens is not None:  # else the policy's default, or Workers AI's (256)
+        body["max_tokens"] = inp.max_tokens
     for name in _OPENAI_SAMPLING:
         value = getattr(inp, name)
         if value is not None:
@@ -84,11 +83,12 @@ def embedding_request(info: ModelInfo, inp: EmbeddingInput) -> dict[str, Any]:
 # -- OpenAI → Workers AI -----------------------------------------------------------------
 
 
-def workers_usage(usage: Any) -> dict[str, int]:
+def workers_usage(usage: Any) -> dict[str, Any]:
     usage = usage if isinstance(usage, dict) else {}
-    out = {k: int(usage.get(k) or 0) for k in USAGE_KEYS}
+    out: dict[str, Any] = {k: int(usage.get(k) or 0) for k in USAGE_KEYS}
     if not out["total_tokens"]:
         out["total_tokens"] = out["prompt_tokens"] + out["completion_tokens"]
+    out.update({k: usage[k] for k in NOTE_KEYS if k in usage})  # what the gateway applied
     return out
 
 
@@ -175,7 +175,7 @@ async def workers_stream(source: AsyncIterable[bytes]) -> AsyncGenerator[bytes, 
     ``[DONE]``, so a client can tell a cut answer from a complete one.
     """
     reader = SSEReader()
-    usage: dict[str, int] | None = None
+    usage: dict[str, Any] | None = None
     async for chunk in source:
         for payload in reader.feed(chunk):
             if payload == DONE:

@@ -15,6 +15,7 @@ from semcache.policy import (
     load_policy,
     parse_policy,
 )
+from server.config import DEFAULT_CONFIG
 
 LAYERED = """
 [defaults]
@@ -64,6 +65,7 @@ def test_embedded_default_is_valid_and_documented() -> None:
         "shared",
         "deterministic_only",
         "prices",
+        "max_tokens",
         "semantic",
         "tiers.redis",
         "admin",
@@ -181,6 +183,18 @@ def test_admin_token_prefers_the_environment() -> None:
     assert policy.admin.resolve_token({}) == "inline"
     assert policy.admin.resolve_token({"X_TOKEN": "from-env"}) == "from-env"
     assert parse_policy({"admin": {"token_env": None}}).admin.resolve_token({}) is None
+
+
+def test_the_shipped_policy_prices_every_model_of_the_embedded_default() -> None:
+    """A hit on any model `make serve` runs saves money (the dashboard's USD saved is not
+    $0); embeddings and classification are priced on their input only, as Workers AI does."""
+    config = tomllib.loads(DEFAULT_CONFIG.read_text())
+    policy = load_policy()
+    for model in config["models"]:
+        route = {"chat": "chat", "embeddings": "embeddings"}.get(model["task"], "classification")
+        prices = policy.rule(model["id"], route).prices
+        assert prices.input_per_m > 0, model["id"]
+        assert (prices.output_per_m > 0) == (model["task"] == "chat"), model["id"]
 
 
 def test_prices_compute_cost() -> None:

@@ -83,6 +83,29 @@ def test_environment_sets_option_defaults(monkeypatch: pytest.MonkeyPatch) -> No
     assert build_parser().parse_args(["cache", "purge", "all"]).url == "http://127.0.0.1:8080"
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["cache", "purge", "all"],
+        ["usage"],
+        ["keys", "list"],
+        ["keys", "create", "--tenant", "acme"],
+        ["backends", "scale", "smollm2/prefill", "+1"],
+    ],
+    ids=" ".join,
+)
+def test_commands_that_call_a_gateway_say_they_need_a_token(
+    command: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without a token they stop before calling anything (the URL is never reached)."""
+    monkeypatch.delenv("SEMCACHE_ADMIN_TOKEN", raising=False)
+    assert main([*command, "--url", "http://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err
+    assert f"`semcache {' '.join(command[:2])}` needs a token" in err, err
+    assert "--token TOKEN" in err and "SEMCACHE_ADMIN_TOKEN" in err
+    assert "cannot reach" not in err
+
+
 def test_usage_table_has_the_grouped_fields_and_a_total() -> None:
     sums = {
         "requests": 2,
@@ -180,6 +203,17 @@ def test_calibrate_names_a_missing_pairs_file(
     missing = tmp_path / "none.jsonl"
     assert main(["calibrate", "--pairs", str(missing)]) == 2
     assert "cannot calibrate" in capsys.readouterr().err
+
+
+def test_calibrate_names_the_line_and_the_forms_of_a_bad_pairs_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "pairs.jsonl"
+    bad.write_text('{"text_a": "a", "text_b": "b", "label": 1}\n{"question": "?"}\n')
+    assert main(["calibrate", "--pairs", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:2:" in err and "`text_a`" in err and '"origin"' in err
+    assert "`origin`" not in err  # the pair form is what a bad line is read as
 
 
 def test_policy_check_accepts_the_default_and_names_bad_fields(tmp_path: Path) -> None:

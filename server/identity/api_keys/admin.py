@@ -47,11 +47,15 @@ class KeyAdmin:
         config_tokens: Collection[str],
         clock: Callable[[], float] | None = None,
         limiter: TenantLimiter | None = None,
+        served: Callable[[str], bool] | None = None,
     ) -> None:
         """``limiter``: where a key's spend against its own budgets is read.
         ``config_tokens``: how the config's ``[[auth.tokens]]`` are named (their
-        ``name``, or their digest's first 12 hex digits): the API refuses to change them."""
+        ``name``, or their digest's first 12 hex digits): the API refuses to change them.
+        ``served``: whether this gateway serves a model id or alias; a key scoped to a
+        model it does not is refused (``None``: any name)."""
         self.view = view
+        self.served = served
         self.store = view.store
         self.hasher: KeyHasher = view.hasher
         self.defaults = defaults
@@ -91,6 +95,7 @@ class KeyAdmin:
         if not req.tenant.strip():
             raise ApiError(400, "`tenant` must not be empty.", param="tenant")
         self._check_limits(req.limits)
+        self._check_models(req.models)
         now = self.clock()
         expires_at = req.expires_at
         if req.expires_in_s is not None:
@@ -124,6 +129,8 @@ class KeyAdmin:
         changes = req.changes()
         if "limits" in changes:
             self._check_limits(changes["limits"])
+        if "models" in changes:
+            self._check_models(changes["models"])
         if "name" in changes and not changes["name"]:
             changes["name"] = key.id
         key = msgspec.structs.replace(
@@ -196,6 +203,19 @@ class KeyAdmin:
             changes=changes,
         )
         await self.store.audit(entry)
+
+    def _check_models(self, models: list[str] | None) -> None:
+        """Every model a key is scoped to is one this gateway serves: a key limited to
+        unknown names could use nothing (its ``/v1/models`` would be empty)."""
+        unknown = [m for m in models or () if self.served is not None and not self.served(m)]
+        if unknown:
+            raise ApiError(
+                400,
+                f"No model {', '.join(f'`{m}`' for m in unknown)} is served by this gateway; "
+                "a key's `models` are ids or aliases of its models (GET /v1/models lists them).",
+                param="models",
+                code="model_not_found",
+            )
 
     def _check_limits(self, limits: LimitSettings | None) -> None:
         """A key's limits lie within the defaults every token of its tenant has."""

@@ -84,8 +84,9 @@ def test_scale_down_with_nothing_started_touches_nothing(
         '[[backends]]\nkind = "vllm"\nname = "tiny"\nserved_model = "m"\n'
         '[[backends.servers]]\nurl = "http://127.0.0.1:9"\nrole = "decode"\n'
     )
-    argv = ["backends", "scale", "tiny/decode", "-1", "--config", str(config)]
+    argv = ["backends", "scale", "tiny/decode", "-1", "--config", str(config), "--token", "t"]
     assert main([*argv, "--url", "http://127.0.0.1:9"]) == 1
     assert "no server of tiny/decode was started by `scale +1`" in capsys.readouterr().err
-    assert main(["backends", "scale", "tiny/gpu", "+1", "--config", str(config)]) == 1
+    argv = ["backends", "scale", "tiny/gpu", "+1", "--config", str(config), "--token", "t"]
+    assert main(argv) == 1
     assert "the role is both, prefill or decode" in capsys.readouterr().err

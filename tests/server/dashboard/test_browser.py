@@ -9,6 +9,7 @@ without the admin token every page is refused.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -222,6 +223,40 @@ async def test_every_page_shows_the_traffic_sent(
     assert await memory.inner_text() == f"{(await api(gw, 'cache'))['tiers'][0]['entries']:,}"
     for name in PAGES:  # every page loads clean (the fixture checks the console)
         assert (await page.goto(f"{gw.url}/dashboard/{name}")).status == 200
+
+
+async def test_the_request_log_reads_as_times_models_and_servers_in_a_1400_px_window(
+    gw: GatewayProcess,
+    traffic: dict[str, Any],
+    watched_page: tuple[Any, Watched],
+    tmp_path: Path,
+) -> None:
+    page, _ = watched_page
+    await page.set_viewport_size({"width": 1400, "height": 900})
+    await log_in(page, gw.url, ADMIN)
+    await page.goto(f"{gw.url}/dashboard/requests")
+    logs = (await get(gw, "/admin/logs?limit=100")).json()["data"]
+    line = next(line for line in logs if line["route"] == CHAT and line["servers"])
+    row = page.locator(f"#log tr[data-request='{line['request_id']}']")
+    when = await row.locator(".time").inner_text()
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", when), when
+    assert await row.locator(".model").inner_text() == "tiny-chat"
+    assert await row.locator(".servers li").all_inner_texts() == line["servers"]
+    assert "None" not in await page.locator("#log").inner_text()
+    widths = await page.evaluate(
+        """() => {
+            const box = document.querySelector("#data .scroll");
+            return {page: document.documentElement.scrollWidth, window: window.innerWidth,
+                    box: box.getBoundingClientRect().right, table: box.scrollWidth,
+                    shown: box.clientWidth, overflow: getComputedStyle(box).overflowX};
+        }"""
+    )
+    assert widths["page"] <= widths["window"] == 1400, widths  # nothing runs off the window
+    assert widths["box"] <= 1400, widths
+    assert widths["table"] <= widths["shown"] or widths["overflow"] == "auto", widths
+    shot = tmp_path / "requests.png"
+    await page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
 
 
 async def test_the_overview_refreshes_itself(

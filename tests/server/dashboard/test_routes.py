@@ -4,11 +4,13 @@ the admin token, the cookie of the login form, the purge's guard. The browser te
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 from litestar.testing import TestClient
 
+from server.dashboard.formats import DASH
 from server.dashboard.routes import PAGES
 
 ADMIN = "dash-secret"
@@ -84,3 +86,20 @@ def test_the_login_cookie_opens_the_pages_and_purges_need_the_dashboard_header(
     cache = client.get("/dashboard/api/cache").json()
     assert cache["purges_by_kind"] == {"all": 1}
     assert [p["kind"] for p in cache["recent_purges"]] == ["all"]
+
+
+def test_the_request_log_shows_times_models_and_servers_as_such(client: TestClient[Any]) -> None:
+    chat(client, "a logged question")
+    assert client.get("/v1/models").status_code == 200  # a request that names no model
+    logs = client.get("/admin/logs", headers=AUTH).json()["data"]
+    page = client.get("/dashboard/requests?partial=1", headers=AUTH).text
+    row = re.search(r'<tr data-request="[^"]+">.*?</tr>', page, re.S)
+    assert row is not None and '<div class="scroll"><table id="log"' in page
+    assert re.search(r'<td class="time">\d{4}-\d\d-\d\d \d\d:\d\d:\d\d</td>', page)
+    assert '<td class="model">chat-model</td>' in page
+    assert f'<td class="model">{DASH}</td>' in page  # GET /v1/models
+    served = [line for line in logs if line["servers"]]
+    for line in served:
+        assert f"<li>{line['servers'][0]}</li>" in page
+    for raw in ("None", "['", str(int(logs[0]["time"]))):
+        assert raw not in page, raw

@@ -134,7 +134,7 @@ def serving(backend: Backend, clock: Clock) -> TextGenerationServing:
     return TextGenerationServing(core, Generation(core), path=path, route="chat", schema=schema)
 
 
-def body(usage: bool = False) -> dict[str, Any]:
+def body(usage: bool = False, max_tokens: int | None = 16) -> dict[str, Any]:
     out: dict[str, Any] = {
         "model": "chat-model",
         "messages": [{"role": "user", "content": "hi"}],
@@ -143,12 +143,20 @@ def body(usage: bool = False) -> dict[str, Any]:
     }
     if usage:
         out["stream_options"] = {"include_usage": True}
+    if max_tokens is not None:  # else the shipped policy's default (256) applies
+        out["max_tokens"] = max_tokens
     return out
 
 
-async def ask(svc: TextGenerationServing, usage: bool = False, ttl: int | None = None) -> Reply:
+async def ask(
+    svc: TextGenerationServing,
+    usage: bool = False,
+    ttl: int | None = None,
+    max_tokens: int | None = 16,
+) -> Reply:
     directives = CacheDirectives(control=CacheControl(ttl_s=ttl))
-    return await svc.create(body(usage), RequestContext(request_id="r", tenant="t"), directives)
+    request = body(usage, max_tokens)
+    return await svc.create(request, RequestContext(request_id="r", tenant="t"), directives)
 
 
 async def read(reply: Reply) -> bytes:
@@ -186,6 +194,26 @@ async def test_the_usage_chunk_goes_only_to_clients_that_asked(
     await settled(serving)
     assert await read(await ask(serving)) == expected
     assert await read(await ask(serving, usage=True)) == b"".join(CHUNKS)
+
+
+async def test_the_policys_default_max_tokens_is_said_in_the_usage_chunk_and_replayed(
+    serving: TextGenerationServing, backend: Backend
+) -> None:
+    noted = USAGE.replace(
+        b'"total_tokens":7}',
+        b'"total_tokens":7,"max_tokens_applied":256,"max_tokens_source":"default"}',
+    )
+    expected = b"".join(noted if c == USAGE else c for c in CHUNKS)
+    miss = await ask(serving, usage=True, max_tokens=None)
+    assert await read(miss) == expected
+    await settled(serving)
+    hit = await ask(serving, usage=True, max_tokens=None)
+    assert hit.headers["cf-aig-cache-status"] == "HIT"
+    assert await read(hit) == expected
+    # a request that names the same value itself is another key: its usage says nothing
+    named = await ask(serving, usage=True, max_tokens=256)
+    assert named.headers["cf-aig-cache-status"] == "MISS"
+    assert await read(named) == b"".join(CHUNKS)
 
 
 async def test_a_broken_stream_ends_with_an_error_event_and_stores_nothing(

@@ -176,6 +176,34 @@ def test_rotation_and_updates(client: TestClient[Any]) -> None:
     assert bad.status_code == 400, bad.text
 
 
+def test_a_rotated_secret_is_unknown_without_a_grace_and_rotated_past_one(
+    client: TestClient[Any],
+) -> None:
+    """As docs/tenants.md says: no grace (the default) keeps no trace of the old secret."""
+    key_id, old = create(client)
+    r = client.post(f"/admin/keys/{key_id}/rotate", headers=ADMIN)
+    gone = client.post("/v1/chat/completions", json=CHAT, headers=bearer(old))
+    assert (gone.status_code, gone.json()["error"]["code"]) == (401, "invalid_api_key")
+    new = r.json()["secret"]
+    client.post(f"/admin/keys/{key_id}/rotate", json={"grace_s": 0.001}, headers=ADMIN)
+    time.sleep(0.01)
+    late = client.post("/v1/chat/completions", json=CHAT, headers=bearer(new))
+    assert (late.status_code, late.json()["error"]["code"]) == (401, "api_key_rotated")
+
+
+def test_a_key_scoped_to_a_model_no_backend_serves_is_refused(client: TestClient[Any]) -> None:
+    r = client.post(
+        "/admin/keys", json={"tenant": "acme", "models": ["chat-model", "tiny-chat"]}, headers=ADMIN
+    )
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["code"] == "model_not_found" and error["param"] == "models"
+    assert "`tiny-chat`" in error["message"] and "`chat-model`" not in error["message"]
+    key_id, _ = create(client, models=["@cf/test/chat"])  # an alias is a served name
+    r = client.patch(f"/admin/keys/{key_id}", json={"models": ["gone"]}, headers=ADMIN)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "model_not_found", r.text
+
+
 def test_config_tokens_cannot_be_revoked_through_the_api(client: TestClient[Any]) -> None:
     r = client.delete("/admin/keys/acme-prod", headers=ADMIN)
     assert r.status_code == 409, r.text

@@ -138,6 +138,10 @@ def test_a_failed_backend_call_is_not_cached(client: Client, fake: FakeGeneratio
 def test_a_stored_response_is_fetched_by_id(client: Client, fake: FakeGeneration) -> None:
     made = create(client, {"model": "chat-model", "input": "hi"}).json()
     got = client.get(f"{PATH}/{made['id']}", headers=AUTH)
+    # the answer's usage also said what max_output_tokens the policy applied; the stored
+    # response is the backend's
+    applied = made["usage"].pop("max_tokens_applied"), made["usage"].pop("max_tokens_source")
+    assert applied == (256, "default")
     assert got.status_code == 200 and got.json() == made
 
 

@@ -1,0 +1,255 @@
+"""Every command of the README and docs/ is run by the suite, so none can drift from the code.
+
+This module runs, or checks against what runs them, those that need no gateway: `semcache`
+commands are parsed by the CLI's own parser (a form with placeholders names only commands
+and options that exist), the local ones run, `backends scale`'s pool is one of the shipped
+config; `make` targets run dry; scripts, test paths and options exist. The commands that
+need a gateway (curl, the Python examples, `semcache usage`/`cache purge`/`keys`) are run by
+``tests/server/test_doc_commands_live.py`` against `semcache serve`. A command of a kind
+neither knows fails here: say how the suite runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from backends.config import VllmBackend
+from backends.launch.scale import pool_of
+from server.cli import build_parser, main
+from server.cli.options import ENVIRONMENT
+from server.config import DEFAULT_CONFIG, load_config
+from tests.support.doc_commands import (
+    REPO,
+    DocCommand,
+    calls_gateway,
+    doc_commands,
+    is_synopsis,
+    live,
+    parses,
+    semcache_args,
+)
+
+COMMANDS = doc_commands()
+
+RUN_HERE = {("config", "check"), ("policy", "check"), ("--help",)}
+"""`semcache` commands this module runs as written."""
+
+RUN_ELSEWHERE = {
+    ("serve",): "every slow test's gateway is `semcache serve` (harness/gateway.py "
+    "GatewayProcess); tests/server/test_serve_cli.py runs the embedded default",
+    ("backends", "up"): "starts the config's vLLM servers: the launcher's tests "
+    "(tests/backends/launch/) and `semcache serve` with launch=True",
+    ("backends", "scale"): "starts a vLLM server: tests/backends/test_live_pools_vllm.py "
+    "runs `backends scale tiny/prefill +1/-1`; here its pool is checked against the config",
+    ("calibrate",): "tests/server/test_cli.py (--pairs) and test_cli_calibrate_mixed.py "
+    "(--stream --sources, with --limit) run it",
+    ("train-verifier",): "rewrites the shipped verifier: its training runs in "
+    "tests/semcache/tuning/, the command's errors in tests/server/test_cli.py",
+    ("train-classifier",): "rewrites the shipped head: its training (train_head) runs in "
+    "tests/backends/test_classifier.py",
+}
+"""`semcache` commands not run here as written, and the tests that run them."""
+
+
+def command_path(args: list[str]) -> tuple[argparse.ArgumentParser, list[str], list[str]]:
+    """The subparser ``args`` name, the command words and the words after them."""
+    parser = build_parser()
+    path: list[str] = []
+    rest = list(args)
+    while rest:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs or rest[0] not in subs[0].choices:
+            break
+        path.append(rest[0])
+        parser = subs[0].choices[rest.pop(0)]
+    return parser, path, rest
+
+
+def check_semcache(cmd: DocCommand) -> None:
+    args = semcache_args(cmd)
+    parser, path, rest = command_path(args)
+    assert path or args[0] in ("--help", "COMMAND"), f"no such command: {args}"
+    for word in rest:
+        option = word.split("=", 1)[0]
+        if option.startswith("--"):
+            assert option in parser._option_string_actions, f"`semcache {' '.join(path)}` "
+            f"has no option {option}"
+    if is_synopsis(args):
+        return  # a form to fill in: its commands and options exist
+    if not parses(args):
+        assert not rest, f"`semcache` refuses {args}"
+        return  # a command named in a sentence (`semcache cache purge`): it exists
+    key = tuple(path) or tuple(args[:1])
+    if calls_gateway(args):
+        assert live(cmd)  # run by tests/server/test_doc_commands_live.py
+    elif key in RUN_HERE:
+        if args != ["--help"]:
+            assert main(args) == 0, args
+    else:
+        assert key[:2] in RUN_ELSEWHERE or key[:1] in RUN_ELSEWHERE, f"how is {args} run?"
+        if key == ("backends", "scale"):
+            config = load_config(DEFAULT_CONFIG)
+            vllm = [b for b in config.backends if isinstance(b, VllmBackend)]
+            pool_of(vllm, args[2])  # a backend and role of the shipped config
+
+
+def check_make(cmd: DocCommand) -> None:
+    """The target is the Makefile's; `make serve` (dry: its recipe starts no other make,
+    which even a dry run would) hands `semcache serve` options it takes."""
+    words = cmd.words
+    targets = re.findall(r"^([\w-]+):", (REPO / "Makefile").read_text(), re.M)
+    assert words[1] in targets, words[1]
+    if words[1] != "serve":
+        return  # `make test` is what CI runs; the others' recipes are one command each
+    dry = subprocess.run(
+        ["make", "-n", *words[1:]], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert dry.returncode == 0, dry.stderr
+    (serve,) = [line for line in dry.stdout.splitlines() if "semcache serve" in line]
+    args = shlex.split(serve.split("semcache ", 1)[1])
+    assert parses(args), serve
+    for option, value in (w.split("=", 1) for w in words[2:]):
+        assert f"--{option.lower()} {value}" in serve
+
+
+def check_python(cmd: DocCommand, tmp_path: Path) -> None:
+    if cmd.python:
+        assert live(cmd)  # run by tests/server/test_doc_commands_live.py
+        return
+    words = cmd.words
+    if words[1] == "-c":
+        run = subprocess.run([sys.executable, *words[1:]], capture_output=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+    elif words[2] == "pytest":
+        check_pytest(cmd)
+    elif words[2] == "bench.readme_figures":
+        readme = tmp_path / "README.md"
+        shutil.copy(REPO / "README.md", readme)
+        argv = [sys.executable, "-m", *words[2:], "--readme", str(readme)]
+        assert subprocess.run(argv, cwd=REPO, timeout=60).returncode == 0
+        assert readme.read_text() == (REPO / "README.md").read_text()  # figures up to date
+    else:
+        pytest.fail(f"how is {cmd} run?")
+
+
+def check_pytest(cmd: DocCommand) -> None:
+    """The suite runs these paths (`make test` runs every test)."""
+    paths = [w for w in cmd.words if w.startswith("tests/")]
+    assert paths and all((REPO / p).exists() for p in paths), paths
+    assert "-m" not in cmd.words or "slow" in cmd.words
+
+
+def check_schemathesis(cmd: DocCommand) -> None:
+    """The CLI takes every option and check named (tests/server/apidoc/test_fuzz.py runs
+    the fuzzer itself on every route)."""
+    help_text = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "schemathesis"), "run", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    words = cmd.words
+    for i, word in enumerate(words):
+        if word.startswith("-"):
+            assert re.search(rf"(^|[ ,]){re.escape(word)}[ ,]", help_text, re.M), word
+        if words[i - 1] == "--checks":
+            for check in word.split(","):
+                assert check in help_text, check
+    assert (REPO / "tests/server/apidoc/test_fuzz.py").exists()
+
+
+def check_script(cmd: DocCommand) -> None:
+    """The script exists and takes the action and options given."""
+    words = cmd.words[1:] if cmd.words[0] == "sudo" else cmd.words
+    script = REPO / words[0]
+    source = script.read_text()
+    assert re.search(rf"^\s*{re.escape(words[1])}\b[^)]*\)", source, re.M), words[1]
+    if script.name == "cluster.sh":  # it hands its arguments to harness/cluster.py
+        source += (REPO / "harness" / "cluster.py").read_text()
+    for option in words[2:]:
+        assert f'"{option}"' in source, option
+
+
+def check_pip(cmd: DocCommand) -> None:
+    words = cmd.words
+    if words[2:] == ["."]:  # the wheel, built and installed by tests/test_package.py
+        assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+        assert '"install"' in (REPO / "tests" / "test_package.py").read_text()
+    else:  # what scripts/install.sh installs
+        assert " ".join(words[2:]) in (REPO / "scripts" / "install.sh").read_text()
+
+
+def check_export(cmd: DocCommand) -> None:
+    """Sets the variables the commands after it read."""
+    known = {e.variable for e in ENVIRONMENT}
+    for word in cmd.words[1:]:
+        assert word.split("=", 1)[0] in known, word
+
+
+def check_kill(cmd: DocCommand) -> None:
+    """`kill -HUP <pid>` reloads the policy: sent to the real process by
+    tests/server/test_signals.py."""
+    assert cmd.words[1] == "-HUP"
+    assert "SIGHUP" in (REPO / "tests" / "server" / "test_signals.py").read_text()
+
+
+def check_curl(cmd: DocCommand) -> None:
+    if live(cmd):
+        return  # run by tests/server/test_doc_commands_live.py
+    # the namespaced cluster's load balancer (docs/deploy.md): tests/server/test_cluster.py
+    # runs the same request through `scripts/cluster.sh up`'s cluster
+    assert "http://10.77.0.10:8080/" in cmd.text
+    assert "/v1/chat/completions" in (REPO / "tests" / "server" / "test_cluster.py").read_text()
+
+
+def check_redis_cli(cmd: DocCommand) -> None:
+    """The shared tier's Redis Cluster: harness/redis_cluster.py creates one the same way."""
+    source = (REPO / "harness" / "redis_cluster.py").read_text()
+    assert all(w in source for w in cmd.words[1:] if w.startswith("--"))
+
+
+def check_xdg_open(cmd: DocCommand) -> None:
+    assert live(cmd)  # the page is fetched by tests/server/test_doc_commands_live.py
+
+
+CHECKS: dict[str, Callable[[DocCommand], None]] = {
+    "semcache": check_semcache,
+    "make": check_make,
+    "pytest": check_pytest,
+    "schemathesis": check_schemathesis,
+    "scripts/cluster.sh": check_script,
+    "scripts/nginx.sh": check_script,
+    "pip": check_pip,
+    "export": check_export,
+    "kill": check_kill,
+    "curl": check_curl,
+    "redis-cli": check_redis_cli,
+    "xdg-open": check_xdg_open,
+}
+
+
+def test_the_docs_show_commands_of_each_kind() -> None:
+    """The extraction finds what the docs show (a broken extractor would check nothing)."""
+    programs = {cmd.program for cmd in COMMANDS}
+    assert {"semcache", "curl", "python", "make"} <= programs
+    assert sum(live(cmd) for cmd in COMMANDS) >= 12
+
+
+@pytest.mark.parametrize("cmd", COMMANDS, ids=str)
+def test_every_command_of_the_docs_is_run_by_the_suite(cmd: DocCommand, tmp_path: Path) -> None:
+    if cmd.program == "python":
+        check_python(cmd, tmp_path)
+        return
+    check = CHECKS.get(cmd.program)
+    assert check is not None, f"{cmd}: a command the suite does not run; add how it is run"
+    check(cmd)
