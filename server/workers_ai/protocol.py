@@ -33,6 +33,9 @@ class TextGenerationInput(msgspec.Struct, kw_only=True):
     response_format: dict[str, Any] | None = None
     stop: str | list[str] | None = None
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    """``auto``, ``none``, ``required``, or a function (OpenAI's object, or
+    ``{"type": "function", "name": ...}``)."""
     lora: str | None = None
 
 
