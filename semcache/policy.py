@@ -27,7 +27,16 @@ from foundation.package_files import package_file
 from semcache.keys import SHARED_SCOPE, group_scope, scope_for
 from semcache.semantic.settings import SemanticRule
 
-Route = Literal["chat", "completions", "responses", "embeddings", "classification"]
+Route = Literal[
+    "chat",
+    "completions",
+    "responses",
+    "embeddings",
+    "classification",
+    "rerank",
+    "tokenize",
+    "detokenize",
+]
 ROUTES: Final[tuple[str, ...]] = get_args(Route)
 
 Reveal = Literal["status", "age", "saved", "semantic"]
