@@ -48,6 +48,28 @@ class ClassificationInput(msgspec.Struct, kw_only=True):
     text: NonEmptyStr
 
 
+class RerankContext(msgspec.Struct, kw_only=True):
+    text: str
+
+
+class RerankInput(msgspec.Struct, kw_only=True):
+    """Workers AI's reranker input (``@cf/baai/bge-reranker-base``)."""
+
+    query: NonEmptyStr
+    contexts: Annotated[list[RerankContext], msgspec.Meta(min_length=1)]
+    top_k: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
+class RerankScore(msgspec.Struct, kw_only=True):
+    id: int
+    score: float
+
+
+class RerankResult(msgspec.Struct, kw_only=True):
+    response: list[RerankScore]
+    usage: Usage
+
+
 class QueuedBatch(msgspec.Struct, kw_only=True):
     """A batch submission (``?queueRequest=true``): the items, each its task's input plus an
     optional ``external_reference`` (checked by ``BatchService.submit``)."""
@@ -108,6 +130,8 @@ def input_schema(task: str) -> type[Any]:
         return TextGenerationInput
     if task == "embeddings":
         return EmbeddingInput
+    if task == "rerank":
+        return RerankInput
     return ClassificationInput
 
 

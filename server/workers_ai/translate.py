@@ -170,6 +170,17 @@ def classification_result(body: bytes, labels: list[str]) -> list[dict[str, Any]
     return [{"label": label, "score": score} for label, score in scored]
 
 
+def rerank_result(scores: list[float], tokens: list[int], top_k: int | None = None) -> bytes:
+    """Scores (one per context, in order) as Workers AI's reranker answers them: each
+    context's index and score, best first (the ``top_k`` best); the usage beside."""
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])[:top_k]
+    total = sum(tokens)
+    usage = {"prompt_tokens": total, "completion_tokens": 0, "total_tokens": total}
+    return orjson.dumps(
+        {"response": [{"id": i, "score": scores[i]} for i in order], "usage": usage}
+    )
+
+
 async def workers_stream(source: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:
     """OpenAI SSE chunks → Workers-AI events: ``{"response": piece}``…, the tool calls once
     complete (``{"response": "", "tool_calls": [...]}``), usage, ``[DONE]``.

@@ -144,6 +144,19 @@ def test_score_pairs_share_the_rerank_pairs(s: Setup) -> None:
     assert wrong.status_code == 400 and wrong.json()["error"]["code"] == "model_task_mismatch"
 
 
+def test_workers_ai_reranks_through_the_same_pairs(s: Setup) -> None:
+    rerank(s, DOCS[:2])
+    before = s.scored()
+    run = f"/client/v4/accounts/acc/ai/run/{RERANKER}"
+    contexts = [{"text": d} for d in [*DOCS[:2], "A brand new context."]]
+    r = s.http.post(run, json={"query": QUERY, "contexts": contexts, "top_k": 2})
+    assert r.status_code == 200, r.text
+    assert s.scored() - before == 1  # the two documents a rerank scored are pairs already
+    response = r.json()["result"]["response"]
+    assert len(response) == 2 and response[0]["score"] >= response[1]["score"]
+    assert {row["id"] for row in response} <= {0, 1, 2}
+
+
 def test_tokenize_and_detokenize_are_cached_per_tenant(s: Setup) -> None:
     body = {"model": "tiny-chat", "messages": [{"role": "user", "content": "Hello there"}]}
     first = s.http.post("/tokenize", json=body)
