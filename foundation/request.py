@@ -60,6 +60,11 @@ class RequestUsage(msgspec.Struct, kw_only=True):
     pd_handoff_s: float | None = None
     """Seconds from the prefill answer to the decode server's first streamed event."""
     error_code: str | None = None
+    inspected: bool = False
+    """A DLP or guardrail rule applied to the request: its bodies are never logged, and its
+    exact hits are not answered before routing (each repeat is inspected again)."""
+    findings: list[str] = msgspec.field(default_factory=list)
+    """What the inspection found, as ``direction:TYPE:action`` (types, never values)."""
 
     def add(self, prompt_tokens: int, completion_tokens: int) -> None:
         self.prompt_tokens += max(prompt_tokens, 0)

@@ -34,11 +34,13 @@ class Usage(msgspec.Struct, frozen=True, array_like=True):
     completion_tokens: int = 0
 
 
-class CachedAnswer(msgspec.Struct, kw_only=True):
+class CachedAnswer(msgspec.Struct, kw_only=True, dict=True):
     """One complete backend answer, either a JSON body or the SSE ``data:`` payloads of a stream.
 
     The cache fills ``created_at``, ``ttl_s``, ``swr_s``, ``tags`` and ``epochs`` when it
-    stores the answer; a fill function only sets the answer fields.
+    stores the answer; a fill function only sets the answer fields. An entry is not changed
+    once stored (the cache makes a new one); ``dict=True`` lets :func:`entry_tag` keep its
+    validator beside it, never encoded.
     """
 
     status: int = 200
@@ -127,9 +129,18 @@ def entry_tag(answer: CachedAnswer, digest: str) -> str:
     """The checksum an entry is sealed with (hex): a validator of the stored answer.
 
     Any change to the answer or its metadata (a refill, a purge epoch it records) or to its
-    key (purge epochs, revision) gives another tag.
+    key (purge epochs, revision) gives another tag. Computed once per entry object and key
+    (the memory tier hands out the same object for every hit).
     """
-    return checksum(_encoder.encode(answer), digest).hex()
+    kept = answer.__dict__.get(_TAG)
+    if kept is not None and kept[0] == digest:
+        return kept[1]
+    tag = checksum(_encoder.encode(answer), digest).hex()
+    answer.__dict__[_TAG] = (digest, tag)
+    return tag
+
+
+_TAG: Final = "_semcache_tag"
 
 
 def encode_entry(answer: CachedAnswer, digest: str) -> bytes:

@@ -22,10 +22,17 @@ from typing import Any, Final, Literal, TypeVar, get_args
 
 import msgspec
 
-from foundation.config_types import NonNegFloat, NonNegInt, PosFloat, PosInt
+from foundation.config_types import NonNegFloat, NonNegInt
 from foundation.package_files import package_file
+from semcache import guard_rules
+from semcache.guard_rules import DlpRule, GuardrailRule, GuardRule, GuardSettings
 from semcache.keys import SHARED_SCOPE, group_scope, scope_for
 from semcache.semantic.settings import SemanticRule
+from semcache.tier_settings import DiskTier as DiskTier  # the tiers' settings, re-exported
+from semcache.tier_settings import MemoryTier as MemoryTier
+from semcache.tier_settings import RedisTier as RedisTier
+from semcache.tier_settings import SemanticTier as SemanticTier
+from semcache.tier_settings import TierSettings
 
 Route = Literal[
     "chat",
@@ -96,6 +103,10 @@ class CacheRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only
     prices: Prices = msgspec.field(default_factory=Prices)
     log_bodies: bool = False
     """The request log keeps this route's request and response bodies (off: never)."""
+    dlp: DlpRule = msgspec.field(default_factory=DlpRule)
+    """Data-loss prevention: entity types per direction and their actions (docs/dlp.md)."""
+    guardrails: GuardrailRule = msgspec.field(default_factory=GuardrailRule)
+    """A classification model scoring prompts and answers (docs/dlp.md)."""
 
 
 # --------------------------------------------------------------------------- file schema
@@ -118,64 +129,8 @@ class _RulePatch(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     semantic: SemanticRule | msgspec.UnsetType = msgspec.UNSET
     prices: Prices | msgspec.UnsetType = msgspec.UNSET
     log_bodies: bool | msgspec.UnsetType = msgspec.UNSET
-
-
-class MemoryTier(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """L1: in-process LRU bounded in bytes (per worker process)."""
-
-    max_bytes: NonNegInt = 64 * 1024 * 1024
-    """0 disables the memory tier."""
-
-
-class DiskTier(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """L2: ``diskcache`` directory shared by the workers of one machine."""
-
-    enabled: bool = True
-    dir: str = "cache/exact"
-    """Relative paths are resolved against the gateway's data directory."""
-    max_bytes: PosInt = 1024 * 1024 * 1024
-    eviction: Literal["least-recently-stored", "least-recently-used", "least-frequently-used"] = (
-        "least-recently-stored"
-    )
-
-
-class RedisTier(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """L3: a Redis/Valkey server shared by several gateways. No URL → no L3."""
-
-    url: str | None = None
-    prefix: str = "semcache"
-    timeout_s: PosFloat = 0.25
-    """Socket connect/read timeout: a slow Redis costs at most this much per call."""
-    retry_after_s: PosFloat = 0.5
-    """First back-off after a failure; doubles up to ``max_retry_after_s``."""
-    max_retry_after_s: PosFloat = 10.0
-    epoch_recheck_s: NonNegFloat = 0.0
-    """How old the local copy of the purge epochs may get before a read rechecks Redis.
-    0 checks on every lookup (one small GET) so a purge is seen at once by every gateway;
-    pub/sub pushes bumps in any case."""
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.url)
-
-
-class SemanticTier(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """Where the semantic index lives on disk: its durable records and its snapshots."""
-
-    dir: str = "cache/semantic"
-    """Relative paths are resolved against the gateway's data directory."""
-    max_bytes: PosInt = 2 * 1024 * 1024 * 1024
-    """Bound of the records directory (diskcache; the least recently stored go first)."""
-    snapshot_interval_s: NonNegFloat = 300.0
-    """Write the index snapshot this often when it changed (0: only at shutdown). Records
-    are durable at once; the snapshot only makes a restart faster."""
-
-
-class TierSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    memory: MemoryTier = msgspec.field(default_factory=MemoryTier)
-    disk: DiskTier = msgspec.field(default_factory=DiskTier)
-    redis: RedisTier = msgspec.field(default_factory=RedisTier)
-    semantic: SemanticTier = msgspec.field(default_factory=SemanticTier)
+    dlp: DlpRule | msgspec.UnsetType = msgspec.UNSET
+    guardrails: GuardrailRule | msgspec.UnsetType = msgspec.UNSET
 
 
 class AdminSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -215,6 +170,7 @@ class _PolicyHead(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     defaults: dict[str, Any] = msgspec.field(default_factory=dict)
     routes: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     models: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    guard: GuardSettings = msgspec.field(default_factory=GuardSettings)
 
 
 # --------------------------------------------------------------------------- loaded policy
@@ -237,6 +193,18 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
     warnings: tuple[str, ...] = ()
     """What ``semcache policy check`` and the gateway's start print: rules that share
     answers across every tenant (see :func:`sharing_warnings`)."""
+    guard: GuardSettings = msgspec.field(default_factory=GuardSettings)
+    """``[guard]``: custom detectors, the stream window, per-tenant and per-key patches."""
+    guarded: bool = False
+    """Some rule or patch names a detector or a guardrail (else nothing is inspected)."""
+    _guard_rules: dict[Any, GuardRule] = msgspec.field(default_factory=dict)
+
+    def guard_rule(self, rule: CacheRule, tenant: str | None, token: str | None) -> GuardRule:
+        """What the detectors and guardrails do for a request under ``rule`` by ``tenant``
+        (through ``token``): the rule's tables, patched by the tenant's and the key's."""
+        if not self.guarded:
+            return guard_rules.NO_GUARD
+        return guard_rules.for_request(self.guard, self._guard_rules, rule, tenant, token)
 
     def scope(self, rule: CacheRule, tenant: str | None, token: str | None = None) -> str:
         """The key scope of a request by ``tenant`` (through the API key or config token
@@ -439,6 +407,12 @@ def parse_policy(data: Mapping[str, Any], source: str = "<policy>") -> Policy:
 
     share_groups = _share_groups(head, source)
     warnings = _check_sharing(head, source)
+    rules = [("defaults", defaults), *((f"routes.{r}", x) for r, x in route_rules.items())]
+    rules += [(f"models.{_toml_key(m)}.routes.{r}", x) for (m, r), x in model_rules.items()]
+    try:
+        guarded = guard_rules.check_guard(head.guard, _layers(head), rules)
+    except guard_rules.GuardError as exc:
+        raise PolicyError(f"{source}: {exc}") from None
     return Policy(
         source=source,
         tiers=head.tiers,
@@ -448,6 +422,8 @@ def parse_policy(data: Mapping[str, Any], source: str = "<policy>") -> Policy:
         model_rules=model_rules,
         share_groups=share_groups,
         warnings=warnings,
+        guard=head.guard,
+        guarded=guarded,
         logs_bodies=any(
             r.log_bodies for r in (defaults, *route_rules.values(), *model_rules.values())
         ),

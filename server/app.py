@@ -21,7 +21,7 @@ from backends.registry import ModelRegistry, ModelSpec, build_registry
 from foundation.clock import AdjustableClock
 from semcache.exact import open_exact_cache
 from semcache.ledger import open_ledger
-from semcache.policy import PolicyHolder
+from semcache.policy import PolicyError, PolicyHolder
 from semcache.semantic.service import SemanticService
 from server import health
 from server.admin import api_keys, debug_clock, pools
@@ -41,6 +41,9 @@ from server.envelope.queue_tickets import Tickets
 from server.envelope.request_log import RequestLog
 from server.errors import handle_exception
 from server.gateway_api import cached_answer, usage
+from server.guard.guardrails import Scorer
+from server.guard.inspector import Guard
+from server.guard.metrics import GuardMetrics
 from server.http.draining import Drain
 from server.http.internals import before_routing, write_bodies_eagerly
 from server.identity.api_keys.admin import KeyAdmin
@@ -160,6 +163,12 @@ def create_app(
         registry=metrics.registry,
     )
 
+    core.guard = guard = Guard(
+        GuardMetrics(metrics.registry), Scorer(registry, core.semantic.encoder)
+    )
+    if (problem := guard.check_models(policy.current)) is not None:
+        raise PolicyError(problem)  # a guardrail names no classifier: refuse to start
+
     files_settings = config.batch.files
     openai_dir = Path(files_settings.dir) if files_settings.dir else config.data_path() / "openai"
     openai_dir = openai_dir.expanduser()
@@ -216,7 +225,7 @@ def create_app(
         policy=policy,
         drain=drain,
         request_log=request_log,
-        ledger=ledger,
+        ledger=ledger if config.ledger.enabled else None,
         limiter=limiter,
         max_body_bytes=config.server.max_body_bytes,
         tracing=tracing,
@@ -270,6 +279,7 @@ def create_app(
                 clock=adjustable,  # None: the system's clock
             )
         reload_on_sighup(policy)
+        await guard.warm(policy.current)  # the detectors a rule names, built off the loop
         if core.semantic is not None and core.semantic.redis_url and semantic_used(policy):
             # Subscribe to the other gateways' entries now, not at the first request.
             core.semantic.warm()

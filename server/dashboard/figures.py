@@ -254,3 +254,25 @@ def labelled_rows(samples: Samples, name: str, labels: Iterable[str]) -> list[di
         {**{k: sample_labels.get(k, "") for k in keys}, "value": value}
         for sample_labels, value in samples.get(name, ())
     ]
+
+
+def content_findings(samples: Samples) -> list[dict[str, object]]:
+    """The DLP findings and guardrail decisions (``pass`` left out), one row per direction,
+    type or category, and action: what the content rules did since the start."""
+    rows: list[dict[str, object]] = []
+    for family, name_label, kind in (
+        ("semcache_dlp_findings_total", "entity", "dlp"),
+        ("semcache_guardrail_decisions_total", "category", "guardrail"),
+    ):
+        for labels, n in samples.get(family, ()):
+            if labels.get("action") != "pass" and n:
+                rows.append(
+                    {
+                        "kind": kind,
+                        "direction": labels.get("direction", ""),
+                        "name": labels.get(name_label, ""),
+                        "action": labels.get("action", ""),
+                        "count": n,
+                    }
+                )
+    return sorted(rows, key=lambda r: (str(r["direction"]), str(r["name"]), str(r["action"])))

@@ -112,6 +112,7 @@ async def overview(request: Request[Any, Any, Any]) -> dict[str, Any]:
         "latency_p99_s": fig.quantile(hist["latency"], 0.99),
         "ttft_p50_s": fig.quantile(hist["ttft"], 0.5),
         "ttft_p99_s": fig.quantile(hist["ttft"], 0.99),
+        "content": fig.content_findings(samples),
         "windows": list(WINDOWS),
     }
 

@@ -266,10 +266,14 @@ class EarlyHits:
         usage = record.usage
         usage.model, usage.route = memo.info.id, creq.route
         note_result(usage, res)
-        with envelope.drain.holding():
+        drain = envelope.drain
+        drain.enter()
+        try:  # no body capture: a request whose bodies a rule may log takes the route
             await envelope.run(
                 record, admission, scope, receive, send, self._sender(memo, res, record, started)
             )
+        finally:
+            drain.leave()
         return True
 
     def _sender(

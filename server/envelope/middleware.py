@@ -175,16 +175,20 @@ class Envelope:
             record.principal.tenant, record.route, record.usage, record.status, record.time
         )
 
-    async def admit(self, record: RequestRecord, receive: Receive) -> tuple[Admission, Receive]:
+    async def admit(
+        self, record: RequestRecord, receive: Receive
+    ) -> tuple[Admission | None, Receive]:
         """Count the request against its token's limits (ApiError 429 when over); the
-        ``receive`` to run the route with (the body was read ahead to estimate its tokens)."""
+        ``receive`` to run the route with (the body was read ahead to estimate its tokens).
+        ``None``: no limit or budget applies to its token, nothing to count or settle."""
         assert self.limiter is not None
         principal = record.principal
-        estimate = 0
         own = principal.budgets
-        if self.limiter.settings_of(principal.limits).estimates_tokens or (
-            own is not None and own.estimates_tokens
-        ):
+        settings = self.limiter.settings_of(principal.limits)
+        if not settings.limited and (own is None or not own.limited):
+            return None, receive
+        estimate = 0
+        if settings.estimates_tokens or (own is not None and own.estimates_tokens):
             body, receive = await read_ahead(receive, self.max_body_bytes)
             estimate = estimate_tokens(body)
         with spans.span("limits"):
@@ -221,10 +225,12 @@ class Envelope:
         receive: Receive,
         send: Send,
         app: ASGIApp,
+        capture: BodyCapture | None = None,
     ) -> None:
         """Run ``app`` (the route, or an early hit's answer) for an authenticated and admitted
         request, accounting for what it sends: its status and rate-limit headers, the time to
-        the first body byte, whether the answer was whole; then finish and settle it."""
+        the first body byte, whether the answer was whole; then finish and settle it.
+        ``capture``: the bodies to keep for the request log (``body_capture``)."""
         scope["state"][RECORD_KEY] = record
         limiter = self.limiter
         extra = (
@@ -232,7 +238,6 @@ class Envelope:
             if limiter is not None and admission is not None
             else []
         )
-        capture = self.body_capture()
         if capture is not None:
             receive = capture.receiving(receive)
 
@@ -257,8 +262,8 @@ class Envelope:
         finally:
             record.latency_s = time.perf_counter() - record.started
             record.usage.error_code = scope["state"].get(ERROR_CODE_KEY)
-            if capture is not None and capture.wanted:
-                record.bodies = capture.fields()
+            if capture is not None and capture.wanted and not record.usage.inspected:
+                record.bodies = capture.fields()  # never the bodies the content rules read
             self.finish(record)
             if admission is not None:
                 await self.settle(record, admission)
@@ -332,7 +337,8 @@ class EnvelopeMiddleware:
             drain.refused += 1
             await refuse(scope["path"], send)
             return
-        with drain.holding():
+        drain.enter()  # not `holding()`: a generator's context costs more than the request
+        try:
             tracing = self.envelope.tracing
             if tracing is None or spans.current() is not None:  # off, or the early hits'
                 await self._serve(scope, receive, send)
@@ -342,6 +348,8 @@ class EnvelopeMiddleware:
                 await self._serve(scope, receive, send)
                 return
             await run_traced(tracing, scope, route, lambda: self._serve(scope, receive, send))
+        finally:
+            drain.leave()
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         envelope = self.envelope
@@ -360,7 +368,8 @@ class EnvelopeMiddleware:
                 record.latency_s = time.perf_counter() - record.started
                 envelope.finish(record)
                 raise
-        await envelope.run(record, admission, scope, receive, send, self.app)
+        capture = envelope.body_capture()
+        await envelope.run(record, admission, scope, receive, send, self.app, capture)
 
 
 def envelope_middleware(envelope: Envelope) -> Callable[[ASGIApp], ASGIApp]:

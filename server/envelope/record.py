@@ -87,6 +87,7 @@ def _usage_fields(usage: RequestUsage) -> dict[str, Any]:
         "servers": usage.servers,
         "pd_hop": usage.pd_hop,
         "error_code": usage.error_code,
+        **({"findings": usage.findings} if usage.findings else {}),
     }
 
 

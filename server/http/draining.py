@@ -20,7 +20,6 @@ import contextlib
 import logging
 import signal
 import socket
-from collections.abc import Iterator
 from types import FrameType
 
 import uvicorn
@@ -70,15 +69,6 @@ class Drain:
         self.in_flight -= 1
         if self.in_flight == 0 and self._idle is not None:
             self._idle.set()
-
-    @contextlib.contextmanager
-    def holding(self) -> Iterator[None]:
-        """One admitted request in flight while the block runs."""
-        self.enter()
-        try:
-            yield
-        finally:
-            self.leave()
 
     async def wait_idle(self, timeout_s: float) -> bool:
         """Wait until nothing admitted is in flight; False when ``timeout_s`` ran out first."""

@@ -53,6 +53,8 @@ from server.limits.key_budgets import split_budgets
 from server.limits.settings import LimitSettings
 
 ANONYMOUS = "anonymous"
+OPEN_PRINCIPALS_KEPT = 10_000
+"""An open gateway remembers this many tokens' principals, then starts over."""
 """The tenant of an OpenAI request without a key, on an open gateway."""
 
 
@@ -207,6 +209,9 @@ class TokenAuth:
         self.keys = keys
         """API keys made through the admin API (``server/identity/api_keys``); ``None``: none."""
         self._key_principals: dict[str, tuple[ApiKey, Principal]] = {}
+        self._open_principals: dict[str, Principal] = {}
+        """An open gateway's principals by ``Authorization`` value (no secret to keep: any
+        token is accepted), so a repeat costs no hash."""
         self._by_digest: dict[str, tuple[Principal, TokenEntry]] = {}
         for entry in settings.tokens:
             digest = entry.digest()
@@ -261,8 +266,14 @@ class TokenAuth:
         if self.open:
             if token is None and key_required:
                 raise _unauthorized("Send `Authorization: Bearer <API token>`.")
-            tenant = tenant_from(headers)
-            return Principal(tenant=tenant, token_id=tenant)
+            raw = headers.get("authorization") or ""
+            principal = self._open_principals.get(raw)
+            if principal is None:
+                if len(self._open_principals) >= OPEN_PRINCIPALS_KEPT:
+                    self._open_principals.clear()
+                tenant = tenant_from(headers)
+                principal = self._open_principals[raw] = Principal(tenant=tenant, token_id=tenant)
+            return principal
         if token is None:
             raise _unauthorized(
                 "You didn't provide an API key: send `Authorization: Bearer <API token>`."

@@ -13,13 +13,15 @@ from foundation.sse import MEDIA_TYPE, SSEReader
 from semcache import replay
 from semcache.entry import CachedAnswer
 from semcache.exact import CacheRequest, CacheResult, CacheStatus, Flight
+from server.errors import ApiError
+from server.guard.stream import StreamGuard
 from server.http.reply import SSE_HEADERS, ClosingStream, Reply
 from server.serving.cache_headers import result_headers, status_headers
 from server.serving.call import GenerationCall
 from server.serving.core import ServingCore
 from server.serving.semantic_chat import Remember
 from server.serving.stream_format import StreamFormat, stream_format
-from server.serving.stream_relay import broken_stream_event, replayed
+from server.serving.stream_relay import answer_stream, broken_stream_event, guard_event, replayed
 from server.serving.usage_notes import note_result
 
 
@@ -84,7 +86,9 @@ class CachedStreams:
             # stale-while-revalidate, in the background: no response relays it
             up = await self._open_stream(call, live_body)
             refused = await refusal(up)
-            return refused if refused is not None else await self._record(call, up, form)
+            if refused is not None:
+                return refused
+            return await self._record(call, up, form, await answer_stream(call))
 
         got = await self.core.cache.claim(creq, refresh)
         if isinstance(got, CacheResult):
@@ -100,12 +104,18 @@ class CachedStreams:
         if refused is not None:  # handed to coalesced waiters, never stored
             await flight.finish(refused)
             return Reply(refused.status, refused.body or b"")
+        try:
+            inspected = await answer_stream(call)
+        except BaseException as exc:
+            await up.aclose()
+            flight.fail(exc)
+            raise
         live = LiveAnswer(up, asyncio.get_running_loop().create_future())
         self._land_when_recorded(flight, live, remember)
         status = CacheStatus.BYPASS if creq.control.bypass_read else CacheStatus.MISS
         call.ctx.usage.cache = "bypass" if status is CacheStatus.BYPASS else "miss"
         headers = {**SSE_HEADERS, **status_headers(status, creq.key.short_id)}
-        relay = ClosingStream(self._live(call, live, include_usage, form), live.abandon)
+        relay = ClosingStream(self._live(call, live, include_usage, form, inspected), live.abandon)
         return Reply(200, stream=relay, media_type=MEDIA_TYPE, headers=headers)
 
     async def _open_stream(self, call: GenerationCall, body: dict[str, Any]) -> UpstreamStream:
@@ -152,16 +162,24 @@ class CachedStreams:
         self._keep(asyncio.create_task(land()))
 
     async def _record(
-        self, call: GenerationCall, up: UpstreamStream, form: StreamFormat
+        self,
+        call: GenerationCall,
+        up: UpstreamStream,
+        form: StreamFormat,
+        inspected: StreamGuard | None = None,
     ) -> CachedAnswer | None:
         """Read and record a whole stream that no response relays (a background refresh)."""
         reader, recorder = SSEReader(), form.recorder(call.info.id)
         try:
             async for chunk in up.chunks():
                 for item in form.read(reader, chunk):
+                    if inspected is not None:
+                        item = await _inspected(inspected, item, form)
                     recorder.feed(item)
         except BackendError as exc:
             call.backend_failed(exc.kind)
+            return None
+        except ApiError:  # the rules block the new answer: nothing is stored
             return None
         finally:
             await up.aclose()
@@ -169,7 +187,12 @@ class CachedStreams:
         return recorder.answer()  # None unless complete: nothing partial is stored
 
     async def _live(
-        self, call: GenerationCall, live: LiveAnswer, include_usage: bool, form: StreamFormat
+        self,
+        call: GenerationCall,
+        live: LiveAnswer,
+        include_usage: bool,
+        form: StreamFormat,
+        inspected: StreamGuard | None = None,
     ) -> AsyncGenerator[bytes, None]:
         """Relay the leader's live answer as it arrives, recording it for the cache.
 
@@ -186,8 +209,15 @@ class CachedStreams:
         try:
             try:
                 async for chunk in up.chunks():
-                    out = []
+                    out: list[bytes] = []
                     for item in form.read(reader, chunk):
+                        if inspected is not None:
+                            try:
+                                item = await _inspected(inspected, item, form)
+                            except ApiError as err:  # blocked: nothing is stored
+                                live.settle(None)
+                                yield b"".join(out) + guard_event(err)
+                                return
                         recorder.feed(item)
                         if first:
                             call.observe_ttft()
@@ -229,6 +259,13 @@ class CachedStreams:
         """Hold a background task until it is done (the loop keeps only weak references)."""
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+async def _inspected(inspected: StreamGuard, item: bytes, form: StreamFormat) -> bytes:
+    """``item`` as the content rules leave it (the whole answer is scored before its end)."""
+    if form.is_last(item):
+        await inspected.finish()
+    return inspected.feed(item)
 
 
 def replayed_reply(

@@ -9,6 +9,7 @@ from typing import Any
 from backends.protocol import GenerationBackend
 from backends.registry import ModelInfo
 from foundation.request import RequestContext
+from server.guard.inspector import Inspection
 from server.metrics import GatewayMetrics
 from server.serving.usage_notes import tokens_of
 
@@ -26,6 +27,8 @@ class GenerationCall:
     ctx: RequestContext
     started: float
     metrics: GatewayMetrics
+    inspection: Inspection | None = None
+    """The DLP and guardrail rule that applies to the answer (``None``: none)."""
 
     def backend_failed(self, kind: str) -> None:
         self.metrics.backend_errors.labels(self.backend.name, kind).inc()

@@ -14,6 +14,7 @@ from semcache.exact import CacheRequest, CacheResult, CacheStatus, ExactCache
 from semcache.policy import PolicyHolder
 from semcache.semantic.service import SemanticService
 from server.errors import ApiError
+from server.guard.inspector import Guard
 from server.identity.auth import check_model
 from server.metrics import GatewayMetrics
 from server.serving.cache_headers import CacheDirectives
@@ -59,6 +60,8 @@ class ServingCore:
     """Told of each live request before it is sent (set at start-up when batches run)."""
     hits: HitListener | None = None
     """Told of each fresh exact hit answered (set by the app factory with early hits on)."""
+    guard: Guard | None = None
+    """The DLP detectors and guardrails (``server/guard``), where a rule names them."""
 
     def answered(
         self,
@@ -69,6 +72,8 @@ class ServingCore:
         body: Mapping[str, Any],
     ) -> None:
         """``res`` answered ``ctx``'s request: a fresh exact hit is told to ``hits``."""
+        if ctx.usage.inspected:
+            return  # every repeat is inspected again: it takes the route
         if self.hits is not None and res.status is CacheStatus.HIT and not res.coalesced:
             self.hits.exact_hit(ctx, creq, info, body)
 
@@ -107,15 +112,18 @@ class ServingCore:
         body: dict[str, Any],
         ctx: RequestContext,
         directives: CacheDirectives | None,
+        guard_version: str = "",
     ) -> CacheRequest | None:
-        """The request as the exact cache sees it; ``None`` when it goes uncached."""
+        """The request as the exact cache sees it; ``None`` when it goes uncached.
+        ``guard_version``: the inspection rules that applied, part of the key as the
+        model's revision is (a change of rules re-checks every answer)."""
         if self.cache is None or directives is None:
             return None
         return await self.cache.prepare(
             route=route,
             body=body,
             model_id=info.id,
-            revision=info.revision,
+            revision=f"{info.revision}+guard.{guard_version}" if guard_version else info.revision,
             rule=self.policy.current.rule(info.id, route),
             tenant=ctx.tenant,
             scope=self.scope(info, route, ctx),

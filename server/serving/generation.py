@@ -27,7 +27,7 @@ from server.serving.cached_stream import CachedStreams
 from server.serving.call import GenerationCall
 from server.serving.core import ServingCore
 from server.serving.semantic_chat import Remember, semantic_chat
-from server.serving.stream_relay import relay
+from server.serving.stream_relay import answer_stream, relay, unsupported_stream
 from server.serving.usage_notes import note_result
 
 
@@ -52,6 +52,14 @@ class Generation:
         backend = core.registry.generation_backend(info)
         ctx.salt_scope = core.scope(info, route, ctx)
         ctx.usage.model, ctx.usage.route = info.id, route
+        inspection, guard_headers = None, dict[str, str]()
+        if core.guard is not None:  # the prompt as the rules leave it: the key is built on it
+            policy = core.policy.current
+            body, guard_headers, inspection = await core.guard.begin(
+                policy, info.id, route, body, ctx
+            )
+            if stream and route == "responses" and inspection and inspection.answers:
+                raise unsupported_stream()
         call = GenerationCall(
             path=path,
             route=route,
@@ -61,12 +69,17 @@ class Generation:
             ctx=ctx,
             started=time.perf_counter(),
             metrics=core.metrics,
+            inspection=inspection,
         )
-        creq = await core.cache_request(route, info, body, ctx, directives)
+        version = inspection.rule.version if inspection else ""
+        creq = await core.cache_request(route, info, body, ctx, directives, version)
         if creq is None:
-            return await self._forward(call, stream)
+            reply = await self._forward(call, stream)
+            reply.headers.update(guard_headers)
+            return reply
         plan = await semantic_chat(core, call, creq, body, stream, directives)
         if plan.hit is not None:
+            plan.hit.headers.update(guard_headers)
             return plan.hit
         remember = plan.remember
         if remember is not None:
@@ -78,6 +91,7 @@ class Generation:
         else:
             reply = await self.streams.reply(call, creq, body, remember)
         reply.headers.update(plan.headers)
+        reply.headers.update(guard_headers)
         return reply
 
     async def _forward(self, call: GenerationCall, stream: bool) -> Reply:
@@ -87,9 +101,13 @@ class Generation:
             if not stream:
                 resp = await call.backend.post(call.path, call.upstream, call.ctx)
                 call.observe_latency(stream=False)
-                if resp.status == 200:
-                    call.count_usage(_usage_of(resp.body))
-                return Reply(resp.status, resp.body, media_type=resp.content_type)
+                if resp.status != 200 or call.inspection is None:
+                    if resp.status == 200:
+                        call.count_usage(_usage_of(resp.body))
+                    return Reply(resp.status, resp.body, media_type=resp.content_type)
+                call.count_usage(_usage_of(resp.body))
+                body, said = await call.inspection.answer(call.route, resp.body, call.ctx)
+                return Reply(200, body, media_type=resp.content_type, headers=said)
             opened = await call.backend.open_stream(call.path, call.upstream, call.ctx)
         except BackendError as exc:
             call.backend_failed(exc.kind)
@@ -97,7 +115,10 @@ class Generation:
         if opened.status != 200:
             # vLLM rejected the request before streaming (e.g. prompt too long): relay its error.
             return Reply(opened.status, await opened.read_all())
-        return Reply(200, stream=relay(call, opened), media_type=MEDIA_TYPE, headers=SSE_HEADERS)
+        inspected = await answer_stream(call)
+        return Reply(
+            200, stream=relay(call, opened, inspected), media_type=MEDIA_TYPE, headers=SSE_HEADERS
+        )
 
     async def _cached_json(
         self,
@@ -107,6 +128,7 @@ class Generation:
         remember: Remember | None = None,
     ) -> Reply:
         assert self.core.cache is not None
+        said: dict[str, str] = {}
 
         async def fill() -> CachedAnswer:
             self.core.announce(call.backend.name, call.ctx)
@@ -115,9 +137,13 @@ class Generation:
             except BackendError as exc:
                 call.backend_failed(exc.kind)
                 raise
+            raw = resp.body
+            if resp.status == 200 and call.inspection is not None:  # a block raises: no entry
+                raw, found = await call.inspection.answer(call.route, raw, call.ctx)
+                said.update(found)
             # a non-200 answer is handed to coalesced waiters but never stored
             answer = CachedAnswer.from_json(
-                resp.body, model_id=call.info.id, status=resp.status, content_type=resp.content_type
+                raw, model_id=call.info.id, status=resp.status, content_type=resp.content_type
             )
             if resp.status == 200:  # the body is parsed once, for the answer's usage
                 usage = answer.usage
@@ -136,7 +162,7 @@ class Generation:
         note_result(call.ctx.usage, res)
         self.core.answered(call.ctx, creq, res, call.info, body)
         if entry.status == 200:
-            headers = {**result_headers(res, creq), **edge_headers(res, creq)}
+            headers = {**result_headers(res, creq), **edge_headers(res, creq), **said}
         else:
             headers = {"cache-control": NO_STORE}
         return Reply(entry.status, replay.as_json(entry, call.route), headers=headers)

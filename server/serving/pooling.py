@@ -180,7 +180,48 @@ class Pooling:
         margin is under the rule's ``min_label_margin`` is treated as a miss.
         """
         ctx.usage.model, ctx.usage.route = info.id, route
-        creq = await self.core.cache_request(route, info, body, ctx, directives)
+        said: dict[str, str] = {}
+        version = ""
+        if self.core.guard is not None:  # the inputs as the content rules leave them
+            policy = self.core.policy.current
+            checked, said, inspection = await self.core.guard.begin(
+                policy, info.id, route, {**body, "input": texts}, ctx
+            )
+            if inspection is not None:
+                texts, version = list(checked["input"]), inspection.rule.version
+                body = {**body, "input": texts}
+        reply = await self._lookup(
+            route,
+            info,
+            body,
+            ctx,
+            directives,
+            texts,
+            compute,
+            render,
+            count_tokens,
+            margin_of=margin_of,
+            guard_version=version,
+        )
+        reply.headers.update(said)
+        return reply
+
+    async def _lookup(
+        self,
+        route: str,
+        info: ModelInfo,
+        body: dict[str, Any],
+        ctx: RequestContext,
+        directives: CacheDirectives | None,
+        texts: list[str],
+        compute: Compute,
+        render: Callable[[list[bytes], list[int]], bytes],
+        count_tokens: Callable[[list[str]], Awaitable[list[int]]],
+        *,
+        margin_of: Callable[[bytes], float] | None,
+        guard_version: str,
+    ) -> Reply:
+        creq = await self.core.cache_request(route, info, body, ctx, directives, guard_version)
         if creq is None:
             payloads, tokens = await compute(texts)
             return Reply(200, render(payloads, tokens))

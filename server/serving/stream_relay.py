@@ -7,7 +7,9 @@ from collections.abc import AsyncIterator
 
 from backends.protocol import BackendError, UpstreamStream
 from foundation import tracing as spans
-from foundation.sse import SSEReader, error_event
+from foundation.sse import DONE, SSEReader, error_event, event
+from server.errors import ApiError
+from server.guard.stream import StreamGuard, stream_guard
 from server.serving.call import GenerationCall
 from server.serving.stream_format import StreamFormat
 
@@ -22,9 +24,36 @@ def broken_stream_event(message: str | None) -> bytes:
     return error_event(text, code="backend_stream_broken")
 
 
-async def relay(call: GenerationCall, upstream: UpstreamStream) -> AsyncIterator[bytes]:
+def unsupported_stream() -> ApiError:
+    """A streamed Responses API answer under answer rules (its named events are not read)."""
+    return ApiError(
+        400,
+        "Streamed answers of the Responses API cannot be inspected by this gateway's content "
+        "rules; send `stream: false`.",
+        param="stream",
+        code="unsupported_value",
+    )
+
+
+def guard_event(err: ApiError) -> bytes:
+    """The error event that ends a stream the content rules blocked mid-answer."""
+    return error_event(err.message, type=err.type, code=err.code)
+
+
+async def answer_stream(call: GenerationCall) -> StreamGuard | None:
+    """The inspection of the call's streamed answer, where a rule applies to it."""
+    inspection = call.inspection
+    if inspection is None or not inspection.answers:
+        return None
+    return await stream_guard(inspection.guard, inspection.policy, inspection.rule, call.ctx)
+
+
+async def relay(
+    call: GenerationCall, upstream: UpstreamStream, inspected: StreamGuard | None = None
+) -> AsyncIterator[bytes]:
     """Relay chunks as they arrive (no cache); a broken upstream ends the stream with an
-    error event."""
+    error event. ``inspected``: the events are read and sent again as the rules leave them
+    (a block ends the stream with an error event)."""
     reader = SSEReader()
     first = True
     span = spans.start_span("stream")
@@ -33,8 +62,20 @@ async def relay(call: GenerationCall, upstream: UpstreamStream) -> AsyncIterator
             if first:
                 call.observe_ttft()
                 first = False
-            reader.feed(chunk)
-            yield chunk
+            if inspected is None:
+                reader.feed(chunk)
+                yield chunk
+                continue
+            out = []
+            try:
+                for item in reader.feed(chunk):
+                    if item == DONE:
+                        await inspected.finish()
+                    out.append(event(inspected.feed(item)))
+            except ApiError as err:
+                yield b"".join(out) + guard_event(err)
+                return
+            yield b"".join(out)
     except BackendError as exc:
         call.backend_failed(exc.kind)
         yield broken_stream_event(exc.message)

@@ -210,13 +210,13 @@ def test_no_route_tells_a_tenant_what_another_sent(
     def tenant(name: str) -> str:  # a bearer token of its own: a tenant of its own
         return f"{name}-{uuid.uuid4().hex}"
 
-    a, b = tenant("a"), tenant("b")
+    a, b = tenant("a"), tenant("b")  # b: the one who would learn what a sent
     secret = f"Confidential: Acme will acquire Globex on March 3 ({uuid.uuid4().hex[:8]})"
     send(a, secret)
     assert send(a, secret).headers["cf-aig-cache-status"] == "HIT"  # cached, for a
 
-    def first_time() -> dict[str, str]:
-        return said(send(b, f"Nobody sent this before {uuid.uuid4().hex}"))
+    def first_time() -> dict[str, str]:  # a tenant of its own: none of its texts is cached
+        return said(send(tenant("first"), f"Nobody sent this before {uuid.uuid4().hex}"))
 
     control = first_time()
     assert control == first_time()  # the control itself is steady

@@ -1,0 +1,295 @@
+"""DLP and guardrails through ``semcache serve`` on real vLLM (behind a recording proxy, so
+the test reads what vLLM received): per entity type a prompt flagged, redacted or blocked on
+the OpenAI and Workers-AI routes, a streamed answer's value split across chunks redacted, a
+block mid-stream, the embedded classifier as a guardrail, and no value sent anywhere in the
+gateway's logs, metrics, traces, request log or data directory."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import tomli_w
+
+from backends.config import EmbeddedClassifierBackend, VllmBackend, VllmServer
+from backends.launch.process import VllmProcess
+from harness.gateway import GatewayProcess, write_config_toml
+from harness.otlp_receiver import OtlpReceiver
+from harness.vllm_process import TINY_MODEL_NAME
+from server.config import ModelEntry
+from server.identity.auth import AuthSettings, TokenEntry
+from server.telemetry import TracingSettings
+from tests.conftest import gateway_config
+from tests.support.dlp_values import GENERATORS, SENTENCES, card
+from tests.support.recording_proxy import RecordingProxy
+
+pytestmark = pytest.mark.slow
+
+TYPES = sorted(GENERATORS)
+TENANTS = ("redact", "block", "flag", "stream", "cut", "rails")
+WA = "/client/v4/accounts/acc/ai/run/@cf/test/tiny"
+
+
+def policy() -> dict[str, Any]:
+    per_type = {action: dict.fromkeys(TYPES, action) for action in ("redact", "block", "flag")}
+    return {
+        "version": 1,
+        "defaults": {"log_bodies": True},  # the request log keeps bodies, but never these
+        "guard": {
+            "hold_back_chars": 16,
+            "tenants": {
+                **{t: {"dlp": {"prompt": per_type[t]}} for t in ("redact", "block", "flag")},
+                "stream": {"dlp": {"answer": {"CREDIT_CARD": "redact"}}},
+                "cut": {"dlp": {"answer": {"CREDIT_CARD": "block"}}},
+                "rails": {
+                    "guardrails": {
+                        "model": "sentiment-minilm",
+                        "prompt": {"negative": {"threshold": 0.7, "action": "block"}},
+                    }
+                },
+            },
+        },
+    }
+
+
+class Live:
+    def __init__(self, gw: GatewayProcess, proxy: RecordingProxy, otlp: OtlpReceiver, data: Path):
+        self.gw, self.proxy, self.otlp, self.data = gw, proxy, otlp, data
+        self.sent: list[str] = []
+        """Every value sent: none may be found in the gateway's outputs."""
+
+    def post(self, tenant: str, path: str, body: dict[str, Any]) -> httpx.Response:
+        headers = {"authorization": f"Bearer tok-{tenant}"}
+        return httpx.post(self.gw.url + path, json=body, headers=headers, timeout=120)
+
+
+@pytest.fixture(scope="module")
+async def live(
+    data_dir: Path, tiny_vllm: VllmProcess, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Live]:
+    proxy = await RecordingProxy(tiny_vllm.url).start()
+    otlp = OtlpReceiver().start()
+    root = tmp_path_factory.mktemp("dlp")
+    policy_path = root / "policy.toml"
+    policy_path.write_text(tomli_w.dumps(policy()))
+    config = gateway_config(
+        root / "data",
+        proxy.url,
+        data_dir / "models" / TINY_MODEL_NAME,
+        policy=str(policy_path),
+        auth=AuthSettings(
+            tokens=[
+                *(TokenEntry(tenant=t, token=f"tok-{t}") for t in TENANTS),
+                TokenEntry(tenant="ops", token="tok-ops", roles=["admin"]),
+            ]
+        ),
+        tracing=TracingSettings(endpoint=otlp.endpoint),
+    )
+    config.models.append(
+        ModelEntry(id="sentiment-minilm", backend="sentiment", task="classification")
+    )
+    config.backends.append(EmbeddedClassifierBackend(name="sentiment"))
+    chat = config.backends[0]
+    assert isinstance(chat, VllmBackend) and chat.servers == [VllmServer(url=proxy.url)]
+    gw = GatewayProcess(write_config_toml(config, root / "gateway.toml")).start()
+    try:
+        yield Live(gw, proxy, otlp, root / "data")
+    finally:
+        gw.stop()
+        otlp.stop()
+        await proxy.stop()
+
+
+def chat(text: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": "tiny-chat",
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 2,
+        "temperature": 0,
+        **extra,
+    }
+
+
+def test_each_type_redacted_before_vllm_on_both_routes(live: Live) -> None:
+    rng = random.Random(50)
+    for entity in TYPES:
+        for path in ("/v1/chat/completions", WA):
+            value = GENERATORS[entity](rng)
+            live.sent.append(value)
+            body = chat(SENTENCES[entity].format(value))
+            if path == WA:
+                body = {"messages": body["messages"], "max_tokens": 2}
+            before = len(live.proxy.bodies)
+            got = live.post("redact", path, body)
+            assert got.status_code == 200, got.text
+            assert got.headers["x-semcache-dlp-prompt"] == f"{entity}=redact"
+            received = b"\n".join(live.proxy.bodies[before:]).decode()
+            assert f"<{entity}>" in received and json.dumps(value)[1:-1] not in received
+
+
+def test_each_type_blocked_in_the_route_format_before_vllm(live: Live) -> None:
+    rng = random.Random(51)
+    for entity in TYPES:
+        value = GENERATORS[entity](rng)
+        live.sent.append(value)
+        before = len(live.proxy.bodies)
+        got = live.post("block", "/v1/chat/completions", chat(SENTENCES[entity].format(value)))
+        assert got.status_code == 400
+        assert got.json()["error"]["code"] == "prompt_blocked"
+        assert entity in got.json()["error"]["message"]
+        got = live.post("block", WA, {"prompt": SENTENCES[entity].format(value)})
+        assert got.status_code == 400 and got.json()["success"] is False
+        assert entity in got.json()["errors"][0]["message"]
+        assert len(live.proxy.bodies) == before  # nothing reached vLLM
+
+
+def test_each_type_flagged_and_sent_on(live: Live) -> None:
+    rng = random.Random(52)
+    for entity in TYPES:
+        value = GENERATORS[entity](rng)
+        live.sent.append(value)
+        got = live.post(
+            "flag",
+            "/v1/completions",
+            {
+                "model": "tiny-chat",
+                "prompt": SENTENCES[entity].format(value),
+                "max_tokens": 2,
+            },
+        )
+        assert got.status_code == 200, got.text
+        assert got.headers["x-semcache-dlp-prompt"] == f"{entity}=flag"
+        assert json.dumps(value)[1:-1].encode() in live.proxy.bodies[-1]
+
+
+def test_embeddings_inputs_redacted_and_blocked(live: Live) -> None:
+    value = "jane.doe.77@example.org"
+    live.sent.append(value)
+    text = SENTENCES["EMAIL_ADDRESS"]
+    body = {"model": "all-MiniLM-L6-v2", "input": [text.format(value), "no value here"]}
+    got = live.post("redact", "/v1/embeddings", body)
+    assert got.status_code == 200 and got.headers["x-semcache-dlp-prompt"] == "EMAIL_ADDRESS=redact"
+    plain = {"model": "all-MiniLM-L6-v2", "input": [text.format("<EMAIL_ADDRESS>")]}
+    direct = live.post("ops", "/v1/embeddings", plain).json()["data"][0]["embedding"]
+    assert got.json()["data"][0]["embedding"] == pytest.approx(direct, abs=1e-6)
+    refused = live.post("block", "/v1/embeddings", body)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "prompt_blocked"
+
+
+def schema_for(value: str) -> dict[str, Any]:
+    """An answer vLLM must give token by token: the value, split across chunks."""
+    return {
+        "type": "json_schema",
+        "json_schema": {
+            "name": "card",
+            "schema": {
+                "type": "object",
+                "properties": {"card": {"type": "string", "enum": [value]}},
+                "required": ["card"],
+                "additionalProperties": False,
+            },
+        },
+    }
+
+
+def streamed(got: httpx.Response) -> tuple[str, list[dict[str, Any]]]:
+    text, errors = "", []
+    for line in got.text.splitlines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        event = json.loads(line[6:])
+        if "error" in event or "errors" in event:
+            errors.append(event)
+        for choice in event.get("choices") or ():
+            text += (choice.get("delta") or {}).get("content") or ""
+        text += event.get("response") or ""
+    return text, errors
+
+
+def test_a_streamed_value_split_across_chunks_is_redacted(live: Live) -> None:
+    value = card(random.Random(53))
+    live.sent.append(value)
+    body = chat("Which card?", max_tokens=40, stream=True, response_format=schema_for(value))
+    for _ in range(2):  # the live answer, then its replay from the cache
+        got = live.post("stream", "/v1/chat/completions", body)
+        assert got.status_code == 200
+        text, errors = streamed(got)
+        assert not errors and "<CREDIT_CARD>" in text and value not in text
+    wa = {"messages": body["messages"], "max_tokens": 40, "stream": True}
+    got = live.post("stream", WA, {**wa, "response_format": schema_for(value)})
+    text, errors = streamed(got)
+    assert not errors and "<CREDIT_CARD>" in text and value not in text
+
+
+def test_a_block_mid_stream_ends_it_with_an_error_and_stores_nothing(live: Live) -> None:
+    value = card(random.Random(54))
+    live.sent.append(value)
+    body = chat("Which card?", max_tokens=40, stream=True, response_format=schema_for(value))
+    for _ in range(2):  # nothing was cached: the repeat reaches vLLM again
+        before = len(live.proxy.bodies)
+        got = live.post("cut", "/v1/chat/completions", body)
+        text, errors = streamed(got)
+        assert value not in text and errors[-1]["error"]["code"] == "response_blocked"
+        assert len(live.proxy.bodies) == before + 1
+    got = live.post(
+        "cut",
+        WA,
+        {
+            "messages": body["messages"],
+            "max_tokens": 40,
+            "stream": True,
+            "response_format": schema_for(value),
+        },
+    )
+    text, errors = streamed(got)
+    assert value not in text and "CREDIT_CARD" in errors[-1]["errors"][0]["message"]
+
+
+def test_the_embedded_classifier_as_a_guardrail(live: Live) -> None:
+    bad = live.post("rails", "/v1/chat/completions", chat("This is terrible, awful and I hate it."))
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "prompt_blocked"
+    assert "negative" in bad.json()["error"]["message"]
+    good = live.post("rails", "/v1/chat/completions", chat("What a lovely, wonderful day!"))
+    assert good.status_code == 200
+
+
+def test_metrics_and_no_value_anywhere(live: Live) -> None:
+    metrics = httpx.get(live.gw.url + "/metrics").text
+    for line in (
+        'semcache_dlp_findings_total{action="redact",direction="prompt",entity="CREDIT_CARD"}',
+        'semcache_dlp_findings_total{action="block",direction="answer",entity="CREDIT_CARD"}',
+        'semcache_guardrail_decisions_total{action="block",category="negative",direction="prompt"}',
+        'semcache_guard_duration_seconds_count{direction="stream"}',
+    ):
+        assert line in metrics, line
+    ops = {"authorization": "Bearer tok-ops"}
+    panel = httpx.get(live.gw.url + "/dashboard/api/overview", headers=ops).json()["content"]
+    assert {"kind": "dlp", "direction": "prompt", "name": "CREDIT_CARD", "action": "redact"} in [
+        {k: v for k, v in row.items() if k != "count"} for row in panel
+    ]
+    page = httpx.get(live.gw.url + "/dashboard/overview", headers=ops).text
+    assert 'data-content="prompt:CREDIT_CARD:block"' in page
+    spans = live.otlp.matching(lambda s: s.name.startswith("guard."))
+    assert {s.name for s in spans} >= {"guard.prompt"}
+    outputs = [
+        metrics,
+        page,
+        "".join(live.gw.lines),
+        repr([s.attributes for s in live.otlp.matching(lambda s: True)]),
+    ]
+    files = [p for p in live.data.rglob("*") if p.is_file()]
+    assert any(p.name.startswith("requests.jsonl") for p in files)
+    blobs = [p.read_bytes() for p in files]
+    assert live.sent
+    for value in live.sent:
+        for text in outputs:
+            assert value not in text
+        raw = value.encode()
+        escaped = json.dumps(value)[1:-1].encode()
+        for path, blob in zip(files, blobs, strict=True):
+            assert raw not in blob and escaped not in blob, path
