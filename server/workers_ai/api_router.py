@@ -32,7 +32,7 @@ from server.workers_ai.protocol import (
     Queued,
     QueuedBatch,
     RerankInput,
-    RerankResult,
+    RerankScores,
     TextGenerationInput,
     TextGenerationResult,
     truthy,
@@ -46,7 +46,7 @@ def workers_ai(request: Request[Any, Any, Any]) -> WorkersAIServing:
 
 
 RESULT = AnyOf(
-    (TextGenerationResult, EmbeddingResult, list[LabelScore], RerankResult, Queued, BatchResponses)
+    (TextGenerationResult, EmbeddingResult, list[LabelScore], RerankScores, Queued, BatchResponses)
 )
 ENVELOPE = {
     "type": "object",

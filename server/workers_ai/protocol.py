@@ -65,7 +65,9 @@ class RerankScore(msgspec.Struct, kw_only=True):
     score: float
 
 
-class RerankResult(msgspec.Struct, kw_only=True):
+class RerankScores(msgspec.Struct, kw_only=True):
+    """A reranker's answer: each context's index (``id``) and score, best first."""
+
     response: list[RerankScore]
     usage: Usage
 
