@@ -33,8 +33,9 @@ WEATHER = {
         "additionalProperties": False,
     },
 }
-GREEDY = {"temperature": 0}
-"""The SDK takes ``temperature`` as a plain argument; deterministic answers are cached."""
+GREEDY: dict[str, Any] = {"extra_body": {"temperature": 0}}
+"""Greedy sampling, so answers are cached: the SDK takes ``temperature`` only as an extra
+body field."""
 
 
 def client(gateway: GatewayProcess, key: str = "key-a", **kw: Any) -> anthropic.Anthropic:
@@ -87,7 +88,7 @@ def test_create_is_cached_per_tenant_and_shared_with_the_chat_route(
     # what vLLM itself answers to the same Messages request (its own /v1/messages)
     direct = anthropic.Anthropic(base_url=tiny_vllm.url, api_key="x", max_retries=0)
     ref = direct.messages.create(
-        model=TINY_MODEL_NAME, messages=ask("Spring weather?"), **{**kw, "model": TINY_MODEL_NAME}
+        messages=ask("Spring weather?"), **{**kw, "model": TINY_MODEL_NAME}
     )
     assert ref.content == message.content and ref.stop_reason == message.stop_reason
 
@@ -179,7 +180,7 @@ def test_count_tokens_is_the_rendered_prompts(
 def test_a_tool_use_round_trip(gateway: GatewayProcess) -> None:
     a = client(gateway, "key-tools")
     question = ask("What is the weather in Paris?")
-    kw: dict[str, Any] = {"model": MODEL, "max_tokens": 40, "tools": [WEATHER], **GREEDY}
+    kw: dict[str, Any] = {"model": MODEL, "max_tokens": 120, "tools": [WEATHER], **GREEDY}
     used = a.messages.create(
         messages=question, tool_choice={"type": "tool", "name": "get_weather"}, **kw
     )

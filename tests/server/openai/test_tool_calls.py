@@ -33,6 +33,8 @@ TOOLS: list[Any] = [
     }
 ]
 ASK: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
+"""A call takes the tiny tokenizer ~60 tokens (``<tool_call>{...}</tool_call>``, which vLLM's
+hermes format frames the JSON with): ``max_tokens`` leaves room for all of it."""
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 
 
@@ -48,7 +50,7 @@ def calls_of(message: Any) -> list[tuple[str, dict[str, Any]]]:
 @pytest.mark.parametrize("choice", ["auto", "required", "named", "none"])
 def test_every_tool_choice_is_answered(gw: openai.OpenAI, choice: str) -> None:
     tool_choice: Any = NAMED if choice == "named" else choice
-    kw: dict[str, Any] = {"model": MODEL, "messages": ASK, "tools": TOOLS, "max_tokens": 30}
+    kw: dict[str, Any] = {"model": MODEL, "messages": ASK, "tools": TOOLS, "max_tokens": 120}
     raw = gw.chat.completions.with_raw_response.create(tool_choice=tool_choice, temperature=0, **kw)
     message = raw.parse().choices[0].message
     if choice in ("required", "named"):  # guided decoding: a call whatever the weights
@@ -83,7 +85,7 @@ def test_a_streamed_tool_call_is_stored_and_replayed(
         "messages": [{"role": "user", "content": "And the weather in Rome?"}],
         "tools": TOOLS,
         "tool_choice": NAMED,
-        "max_tokens": 30,
+        "max_tokens": 120,
         "temperature": 0,
     }
     live = list(gw.chat.completions.create(stream=True, **kw))
@@ -117,7 +119,7 @@ def test_workers_ai_takes_tools_and_tool_choice(gateway: GatewayProcess) -> None
         "messages": ASK,
         "tools": [TOOLS[0]["function"]],  # Workers AI's own form of a tool
         "tool_choice": {"type": "function", "name": "get_weather"},
-        "max_tokens": 30,
+        "max_tokens": 120,
         "temperature": 0,
     }
     r = httpx.post(run, json=body, headers=auth, timeout=60)
