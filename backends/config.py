@@ -10,6 +10,7 @@ from typing import Any, Literal
 import msgspec
 import orjson
 
+from backends.chat_templates import template_path
 from backends.kv.settings import KvSettings, PlacementPolicy
 from backends.profiles import LaunchProfile, check_profile_for_model, merge_flags
 from foundation.config_types import NonNegInt, PosFloat, PosInt, Unit
@@ -80,6 +81,15 @@ class VllmBackend(
     """A pinned revision (part of every cache key of the backend's models). By default a hash
     of the files under ``model_path``; without a ``model_path``, what the servers report of
     the model (``backends.remote_revision``, re-read by every health check)."""
+    tool_call_parser: str | None = None
+    """vLLM's tool-call parser for the model (``hermes``, ``xlam``, ``llama3_json``, …: one that
+    reads the tool-call format its chat template teaches): launched servers get
+    ``--enable-auto-tool-choice --tool-call-parser NAME``, so ``tools`` with ``tool_choice``
+    ``auto``, ``required`` or a named function work. Servers run elsewhere need the same flags."""
+    chat_template: str | None = None
+    """A chat template to use instead of the model's own (``--chat-template`` for launched
+    servers): a ``.jinja`` file, or ``builtin:NAME`` for one shipped with the gateway
+    (``backends.chat_templates``). The cache keys' template fingerprint is this file's."""
     servers: list[VllmServer] = msgspec.field(default_factory=list)
     """``role = "both"`` servers form a monolithic pool; ``prefill`` + ``decode`` servers a
     disaggregated one (any number of each). A backend is one or the other."""
@@ -183,6 +193,8 @@ class VllmBackend(
         urls = [s.url.rstrip("/") for s in self.servers]
         if len(set(urls)) != len(urls):
             raise ValueError(f"backend {self.name!r}: a server url appears twice")
+        if self.chat_template is not None:
+            template_path(self.chat_template)  # a ValueError naming the missing file
         model_dir = Path(self.model_path) if self.model_path else None
         for role, profile in self.profiles.items():
             if model_dir is not None and model_dir.is_dir():
@@ -271,6 +283,13 @@ class VllmBackend(
             flags.append(("--kv-transfer-config", orjson.dumps(transfer).decode()))
         if server.kv_events:
             flags += self.kv.launch_flags(server.kv_events, server.kv_events_replay)
+        if self.tool_call_parser is not None:
+            flags += [
+                ("--enable-auto-tool-choice", None),
+                ("--tool-call-parser", self.tool_call_parser),
+            ]
+        if self.chat_template is not None:
+            flags.append(("--chat-template", str(template_path(self.chat_template))))
         extra = merge_flags(server.launch.extra_args, flags)
         return msgspec.structs.replace(server.launch, extra_args=extra)
 

@@ -56,6 +56,15 @@ from foundation.request import RequestContext
 _PREFILL_DROPPED = ("stream_options", "min_tokens", "min_completion_tokens")
 _SERVER_STATE = ("previous_response_id", "conversation")
 """Responses API fields that name what a server kept (a prefill server does not have it)."""
+GENERATION_PATHS = ("/chat/completions", "/completions", "/responses")
+"""The paths whose requests generate (and may be prefilled); any other (``/tokenize``,
+``/score``, …) goes to one answering server as it is, with no ``cache_salt``."""
+NOT_GENERATION = "not_generation"
+
+
+def generates(path: str) -> bool:
+    return path.endswith(GENERATION_PATHS)
+
 
 T = TypeVar("T")
 
@@ -135,8 +144,8 @@ class PrefillHop:
     async def run(self, plan: Plan, ctx: RequestContext) -> tuple[bool, dict[str, Any] | None]:
         """Run the prefill hop: ``(done, kv_transfer_params)``; not done → decode alone."""
         pool = self.pool
-        if pool is None or plan.skip_reason == "no_prefill_pool":
-            return False, None  # monolithic pool, or decode servers only
+        if pool is None or plan.skip_reason in ("no_prefill_pool", NOT_GENERATION):
+            return False, None  # monolithic pool, decode servers only, or no generation
         if not plan.prefill:
             self._skip(plan.skip_reason or "unknown")
             return False, None

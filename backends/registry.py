@@ -10,6 +10,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
+from backends.chat_templates import template_fingerprint, template_path
 from backends.classifier import DEFAULT_HEAD, ClassifierBackend, TextClassifierBackend
 from backends.config import EmbeddedClassifierBackend, VllmBackend
 from backends.config import LocalEmbeddingBackend as LocalEmbeddingConfig
@@ -20,7 +21,7 @@ from backends.protocol import EmbeddingBackend, GenerationBackend
 from backends.vllm import VllmClient
 from backends.vllm_classifier import VllmClassifier
 
-Task = Literal["chat", "embeddings", "classification"]
+Task = Literal["chat", "embeddings", "classification", "rerank"]
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,8 @@ def build_registry(
             # no files to hash: until its servers report one (backends.remote_revision)
             rev = f"unversioned:{b.name}"
         template_fp = chat_template_fingerprint(path) if path is not None else "none"
+        if isinstance(b, VllmBackend) and b.chat_template is not None:
+            template_fp = template_fingerprint(template_path(b.chat_template).read_text())
         revisions[b.name] = (rev, template_fp)
         if isinstance(b, VllmBackend):
             defaults[b.name] = backend_sampling_defaults(b, path)

@@ -19,7 +19,7 @@ from backends.admission import Lease
 from backends.config import VllmBackend
 from backends.health import HealthMonitor
 from backends.kv.service import KvPlacement
-from backends.pd_flow import DecodeHop, Plan, PrefillHop, hop_headers
+from backends.pd_flow import NOT_GENERATION, DecodeHop, Plan, PrefillHop, generates, hop_headers
 from backends.placement import Placement, RouteKey, prefix_key, prompt_shape
 from backends.pool import Pool
 from backends.pool_metrics import BackendStats
@@ -41,6 +41,10 @@ def placement_attributes(plan: Plan, server: str) -> dict[str, str | bool]:
         "semcache.prefill": plan.prefill,
         "semcache.prefill.skip_reason": plan.skip_reason or "",
     }
+
+
+UNSALTED_PATHS = ("/tokenize", "/detokenize")
+"""Paths that compute nothing with the KV cache (vLLM's tokenizer alone): no ``cache_salt``."""
 
 
 class PDRouter:
@@ -73,8 +77,11 @@ class PDRouter:
     def plan(self, path: str, body: dict[str, Any], ctx: RequestContext) -> Plan:
         upstream = {k: v for k, v in body.items() if k != "kv_transfer_params"}
         scope = ctx.salt_scope or ctx.tenant or ANONYMOUS_SCOPE
-        if self.salter is not None:
+        if self.salter is not None and not path.endswith(UNSALTED_PATHS):
             upstream["cache_salt"] = self.salter.salt(scope)
+        if not generates(path):  # pooling, tokenization: no KV to place or hand over
+            key = RouteKey(session=ctx.session_affinity, prefix=None)
+            return Plan(path, upstream, key, False, NOT_GENERATION)
         shape = prompt_shape(path, upstream, self.config.chars_per_token)
         prefix = None
         if ctx.session_affinity is None and shape.single:

@@ -1,9 +1,9 @@
 """A tiny random-weight Llama (HF folder) that real vLLM serves in seconds, for tests.
 
 2 layers, hidden 128, 2 heads of 64 (a head size vLLM's CPU attention supports), a byte-level
-BPE tokenizer trained here on generated English, and a Llama-3 style chat template, so
-/v1/completions and /v1/chat/completions both work. Seeds are fixed: the folder is the same
-on every build.
+BPE tokenizer trained here on generated English, and a Llama-3 style chat template that
+renders tools too, so /v1/completions and /v1/chat/completions (tool calls included) work.
+Seeds are fixed: the folder is the same on every build.
 """
 
 from __future__ import annotations
@@ -37,12 +37,34 @@ SPECIAL_TOKENS = [BOS, EOS, "<|start_header_id|>", "<|end_header_id|>", EOT]
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% if tools %}<|start_header_id|>system<|end_header_id|>\n\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] | trim }}\n\n{% endif %}"
+    "You may call these tools: <tools>{{ tools | tojson }}</tools>\n"
+    'To call one, answer <tool_call>{"name": NAME, "arguments": ARGUMENTS}</tool_call>'
+    "<|eot_id|>{% endif %}"
     "{% for message in messages %}"
+    "{% if tools and loop.first and message['role'] == 'system' %}"
+    "{% elif message['role'] == 'tool' %}"
+    "<|start_header_id|>tool<|end_header_id|>\n\n"
+    "<tool_response>{{ message['content'] }}</tool_response><|eot_id|>"
+    "{% else %}"
     "<|start_header_id|>{{ message['role'] }}<|end_header_id|>\n\n"
-    "{{ message['content'] | trim }}<|eot_id|>"
+    "{% if message['content'] is string %}{{ message['content'] | trim }}{% endif %}"
+    "{% for call in message['tool_calls'] or [] %}"
+    "<tool_call>{\"name\": {{ call['function']['name'] | tojson }}, \"arguments\": "
+    "{% if call['function']['arguments'] is string %}{{ call['function']['arguments'] }}"
+    "{% else %}{{ call['function']['arguments'] | tojson }}{% endif %}}</tool_call>"
+    "{% endfor %}<|eot_id|>"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}"
 )
+"""Llama-3 headers; with ``tools``, Hermes' tool format (the tools in the system turn, calls as
+``<tool_call>{...}</tool_call>``, results in ``<tool_response>``): what vLLM's ``hermes``
+parser reads (``TOOL_CALL_PARSER``). Without tools, plain Llama-3 turns."""
+
+TOOL_CALL_PARSER = "hermes"
+"""The tool-call parser that fits the template; the tiny servers are started with it."""
 
 _SUBJECTS = "the cat|a dog|my friend|the teacher|our team|the city|a bird|the river|she|he|we|they"
 _VERBS = "sees|likes|builds|finds|reads|writes|carries|paints|visits|answers|opens|follows"

@@ -10,9 +10,11 @@ from typing import Any
 
 from backends.config import ServerRole, VllmLaunch, VllmServer
 from backends.launch.process import Progress, VllmProcess
-from harness.tiny_llama import build_tiny_llama
+from harness.tiny_llama import TOOL_CALL_PARSER, build_tiny_llama
 
 TINY_MODEL_NAME = "tiny-llama"
+TOOL_ARGS = ("--enable-auto-tool-choice", "--tool-call-parser", TOOL_CALL_PARSER)
+"""Tool calling on the tiny servers, with the parser that reads their template's calls."""
 SINGLE_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 SINGLE_PROCESS_ARGS = ("--distributed-executor-backend", "uni")
 """vLLM's one worker inside its engine-core process (vLLM's layout for one device on a GPU;
@@ -83,7 +85,7 @@ async def start_tiny_vllm(
             block_size=block_size,
             max_model_len=max_model_len,
             nixl_side_channel_port=nixl_side_channel_port,
-            extra_args=list(extra_args),
+            extra_args=[*TOOL_ARGS, *extra_args],
             env=dict(env or {}),
         ),
     )

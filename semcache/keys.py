@@ -224,9 +224,10 @@ def canonical_request(
 ) -> bytes:
     """Canonical bytes of an OpenAI-style request body for ``route``.
 
-    ``route`` is one of chat, completions, responses, embeddings, classification; it is
-    part of the bytes. ``sampling_defaults`` are the model's own defaults for omitted fields
-    (for example the temperature from its ``generation_config.json``): filled in.
+    ``route`` is one of the policy's routes (chat, completions, responses, embeddings,
+    classification, rerank, tokenize, detokenize); it is part of the bytes.
+    ``sampling_defaults`` are the model's own defaults for omitted fields (for example the
+    temperature from its ``generation_config.json``): filled in.
     """
     defaults = ROUTE_DEFAULTS.get(route, {})
     params: dict[str, Any] = {}
@@ -293,6 +294,11 @@ def canonical_request(
     return orjson.dumps([route, out])
 
 
+ALWAYS_DETERMINISTIC: Final = frozenset(
+    {"embeddings", "classification", "rerank", "tokenize", "detokenize"}
+)
+
+
 def _temperature(route: str, body: Mapping[str, Any], defaults: Mapping[str, Any] | None) -> Any:
     t = body.get("temperature")
     if t is None and defaults:
@@ -308,10 +314,10 @@ def is_deterministic(
 ) -> bool:
     """Whether repeating the request should give the same answer.
 
-    Embeddings and classification always do; generation does with temperature 0, greedy
-    ``top_k == 1``, or a fixed ``seed``.
+    Pooling (embeddings, classification, rerank scores) and tokenization always do;
+    generation does with temperature 0, greedy ``top_k == 1``, or a fixed ``seed``.
     """
-    if route in ("embeddings", "classification"):
+    if route in ALWAYS_DETERMINISTIC:
         return True
     if body.get("seed") is not None:
         return True

@@ -36,7 +36,16 @@ from semcache.tier_settings import RedisTier as RedisTier
 from semcache.tier_settings import SemanticTier as SemanticTier
 from semcache.tier_settings import TierSettings
 
-Route = Literal["chat", "completions", "responses", "embeddings", "classification"]
+Route = Literal[
+    "chat",
+    "completions",
+    "responses",
+    "embeddings",
+    "classification",
+    "rerank",
+    "tokenize",
+    "detokenize",
+]
 ROUTES: Final[tuple[str, ...]] = get_args(Route)
 
 Reveal = Literal["status", "age", "saved", "semantic"]

@@ -62,7 +62,8 @@ def is_usage_only(payload: bytes) -> bool:
 # --------------------------------------------------------------------------- stream → JSON
 
 
-def _merge_tool_call(calls: dict[int, dict[str, Any]], delta: Mapping[str, Any]) -> None:
+def merge_tool_call(calls: dict[int, dict[str, Any]], delta: Mapping[str, Any]) -> None:
+    """Add one streamed tool-call delta to the calls assembled so far (by their index)."""
     idx = delta.get("index", len(calls))
     call = calls.setdefault(
         idx, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
@@ -124,7 +125,7 @@ def assemble_stream(route: str, chunks: list[bytes], usage: Usage | None = None)
                     if delta.get(rk):
                         acc["reasoning"] = (acc["reasoning"] or "") + delta[rk]
                 for tc in delta.get("tool_calls") or ():
-                    _merge_tool_call(acc["tools"], tc)
+                    merge_tool_call(acc["tools"], tc)
                 if isinstance(lp, Mapping) and lp.get("content"):
                     acc["has_logprobs"] = True
                     acc["logprobs"] = (acc["logprobs"] or []) + list(lp["content"])

@@ -26,6 +26,8 @@ from semcache.semantic.service import SemanticService
 from server import health
 from server.admin import api_keys, debug_clock, pools
 from server.admin import routes as admin
+from server.anthropic import api_router as anthropic_routes
+from server.anthropic.serving import MessagesServing, hit_reply
 from server.apidoc.document import docs_router, openapi_config
 from server.batch.system import BatchSystem
 from server.config import GatewayConfig
@@ -33,7 +35,7 @@ from server.dashboard.formats import template_config
 from server.dashboard.routes import DashboardState, dashboard_router
 from server.dashboard.series import CounterSeries
 from server.encoders import load_encoder
-from server.envelope.early_hits import EarlyHits
+from server.envelope.early_hits import EarlyHits, Watched
 from server.envelope.middleware import Envelope, envelope_middleware
 from server.envelope.queue_tickets import Tickets
 from server.envelope.request_log import RequestLog
@@ -59,11 +61,14 @@ from server.openai.files import api_router as files_routes
 from server.openai.models import api_router as models
 from server.openai.pooling import api_router as pooling
 from server.openai.responses import api_router as responses
+from server.openai.scoring import api_router as scoring
 from server.openai.stores import build_stores
+from server.openai.tokenization import api_router as tokenization
 from server.pools.factory import build_membership
 from server.serving.core import ServingCore
 from server.serving.generation import Generation
 from server.serving.pooling import Pooling
+from server.serving.tokenization import Tokenization
 from server.telemetry import build_tracing
 from server.workers_ai import api_router as workers_ai_routes
 from server.workers_ai.serving import WorkersAIServing
@@ -145,6 +150,7 @@ def create_app(
     core = ServingCore(registry, metrics, policy)
     generation = Generation(core)
     pooling_core = Pooling(core, generation)
+    tokens = Tokenization(core)
     # Built now, loaded on first use: the semantic cache and the classifiers' encoder.
     tiers = policy.current.tiers
     core.semantic = SemanticService(
@@ -241,8 +247,10 @@ def create_app(
         pooling_core,
         stores,
         batch_system,
+        tokens,
         max_file_bytes=files_settings.max_bytes,
     )
+    anthropic = MessagesServing(core, generation, tokens)
     workers_ai = WorkersAIServing(core, generation, pooling_core, batch_system)
     batch_system.register(workers_ai)  # items a Workers-AI batch queued
     batch_system.register(openai.item_runner(), key=PAYLOAD_KEY)  # lines of OpenAI batches
@@ -314,6 +322,9 @@ def create_app(
         *completion.ROUTES,
         *responses.ROUTES,
         *pooling.ROUTES,
+        *tokenization.ROUTES,
+        *scoring.ROUTES,
+        *anthropic_routes.ROUTES,
         *health.ROUTES,
         *admin.ROUTES,
         *api_keys.ROUTES,
@@ -334,6 +345,7 @@ def create_app(
                 "core": core,
                 **openai.state(),
                 "workers_ai": workers_ai,
+                "anthropic": anthropic,
                 "batch_system": batch_system,
                 "config": config,
                 "policy": policy,
@@ -359,6 +371,7 @@ def create_app(
     )
     if config.server.early_hits:
         early = EarlyHits(core, envelope)
+        early.watch("/v1/messages", Watched("chat", "chat", hit_reply))
         before_routing(app, early.wrap)
         core.hits = early
     return app

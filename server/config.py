@@ -21,7 +21,10 @@ from server.limits.settings import LimitSettings
 from server.pools.settings import MembershipSettings
 from server.telemetry import TracingSettings
 
-Task = Literal["chat", "embeddings", "classification"]
+Task = Literal["chat", "embeddings", "classification", "rerank"]
+"""``rerank``: a cross-encoder (one score per query and document: ``/v1/score``,
+``/v1/rerank``), served by a vLLM backend of task ``classify`` (its pooling runner)."""
+POOLING_TASKS = ("classification", "rerank")
 
 
 class ConfigError(Exception):
@@ -129,13 +132,19 @@ def _check(cfg: GatewayConfig, source: str) -> None:
                 f"expected one of {names}"
             )
         backend = cfg.backend(m.backend)
-        if isinstance(backend, VllmBackend) and (m.task == "classification") != (
+        if isinstance(backend, VllmBackend) and (m.task in POOLING_TASKS) != (
             backend.task == "classify"
         ):
             raise ConfigError(
                 f"{source}: models[{i}].task: {m.task!r} on vLLM backend {m.backend!r} "
-                f"of task {backend.task!r}; a classification model needs a vLLM backend "
-                'with task = "classify", and such a backend serves classification only'
+                f"of task {backend.task!r}; a classification (or rerank) model needs a vLLM "
+                'backend with task = "classify", and such a backend serves classification only '
+                "(or rerank: a one-label cross-encoder)"
+            )
+        if m.task == "rerank" and not isinstance(backend, VllmBackend):
+            raise ConfigError(
+                f"{source}: models[{i}].task: a rerank model needs a vLLM backend "
+                '(task = "classify": a cross-encoder with one label)'
             )
         for name in (m.id, *m.aliases):
             if name in seen:

@@ -1,8 +1,9 @@
-"""Error shapes of the two APIs and the exception handlers that produce them.
+"""Error shapes of the APIs and the exception handlers that produce them.
 
 `/v1/...` answers in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``;
-`/client/v4/...` answers in Cloudflare's envelope with ``success: false``. No handler ever
-returns a stack trace.
+`/client/v4/...` answers in Cloudflare's envelope with ``success: false``; Anthropic's routes
+(`/v1/messages...`) in Anthropic's ``{"type": "error", "error": {"type", "message"}}``. No
+handler ever returns a stack trace.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sqlite3
 from typing import Any, Literal
 
 import msgspec
+import orjson
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException
 from redis.exceptions import ClusterDownError, RedisClusterException
@@ -91,6 +93,25 @@ def from_validation(exc: msgspec.ValidationError) -> ApiError:
     return ApiError(400, message, param=param or None, code="invalid_value")
 
 
+def relayed_error(status: int, body: bytes) -> ApiError:
+    """A backend's error answer (OpenAI's shape, as vLLM answers) as an ApiError with the same
+    status and message: for a surface that answers in its own format."""
+    message = f"The model failed with status {status}."
+    code: str | None = None
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        doc = None
+    if isinstance(doc, dict):
+        inner = doc.get("error")
+        err: dict[str, Any] = inner if isinstance(inner, dict) else doc
+        if isinstance(err.get("message"), str):
+            message = err["message"]
+        if isinstance(err.get("code"), str):
+            code = err["code"]
+    return ApiError(status, message, code=code)
+
+
 def from_backend(exc: BackendError) -> ApiError:
     status = {"timeout": 504, "overloaded": 429, "unavailable": 503}.get(exc.kind, 502)
     code = {504: "backend_timeout", 429: "backend_overloaded", 503: "backend_unavailable"}
@@ -128,6 +149,48 @@ class WorkersAIError(msgspec.Struct, kw_only=True):
     messages: list[str] = msgspec.field(default_factory=list)
 
 
+class AnthropicErrorDetail(msgspec.Struct):
+    type: str
+    message: str
+
+
+class AnthropicError(msgspec.Struct, kw_only=True):
+    """Anthropic's error body: the shape of every error on ``/v1/messages``."""
+
+    type: Literal["error"] = "error"
+    error: AnthropicErrorDetail
+
+
+ANTHROPIC_PATHS = "/v1/messages"
+
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_status(err: ApiError) -> int:
+    """Anthropic's status for an error: the gateway's backend queue being full is its 529
+    (overloaded: the service's capacity, not the client's rate limit)."""
+    return 529 if err.code == "backend_overloaded" else err.status
+
+
+def anthropic_error_body(err: ApiError) -> bytes:
+    status = anthropic_status(err)
+    if status in _ANTHROPIC_TYPES:
+        kind = _ANTHROPIC_TYPES[status]
+    else:
+        kind = "api_error" if status >= 500 else "invalid_request_error"
+    return msgspec.json.encode(AnthropicError(error=AnthropicErrorDetail(kind, err.message)))
+
+
 def openai_error_body(err: ApiError) -> bytes:
     return msgspec.json.encode(
         OpenAIError(OpenAIErrorDetail(err.message, err.type, err.param, err.code))
@@ -141,11 +204,17 @@ def workers_ai_error_body(err: ApiError) -> bytes:
 
 
 def error_response(err: ApiError, path: str) -> Response[bytes]:
-    body = workers_ai_error_body(err) if path.startswith("/client/v4") else openai_error_body(err)
+    status = err.status
+    if path.startswith("/client/v4"):
+        body = workers_ai_error_body(err)
+    elif path.startswith(ANTHROPIC_PATHS):
+        body, status = anthropic_error_body(err), anthropic_status(err)
+    else:
+        body = openai_error_body(err)
     headers = {**err.headers, "cache-control": "no-store"}  # no cache may keep an error
     if err.retry_after_s is not None:
         headers["retry-after"] = str(err.retry_after_s)
-    return Response(body, status_code=err.status, media_type=MediaType.JSON, headers=headers)
+    return Response(body, status_code=status, media_type=MediaType.JSON, headers=headers)
 
 
 def _http_exception(exc: HTTPException) -> ApiError:

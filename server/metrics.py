@@ -75,8 +75,9 @@ class GatewayMetrics:
         self.backend_calls = Labelled(
             Counter(
                 "semcache_backend_calls",
-                "Calls to an embedding or classification backend (one batch of the inputs no "
-                "cache answered), by backend and route.",
+                "Calls to a pooling backend (embeddings, classification, rerank scores: one "
+                "batch of the inputs no cache answered) or to a model's tokenizer, by backend "
+                "and route.",
                 ["backend", "route"],
                 registry=registry,
             )
@@ -84,8 +85,8 @@ class GatewayMetrics:
         self.backend_inputs = Labelled(
             Counter(
                 "semcache_backend_inputs",
-                "Inputs (texts) sent to an embedding or classification backend, by backend "
-                "and route: what the caches did not answer.",
+                "Inputs (texts, or query-document pairs for rerank) sent to a pooling backend "
+                "or a tokenizer, by backend and route: what the caches did not answer.",
                 ["backend", "route"],
                 registry=registry,
             )

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from backends.chat_templates import template_path
 from backends.config import VllmBackend
 from backends.kv.feed import PoolFeeds
 from backends.kv.hashing import DEFAULT_SEED, BlockHasher
@@ -48,6 +49,9 @@ class KvPlacement:
         self.block_size = settings.block_size or _launched_block_size(config)
         tokenizer = settings.tokenizer or config.model_path
         self._tokenizer_dir = Path(tokenizer) if tokenizer and Path(tokenizer).is_dir() else None
+        self._template = (
+            template_path(config.chat_template).read_text() if config.chat_template else None
+        )
         self.tokenizer: PromptTokenizer | None = None
         self._loading: asyncio.Task[None] | None = None
 
@@ -60,7 +64,9 @@ class KvPlacement:
     async def _load_tokenizer(self) -> None:
         assert self._tokenizer_dir is not None
         try:
-            self.tokenizer = await asyncio.to_thread(PromptTokenizer, self._tokenizer_dir)
+            self.tokenizer = await asyncio.to_thread(
+                PromptTokenizer, self._tokenizer_dir, self._template
+            )
         except Exception as exc:
             log.error("kv placement: no tokenizer from %s (%r)", self._tokenizer_dir, exc)
 

@@ -22,10 +22,12 @@ log = logging.getLogger("semcache.backends")
 class PromptTokenizer:
     """Token ids of chat, completions and Responses API prompts for one model."""
 
-    def __init__(self, model_dir: Path) -> None:
+    def __init__(self, model_dir: Path, chat_template: str | None = None) -> None:
+        """``chat_template``: the backend's own (``--chat-template``), else the folder's."""
         from transformers import AutoTokenizer  # a few seconds: only where kv placement runs
 
         self._tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+        self._template = chat_template
 
     def prompt_tokens(self, path: str, body: dict[str, Any]) -> list[int] | None:
         try:
@@ -51,6 +53,7 @@ class PromptTokenizer:
             tokenize=False,
             add_generation_prompt=bool(body.get("add_generation_prompt", not continue_final)),
             continue_final_message=continue_final,
+            chat_template=self._template,
             **kwargs,
         )
         add_special = bool(body.get("add_special_tokens", False))

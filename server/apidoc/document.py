@@ -25,7 +25,14 @@ from litestar.openapi.spec import Components, SecurityScheme
 from litestar.static_files import create_static_files_router
 
 from foundation.package_files import package_file
-from server.apidoc.operation import BEARER, REF_TEMPLATE, DocumentedOperation, Public, RouteDoc
+from server.apidoc.operation import (
+    API_KEY,
+    BEARER,
+    REF_TEMPLATE,
+    DocumentedOperation,
+    Public,
+    RouteDoc,
+)
 
 DOCUMENT_PATH = "/openapi.json"
 DOCS_PATH = "/docs"
@@ -149,7 +156,14 @@ def openapi_config(handlers: Iterable[HTTPRouteHandler]) -> OpenAPIConfig:
                     type="http",
                     scheme="bearer",
                     description="An API token; `/admin` needs one with the admin role.",
-                )
+                ),
+                API_KEY: SecurityScheme(
+                    type="apiKey",
+                    name="x-api-key",
+                    security_scheme_in="header",
+                    description="The same API token, as Anthropic's clients send it "
+                    "(`/v1/messages` routes only).",
+                ),
             }
         ),
     )

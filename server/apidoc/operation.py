@@ -28,13 +28,15 @@ from litestar.openapi.spec import (
     Schema,
 )
 
-from server.errors import OpenAIError, WorkersAIError
+from server.errors import AnthropicError, OpenAIError, WorkersAIError
 
 REF_TEMPLATE = "#/components/schemas/{name}"
 BEARER = "bearer"
 """The name of the security scheme: ``Authorization: Bearer <token>``."""
+API_KEY = "x-api-key"
+"""The name of the other scheme of Anthropic's routes: the same token as ``x-api-key``."""
 
-ErrorFormat = Literal["openai", "workers_ai"]
+ErrorFormat = Literal["openai", "workers_ai", "anthropic"]
 
 CLIENT_ERRORS = (400, 401, 413, 429)
 """What any API route with a body can answer: bad input, no token, too large, rate limited."""
@@ -42,6 +44,8 @@ SERVER_ERROR = (500,)
 """A bug in the gateway (never a stack trace)."""
 BACKEND_ERRORS = (502, 503, 504)
 """The backend failed, is unavailable (or all its servers are), or timed out."""
+NONSTANDARD = {529: "Overloaded"}
+"""Statuses outside RFC 9110 that an API answers with (Anthropic's 529)."""
 
 
 SSE_EVENT = {
@@ -119,7 +123,9 @@ class RouteDoc:
     description: str | None = None
 
     def error_type(self) -> type:
-        return WorkersAIError if self.error_format == "workers_ai" else OpenAIError
+        return {"workers_ai": WorkersAIError, "anthropic": AnthropicError}.get(
+            self.error_format, OpenAIError
+        )
 
     def leaves(self) -> Iterator[Any]:
         """Every type the operation's schemas name (the components the document needs)."""
@@ -193,8 +199,9 @@ def _error_response(status: int, error_type: type) -> OpenAPIResponse:
                 description="Seconds to wait before trying again (when known).",
             )
         }
+    phrase = NONSTANDARD.get(status) or HTTPStatus(status).phrase
     return OpenAPIResponse(
-        description=HTTPStatus(status).phrase,
+        description=phrase,
         content={"application/json": OpenAPIMediaType(schema=_schema(error_type))},
         headers=headers,  # type: ignore[arg-type]
     )
@@ -238,7 +245,10 @@ class DocumentedOperation(Operation):
         self.summary = doc.summary
         self.description = doc.description
         self.tags = [doc.tag]
-        self.security = [{BEARER: []}] if doc.auth else None
+        self.security = None
+        if doc.auth:
+            anthropic = doc.error_format == "anthropic"
+            self.security = [{BEARER: []}, {API_KEY: []}] if anthropic else [{BEARER: []}]
         params = list(self.parameters or [])
         params += [_parameter(f, "query") for f in doc.query]
         params += [_parameter(f, "header") for f in doc.headers]

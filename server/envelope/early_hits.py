@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -33,6 +33,7 @@ from backends.registry import ModelInfo, Task
 from foundation import tracing as spans
 from foundation.request import RequestContext
 from semcache import replay
+from semcache.entry import CachedAnswer
 from semcache.exact import CacheRequest, CacheResult
 from server.envelope.middleware import WANTED_HEADERS, Envelope
 from server.envelope.record import RECORD_KEY, RequestRecord
@@ -48,12 +49,28 @@ from server.serving.core import ServingCore
 from server.serving.stream_format import stream_format
 from server.serving.usage_notes import note_result
 
-ROUTES: Final[dict[str, tuple[str, Task]]] = {
-    "/v1/chat/completions": ("chat", "chat"),
-    "/v1/completions": ("completions", "chat"),
-    "/v1/embeddings": ("embeddings", "embeddings"),
+Render = Callable[[CachedAnswer, CacheResult, CacheRequest, bool], Reply]
+"""A surface's reply to a hit: (the stored answer, how the cache answered, the request it was
+keyed by, whether a stream was asked for) → the Reply its route sends, cache headers included."""
+
+
+@dataclass(frozen=True, slots=True)
+class Watched:
+    """A route these hits answer: the cache's route name, the task its model serves, and,
+    for a surface that answers in its own shape, how its route renders a hit."""
+
+    route: str
+    task: Task
+    render: Render | None = None
+    """``None``: the stored answer replayed as OpenAI's (``replay``)."""
+
+
+ROUTES: Final[dict[str, Watched]] = {
+    "/v1/chat/completions": Watched("chat", "chat"),
+    "/v1/completions": Watched("completions", "chat"),
+    "/v1/embeddings": Watched("embeddings", "embeddings"),
 }
-"""Path → (the cache's route name, the task its model serves)."""
+"""The OpenAI routes watched; the app factory adds other surfaces' (``EarlyHits.watch``)."""
 
 _DIRECTIVES: Final = frozenset(name.encode() for name in DIRECTIVE_HEADERS)
 
@@ -110,9 +127,14 @@ class EarlyHits:
         self.envelope = envelope
         self.size = size
         self.app: ASGIApp | None = None
+        self.routes: dict[str, Watched] = dict(ROUTES)
         self._memos: dict[MemoKey, Memo] = {}
         self._watching: dict[str, MemoKey] = {}
         """Request id → the memo its route's exact hit would write."""
+
+    def watch(self, path: str, watched: Watched) -> None:
+        """Answer repeats on ``path`` too (a surface's route, with its own rendering)."""
+        self.routes[path] = watched
 
     def wrap(self, app: ASGIApp) -> ASGIApp:
         """This layer in front of ``app`` (the router)."""
@@ -121,7 +143,7 @@ class EarlyHits:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         assert self.app is not None
-        route = ROUTES.get(scope["path"]) if scope["type"] == "http" else None
+        route = self.routes.get(scope["path"]) if scope["type"] == "http" else None
         if (
             route is None
             or scope["method"] != "POST"  # type: ignore[typeddict-item]
@@ -138,9 +160,7 @@ class EarlyHits:
                 tracing, scope, scope["path"], lambda: self._handle(route, scope, receive, send)
             )
 
-    async def _handle(
-        self, route: tuple[str, Task], scope: Scope, receive: Receive, send: Send
-    ) -> None:
+    async def _handle(self, route: Watched, scope: Scope, receive: Receive, send: Send) -> None:
         assert self.app is not None
         headers = _plain_headers(scope["headers"])
         first = await receive()
@@ -182,7 +202,7 @@ class EarlyHits:
         memo_key = self._watching.pop(ctx.request_id, None)
         if memo_key is None or not creq.cacheable:
             return
-        name, _ = ROUTES[memo_key[2]]
+        name = self.routes[memo_key[2]].route
         model = body.get("model")
         stream = bool(body.get("stream"))
         if (
@@ -263,9 +283,13 @@ class EarlyHits:
         creq, entry = memo.creq, res.entry
         assert entry is not None
         metrics = self.core.metrics
+        render = self.routes[record.route].render
 
         async def answer(scope: Scope, receive: Receive, send: Send) -> None:
-            if memo.stream:
+            if render is not None:
+                reply = render(entry, res, creq, memo.stream)
+                size = None if reply.stream is not None else len(reply.body)
+            elif memo.stream:
                 form = stream_format(creq.route)
                 reply = replayed_reply(entry, res, creq, memo.include_usage, form)
                 size = None

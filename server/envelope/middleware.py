@@ -47,17 +47,31 @@ if TYPE_CHECKING:
     from litestar.handlers import HTTPRouteHandler
 
 
-WANTED_HEADERS: Final = (b"authorization", b"x-request-id")
+WANTED_HEADERS: Final = (b"authorization", b"x-request-id", b"x-api-key")
 """The request headers the middleware reads."""
+
+KEY_HEADER_ROUTES: Final = "/v1/messages"
+"""The routes whose clients may send their key as ``x-api-key`` (Anthropic's SDK, Claude
+Code): there it stands for ``Authorization: Bearer <key>``, so both reach the same tenants
+and API keys. Elsewhere it is ignored: answers there vary on ``Authorization`` alone."""
 
 
 def wanted_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
-    """The two headers the middleware reads, from the ASGI scope's raw list."""
+    """The headers the middleware reads, from the ASGI scope's raw list."""
     out: dict[str, str] = {}
     for name, value in raw:
-        if len(name) in (13, 12) and name.lower() in WANTED_HEADERS:
+        if len(name) in (13, 12, 9) and name.lower() in WANTED_HEADERS:
             out[name.lower().decode()] = value.decode("latin-1")
     return out
+
+
+def key_as_bearer(route: str, headers: dict[str, str]) -> dict[str, str]:
+    """``headers`` with an ``x-api-key`` read as the bearer token where the route takes one
+    (``KEY_HEADER_ROUTES``) and no ``Authorization`` header came."""
+    key = headers.get("x-api-key")
+    if key and "authorization" not in headers and route.startswith(KEY_HEADER_ROUTES):
+        return {**headers, "authorization": f"Bearer {key.strip()}"}
+    return headers
 
 
 class RequestIds:
@@ -119,7 +133,7 @@ class Envelope:
         """The record of a request to ``route`` (an ApiError 401/403 when its token does not
         meet ``need``); ``headers``: what :func:`wanted_headers` read."""
         principal = self.auth.authenticate(
-            headers, account_id, key_required=need in ("key", "admin")
+            key_as_bearer(route, headers), account_id, key_required=need in ("key", "admin")
         )
         if need == "admin" and not principal.admin:
             if self.auth.open and self.auth.admin_token is None:

@@ -25,7 +25,13 @@ from types import FrameType
 import uvicorn
 from litestar.types import Send
 
-from server.errors import ApiError, openai_error_body, workers_ai_error_body
+from server.errors import (
+    ANTHROPIC_PATHS,
+    ApiError,
+    anthropic_error_body,
+    openai_error_body,
+    workers_ai_error_body,
+)
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +97,8 @@ async def refuse(path: str, send: Send) -> None:
         body = b'{"status":"draining"}'
     elif path.startswith("/client/v4"):
         body = workers_ai_error_body(_REFUSAL)
+    elif path.startswith(ANTHROPIC_PATHS):
+        body = anthropic_error_body(_REFUSAL)
     else:
         body = openai_error_body(_REFUSAL)
     await send(

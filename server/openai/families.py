@@ -15,11 +15,15 @@ from server.openai.files.serving import FilesServing
 from server.openai.models.serving import ModelsServing
 from server.openai.pooling.serving import PoolingServing
 from server.openai.responses.serving import ResponsesServing
+from server.openai.scoring.serving import ScoringServing
 from server.openai.stores import OpenAIStores
 from server.openai.text_generation import TextGenerationServing
+from server.openai.tokenization.serving import TokenizationServing
 from server.serving.core import ServingCore
 from server.serving.generation import Generation
 from server.serving.pooling import Pooling
+from server.serving.scoring import Scoring
+from server.serving.tokenization import Tokenization
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,10 @@ class OpenAIFamilies:
     pooling: PoolingServing
     files: FilesServing
     batches: BatchesServing
+    tokenization: TokenizationServing
+    """vLLM's ``/tokenize`` and ``/detokenize``."""
+    scoring: ScoringServing
+    """vLLM's ``/v1/score`` and ``/v1/rerank``."""
 
     def state(self) -> dict[str, object]:
         """The app state entries: one per family, under its name."""
@@ -52,6 +60,7 @@ def build_openai(
     pooling: Pooling,
     stores: OpenAIStores,
     batch_system: BatchSystem,
+    tokens: Tokenization,
     *,
     max_file_bytes: int,
 ) -> OpenAIFamilies:
@@ -78,4 +87,6 @@ def build_openai(
             settings,
             queue_of=lambda: batch_system.queue,
         ),
+        tokenization=TokenizationServing(core, tokens),
+        scoring=ScoringServing(core, Scoring(core)),
     )

@@ -31,6 +31,8 @@ from server.workers_ai.protocol import (
     PollRequest,
     Queued,
     QueuedBatch,
+    RerankInput,
+    RerankScores,
     TextGenerationInput,
     TextGenerationResult,
     truthy,
@@ -43,7 +45,9 @@ def workers_ai(request: Request[Any, Any, Any]) -> WorkersAIServing:
     return svc
 
 
-RESULT = AnyOf((TextGenerationResult, EmbeddingResult, list[LabelScore], Queued, BatchResponses))
+RESULT = AnyOf(
+    (TextGenerationResult, EmbeddingResult, list[LabelScore], RerankScores, Queued, BatchResponses)
+)
 ENVELOPE = {
     "type": "object",
     "required": ["result", "success", "errors", "messages"],
@@ -61,14 +65,22 @@ RUN_DOC = RouteDoc(
     tag="Workers AI",
     error_format="workers_ai",
     description=(
-        "The body is the model's task input (text generation, embeddings, classification). "
+        "The body is the model's task input (text generation, embeddings, classification, "
+        "reranking). "
         "With `?queueRequest=true` (or `queueRequest`/`options.queueRequest` in the body), "
         "`requests` is a batch of such inputs, answered at once with a `request_id`; a body "
         '`{"request_id": ...}` polls it: its status while it runs, then every item\'s '
         "response. `model` is an id or an alias; aliases contain `/`."
     ),
     body=AnyOf(
-        (TextGenerationInput, EmbeddingInput, ClassificationInput, QueuedBatch, PollRequest)
+        (
+            TextGenerationInput,
+            EmbeddingInput,
+            ClassificationInput,
+            RerankInput,
+            QueuedBatch,
+            PollRequest,
+        )
     ),
     query=(Field("queueRequest", {"type": "boolean"}, "Queue the body's `requests`."),),
     headers=CACHE_HEADERS,

@@ -34,6 +34,9 @@ class TextGenerationInput(msgspec.Struct, kw_only=True):
     response_format: dict[str, Any] | None = None
     stop: str | list[str] | None = None
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    """``auto``, ``none``, ``required``, or a function (OpenAI's object, or
+    ``{"type": "function", "name": ...}``)."""
     lora: str | None = None
 
 
@@ -44,6 +47,30 @@ class EmbeddingInput(msgspec.Struct, kw_only=True):
 
 class ClassificationInput(msgspec.Struct, kw_only=True):
     text: NonEmptyStr
+
+
+class RerankContext(msgspec.Struct, kw_only=True):
+    text: str
+
+
+class RerankInput(msgspec.Struct, kw_only=True):
+    """Workers AI's reranker input (``@cf/baai/bge-reranker-base``)."""
+
+    query: NonEmptyStr
+    contexts: Annotated[list[RerankContext], msgspec.Meta(min_length=1)]
+    top_k: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
+class RerankScore(msgspec.Struct, kw_only=True):
+    id: int
+    score: float
+
+
+class RerankScores(msgspec.Struct, kw_only=True):
+    """A reranker's answer: each context's index (``id``) and score, best first."""
+
+    response: list[RerankScore]
+    usage: Usage
 
 
 class QueuedBatch(msgspec.Struct, kw_only=True):
@@ -106,6 +133,8 @@ def input_schema(task: str) -> type[Any]:
         return TextGenerationInput
     if task == "embeddings":
         return EmbeddingInput
+    if task == "rerank":
+        return RerankInput
     return ClassificationInput
 
 

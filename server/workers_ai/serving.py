@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import orjson
 
 from backends.protocol import BackendError
 from backends.registry import ModelInfo, ModelRegistry
@@ -25,10 +26,12 @@ from server.serving.cache_headers import CacheDirectives, reshaped
 from server.serving.core import ServingCore
 from server.serving.generation import Generation
 from server.serving.pooling import Pooling
+from server.serving.scoring import Scoring
 from server.workers_ai.protocol import (
     DEFAULT_MAX_TOKENS,
     ClassificationInput,
     EmbeddingInput,
+    RerankInput,
     TextGenerationInput,
     envelope,
     error_object,
@@ -40,6 +43,7 @@ from server.workers_ai.translate import (
     context_overflow,
     embedding_request,
     embedding_result,
+    rerank_result,
     text_request,
     text_result,
     upstream_error,
@@ -66,12 +70,14 @@ class WorkersAIServing:
         generation: Generation,
         pooling: Pooling,
         batches: BatchSystem | None = None,
+        scoring: Scoring | None = None,
     ) -> None:
         self.core = core
         self.registry: ModelRegistry = core.registry
         self.generation = generation
         self.pooling = pooling
         self.batches = batches
+        self.scoring = scoring or Scoring(core)
 
     # -- entry points ---------------------------------------------------------------------
 
@@ -187,6 +193,8 @@ class WorkersAIServing:
             return await self._text(info, inp, ctx, directives)
         if isinstance(inp, EmbeddingInput):
             return await self._embed(info, inp, ctx, directives)
+        if isinstance(inp, RerankInput):
+            return await self._rerank(info, inp, ctx, directives)
         assert isinstance(inp, ClassificationInput)
         return await self._classify(info, inp, ctx, directives)
 
@@ -269,6 +277,20 @@ class WorkersAIServing:
         if reply.status != 200:
             raise upstream_error(reply)
         return Answer(embedding_result(reply.body), reply.headers)
+
+    async def _rerank(
+        self,
+        info: ModelInfo,
+        inp: RerankInput,
+        ctx: RequestContext,
+        directives: CacheDirectives,
+    ) -> Answer:
+        """Through the scoring core: the same per-pair cache as ``/v1/rerank``."""
+        pairs = [(inp.query, c.text) for c in inp.contexts]
+        body = {"model": info.id, **msgspec.to_builtins(inp), "endpoint": "workers-ai"}
+        render = functools.partial(rerank_result, top_k=inp.top_k)
+        reply = await self.scoring.score(info, pairs, {}, body, ctx, directives, render)
+        return Answer(orjson.loads(reply.body), reply.headers)
 
     async def _classify(
         self,

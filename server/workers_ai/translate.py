@@ -11,8 +11,9 @@ import orjson
 from backends.classifier import label_names
 from backends.registry import ModelInfo
 from foundation.sse import DONE, DONE_EVENT, SSEReader, event
+from semcache.replay import merge_tool_call
 from server.batch.results import USAGE_KEYS
-from server.errors import ApiError
+from server.errors import ApiError, relayed_error
 from server.http.reply import Reply
 from server.serving.output_limit import NOTE_KEYS
 from server.workers_ai.protocol import EmbeddingInput, TextGenerationInput
@@ -42,6 +43,18 @@ def openai_tools(tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def openai_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    """A named function as ``{"type": "function", "name": ...}`` too, as in OpenAI's
+    Responses API; anything else as OpenAI's chat completions take it."""
+    if (
+        isinstance(choice, dict)
+        and "function" not in choice
+        and isinstance(choice.get("name"), str)
+    ):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    return choice
+
+
 def text_request(info: ModelInfo, inp: TextGenerationInput) -> tuple[str, dict[str, Any]]:
     """The OpenAI route (``chat`` or ``completions``) and body of a text-generation input."""
     if inp.lora is not None:
@@ -59,6 +72,8 @@ def text_request(info: ModelInfo, inp: TextGenerationInput) -> tuple[str, dict[s
         body["messages"] = inp.messages
         if inp.tools:
             body["tools"] = openai_tools(inp.tools)
+            if inp.tool_choice is not None:
+                body["tool_choice"] = openai_tool_choice(inp.tool_choice)
         return "chat", body
     if inp.raw:
         body["prompt"] = inp.prompt
@@ -94,20 +109,7 @@ def workers_usage(usage: Any) -> dict[str, Any]:
 
 def upstream_error(reply: Reply) -> ApiError:
     """An OpenAI/vLLM error answer as an ApiError with the same status and message."""
-    message = f"The model failed with status {reply.status}."
-    code: str | None = None
-    try:
-        body = orjson.loads(reply.body)
-    except orjson.JSONDecodeError:
-        body = None
-    if isinstance(body, dict):
-        inner = body.get("error")
-        err: dict[str, Any] = inner if isinstance(inner, dict) else body
-        if isinstance(err.get("message"), str):
-            message = err["message"]
-        if isinstance(err.get("code"), str):
-            code = err["code"]
-    return ApiError(reply.status, message, code=code)
+    return relayed_error(reply.status, reply.body)
 
 
 def context_overflow(reply: Reply) -> bool:
@@ -168,17 +170,34 @@ def classification_result(body: bytes, labels: list[str]) -> list[dict[str, Any]
     return [{"label": label, "score": score} for label, score in scored]
 
 
+def rerank_result(scores: list[float], tokens: list[int], top_k: int | None = None) -> bytes:
+    """Scores (one per context, in order) as Workers AI's reranker answers them: each
+    context's index and score, best first (the ``top_k`` best); the usage beside."""
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])[:top_k]
+    total = sum(tokens)
+    usage = {"prompt_tokens": total, "completion_tokens": 0, "total_tokens": total}
+    return orjson.dumps(
+        {"response": [{"id": i, "score": scores[i]} for i in order], "usage": usage}
+    )
+
+
 async def workers_stream(source: AsyncIterable[bytes]) -> AsyncGenerator[bytes, None]:
-    """OpenAI SSE chunks → Workers-AI events: ``{"response": piece}``…, usage, ``[DONE]``.
+    """OpenAI SSE chunks → Workers-AI events: ``{"response": piece}``…, the tool calls once
+    complete (``{"response": "", "tool_calls": [...]}``), usage, ``[DONE]``.
 
     An error event of the source ends the stream with ``{"errors": [...]}`` and no
     ``[DONE]``, so a client can tell a cut answer from a complete one.
     """
     reader = SSEReader()
     usage: dict[str, Any] | None = None
+    calls: dict[int, dict[str, Any]] = {}
     async for chunk in source:
         for payload in reader.feed(chunk):
             if payload == DONE:
+                if calls:
+                    merged = [calls[i] for i in sorted(calls)]
+                    tools = {"response": "", "tool_calls": workers_tool_calls(merged)}
+                    yield event(orjson.dumps(tools))
                 yield event(orjson.dumps({"response": "", "usage": usage or workers_usage(None)}))
                 yield DONE_EVENT
                 return
@@ -200,5 +219,7 @@ async def workers_stream(source: AsyncIterable[bytes]) -> AsyncGenerator[bytes, 
                 piece = delta.get("content") if "delta" in choice else choice.get("text")
                 if piece:
                     yield event(orjson.dumps({"response": piece}))
+                for call in delta.get("tool_calls") or ():
+                    merge_tool_call(calls, call)
     message = "The model ended the answer early."
     yield event(orjson.dumps({"errors": [{"code": 5020, "message": message}]}))

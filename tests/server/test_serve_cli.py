@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import anthropic
 import httpx
 import openai
 import psutil
@@ -118,6 +119,46 @@ def test_serve_default_answers_the_openai_sdk(served: Served) -> None:
     emb = client.embeddings.create(model="all-MiniLM-L6-v2", input=["Paris", "France"])
     assert len(emb.data) == 2 and len(emb.data[0].embedding) == 384
     assert httpx.get(f"{served.url}/ready").status_code == 200
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather of a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def test_serve_default_calls_tools_and_answers_the_anthropic_sdk(served: Served) -> None:
+    """SmolLM2 is launched with the xlam parser and a template that renders its tools."""
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0)
+    question = [{"role": "user", "content": "What is the weather in Paris?"}]
+    for choice in ("auto", "required"):
+        answer = client.chat.completions.create(
+            model=MODEL,
+            messages=question,  # type: ignore[arg-type]
+            tools=[WEATHER],  # type: ignore[list-item]
+            tool_choice=choice,  # type: ignore[arg-type]
+            temperature=0,
+            max_tokens=60,
+        )
+        calls = answer.choices[0].message.tool_calls or []
+        if choice == "required":  # one call or more, each of the tool offered
+            assert calls and {c.function.name for c in calls} == {"get_weather"}  # type: ignore[union-attr]
+    claude = anthropic.Anthropic(base_url=served.url, api_key="x", max_retries=0)
+    message = claude.messages.create(
+        model=MODEL,
+        max_tokens=30,
+        extra_body={"temperature": 0},
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+    )
+    assert "Paris" in message.content[0].text  # type: ignore[union-attr]
 
 
 @TWO_CORES

@@ -89,6 +89,9 @@ def test_errors_and_auth_are_declared(document: dict[str, Any]) -> None:
             assert "401" in op["responses"], (method, path)
             error = op["responses"]["401"]["content"]["application/json"]["schema"]["$ref"]
             expected = "WorkersAIError" if path.startswith("/client/v4") else "OpenAIError"
+            if path.startswith("/v1/messages"):
+                expected = "AnthropicError"
+                assert {"x-api-key": []} in op["security"], path
             assert error == f"#/components/schemas/{expected}"
 
 

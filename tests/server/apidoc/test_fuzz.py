@@ -50,6 +50,7 @@ LENGTH_FIELD = {
     "/v1/chat/completions": "max_tokens",
     "/v1/completions": "max_tokens",
     "/v1/responses": "max_output_tokens",
+    "/v1/messages": "max_tokens",
 }
 """Generated requests per operation: valid ones (by the document), then invalid ones."""
 STATEFUL_EXAMPLES = 50
@@ -125,7 +126,7 @@ def served_models(path: str) -> list[str]:
     for route, task in (("/v1/embeddings", "embeddings"), ("/v1/classify", "classification")):
         if path.startswith(route):
             return MODELS[task]
-    if path.startswith(("/v1/chat", "/v1/completions", "/v1/responses")):
+    if path.startswith(("/v1/chat", "/v1/completions", "/v1/responses", "/v1/messages")):
         return MODELS["chat"]
     return ALL_MODELS
 

@@ -80,6 +80,8 @@ CASES = {
         {"model": "embed-model", "input": ["hello", "world"]},
         "embeddings",
     ),
+    "messages": ("/v1/messages", {**CHAT, "max_tokens": 8}, "chat"),
+    "messages stream": ("/v1/messages", {**CHAT, "max_tokens": 8, "stream": True}, "chat"),
 }
 """Request bodies by case: (path, body, the cache's route name)."""
 

@@ -78,6 +78,10 @@ def refused_in_own_format(r: Any, path: str, status: int) -> None:
     body = r.json()
     if path.startswith("/client/v4"):
         assert body["success"] is False and body["errors"][0]["message"], body
+    elif path.startswith("/v1/messages"):  # Anthropic's shape
+        assert body["type"] == "error" and body["error"]["message"], body
+        if status == 401:
+            assert body["error"]["type"] == "authentication_error", body
     else:
         assert body["error"]["message"], body
         if status == 401:

@@ -1,0 +1,179 @@
+"""Cross-encoder scores (``/v1/score``, ``/v1/rerank``) cached per (query, document) pair.
+
+A scoring request is a list of pairs. Its exact key (the whole request) is looked up first;
+on a miss each pair is looked up under its own key (route ``rerank.pair``: the query, the
+document and the parameters that change a score), in the same scope, model revision and
+purge epochs as the request. Only the pairs no key holds go to vLLM (one ``/score`` call),
+and their scores are stored as pairs: a rerank over a list partly seen before computes only
+its new documents, as embeddings are answered item by item. Scores are deterministic, so
+they are cached whatever the rule says of sampling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Final
+
+import msgspec
+import orjson
+
+from backends.protocol import BackendError
+from backends.registry import ModelInfo
+from foundation.request import RequestContext
+from semcache.entry import CachedAnswer, Usage
+from semcache.exact import CacheRequest, CacheStatus
+from server.errors import ApiError, relayed_error
+from server.http.reply import Reply
+from server.serving.cache_headers import CacheDirectives, edge_headers, result_headers
+from server.serving.core import ServingCore
+from server.serving.usage_notes import note_result
+
+ROUTE: Final = "rerank"
+PAIR_ROUTE: Final = "rerank.pair"
+PAIR_CONTENT_TYPE: Final = "application/x-semcache-score"
+SCORE_PATH: Final = "/score"
+
+Pair = tuple[str, str]
+Render = Callable[[list[float], list[int]], bytes]
+"""Builds the answer from one score and one token count per pair, in the request's order."""
+
+
+class Scoring:
+    """The scoring core (see the module doc)."""
+
+    def __init__(self, core: ServingCore) -> None:
+        self.core = core
+
+    async def score(
+        self,
+        info: ModelInfo,
+        pairs: Sequence[Pair],
+        params: dict[str, Any],
+        body: dict[str, Any],
+        ctx: RequestContext,
+        directives: CacheDirectives | None,
+        render: Render,
+    ) -> Reply:
+        """The answer ``render`` builds from the scores of ``pairs``; ``params``: the request's
+        fields that change a score (truncation, instruction, activation), sent to vLLM and
+        part of each pair's key; ``body``: the request as the client sent it (its own key)."""
+        core = self.core
+        ctx.usage.model, ctx.usage.route = info.id, ROUTE
+        ctx.salt_scope = core.scope(info, ROUTE, ctx)
+        started = time.perf_counter()
+        creq = await core.cache_request(ROUTE, info, body, ctx, directives)
+        if creq is None or core.cache is None:
+            scores, tokens = await self._compute(info, list(pairs), params, ctx)
+            return Reply(200, render(scores, tokens))
+        cache = core.cache
+        outcome: dict[str, int] = {}
+
+        async def fill() -> CachedAnswer:
+            keys = await asyncio.gather(*(self._pair_request(creq, p, params) for p in pairs))
+            found = await asyncio.gather(*(cache.lookup(k) for k in keys))
+            scores: list[float] = [0.0] * len(pairs)
+            tokens: list[int] = [0] * len(pairs)
+            todo: list[int] = []
+            for i, res in enumerate(found):
+                entry = res.entry
+                if res.status in (CacheStatus.HIT, CacheStatus.STALE) and entry and entry.body:
+                    scores[i], tokens[i] = (
+                        float(orjson.loads(entry.body)),
+                        entry.usage.prompt_tokens,
+                    )
+                else:
+                    todo.append(i)
+            if todo:
+                got, counts = await self._compute(info, [pairs[i] for i in todo], params, ctx)
+                stores = []
+                for n, i in enumerate(todo):
+                    scores[i], tokens[i] = got[n], counts[n]
+                    stores.append(cache.store(keys[i], _pair_answer(info, got[n], counts[n])))
+                await asyncio.gather(*stores)
+            outcome.update(
+                served=len(pairs) - len(todo), saved=sum(tokens) - sum(tokens[i] for i in todo)
+            )
+            return CachedAnswer.from_json(render(scores, tokens), model_id=info.id)
+
+        try:
+            res = await cache.get_or_fill(creq, fill)
+        except BackendError as exc:
+            core.metrics.backend_errors.labels(info.backend_name, exc.kind).inc()
+            raise
+        assert res.entry is not None
+        core.answered(ctx, creq, res, info, body)
+        note_result(ctx.usage, res)
+        served = outcome.get("served", 0)
+        if served and not res.from_cache and not res.coalesced:
+            ctx.usage.cache = "partial" if served < len(pairs) else "exact"
+            ctx.usage.saved(outcome.get("saved", 0), 0)
+        core.metrics.latency.labels(ROUTE, "false").observe(time.perf_counter() - started)
+        headers = {**result_headers(res, creq), **edge_headers(res, creq)}
+        if served and not res.from_cache and "status" not in creq.hidden:
+            headers["x-semcache-pairs-cached"] = f"{served}/{len(pairs)}"
+        return Reply(200, res.entry.body or b"", headers=headers)
+
+    async def _pair_request(
+        self, creq: CacheRequest, pair: Pair, params: dict[str, Any]
+    ) -> CacheRequest:
+        assert self.core.cache is not None
+        key = creq.key
+        return await self.core.cache.prepare(
+            route=PAIR_ROUTE,
+            body={"query": pair[0], "document": pair[1], **params},
+            model_id=key.model_id,
+            revision=key.revision,
+            rule=msgspec.structs.replace(creq.rule, deterministic_only=False),
+            scope=key.scope,
+            control=creq.control,
+            tags=creq.tags,
+        )
+
+    async def _compute(
+        self, info: ModelInfo, pairs: list[Pair], params: dict[str, Any], ctx: RequestContext
+    ) -> tuple[list[float], list[int]]:
+        """vLLM's scores of ``pairs`` (one ``/score`` call: queries and documents paired
+        in order) and each pair's share of the call's prompt tokens."""
+        backend = self.core.registry.generation_backend(info)
+        self.core.announce(backend.name, ctx)
+        self.core.metrics.count_backend_call(backend.name, ROUTE, len(pairs))
+        body = {
+            **params,
+            "model": backend.served_model,
+            "queries": [q for q, _ in pairs],
+            "documents": [d for _, d in pairs],
+        }
+        resp = await backend.post(SCORE_PATH, body, ctx)
+        if resp.status != 200:
+            raise relayed_error(resp.status, resp.body)
+        doc = orjson.loads(resp.body)
+        rows = sorted(doc.get("data") or [], key=lambda row: row.get("index", 0))
+        if len(rows) != len(pairs):
+            raise ApiError(502, "The backend scored another number of pairs.", code="backend_error")
+        usage = doc.get("usage") or {}
+        total = int(usage.get("prompt_tokens") or usage.get("total_tokens") or 0)
+        self.core.metrics.count_usage(info.id, {"prompt_tokens": total})
+        ctx.usage.add(total, 0)
+        return [float(row["score"]) for row in rows], apportion(total, pairs)
+
+
+def apportion(total: int, pairs: Sequence[Pair]) -> list[int]:
+    """``total`` tokens split over the pairs in proportion to their text (vLLM counts one
+    total per call): what each pair is said to cost when it is served from the cache."""
+    sizes = [len(q) + len(d) + 1 for q, d in pairs]
+    whole = sum(sizes)
+    shares = [total * size // whole for size in sizes]
+    if shares:
+        shares[-1] += total - sum(shares)
+    return shares
+
+
+def _pair_answer(info: ModelInfo, score: float, tokens: int) -> CachedAnswer:
+    return CachedAnswer(
+        body=orjson.dumps(score),
+        content_type=PAIR_CONTENT_TYPE,
+        usage=Usage(prompt_tokens=tokens),
+        model_id=info.id,
+    )
