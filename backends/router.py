@@ -64,7 +64,9 @@ class PDRouter:
         self.salter = salter
         self.kv = kv
         self.placement = Placement(
-            config.prefix_load_slack, config.placement, kv.scorer if kv is not None else None
+            config.prefix_load_slack,
+            config.placement or "prefix-hash",
+            kv.scorer if kv is not None else None,
         )
         self.prefill_hop = PrefillHop(config, http, prefill, stats, self.placement)
         self.decode_hop = DecodeHop(config, decode, stats, self.placement)

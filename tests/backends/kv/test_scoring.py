@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import tomllib
+from pathlib import Path
+
 import msgspec
 import pytest
 
@@ -211,3 +214,19 @@ def test_a_large_fleet_scores_the_holders_and_keeps_every_server_once() -> None:
     rest = ranked[1 + 8 :]  # the holder and the 8 scored; the others in load order
     assert [s.inflight for s in rest] == sorted(s.inflight for s in rest)
     assert {s.inflight for s in ranked[-4:]} == {5}
+
+
+def test_kv_is_the_default_where_every_server_publishes_its_events() -> None:
+    def backend(*servers: dict[str, str]) -> VllmBackend:
+        return msgspec.convert(
+            {"name": "m", "served_model": "m", "servers": list(servers)}, VllmBackend
+        )
+
+    events = {"url": "http://a:1", "kv_events": "tcp://a:2"}
+    assert backend(events).placement == "kv"
+    assert backend(events, {"url": "http://b:1"}).placement == "prefix-hash"
+    assert backend().placement == "prefix-hash"
+    shipped = Path(__file__).resolve().parents[3] / "server" / "configs" / "default.toml"
+    (chat,) = [b for b in tomllib.loads(shipped.read_text())["backends"] if b["kind"] == "vllm"]
+    assert "placement" not in chat  # the default decides
+    assert msgspec.convert(chat, VllmBackend).placement == "kv"
