@@ -216,7 +216,7 @@ async def main_async(args: argparse.Namespace) -> int:
     gateways: dict[str, Any] = {}
     verdicts = []
     try:
-        async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=512)) as http:
+        async with fleet_real.client() as http:
             if args.calibrate:
                 print("calibration (one server alone):", flush=True)
                 await calibrate(http, servers[0].process.url)

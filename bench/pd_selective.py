@@ -107,7 +107,7 @@ async def main_async(args: argparse.Namespace) -> int:
     servers = await fleet_real.start_servers(layout, args.kv_tokens)  # type: ignore[arg-type]
     gateways: dict[str, Any] = {}
     try:
-        async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=512)) as http:
+        async with fleet_real.client() as http:
             old = fleet_calibration.load(CALIBRATION)
             hop = await measure_hop(http, servers[0].process.url, servers[1].process.url)
             cal = Calibration(
