@@ -30,7 +30,7 @@ its class (``turn``, ``fresh``, ``first``) for per-class figures.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 VOCABULARY = (
@@ -69,7 +69,7 @@ class Shape:
     requests: list[ShapeRequest]
     rate_fraction: float
     """Arrivals as a fraction of the fleet's saturation rate."""
-    params: dict[str, object]
+    params: Mapping[str, object]
 
 
 def words(seed: str, n: int) -> str:
