@@ -83,12 +83,17 @@ class PDRouter:
                 shape, scope, self.config.prefix_tokens, self.config.chars_per_token
             )
         key = RouteKey(session=ctx.session_affinity, prefix=prefix)
-        if self.kv is not None and ctx.session_affinity is None and shape.single:
+        if self.kv is not None and shape.single:
+            # a session still pins the servers; its blocks decide the prefill hop
             route = self.kv.route(path, upstream)
             if route is not None:
                 blocks, block_size, tokens = route
                 key = RouteKey(
-                    prefix=prefix, blocks=blocks, block_size=block_size, prompt_tokens=tokens
+                    session=ctx.session_affinity,
+                    prefix=prefix,
+                    blocks=blocks,
+                    block_size=block_size,
+                    prompt_tokens=tokens,
                 )
         reason = self.prefill_hop.skip_reason(upstream, shape, exact=key.blocks is not None)
         return Plan(path, upstream, key, reason is None, reason)

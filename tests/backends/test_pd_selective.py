@@ -135,3 +135,17 @@ async def test_without_the_prompts_blocks_the_estimate_decides(upstream: Make) -
     assert len(up.bodies(PREFILL)) == 1
     assert c.stats.prefill_skipped == {"short_prompt": 1}
     await c.aclose()
+
+
+async def test_a_session_pins_the_servers_and_its_blocks_still_decide_the_hop(
+    upstream: Make,
+) -> None:
+    up = await upstream({PREFILL: prefill_ok, DECODE_1: decode_ok})
+    c = kv_client(up)
+    history = words(320)
+    hold(c, up.url(DECODE_1), history, tokens=320)
+    prompt = chat(history + " " + words(20, "q"))
+    assert (await c.post(CHAT, prompt, ctx(session_affinity="conversation-1"))).status == 200
+    assert up.bodies(PREFILL) == []
+    assert c.stats.prefill_skipped == {"cached_on_decode": 1}
+    await c.aclose()
