@@ -112,7 +112,7 @@ async def main_async(args: argparse.Namespace) -> int:
             hop = await measure_hop(http, servers[0].process.url, servers[1].process.url)
             cal = Calibration(
                 old.base_ms, old.per_token_ms, old.quadratic_ms, old.step_ms, hop,
-                f"{old.source}; hop: pd_selective, {time.strftime('%Y-%m-%d')}",
+                f"{old.source.split('; hop:')[0]}; hop: pd_selective, {time.strftime('%Y-%m-%d')}",
             )  # fmt: skip
             cal.save(CALIBRATION)
             threshold = (
