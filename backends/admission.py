@@ -50,10 +50,23 @@ class Lease:
         self.server = server
         self.flow = flow
         self._held = True
+        self._charged = 0
+
+    def charge(self, tokens: int) -> None:
+        """The server has ``tokens`` of this request's prompt to compute (its backlog, which
+        KV placement reads) until ``settle`` or ``release``."""
+        self.server.pending_tokens += tokens
+        self._charged += tokens
+
+    def settle(self) -> None:
+        """The prompt is computed (its first token came): the backlog drops it."""
+        self.server.pending_tokens -= self._charged
+        self._charged = 0
 
     def release(self) -> None:
         if self._held:
             self._held = False
+            self.settle()
             self.admission.release(self.server, self.flow)
 
 

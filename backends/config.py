@@ -106,7 +106,11 @@ class VllmBackend(
     shared_storage_path: str | None = None
     """ExampleConnector's folder; default ``$TMPDIR/semcache-kv-<name>``."""
     prefill_threshold_tokens: NonNegInt = 256
-    """Prompts estimated shorter than this skip the prefill pool: decode computes them alone."""
+    """The prefill hop runs only for prompts with at least this many tokens to compute: with
+    KV placement, the tokens the chosen decode server does not hold (its KV events say which);
+    without it, the prompt's estimated length. 256: the break-even measured on a CPU with
+    SmolLM2 (``bench/pd_selective.py``): the most uncached tokens a decode server prefills
+    itself while its streams keep inter-token gaps under 250 ms."""
     prefill_timeout_s: PosFloat = 120.0
     """A prefill hop slower than this is given up; decode then computes the prompt alone."""
     decode_attempts: PosInt = 2
@@ -130,9 +134,11 @@ class VllmBackend(
     prefix_load_slack: NonNegInt = 2
     """A prefix's preferred server is skipped when it runs this many more requests than the
     least busy one (bounded-load placement)."""
-    placement: PlacementPolicy = "prefix-hash"
-    """``prefix-hash`` (a hash of the estimated prompt prefix), ``kv`` (the blocks each server
-    reports holding, weighed against load; see ``kv``), ``least-loaded``, ``round-robin``."""
+    placement: PlacementPolicy | None = None
+    """``kv`` (the blocks each server reports holding, weighed against load; see ``kv``),
+    ``prefix-hash`` (a hash of the estimated prompt prefix), ``least-loaded``,
+    ``round-robin``. Default: ``kv`` when every server publishes its KV events (``kv_events``;
+    the shipped config's launched servers do), else ``prefix-hash``."""
     kv: KvSettings = msgspec.field(default_factory=KvSettings)
 
     # -- admission and health
@@ -215,6 +221,9 @@ class VllmBackend(
                 f"backend {self.name!r}: prefill and decode need the same kv_cache_dtype "
                 "(KV blocks move between them as they are)"
             )
+        if self.placement is None:
+            events = bool(self.servers) and all(s.kv_events for s in self.servers)
+            self.placement = "kv" if events else "prefix-hash"
         if self.placement == "kv" and not any(s.kv_events for s in self.servers):
             raise ValueError(
                 f"backend {self.name!r}: placement 'kv' needs its servers' kv_events endpoints"

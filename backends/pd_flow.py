@@ -78,6 +78,8 @@ class Plan:
     key: RouteKey
     prefill: bool
     skip_reason: str | None
+    uncached_tokens: int | None = None
+    """Prompt tokens the decode server chosen lacks, from the index (None: unknown)."""
 
 
 def hop_headers(ctx: RequestContext, stream: bool) -> dict[str, str]:
@@ -111,15 +113,20 @@ class PrefillHop:
         self.stats = stats
         self.placement = placement
 
-    def skip_reason(self, body: dict[str, Any], shape: PromptShape) -> str | None:
-        """Why this request goes to decode alone, or None to prefill it."""
+    def skip_reason(
+        self, body: dict[str, Any], shape: PromptShape, exact: bool = False
+    ) -> str | None:
+        """Why this request goes to decode alone, or None to prefill it.
+
+        ``exact``: the prompt's blocks are known, so the threshold is applied later to the
+        tokens the chosen decode server lacks (``PDRouter``); else to the estimated length."""
         if self.pool is None or not self.pool.servers:
             return "no_prefill_pool"
         if not shape.single or (body.get("n") or 1) > 1 or (body.get("best_of") or 1) > 1:
             return "unsupported"
         if any(body.get(k) for k in _SERVER_STATE):
             return "unsupported"  # the prompt continues what only the decode server kept
-        if shape.approx_tokens < self.config.prefill_threshold_tokens:
+        if not exact and shape.approx_tokens < self.config.prefill_threshold_tokens:
             return "short_prompt"
         return None
 
@@ -162,6 +169,10 @@ class PrefillHop:
                 self._skip("prefill_down" if exc.kind == "unavailable" else "prefill_overloaded")
                 return False, None
             server = lease.server
+            kv = self.placement.kv
+            if kv is not None and plan.key.blocks:  # its backlog, until the answer
+                cached = kv.cached_tokens(server, plan.key.blocks, plan.key.block_size)
+                lease.charge(max(0, plan.key.prompt_tokens - cached))
             self.stats.hops["prefill"] += 1
             started = time.perf_counter()
             try:

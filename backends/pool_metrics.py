@@ -232,6 +232,17 @@ class PoolFamilies:
             "Time to first token of the pool's vLLM servers (summed over the servers).",
             labels=labels,
         )
+        self.prefix_hits = CounterMetricFamily(
+            "semcache_pool_prefix_cache_hits",
+            "Prompt tokens the pool's vLLM servers found in their prefix cache (their own "
+            "counter, summed; the realised hit rate: over semcache_pool_prefix_cache_queries).",
+            labels=labels,
+        )
+        self.prefix_queries = CounterMetricFamily(
+            "semcache_pool_prefix_cache_queries",
+            "Prompt tokens the pool's vLLM servers looked up in their prefix cache (summed).",
+            labels=labels,
+        )
 
     def add(self, pool: Pool) -> None:
         sig = pool_signals(pool)
@@ -250,6 +261,8 @@ class PoolFamilies:
             self.kv_usage_max.add_metric(key, sig.kv_cache_usage_max)
         self.queue_time.add_metric(key, int(sig.queue_time.count), sig.queue_time.sum)
         self.ttft.add_metric(key, int(sig.ttft.count), sig.ttft.sum)
+        self.prefix_hits.add_metric(key, sig.prefix_cache_hits)
+        self.prefix_queries.add_metric(key, sig.prefix_cache_queries)
 
     def families(self) -> list[Metric]:
         return [
@@ -261,6 +274,8 @@ class PoolFamilies:
             self.kv_usage_max,
             self.queue_time,
             self.ttft,
+            self.prefix_hits,
+            self.prefix_queries,
         ]
 
 

@@ -5,7 +5,9 @@ vLLM metrics its health checks scrape (``backends.scraped_metrics``).
   inside the servers (``vllm:num_requests_waiting``);
 - queue time and time to first token: vLLM's histograms, summed over the pool's servers
   (cumulative ``sum``/``count`` for Prometheus, and the mean over the last scrape interval);
-- KV cache usage: mean and max of ``vllm:kv_cache_usage_perc`` over the servers.
+- KV cache usage: mean and max of ``vllm:kv_cache_usage_perc`` over the servers;
+- the realised prefix-cache hit rate: vLLM's own prefix-cache hits and queries (tokens),
+  summed over the pool's servers (placement's effect, as vLLM counts it).
 
 The ``recent_*`` means compare each server's last two scrapes (one health interval apart):
 ``None`` when no request finished in between.
@@ -23,6 +25,8 @@ from backends.servers import ServerState
 
 QUEUE_TIME = "vllm:request_queue_time_seconds"
 TTFT = "vllm:time_to_first_token_seconds"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 
 
 class Histogram(msgspec.Struct):
@@ -57,6 +61,10 @@ class PoolSignals(msgspec.Struct):
     kv_cache_usage_max: float | None
     queue_time: Histogram
     ttft: Histogram
+    prefix_cache_hits: float
+    """Prompt tokens the pool's servers found in their prefix cache (vLLM's counter)."""
+    prefix_cache_queries: float
+    """Prompt tokens they looked up."""
     recent_queue_time_s: float | None
     recent_ttft_s: float | None
 
@@ -111,6 +119,8 @@ def pool_signals(pool: Pool) -> PoolSignals:
         kv_cache_usage_max=max(usage) if usage else None,
         queue_time=_histogram(pool.servers, QUEUE_TIME),
         ttft=_histogram(pool.servers, TTFT),
+        prefix_cache_hits=sum(_total(s.upstream, PREFIX_HITS) or 0.0 for s in pool.servers),
+        prefix_cache_queries=sum(_total(s.upstream, PREFIX_QUERIES) or 0.0 for s in pool.servers),
         recent_queue_time_s=_recent_mean(serving, QUEUE_TIME),
         recent_ttft_s=_recent_mean(serving, TTFT),
     )

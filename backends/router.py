@@ -69,7 +69,9 @@ class PDRouter:
         self.salter = salter
         self.kv = kv
         self.placement = Placement(
-            config.prefix_load_slack, config.placement, kv.scorer if kv is not None else None
+            config.prefix_load_slack,
+            config.placement or "prefix-hash",
+            kv.scorer if kv is not None else None,
         )
         self.prefill_hop = PrefillHop(config, http, prefill, stats, self.placement)
         self.decode_hop = DecodeHop(config, decode, stats, self.placement)
@@ -89,15 +91,36 @@ class PDRouter:
                 shape, scope, self.config.prefix_tokens, self.config.chars_per_token
             )
         key = RouteKey(session=ctx.session_affinity, prefix=prefix)
-        if self.kv is not None and ctx.session_affinity is None and shape.single:
+        if self.kv is not None and shape.single:
+            # a session still pins the servers; its blocks decide the prefill hop
             route = self.kv.route(path, upstream)
             if route is not None:
                 blocks, block_size, tokens = route
                 key = RouteKey(
-                    prefix=prefix, blocks=blocks, block_size=block_size, prompt_tokens=tokens
+                    session=ctx.session_affinity,
+                    prefix=prefix,
+                    blocks=blocks,
+                    block_size=block_size,
+                    prompt_tokens=tokens,
                 )
-        reason = self.prefill_hop.skip_reason(upstream, shape)
+        reason = self.prefill_hop.skip_reason(upstream, shape, exact=key.blocks is not None)
         return Plan(path, upstream, key, reason is None, reason)
+
+    def _decide_prefill(self, plan: Plan, decode: Lease) -> None:
+        """With the prompt's blocks known, the prefill hop runs only when the decode server
+        chosen lacks at least ``prefill_threshold_tokens`` of it (the index says what it
+        holds); what decode then computes itself is charged to its backlog."""
+        scorer = self.kv.scorer if self.kv is not None else None
+        if scorer is None or not plan.key.blocks:
+            return
+        cached = scorer.cached_tokens(decode.server, plan.key.blocks, plan.key.block_size)
+        uncached = max(0, plan.key.prompt_tokens - cached)
+        plan.uncached_tokens = uncached
+        if plan.prefill and uncached < self.config.prefill_threshold_tokens:
+            plan.prefill = False
+            plan.skip_reason = "cached_on_decode" if cached else "short_prompt"
+        if not plan.prefill:
+            decode.charge(uncached)
 
     async def _begin(
         self, path: str, body: dict[str, Any], ctx: RequestContext
@@ -116,6 +139,7 @@ class PDRouter:
             first = await pool.admission.acquire(
                 lambda: self.placement.rank(pool.servers, plan.key), ctx.queue
             )
+            self._decide_prefill(plan, first)
             if span is not None:
                 span.set_attributes(placement_attributes(plan, first.server.url))
         try:
@@ -123,6 +147,8 @@ class PDRouter:
         except BaseException:
             first.release()
             raise
+        if plan.prefill and not prefilled and plan.uncached_tokens:
+            first.charge(plan.uncached_tokens)  # no hop after all: decode computes it
         return plan, first, time.perf_counter() if prefilled else None, params
 
     async def post(self, path: str, body: dict[str, Any], ctx: RequestContext) -> UpstreamResponse:
@@ -173,6 +199,7 @@ class PDRouter:
                     except HTTP_ERRORS as exc:
                         return body_failure(exc, server.url)
                     if head and not is_server_error_event(head):
+                        lease.settle()  # the prompt is computed: out of the backlog
                         self.decode_pool.answered(server)
                         if prefilled_at is not None:
                             now = time.perf_counter()

@@ -18,6 +18,9 @@ class ServerState:
     config: VllmServer
     limit: int
     inflight: int = 0
+    pending_tokens: int = 0
+    """Prompt tokens this gateway's open requests still have the server compute (KV
+    placement's prediction, dropped at each request's first token): its prefill backlog."""
     healthy: bool = True
     health_failures: int = 0
     requests: int = 0

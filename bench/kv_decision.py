@@ -1,6 +1,7 @@
 """The cost of one KV placement decision as the index and the fleet grow: ``Placement.rank``
 (the index lookup and the scoring) over 8, 32 and 128 servers holding 1M indexed blocks
-between them, for a request of 50 blocks whose prefix some servers hold; and, apart, the
+between them, for a request of 50 blocks whose prefix some servers hold, then the tokens the
+chosen server lacks (what selective disaggregation compares with its threshold); and, apart, the
 request's own preparation (tokenizing a 636-token chat prompt with the tiny Llama's
 tokenizer and hashing its blocks).
 
@@ -50,6 +51,7 @@ def build(
         index.store(server.url, (rng.getrandbits(64) for _ in range(per_server)))
     for server in pool:
         server.inflight = rng.randrange(0, 4)
+        server.pending_tokens = rng.randrange(0, 2000)
     return pool, index, chains
 
 
@@ -63,13 +65,15 @@ def main() -> int:
     print(f"{'servers':>8} {'blocks':>9} {'p50 µs':>8} {'p99 µs':>8} {'max µs':>8}")
     for servers in (8, 32, 128):
         pool, index, chains = build(servers, args.blocks, 2000, rng)
-        placement = Placement(2, "kv", KvScorer(index, 0.5, 2))
+        scorer = KvScorer(index, occupancy_weight=0.05)
+        placement = Placement(2, "kv", scorer)
         times = []
         for i in range(args.requests):
             chain = chains[i % len(chains)] if i % 4 else [rng.getrandbits(64)] * 1
             key = RouteKey(blocks=tuple(chain), block_size=32, prompt_tokens=32 * len(chain))
             t0 = time.perf_counter_ns()
-            placement.rank(pool, key)
+            chosen = placement.rank(pool, key)[0]
+            scorer.cached_tokens(chosen, key.blocks or (), key.block_size)
             times.append((time.perf_counter_ns() - t0) / 1000)
         print(
             f"{servers:>8} {index.size():>9} {pct(times, 50):>8.1f} {pct(times, 99):>8.1f}"

@@ -65,6 +65,8 @@ def config_text(port: int, base_port: int, data_dir: Path) -> str:
         text = text.replace(f"127.0.0.1:{old}", f"127.0.0.1:{new}")
     for old, new in (("5600", base_port + 2), ("5601", base_port + 3)):
         text = text.replace(f"nixl_side_channel_port = {old}", f"nixl_side_channel_port = {new}")
+    for events in range(5610, 5614):  # the servers' KV events and replay sockets
+        text = text.replace(f"127.0.0.1:{events}", f"127.0.0.1:{base_port + events - 5606}")
     return text.replace('data_dir = ".data"', f'data_dir = "{data_dir}"')
 
 

@@ -67,6 +67,19 @@ class PoolBlockIndex:
     def holds(self, server: str, block: int) -> bool:
         return block in self._blocks.get(server, ())
 
+    def prefix_depth(self, server: str, hashes: Sequence[int]) -> int:
+        """How many of ``hashes`` (a request's blocks, in order) ``server`` holds from the
+        first on."""
+        blocks = self._blocks.get(server)
+        if not blocks:
+            return 0
+        depth = 0
+        for block in hashes:
+            if block not in blocks:
+                break
+            depth += 1
+        return depth
+
     def sizes(self, servers: Sequence[str]) -> list[int]:
         """Blocks indexed for each of ``servers``, in order."""
         blocks = self._blocks

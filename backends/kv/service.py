@@ -36,7 +36,9 @@ class KvPlacement:
         self.hasher = BlockHasher(settings.hash_algo, resolve_seed(config))
         self.feeds = PoolFeeds(self.index, self.hasher)
         self.scorer = KvScorer(
-            self.index, settings.load_weight, config.prefix_load_slack, settings.occupancy_weight
+            self.index,
+            request_cost_tokens=settings.request_cost_tokens,
+            occupancy_weight=settings.occupancy_weight,
         )
         for server in config.servers:
             if server.kv_events:

@@ -30,12 +30,13 @@ class KvSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     first ``BlockStored`` event's."""
     tokenizer: str | None = None
     """The folder of the model's tokenizer files; default: the backend's ``model_path``."""
-    load_weight: NonNegFloat = 0.5
-    """How much one extra request (scaled by ``prefix_load_slack + 1``) costs against the
-    fraction of the prompt a server holds."""
+    request_cost_tokens: NonNegFloat = 64.0
+    """What one open request (or one waiting in vLLM's queue) costs a server, in prompt tokens
+    to compute: the weight of load against the tokens a server holds
+    (``backends.kv.scoring``)."""
     occupancy_weight: NonNegFloat = 0.05
-    """How much holding the most cached blocks of the pool costs a server: a prompt no server
-    holds goes where it evicts the least."""
+    """How much holding the most cached blocks of the pool costs a server, as a fraction of
+    the prompt: a prompt no server holds goes where it evicts the least."""
     max_blocks_per_server: PosInt = 1_000_000
     """Index entries kept per server; past it the oldest are forgotten (counted)."""
 

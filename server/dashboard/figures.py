@@ -143,7 +143,8 @@ def _row_order(row: Mapping[str, object]) -> tuple[str, str, str]:
 
 
 def backend_pools(samples: Samples) -> list[dict[str, object]]:
-    """One row per backend: queue, refusals, P/D hops and the KV hand-off latency."""
+    """One row per backend: queue, refusals, P/D hops, prefill hops skipped by reason and
+    the KV hand-off latency."""
     names = {labels.get("backend", "") for labels, _ in samples.get("semcache_pd_hops_total", ())}
     names |= {
         labels.get("backend", "") for labels, _ in samples.get("semcache_backend_queue_waiting", ())
@@ -168,6 +169,12 @@ def backend_pools(samples: Samples) -> list[dict[str, object]]:
                     for labels, n in samples.get("semcache_pd_hops_total", ())
                     if labels.get("backend") == backend
                     for hop in (labels["hop"],)
+                },
+                "skipped": {
+                    reason: n
+                    for labels, n in samples.get("semcache_pd_prefill_skipped_total", ())
+                    if labels.get("backend") == backend
+                    for reason in (labels["reason"],)
                 },
                 "handoffs": count,
                 "handoff_mean_s": seconds / count if count else None,

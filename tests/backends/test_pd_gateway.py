@@ -24,6 +24,7 @@ import orjson
 import pytest
 
 from backends.config import VllmBackend, VllmServer
+from backends.kv.settings import KvSettings
 from backends.launch.process import VllmProcess
 from backends.placement import rendezvous_order
 from backends.servers import ServerState
@@ -32,7 +33,7 @@ from harness.metrics import metric_value, parse_metric
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm
 from server.config import GatewayConfig, ModelEntry
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_until, wait_until_async
 
 # Starting three vLLM servers counts towards the first test's time limit.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -66,8 +67,18 @@ def story(tag: str, sentences: int) -> str:
 
 
 @pytest.fixture(scope="module")
-async def pd_servers(data_dir: Path) -> AsyncIterator[dict[str, VllmProcess]]:
-    """prefill (core 0), decode-1 (core 1), decode-2 (core 0), started together."""
+def kv_events() -> dict[str, tuple[str, str]]:
+    """Each server's KV events and replay sockets (KV placement reads them)."""
+    names = ("prefill", "decode1", "decode2")
+    return {n: (f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}") for n in names}
+
+
+@pytest.fixture(scope="module")
+async def pd_servers(
+    data_dir: Path, kv_events: dict[str, tuple[str, str]]
+) -> AsyncIterator[dict[str, VllmProcess]]:
+    """prefill (core 0), decode-1 (core 1), decode-2 (core 0), started together, each
+    publishing its KV events."""
     kv_gib = DECODE_KV_BLOCKS * BLOCK * KV_BYTES_PER_TOKEN / (1 << 30)
     specs = {
         "prefill": ("prefill", "0", 0.25),
@@ -84,6 +95,13 @@ async def pd_servers(data_dir: Path) -> AsyncIterator[dict[str, VllmProcess]]:
                 kv_cache_gib=kv,
                 max_model_len=1024,  # within the decode servers' 48 blocks
                 nixl_side_channel_port=free_port(),
+                block_size=BLOCK,
+                extra_args=[
+                    part
+                    for pair in KvSettings().launch_flags(*kv_events[name])
+                    for part in pair
+                    if part
+                ],
                 progress=None,
             )
         )
@@ -363,6 +381,72 @@ async def test_gateway_metrics_count_hops_and_copy_the_servers_counters(
     copied = parse_metric(page, copied_name, decode)
     assert copied > 0
     assert copied <= await metric_value(decode["server"], "vllm:external_prefix_cache_hits_total")
+
+
+# -- selective disaggregation: the decode server's cached history decides ---------------------
+
+
+async def test_a_turn_whose_history_the_decode_server_holds_skips_the_prefill_hop(
+    data_dir: Path,
+    pd_servers: dict[str, VllmProcess],
+    kv_events: dict[str, tuple[str, str]],
+    tmp_path: Path,
+) -> None:
+    """KV placement, fed by the real servers' events: the first turn's prompt is missing on
+    the decode server, so it is prefilled and pulled; the next turn lacks only its new
+    tokens there (under the threshold), so decode computes them itself from its cache."""
+    prefill_events, decode_events = kv_events["prefill"], kv_events["decode1"]
+    urls = {"prefill": [pd_servers["prefill"].url], "decode": [pd_servers["decode1"].url]}
+    config = pd_config(tmp_path / "data", urls, prefill_threshold_tokens=64)
+    (backend,) = config.backends
+    assert isinstance(backend, VllmBackend)
+    for server, (events, replay) in zip(
+        backend.servers, (prefill_events, decode_events), strict=True
+    ):
+        server.kv_events, server.kv_events_replay = events, replay
+    backend.placement = "kv"
+    backend.model_path = str(data_dir / "models" / TINY_MODEL_NAME)  # its tokenizer
+    backend.kv = KvSettings(block_size=BLOCK)
+    gw = GatewayProcess(write_config_toml(config, tmp_path / "gateway.toml"))
+    decode = pd_servers["decode1"].url
+    history = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": story(uuid.uuid4().hex, 30)},
+    ]
+    try:
+        gw.start()
+        wait_until(lambda: httpx.get(f"{gw.url}/ready").status_code == 200, timeout_s=120)
+        async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
+            batches = {"server": decode, "kind": "batches"}
+            page = (await client.get(f"{gw.url}/metrics")).text
+            seen = parse_metric(page, "semcache_kv_events_total", batches)
+            body = {"model": "tiny-chat", "messages": history, "max_tokens": 4}
+            first = await post(client, gw.url, "/v1/chat/completions", body)
+            assert first.status_code == 200, first.text
+            prompt = first.json()["usage"]["prompt_tokens"]
+
+            async def decode_stored_it() -> bool:  # its BlockStored for the pulled blocks
+                page = (await client.get(f"{gw.url}/metrics")).text
+                return parse_metric(page, "semcache_kv_events_total", batches) > seen
+
+            await wait_until_async(decode_stored_it, timeout_s=20)
+            page = (await client.get(f"{gw.url}/metrics")).text
+            assert parse_metric(page, "semcache_pd_hops_total", {"hop": "prefill"}) == 1
+            hits = await settled(decode, "vllm:prefix_cache_hits_total")
+            turn = [*history, {"role": "assistant", "content": "Yes."}]
+            turn.append({"role": "user", "content": "And then?"})
+            second = await post(client, gw.url, "/v1/chat/completions", {**body, "messages": turn})
+            assert second.status_code == 200, second.text
+            page = (await client.get(f"{gw.url}/metrics")).text
+        skipped = "semcache_pd_prefill_skipped_total"
+        assert parse_metric(page, skipped, {"reason": "cached_on_decode"}) == 1
+        assert parse_metric(page, "semcache_pd_hops_total", {"hop": "prefill"}) == 1
+        reasons = {"role": "decode", "reason": "cache"}
+        assert parse_metric(page, "semcache_kv_placement_decisions_total", reasons) >= 1
+        held = await settled(decode, "vllm:prefix_cache_hits_total") - hits
+        assert held >= (prompt // BLOCK) * BLOCK  # vLLM agrees: the history was there
+    finally:
+        gw.stop()
 
 
 # -- tenant isolation inside vLLM ------------------------------------------------------------

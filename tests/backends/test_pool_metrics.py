@@ -20,6 +20,9 @@ VLLM_PAGE = """\
 # HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
 # TYPE vllm:prefix_cache_hits_total counter
 vllm:prefix_cache_hits_total{engine="0",model_name="tiny"} 96.0
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="tiny"} 160.0
 # HELP vllm:prompt_tokens_by_source_total Prompt tokens by source.
 # TYPE vllm:prompt_tokens_by_source_total counter
 vllm:prompt_tokens_by_source_total{engine="0",model_name="tiny",source="local_compute"} 12.0
@@ -106,6 +109,10 @@ def test_metrics_expose_servers_hops_and_scraped_vllm_counters(tmp_path: Path) -
     assert value("semcache_pd_handoff_over_bound_total", answer="stream") == 1
     assert value("semcache_pd_handoff_over_bound_total", answer="json") == 0
     assert value("semcache_upstream_vllm_prefix_cache_hits_total", a) == 96
+    pool_labels = {"role": "decode"}
+    hits = value("semcache_pool_prefix_cache_hits_total", **pool_labels)
+    queries = value("semcache_pool_prefix_cache_queries_total", **pool_labels)
+    assert (hits, queries) == (96, 160)  # the realised hit rate of the pool: 0.6
     tokens = "semcache_upstream_vllm_prompt_tokens_by_source_total"
     assert value(tokens, a, source="local_compute") == 12
     assert value(tokens, a, source="external_kv_transfer") == 601

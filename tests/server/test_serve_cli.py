@@ -25,8 +25,12 @@ import pytest
 
 from backends.config import VllmBackend
 from backends.launch import cpu_pinning
+<<<<<<< HEAD
 from harness.gateway import GatewayProcess
 from harness.metrics import metric_value
+=======
+from harness.metrics import metric_value, parse_metric
+>>>>>>> issue-48
 from harness.ports import free_port
 from server.config import DEFAULT_CONFIG, GatewayConfig, parse_config
 from tests.support.affinity import thread_affinities
@@ -48,6 +52,8 @@ def _write_config(tmp_path: Path, data_dir: Path) -> tuple[Path, GatewayConfig]:
         text = text.replace(
             f"nixl_side_channel_port = {side_channel}", f"nixl_side_channel_port = {free_port()}"
         )
+    for events in ("5610", "5611", "5612", "5613"):  # KV events and replay sockets
+        text = text.replace(f"tcp://127.0.0.1:{events}", f"tcp://127.0.0.1:{free_port()}")
     config = parse_config(tomllib.loads(text))  # still valid
     path = tmp_path / "gateway.toml"
     path.write_text(text)
@@ -98,6 +104,8 @@ def test_serve_default_answers_the_openai_sdk(served: Served) -> None:
     assert "starting vLLM" in out
     assert "waiting for vLLM" in out or "vLLM ready" in out
 
+    # ready once KV placement has its tokenizer (the shipped servers publish KV events)
+    wait_until(lambda: httpx.get(f"{served.url}/ready").status_code == 200, timeout_s=120)
     client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0)
     question = [{"role": "user", "content": "What is the capital of France?"}]
     answer = client.chat.completions.create(
@@ -119,6 +127,14 @@ def test_serve_default_answers_the_openai_sdk(served: Served) -> None:
     emb = client.embeddings.create(model="all-MiniLM-L6-v2", input=["Paris", "France"])
     assert len(emb.data) == 2 and len(emb.data[0].embedding) == 384
     assert httpx.get(f"{served.url}/ready").status_code == 200
+    # KV placement decided both chats from the servers' events, and the short prompt's
+    # uncached tokens kept it on the decode server
+    page = httpx.get(f"{served.url}/metrics").text
+    decided = "semcache_kv_placement_decisions_total"
+    assert parse_metric(page, decided, {"role": "decode"}) >= 2
+    assert parse_metric(page, decided, {"reason": "fallback"}) == 0
+    assert parse_metric(page, "semcache_pd_prefill_skipped_total") >= 2
+    assert parse_metric(page, "semcache_pd_hops_total", {"hop": "prefill"}) == 0
 
 
 WEATHER = {

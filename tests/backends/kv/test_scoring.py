@@ -1,10 +1,11 @@
-"""KV placement's ranking: longest cached prefix against load, the bound, the policies.
-
-The scorers carry the shipped weighting (``KvSettings``' load and occupancy weights), and
-the tests assert which server wins, not scores, so tuned weights keep them meaningful. Each
-test names the broken scorer it was run against once, and failed."""
+"""KV placement's ranking: the tokens a server holds against the tokens of work before it,
+the bound, the policies. The tests assert which server wins, not scores, so tuned weights
+keep them meaningful."""
 
 from __future__ import annotations
+
+import tomllib
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -23,14 +24,8 @@ def pool(n: int) -> list[ServerState]:
     return [ServerState(VllmServer(url=f"http://10.0.0.{i}:8000"), limit=16) for i in range(n)]
 
 
-SHIPPED = KvSettings()
-"""The ``[backends.kv]`` a config that says nothing gets."""
-
-
-def kv_placement(index: PoolBlockIndex, slack: int = 2) -> Placement:
-    """KV placement as a backend builds it, with the shipped load and occupancy weights."""
-    scorer = KvScorer(index, SHIPPED.load_weight, slack, SHIPPED.occupancy_weight)
-    return Placement(slack, "kv", scorer)
+def kv_placement(index: PoolBlockIndex, request_cost: float = 64.0) -> Placement:
+    return Placement(2, "kv", KvScorer(index, request_cost_tokens=request_cost))
 
 
 def key(blocks: list[int]) -> RouteKey:
@@ -66,32 +61,47 @@ def test_no_match_goes_to_the_least_loaded() -> None:
     assert placement.kv.decisions.reasons[("both", "no_match")] == 1
 
 
-def test_the_load_bound_keeps_a_hot_prefix_from_piling_onto_one_server() -> None:
-    """Checked against no bound: the holder, past it, still wins on its cache."""
-    servers = pool(2)
+def test_a_hot_prefix_spreads_once_its_holders_backlog_costs_more_than_computing_it() -> None:
+    servers = pool(3)
     hashes = chat_hashes()
+    prompt = len(hashes) * 32
     index = PoolBlockIndex(1000)
     index.store(servers[0].url, hashes)
-    placement = kv_placement(index, slack=2)
-    servers[0].inflight = 2  # within the slack: its cache wins
+    placement = kv_placement(index, request_cost=0)
+    servers[0].pending_tokens = prompt - 1  # its backlog: just under the prompt
     assert placement.rank(servers, key(hashes))[0] is servers[0]
-    servers[0].inflight = 3  # past it: the other server, which will then hold it too
+    servers[0].pending_tokens = prompt + 1  # past it: another server, which then holds it
     assert placement.rank(servers, key(hashes))[0] is servers[1]
     assert placement.kv is not None
-    assert placement.kv.decisions.reasons[("both", "bounded")] == 1
+    assert placement.kv.decisions.reasons[("both", "spread")] == 1
+    index.store(servers[1].url, hashes)
+    servers[1].pending_tokens = prompt // 2  # two holders: the cheaper, not a third server
+    assert placement.rank(servers, key(hashes))[0] is servers[1]
+    assert placement.kv.decisions.reasons[("both", "cache")] == 2
 
 
-def test_a_short_match_loses_to_a_much_less_loaded_server() -> None:
-    """Checked against a scorer blind to load: the short match wins."""
+def test_open_requests_weigh_as_tokens_against_the_cached_prefix() -> None:
     servers = pool(2)
     hashes = chat_hashes()
     index = PoolBlockIndex(1000)
-    index.store(servers[0].url, hashes[:1])  # 1 of 19 blocks
-    placement = kv_placement(index, slack=4)
-    servers[0].inflight = 2
+    index.store(servers[0].url, hashes[:2])  # 64 of the prompt's tokens
+    placement = kv_placement(index, request_cost=64)
+    servers[0].inflight = 1  # 64 tokens of load against 64 held: a tie, the less loaded
     assert placement.rank(servers, key(hashes))[0] is servers[1]
-    assert placement.kv is not None
-    assert placement.kv.decisions.reasons[("both", "load")] == 1
+    servers[0].inflight = 0
+    servers[1].inflight = 1
+    assert placement.rank(servers, key(hashes))[0] is servers[0]
+
+
+def test_cached_tokens_counts_whole_blocks_from_the_first() -> None:
+    servers = pool(2)
+    hashes = chat_hashes()
+    index = PoolBlockIndex(1000)
+    index.store(servers[0].url, hashes[:4])
+    index.store(servers[1].url, hashes[1:9])  # not from the first block: nothing
+    scorer = KvScorer(index)
+    assert scorer.cached_tokens(servers[0], hashes, 32) == 4 * 32
+    assert scorer.cached_tokens(servers[1], hashes, 32) == 0
 
 
 def test_vllm_waiting_queue_counts_as_load() -> None:
@@ -197,7 +207,12 @@ def test_a_prompt_nobody_holds_goes_where_it_evicts_the_least() -> None:
     index.store(servers[0].url, range(100, 160))
     index.store(servers[1].url, range(200, 210))
     index.store(servers[2].url, range(300, 340))
-    assert kv_placement(index).rank(servers, key(chat_hashes()))[0] is servers[1]
+    placement = Placement(2, "kv", KvScorer(index, occupancy_weight=0.05))
+    assert placement.rank(servers, key(chat_hashes()))[0] is servers[1]
+
+
+SHIPPED = KvSettings()
+"""The ``[backends.kv]`` a config that says nothing gets."""
 
 
 def test_equal_holders_of_the_prompt_go_where_it_evicts_the_least() -> None:
@@ -210,7 +225,12 @@ def test_equal_holders_of_the_prompt_go_where_it_evicts_the_least() -> None:
     for server in servers:
         index.store(server.url, hashes)
     index.store(servers[0].url, range(100, 200))  # server 0 holds much more besides
-    placement = kv_placement(index)
+    scorer = KvScorer(
+        index,
+        request_cost_tokens=SHIPPED.request_cost_tokens,
+        occupancy_weight=SHIPPED.occupancy_weight,
+    )
+    placement = Placement(2, "kv", scorer)
     assert placement.rank(servers, key(hashes))[0] is servers[1]
     assert placement.kv is not None
     assert placement.kv.decisions.reasons[("both", "cache")] == 1
@@ -223,11 +243,28 @@ def test_a_large_fleet_scores_the_holders_and_keeps_every_server_once() -> None:
         server.inflight = 5 if i < 4 else i % 3  # the holder is not among the 8 least loaded
     hashes = chat_hashes()
     index = PoolBlockIndex(1000)
-    holder = servers[31]  # inflight 1: within the bound of the least loaded (0)
+    holder = servers[31]  # inflight 1
     index.store(holder.url, hashes)
     placement = kv_placement(index)
     ranked = placement.rank(servers, key(hashes))
     assert ranked[0] is holder
     assert sorted(s.url for s in ranked) == sorted(s.url for s in servers)
-    assert {s.inflight for s in ranked[-4:]} == {5}  # over the bound (0 + 2): last
-    assert [s.inflight for s in ranked[1:]] == sorted(s.inflight for s in ranked[1:])
+    rest = ranked[1 + 8 :]  # the holder and the 8 scored; the others in load order
+    assert [s.inflight for s in rest] == sorted(s.inflight for s in rest)
+    assert {s.inflight for s in ranked[-4:]} == {5}
+
+
+def test_kv_is_the_default_where_every_server_publishes_its_events() -> None:
+    def backend(*servers: dict[str, str]) -> VllmBackend:
+        return msgspec.convert(
+            {"name": "m", "served_model": "m", "servers": list(servers)}, VllmBackend
+        )
+
+    events = {"url": "http://a:1", "kv_events": "tcp://a:2"}
+    assert backend(events).placement == "kv"
+    assert backend(events, {"url": "http://b:1"}).placement == "prefix-hash"
+    assert backend().placement == "prefix-hash"
+    shipped = Path(__file__).resolve().parents[3] / "server" / "configs" / "default.toml"
+    (chat,) = [b for b in tomllib.loads(shipped.read_text())["backends"] if b["kind"] == "vllm"]
+    assert "placement" not in chat  # the default decides
+    assert msgspec.convert(chat, VllmBackend).placement == "kv"

@@ -90,5 +90,45 @@ def render_backends(data: dict[str, object]) -> str:
     return template.render(data=data, page="backends", pages=(), request=None)
 
 
+class PdFamilies:
+    """A P/D backend's hop and skip counters, as the backend collector exposes them."""
+
+    def collect(self) -> Iterator[Metric]:
+        hops = CounterMetricFamily("semcache_pd_hops", "", labels=["backend", "hop"])
+        hops.add_metric(["m", "prefill"], 3)
+        skipped = CounterMetricFamily(
+            "semcache_pd_prefill_skipped", "", labels=["backend", "reason"]
+        )
+        skipped.add_metric(["m", "cached_on_decode"], 5)
+        skipped.add_metric(["m", "short_prompt"], 1)
+        yield hops
+        yield skipped
+
+
+def test_the_pools_rows_show_the_prefills_skipped_by_reason() -> None:
+    registry = CollectorRegistry()
+    registry.register(PdFamilies())
+    (row,) = fig.backend_pools(fig.read_samples(registry))
+    assert row["hops"] == {"prefill": 3}
+    assert row["skipped"] == {"cached_on_decode": 5, "short_prompt": 1}
+    html = render_backends({"servers": [], "pools": [row], "kv": [], "semantic_loaded": False})
+    assert "cached_on_decode 5, short_prompt 1" in html
+
+
+def test_a_hot_prefix_spread_shows_among_the_reasons() -> None:
+    config = kv_backend()
+    kv = KvPlacement(config)
+    servers = [ServerState(s, limit=8) for s in config.servers]
+    kv.index.store(servers[0].url, [11, 12])
+    servers[0].pending_tokens = 10_000  # its backlog: computing the prompt elsewhere is cheaper
+    placement = Placement(2, "kv", kv.scorer)
+    key = RouteKey(blocks=(11, 12), block_size=32, prompt_tokens=64)
+    assert placement.rank(servers, key)[0] is servers[1]
+    registry = CollectorRegistry()
+    registry.register(Families(kv, {}))
+    (row,) = fig.kv_placement(fig.read_samples(registry))
+    assert row["decisions"] == {"spread": 1}
+
+
 def test_no_kv_backend_gives_no_rows() -> None:
     assert fig.kv_placement(fig.read_samples(CollectorRegistry())) == []
