@@ -37,6 +37,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 COMMANDS = [
     ["serve"],
     ["backends", "up"],
+    ["backends", "run"],
     ["config", "check"],
     ["policy", "check"],
     ["cache", "purge"],
@@ -47,6 +48,7 @@ COMMANDS = [
     ["calibrate"],
     ["train-verifier"],
     ["train-classifier"],
+    ["prepare"],
 ]
 
 
