@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 import uvloop
 from prometheus_client import CollectorRegistry
+from server.openai.serving import OpenAIServing
 
 from backends.protocol import UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
@@ -34,7 +35,6 @@ from semcache.exact import open_exact_cache
 from semcache.policy import PolicyHolder
 from server.identity.auth import tenant_from
 from server.metrics import GatewayMetrics
-from server.openai.serving import OpenAIServing
 from server.serving.cache_headers import directives_from
 
 CHUNKS = [b"data: " + _EVENT + b"\n\n"] * (TOKENS - 1) + [
