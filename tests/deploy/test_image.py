@@ -96,7 +96,7 @@ def container() -> Iterator[tuple[dict[str, str], str, str]]:
         env,
         "run", "--detach", "--name", name, "--publish", f"127.0.0.1:{port}:8080",
         "--env", f"SEMCACHE_API_TOKEN={TOKEN}", "--shm-size", "1g",
-        "--read-only", "--tmpfs", "/var/lib/semcache:rw,mode=1777,size=2g",
+        "--read-only", "--tmpfs", "/var/lib/semcache:rw,U,size=2g",
         IMAGE,
     )  # fmt: skip
     try:
