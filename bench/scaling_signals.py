@@ -16,7 +16,9 @@ signals:
 - depth: ``semcache_pool_queue_depth`` (gateway queue + ``vllm:num_requests_waiting``);
 - kv: ``semcache_pool_kv_cache_usage`` (mean over the servers, 0..1);
 - ttft: mean time to first token inside the servers since the last read;
-- inflight: requests the gateway has open on the pool.
+- running: the requests the pool's servers run (``vllm:num_requests_running``, summed);
+- inflight: requests the gateway has open on the pool (a P/D request holds its decode slot
+  from before its prefill hop).
 
 It prints, per phase and pool, the mean and the highest value of each signal, then the ratio
 of each HPA signal between the burst it stands for and the other burst.
@@ -49,7 +51,7 @@ from harness.gateway import GatewayProcess
 from server.config import DEFAULT_CONFIG
 
 POOLS = ("prefill", "decode")
-SIGNALS = ("queue", "depth", "kv", "ttft", "inflight")
+SIGNALS = ("queue", "depth", "kv", "ttft", "running", "inflight")
 HPA_SIGNAL = {"prefill": "queue", "decode": "kv"}
 """What each pool's HPA scales on (deploy/k8s/prefill.yaml, decode.yaml)."""
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda sigma omega".split()
@@ -77,15 +79,23 @@ class Sample:
     """``<family>{role}`` → value, for the pool families read."""
 
 
+RUNNING = "semcache_upstream_vllm_num_requests_running"
+"""Each server's ``vllm:num_requests_running``, as the gateway last scraped it."""
+
+
 def read(text: str) -> dict[str, float]:
-    out: dict[str, float] = {}
+    """The pool families' samples by ``name{role}``, and each pool's servers' running
+    requests summed (``RUNNING{role}``)."""
+    out: dict[str, float] = defaultdict(float)
     for family in text_string_to_metric_families(text):
-        if not family.name.startswith("semcache_pool_"):
-            continue
         for s in family.samples:
-            if "role" in s.labels and "state" not in s.labels:
+            if "role" not in s.labels or "state" in s.labels:
+                continue
+            if family.name.startswith("semcache_pool_"):
                 out[f"{s.name}{{{s.labels['role']}}}"] = s.value
-    return out
+            elif s.name == RUNNING:
+                out[f"{RUNNING}{{{s.labels['role']}}}"] += s.value
+    return dict(out)
 
 
 def signals(before: Sample, after: Sample, role: str) -> dict[str, float]:
@@ -104,6 +114,7 @@ def signals(before: Sample, after: Sample, role: str) -> dict[str, float]:
         "depth": after.values.get(f"semcache_pool_queue_depth{{{role}}}", math.nan),
         "kv": after.values.get(f"semcache_pool_kv_cache_usage{{{role}}}", math.nan),
         "ttft": mean("semcache_pool_ttft_seconds"),
+        "running": after.values.get(f"{RUNNING}{{{role}}}", math.nan),
         "inflight": after.values.get(f"semcache_pool_inflight{{{role}}}", math.nan),
     }
 
@@ -216,12 +227,12 @@ async def run(args: argparse.Namespace, url: str) -> list[Phase]:
 
 def report(phases: list[Phase]) -> None:
     tables = {p.name: p.table() for p in phases}
-    print(f"{'phase':<14}{'pool':<9}" + "".join(f"{s:>20}" for s in SIGNALS) + "   requests")
-    print(f"{'':<23}" + "".join(f"{'mean / max':>20}" for _ in SIGNALS))
+    print(f"{'phase':<14}{'pool':<9}" + "".join(f"{s:>18}" for s in SIGNALS) + "   requests")
+    print(f"{'':<23}" + "".join(f"{'mean / max':>18}" for _ in SIGNALS))
     for phase in phases:
         for role in POOLS:
             row = tables[phase.name][role]
-            cells = "".join(f"{row[s][0]:>10.3f} /{row[s][1]:>7.3f}" for s in SIGNALS)
+            cells = "".join(f"{row[s][0]:>9.3f} /{row[s][1]:>7.3f}" for s in SIGNALS)
             done = f"   {phase.requests} ({phase.failed} failed)" if role == "prefill" else ""
             print(f"{phase.name:<14}{role:<9}{cells}{done}")
     own = {"prefill": "long prompts", "decode": "long answers"}
