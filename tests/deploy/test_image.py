@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from harness.ports import free_port
 from tests.support.waiting import wait_until
@@ -115,7 +116,9 @@ def test_the_image_serves_the_sdk_caches_and_stops_on_sigterm(
         running = podman(env, "inspect", "--format", "{{.State.Running}}", name) == "true"
         return running and httpx.get(f"{url}/ready", timeout=5).status_code == 200
 
+    began = time.monotonic()
     wait_until(lambda: _quietly(ready), 600, 1.0)
+    print(f"image: ready {time.monotonic() - began:.0f} s after podman run")
     assert podman(env, "exec", name, "id", "-u") == "10001"  # not root
     podman(env, "healthcheck", "run", name)  # the image's HEALTHCHECK passes
 
@@ -136,8 +139,22 @@ def test_the_image_serves_the_sdk_caches_and_stops_on_sigterm(
     stopped_s = time.monotonic() - began
     assert podman(env, "inspect", "--format", "{{.State.ExitCode}}", name) == "0"
     assert stopped_s < 40, f"SIGTERM took {stopped_s:.1f} s (grace: 60 s)"
+    print(f"image: SIGTERM to exit 0 in {stopped_s:.1f} s, launched vLLM included")
     logs = subprocess.run(["podman", "logs", name], env=env, capture_output=True, text=True)
     assert "[semcache] stopping" in logs.stdout + logs.stderr
+
+
+def external_hits(url: str) -> float:
+    """The decode servers' ``vllm:external_prefix_cache_hits``, as a gateway last scraped them:
+    prompt tokens whose KV came from elsewhere (the prefill server, over NIXL)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "semcache_upstream_vllm_external_prefix_cache_hits_total"
+        and s.labels.get("role") == "decode"
+    )
 
 
 def _quietly(check: Callable[[], bool]) -> bool:
@@ -181,6 +198,21 @@ def test_the_compose_topology_shares_a_hit_between_its_gateways() -> None:
         served = r1.headers["x-semcache-gateway"], r2.headers["x-semcache-gateway"]
         assert served[0] != served[1], served
         assert (first, second) == ("MISS", "HIT"), (first, second, served)
+        print(f"compose: MISS through {served[0]}, then HIT through {served[1]}")
+
+        # a prompt over the prefill threshold: prefilled in one container, its KV pulled into
+        # the other over NIXL (the decode server counts the prompt as external cache hits)
+        long_prompt = " ".join(f"word{i}" for i in range(400))
+        r = httpx.post(
+            f"{url}/v1/chat/completions",
+            headers={"authorization": f"Bearer {TOKEN}", "cf-aig-skip-cache": "true"},
+            json={"model": CHAT, "messages": [{"role": "user", "content": long_prompt}],
+                  "max_tokens": 4},
+            timeout=300,
+        )  # fmt: skip
+        assert r.status_code == 200, r.text
+        wait_until(lambda: external_hits(url) > 0, 30, 1.0)
+        print(f"compose: decode's external prefix-cache hits {external_hits(url):.0f} (NIXL)")
     finally:
         down = [*compose, "down", "--timeout", "30"]
         subprocess.run(down, cwd=ROOT, env=env, stdout=log, stderr=log, timeout=600)
