@@ -7,7 +7,7 @@ PACKAGES := foundation server semcache backends harness
 WORKERS ?= 2
 XDIST := $(if $(filter-out 0 1,$(WORKERS)),-n $(WORKERS) --dist loadscope)
 
-.PHONY: install serve test test-fast lint format backends-up screenshots
+.PHONY: install serve test test-fast lint format backends-up screenshots image image-test
 
 install:
 	@bash scripts/install.sh
@@ -47,3 +47,13 @@ test-fast: install
 screenshots: install
 	@bash scripts/chromium.sh install
 	$(BIN)/python scripts/dashboard_screenshots.py $(if $(VLLM_URL),--vllm-url $(VLLM_URL) --served-model $(SERVED_MODEL))
+
+## The OCI image (podman, from Debian's packages and PyPI's wheels, no registry): prints its size.
+## GPU=1: the CUDA vLLM build. docs/deploy.md.
+image: install
+	@bash scripts/image.sh $(if $(GPU),--gpu)
+
+## The image run as operators run it (podman run, the compose topology): opt-in, minutes.
+image-test: image
+	@bash scripts/image.sh services
+	SEMCACHE_IMAGE_TESTS=1 $(BIN)/pytest -m slow -rfEs tests/deploy/test_image.py

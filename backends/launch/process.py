@@ -50,11 +50,15 @@ class VllmProcess:
         kv_lease_s: int = 30,
         die_with_parent: bool = True,
         traces_endpoint: str | None = None,
+        console: bool = False,
     ) -> None:
         """``die_with_parent=False``: the server outlives this process
-        (``backends.launch.scale``); ``traces_endpoint``: where vLLM exports its spans."""
+        (``backends.launch.scale``); ``traces_endpoint``: where vLLM exports its spans;
+        ``console``: vLLM writes to this process's stdout and stderr instead of a log file
+        (a container's one server, whose output the container runtime collects)."""
         self.server = server
         self.die_with_parent = die_with_parent
+        self.console = console
         self.url = server.url.rstrip("/")
         self.device: Device = device or detect_device()
         self.command, self.extra_env = build_command(
@@ -103,8 +107,17 @@ class VllmProcess:
             if probe.connect_ex((self._host, self._port)) == 0:
                 # Otherwise /health could be answered by whatever already listens there.
                 raise VllmStartError(f"cannot start vLLM at {self.url}: the port is in use")
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, **self.extra_env}
+        if self.console:
+            self._popen = subprocess.Popen(
+                self.command,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                preexec_fn=self._child_setup(),
+            )
+            return
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             log.write(f"\n=== {time.strftime('%F %T')} starting: {self.command}\n".encode())
             log.flush()
@@ -136,6 +149,8 @@ class VllmProcess:
 
     def log_tail(self, lines: int = 40) -> str:
         """The last lines of the server's log."""
+        if self.console:
+            return "(its output is above)"
         try:
             with self.log_path.open("rb") as log:
                 log.seek(0, os.SEEK_END)

@@ -73,16 +73,23 @@ def _free_port(host: str) -> int:
     raise ValueError(f"no free port on {host} in {PORTS.start}-{PORTS.stop - 1}")
 
 
+def pool_launch(backend: VllmBackend, role: ServerRole) -> VllmLaunch:
+    """The pool's launch settings: those of its first launched server (the pool's profile
+    already applied), else the defaults plus the pool's profile."""
+    template = next((s for s in backend.servers if s.role == role and s.launch), None)
+    if template is not None and template.launch is not None:
+        return template.launch
+    blank = VllmServer(url="http://127.0.0.1:8000", role=role, launch=VllmLaunch())
+    return backend.launch_with_profile(blank)
+
+
 def new_server(backend: VllmBackend, role: ServerRole) -> VllmServer:
     """The next server of the pool: its launch settings on free ports of the same host."""
     template = next((s for s in backend.servers if s.role == role and s.launch), None)
     host = urlsplit(template.url).hostname if template else None
     host = host or "127.0.0.1"
     url = f"http://{host}:{_free_port(host)}"
-    if template is not None and template.launch is not None:
-        launch = template.launch  # the pool's profile is already applied
-    else:
-        launch = backend.launch_with_profile(VllmServer(url=url, role=role, launch=VllmLaunch()))
+    launch = pool_launch(backend, role)
     if role != "both":  # two servers on one host cannot share NIXL's side channel
         launch = msgspec.structs.replace(launch, nixl_side_channel_port=_free_port(host))
     return VllmServer(url=url, role=role, launch=launch, max_inflight=None)

@@ -1,4 +1,5 @@
-"""``semcache backends up`` and ``backends scale``: the config's vLLM servers, one pool's size."""
+"""``semcache backends up`` and ``backends scale``: the config's vLLM servers, one pool's size
+(``backends run``, one server in the foreground: ``server.cli.backend_run``)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from backends.config import VllmBackend
 from backends.launch.launcher import Launcher
 from backends.launch.process import VllmStartError
 from backends.launch.scale import ScaleRecords, pool_of, start_server, stop_server
+from server.cli.backend_run import add_command as add_run_command
 from server.cli.console import load_or_exit, say
 from server.cli.gateway_auth import NoToken, bearer, refusal, say_no_token
 from server.cli.options import env_option
@@ -196,3 +198,4 @@ def add_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="-1: longest wait for the requests of the server (seconds, default 600)",
     )
     scale.set_defaults(func=cmd_backends_scale)
+    add_run_command(backends)

@@ -20,6 +20,12 @@ ENVIRONMENT: tuple[EnvDefault, ...] = (
     EnvDefault("SEMCACHE_POLICY", "--policy", "cache policy TOML (default: the shipped one)"),
     EnvDefault("SEMCACHE_URL", "--url", "a running gateway (default: http://127.0.0.1:8080)"),
     EnvDefault("SEMCACHE_ADMIN_TOKEN", "--token", "bearer token of the admin API"),
+    EnvDefault(
+        "SEMCACHE_JOIN", "--join", "gateways a `backends run` server joins (comma-separated)"
+    ),
+    EnvDefault(
+        "SEMCACHE_ADVERTISE", "--advertise", "address gateways reach a `backends run` server at"
+    ),
 )
 """Every option whose default an environment variable sets: declared here only."""
 
@@ -32,8 +38,8 @@ OTHER_ENVIRONMENT: tuple[tuple[str, str], ...] = (
 
 
 def environment_help() -> str:
-    rows = [f"  {e.variable:<28}{e.option:<10}{e.what}" for e in ENVIRONMENT]
-    rows += [f"  {name:<38}{what}" for name, what in OTHER_ENVIRONMENT]
+    rows = [f"  {e.variable:<28}{e.option:<13}{e.what}" for e in ENVIRONMENT]
+    rows += [f"  {name:<41}{what}" for name, what in OTHER_ENVIRONMENT]
     return "environment (variable, option it sets the default of):\n" + "\n".join(rows)
 
 

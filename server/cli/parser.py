@@ -2,7 +2,7 @@
 
 Serve the gateway, start its backends, check config and policy files, purge a running
 gateway's cache, print its usage ledger, manage its API keys, calibrate the semantic
-matcher, retrain the shipped verifier and classifier head.
+matcher, retrain the shipped verifier and classifier head, prepare a config's models.
 """
 
 from __future__ import annotations
@@ -10,7 +10,17 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from server.cli import backends, cache, calibrate, checks, keys, serve, training, usage
+from server.cli import (
+    backends,
+    cache,
+    calibrate,
+    checks,
+    keys,
+    prepare,
+    serve,
+    training,
+    usage,
+)
 from server.cli.options import environment_help
 
 
@@ -32,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     keys.add_commands(commands)
     calibrate.add_commands(commands)
     training.add_commands(commands)
+    prepare.add_commands(commands)
     return parser
 
 

@@ -2,8 +2,9 @@
 
 One authentication for every route (``server.envelope.middleware`` applies it): the OpenAI
 routes, the Workers-AI routes, batch polling and the admin API. Tokens come from the
-gateway config (``[[auth.tokens]]``), either in clear (``token``, handy on a laptop) or as a
-SHA-256 hex digest (``token_sha256``, for config files that are shared). Lookups hash the
+gateway config (``[[auth.tokens]]``), in clear (``token``, handy on a laptop), as a SHA-256
+hex digest (``token_sha256``, for config files that are shared) or from an environment
+variable (``token_env``, a container's Secret; read once at load). Lookups hash the
 presented token and compare digests, so the time taken does not depend on how much of a
 token matched; tokens are never logged, only the entry's ``name``.
 
@@ -38,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import os
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
@@ -62,6 +64,8 @@ class TokenEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     tenant: str
     token: str | None = None
     token_sha256: str | None = None
+    token_env: str | None = None
+    """The token is this environment variable's value, read at load (a container's Secret)."""
     name: str | None = None
     """How logs and limits name this token (default: the first 12 hex digits of its digest)."""
     roles: list[Role] = msgspec.field(default_factory=list)
@@ -71,10 +75,15 @@ class TokenEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Overrides of the ``[limits]`` defaults for this token."""
 
     def __post_init__(self) -> None:
-        if (self.token is None) == (self.token_sha256 is None):
-            raise ValueError("a token entry needs exactly one of `token` and `token_sha256`")
+        given = [self.token, self.token_sha256, self.token_env]
+        if sum(value is not None for value in given) != 1:
+            raise ValueError(
+                "a token entry needs exactly one of `token`, `token_sha256` and `token_env`"
+            )
         if self.token is not None and not self.token.strip():
             raise ValueError("`token` must not be empty")
+        if self.token_env is not None and not os.environ.get(self.token_env, "").strip():
+            raise ValueError(f"`token_env`: the environment variable {self.token_env} is not set")
         if self.token_sha256 is not None:
             digest = self.token_sha256.lower()
             if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
@@ -85,6 +94,8 @@ class TokenEntry(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     def digest(self) -> str:
         if self.token_sha256 is not None:
             return self.token_sha256.lower()
+        if self.token_env is not None:
+            return token_digest(os.environ[self.token_env].strip())
         assert self.token is not None
         return token_digest(self.token)
 

@@ -36,6 +36,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 COMMANDS = [
     ["serve"],
     ["backends", "up"],
+    ["backends", "run"],
     ["config", "check"],
     ["policy", "check"],
     ["cache", "purge"],
@@ -46,6 +47,7 @@ COMMANDS = [
     ["calibrate"],
     ["train-verifier"],
     ["train-classifier"],
+    ["prepare"],
 ]
 
 
