@@ -57,8 +57,8 @@ from backends.kv.scoring import KvScorer
 from backends.kv.settings import PlacementPolicy
 from backends.placement import Placement, RouteKey
 from backends.servers import ServerState
-from bench import fleet_calibration, fleet_shapes
-from bench.fleet_calibration import Calibration
+from bench.lib import fleet_calibration, fleet_shapes
+from bench.lib.fleet_calibration import Calibration
 from bench.lib.support import pct
 
 BLOCK = 32

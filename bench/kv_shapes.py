@@ -42,9 +42,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import fleet_calibration, fleet_real, fleet_shapes
-from bench.fleet_shapes import ShapeRequest
-from bench.support import bootstrap_interval, pct
+from bench.lib import fleet_calibration, fleet_real, fleet_shapes
+from bench.lib.fleet_shapes import ShapeRequest
+from bench.lib.support import bootstrap_interval, pct
 
 POLICIES = ("kv", "prefix-hash", "least-loaded", "round-robin")
 CALIBRATION = Path(".data/bench/calibration.json")

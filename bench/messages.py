@@ -38,18 +38,21 @@ import orjson
 sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.support import (
+from bench.lib.support import (
+    GATEWAY_ENV,
     GATEWAY_MODEL_ID,
     affinity,
     bootstrap_interval,
     exit_status,
-    gateway_process,
+    gateway_ready,
     gateway_toml,
     parse_cores,
     stderr_printer,
+    stop_gateway,
 )
-from bench.wrk import parse_wrk, wrk_version
+from bench.lib.wrk import parse_wrk, wrk_version
 from foundation.sse import SSEReader
+from harness.gateway import GatewayProcess
 from harness.metrics import parse_metric
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm, test_data_dir
@@ -173,17 +176,17 @@ async def run(args: argparse.Namespace) -> bool:
             model=data_dir / "models" / TINY_MODEL_NAME,
         )
     )
-    gateway = gateway_process(config, port, work / "gateway.log")
+    gateway = GatewayProcess(
+        config, port, GATEWAY_ENV, cores=parse_cores(args.server_core), log=work / "gateway.log"
+    )
     try:
-        with affinity(parse_cores(args.server_core)):
-            gateway.start()
-        await gateway.wait_ready(120)
+        await gateway_ready(gateway, 120)
         url = gateway.url
         async with httpx.AsyncClient(timeout=60) as http:
             await prime(http, url)
             return await measure(args, http, url, vllm.url, work)
     finally:
-        await gateway.stop()
+        await stop_gateway(gateway)
         await vllm.stop()
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +69,10 @@ class Live:
 
 
 @pytest.fixture(scope="module")
-async def live(
+def live(
     data_dir: Path, tiny_vllm: VllmProcess, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[Live]:
-    proxy = await RecordingProxy(tiny_vllm.url).start()
+) -> Iterator[Live]:
+    proxy = RecordingProxy(tiny_vllm.url).start()
     otlp = OtlpReceiver().start()
     root = tmp_path_factory.mktemp("dlp")
     policy_path = root / "policy.toml"
@@ -102,7 +102,7 @@ async def live(
     finally:
         gw.stop()
         otlp.stop()
-        await proxy.stop()
+        proxy.stop()
 
 
 def chat(text: str, **extra: Any) -> dict[str, Any]:

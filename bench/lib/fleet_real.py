@@ -23,7 +23,7 @@ from backends.kv.settings import KvSettings
 from backends.kv.tokens import PromptTokenizer
 from backends.launch.process import VllmProcess
 from backends.models import prepare_model
-from bench.fleet_shapes import ShapeRequest
+from bench.lib.fleet_shapes import ShapeRequest
 from harness.gateway import GatewayProcess
 from harness.ports import free_port
 from harness.vllm_process import single_process_launch, test_data_dir
