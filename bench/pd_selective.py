@@ -43,9 +43,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.kv_shapes import CALIBRATION, ratio_interval, save
 from bench.lib import fleet_calibration, fleet_real, fleet_shapes
 from bench.lib.fleet_calibration import Calibration
-from bench.kv_shapes import CALIBRATION, ratio_interval, save
 from bench.lib.support import bootstrap_interval, pct
 
 MODES = ("always", "never", "selective")

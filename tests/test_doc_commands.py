@@ -26,7 +26,7 @@ import pytest
 from backends.config import VllmBackend
 from backends.launch.scale import pool_of
 from server.cli import build_parser, main
-from server.cli.options import ENVIRONMENT
+from server.cli.options import ENVIRONMENT, OTHER_ENVIRONMENT
 from server.config import DEFAULT_CONFIG, load_config
 from tests.support.doc_commands import (
     REPO,
@@ -173,27 +173,72 @@ def check_script(cmd: DocCommand) -> None:
     words = cmd.words[1:] if cmd.words[0] == "sudo" else cmd.words
     script = REPO / words[0]
     source = script.read_text()
+    if script.name == "cluster.sh":  # it hands its arguments to harness/cluster/
+        source += "".join(p.read_text() for p in sorted((REPO / "harness/cluster").glob("*.py")))
+    if words[1].startswith("--"):  # options only: each a case of the script's parser
+        assert all(re.search(rf"^\s*{re.escape(w)}\)", source, re.M) for w in words[1:]), words
+        return
     assert re.search(rf"^\s*{re.escape(words[1])}\b[^)]*\)", source, re.M), words[1]
-    if script.name == "cluster.sh":  # it hands its arguments to harness/cluster.py
-        source += (REPO / "harness" / "cluster.py").read_text()
     for option in words[2:]:
         assert f'"{option}"' in source, option
 
 
 def check_pip(cmd: DocCommand) -> None:
     words = cmd.words
-    if words[2:] == ["."]:  # the wheel, built and installed by tests/test_package.py
+    if "--dry-run" in words:  # an extra resolved, not installed: the extra is the project's
+        extra = words[-1].split("[", 1)[1].rstrip("]")
+        pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+        assert extra in pyproject["project"]["optional-dependencies"], extra
+    elif words[2:] == ["."]:  # the wheel, built and installed by tests/test_package.py
         assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
         assert '"install"' in (REPO / "tests" / "test_package.py").read_text()
     else:  # what scripts/install.sh installs
         assert " ".join(words[2:]) in (REPO / "scripts" / "install.sh").read_text()
 
 
+CLAUDE_CODE = {"ANTHROPIC_BASE_URL", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_MODEL"}
+"""Claude Code's variables (its settings docs) that docs/anthropic.md sets: the gateway's
+URL, a token of the gateway, a model the gateway serves."""
+
+IMAGE_ONLY = {"SEMCACHE_API_TOKEN"}
+"""Read by the image's config (deploy/config/), not by the CLI."""
+
+
 def check_export(cmd: DocCommand) -> None:
     """Sets the variables the commands after it read."""
-    known = {e.variable for e in ENVIRONMENT}
+    known = {e.variable for e in ENVIRONMENT} | {v for v, _ in OTHER_ENVIRONMENT} | IMAGE_ONLY
     for word in cmd.words[1:]:
-        assert word.split("=", 1)[0] in known, word
+        if "=" not in word:
+            continue  # the rest of a $(...) value
+        name, value = word.split("=", 1)
+        if name.startswith("ANTHROPIC_"):
+            assert name in CLAUDE_CODE or name.startswith("ANTHROPIC_DEFAULT_"), name
+            if name.endswith("MODEL"):
+                config = load_config(DEFAULT_CONFIG)
+                assert value in {m.id for m in config.models}, value
+            continue
+        assert name in known, word
+        if name in IMAGE_ONLY:
+            assert name in "".join(p.read_text() for p in (REPO / "deploy").rglob("*.toml"))
+
+
+def check_claude(cmd: DocCommand) -> None:
+    """Claude Code (npm, interactive) is not run: the API it speaks is, by the anthropic SDK
+    in tests/server/anthropic/ and against `semcache serve` in test_serve_cli.py."""
+    assert cmd.words == ["claude"]
+    assert "anthropic.Anthropic(" in (REPO / "tests/server/test_serve_cli.py").read_text()
+
+
+IMAGE_TEST = REPO / "tests" / "deploy" / "test_image.py"
+
+
+def check_container(cmd: DocCommand) -> None:
+    """podman and podman-compose run the image as these docs do in tests/deploy/test_image.py
+    (opt-in: `make image-test`)."""
+    source = IMAGE_TEST.read_text()
+    assert f'"{cmd.words[0]}"' in source or f"`{cmd.words[0]}" in source, cmd.words[0]
+    verb = next(w for w in cmd.words[1:] if not w.startswith("-") and "/" not in w)
+    assert verb in source, verb
 
 
 def check_kill(cmd: DocCommand) -> None:
@@ -206,6 +251,12 @@ def check_kill(cmd: DocCommand) -> None:
 def check_curl(cmd: DocCommand) -> None:
     if live(cmd):
         return  # run by tests/server/test_doc_commands_live.py
+    if "localhost:8080" in cmd.text:  # the image's port: tests/deploy/test_image.py
+        path = re.search(r"localhost:8080/v1/([\w/]+)", cmd.text)
+        assert path is not None, cmd.text
+        sdk_call = {"models": "models.list()"}.get(path.group(1), f"/v1/{path.group(1)}")
+        assert sdk_call in IMAGE_TEST.read_text(), cmd.text
+        return
     # the namespaced cluster's load balancer (docs/deploy.md): tests/server/test_cluster.py
     # runs the same request through `scripts/cluster.sh up`'s cluster
     assert "http://10.77.0.10:8080/" in cmd.text
@@ -229,6 +280,11 @@ CHECKS: dict[str, Callable[[DocCommand], None]] = {
     "schemathesis": check_schemathesis,
     "scripts/cluster.sh": check_script,
     "scripts/nginx.sh": check_script,
+    "scripts/image.sh": check_script,
+    "scripts/podman.sh": check_script,
+    "podman": check_container,
+    "podman-compose": check_container,
+    "claude": check_claude,
     "pip": check_pip,
     "export": check_export,
     "kill": check_kill,

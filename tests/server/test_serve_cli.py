@@ -25,12 +25,8 @@ import pytest
 
 from backends.config import VllmBackend
 from backends.launch import cpu_pinning
-<<<<<<< HEAD
 from harness.gateway import GatewayProcess
-from harness.metrics import metric_value
-=======
 from harness.metrics import metric_value, parse_metric
->>>>>>> issue-48
 from harness.ports import free_port
 from server.config import DEFAULT_CONFIG, GatewayConfig, parse_config
 from tests.support.affinity import thread_affinities

@@ -13,7 +13,7 @@ import pytest
 
 from backends.protocol import BackendError
 from backends.registry import ModelInfo, ModelRegistry
-from harness.fake_backend import FakeGeneration
+from harness.fake_vllm import FakeGeneration
 from harness.gateway import GatewayThread
 from server.config import parse_config
 

@@ -18,11 +18,15 @@ pytestmark = pytest.mark.slow
 
 
 def on_redis(url: str, prefix: str, **defaults: int) -> TenantLimiter:
+    """A gateway's limiter on ``url``. The timeout is generous: past the shipped 0.25 s (a
+    busy CI machine) a call fails open and admits a request uncounted, which is the outage
+    test's subject, not this one's."""
     return TenantLimiter(
         LimitSettings(**defaults),  # type: ignore[arg-type]
         storage_uri="async+" + url,
         spent=None,
         redis_prefix=prefix,
+        timeout_s=5.0,
     )
 
 
