@@ -27,6 +27,7 @@ from server.telemetry import TracingSettings
 from tests.conftest import gateway_config
 from tests.support.dlp_values import GENERATORS, SENTENCES, card
 from tests.support.recording_proxy import RecordingProxy
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -268,8 +269,10 @@ def test_metrics_and_no_value_anywhere(live: Live) -> None:
     ]
     page = httpx.get(live.gw.url + "/dashboard/overview", headers=ops).text
     assert 'data-content="prompt:CREDIT_CARD:block"' in page
-    spans = live.otlp.matching(lambda s: s.name.startswith("guard."))
-    assert {s.name for s in spans} >= {"guard.prompt"}
+    def guard_spans() -> list[Any]:  # exported in batches: a few seconds after the requests
+        return live.otlp.matching(lambda s: s.name == "guard.prompt")
+
+    wait_until(guard_spans, 60)
     outputs = [
         metrics,
         page,
