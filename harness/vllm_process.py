@@ -13,8 +13,19 @@ from backends.launch.process import Progress, VllmProcess
 from harness.tiny_llama import TOOL_CALL_PARSER, build_tiny_llama
 
 TINY_MODEL_NAME = "tiny-llama"
-TOOL_ARGS = ("--enable-auto-tool-choice", "--tool-call-parser", TOOL_CALL_PARSER)
-"""Tool calling on the tiny servers, with the parser that reads their template's calls."""
+TOOL_ARGS = (
+    "--enable-auto-tool-choice",
+    "--tool-call-parser",
+    TOOL_CALL_PARSER,
+    "--structured-outputs-config",
+    '{"backend": "xgrammar", "disable_any_whitespace": true}',
+)
+TOOL_ENV = {"VLLM_ENFORCE_STRICT_TOOL_CALLING": "0"}
+"""Tool calling on the tiny servers, with the parser that reads their template's calls. A
+required or named call is guided JSON of the tools' schemas (vLLM's own form, not the
+parser's structural tag, whose arguments xgrammar leaves free of the schema and of the
+compact setting) and guided JSON is compact: random weights otherwise write numbers or
+whitespace until ``max_tokens`` runs out (checked against vLLM 0.32)."""
 SINGLE_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 SINGLE_PROCESS_ARGS = ("--distributed-executor-backend", "uni")
 """vLLM's one worker inside its engine-core process (vLLM's layout for one device on a GPU;
@@ -86,7 +97,7 @@ async def start_tiny_vllm(
             max_model_len=max_model_len,
             nixl_side_channel_port=nixl_side_channel_port,
             extra_args=[*TOOL_ARGS, *extra_args],
-            env=dict(env or {}),
+            env={**TOOL_ENV, **(env or {})},
         ),
     )
     process = VllmProcess(

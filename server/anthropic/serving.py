@@ -98,5 +98,5 @@ class MessagesServing:
         req = msgspec.convert(body, TokenCountRequest)
         info: ModelInfo = self.core.resolve(req.model, "chat", ctx)
         body = {"model": req.model, **tokenize_request(req)}
-        count = await self.tokens.count(info, body, ctx, directives)
-        return Reply(200, msgspec.json.encode({"input_tokens": count}))
+        count, said = await self.tokens.count(info, body, ctx, directives)
+        return Reply(200, msgspec.json.encode({"input_tokens": count}), headers=said)

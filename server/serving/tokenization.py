@@ -29,6 +29,10 @@ from server.serving.usage_notes import note_result
 PATHS: Final = {"tokenize": "/tokenize", "detokenize": "/detokenize"}
 
 
+CACHE_RESULT_HEADERS = frozenset(("cf-aig-cache-status", "cache-status", "age", "x-semcache-key"))
+"""What a caller that reshapes a tokenization answer passes on of its headers."""
+
+
 def upstream_error(reply: Reply) -> ApiError:
     """A backend's error reply as an ApiError, for a surface to answer in its own format."""
     return relayed_error(reply.status, reply.body)
@@ -86,12 +90,15 @@ class Tokenization:
         body: dict[str, Any],
         ctx: RequestContext,
         directives: CacheDirectives | None = None,
-    ) -> int:
-        """The number of tokens ``/tokenize`` counts for ``body`` (an ApiError otherwise)."""
+    ) -> tuple[int, dict[str, str]]:
+        """The number of tokens ``/tokenize`` counts for ``body`` (an ApiError otherwise), and
+        the cache's headers of that answer (what it was: a hit, a miss; not the edge's, whose
+        ETag and location are the tokenization's, not the count's)."""
         reply = await self.run("tokenize", info, body, ctx, directives)
         if reply.status != 200:
             raise upstream_error(reply)
         count = orjson.loads(reply.body).get("count")
         if not isinstance(count, int):
             raise ApiError(502, "The backend's tokenizer gave no count.", code="backend_error")
-        return count
+        said = {k: v for k, v in reply.headers.items() if k.lower() in CACHE_RESULT_HEADERS}
+        return count, said

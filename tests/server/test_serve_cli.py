@@ -8,6 +8,7 @@ Ctrl-C (the last test) stops it and every vLLM process it started.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -101,7 +102,12 @@ def test_serve_default_answers_the_openai_sdk(served: Served) -> None:
     assert "waiting for vLLM" in out or "vLLM ready" in out
 
     # ready once KV placement has its tokenizer (the shipped servers publish KV events)
-    wait_until(lambda: httpx.get(f"{served.url}/ready").status_code == 200, timeout_s=120)
+    def ready() -> bool:  # a probe may time out while the gateway loads the tokenizer
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{served.url}/ready").status_code == 200
+        return False
+
+    wait_until(ready, timeout_s=120)
     client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0)
     question = [{"role": "user", "content": "What is the capital of France?"}]
     answer = client.chat.completions.create(
@@ -123,13 +129,13 @@ def test_serve_default_answers_the_openai_sdk(served: Served) -> None:
     emb = client.embeddings.create(model="all-MiniLM-L6-v2", input=["Paris", "France"])
     assert len(emb.data) == 2 and len(emb.data[0].embedding) == 384
     assert httpx.get(f"{served.url}/ready").status_code == 200
-    # KV placement decided both chats from the servers' events, and the short prompt's
-    # uncached tokens kept it on the decode server
+    # KV placement decided the chat that reached vLLM (the stream may be a cache hit) from the
+    # servers' events, and the short prompt's uncached tokens kept it on the decode server
     page = httpx.get(f"{served.url}/metrics").text
     decided = "semcache_kv_placement_decisions_total"
-    assert parse_metric(page, decided, {"role": "decode"}) >= 2
+    assert parse_metric(page, decided, {"role": "decode"}) >= 1
     assert parse_metric(page, decided, {"reason": "fallback"}) == 0
-    assert parse_metric(page, "semcache_pd_prefill_skipped_total") >= 2
+    assert parse_metric(page, "semcache_pd_prefill_skipped_total") >= 1
     assert parse_metric(page, "semcache_pd_hops_total", {"hop": "prefill"}) == 0
 
 
