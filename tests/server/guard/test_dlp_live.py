@@ -269,10 +269,13 @@ def test_metrics_and_no_value_anywhere(live: Live) -> None:
     ]
     page = httpx.get(live.gw.url + "/dashboard/overview", headers=ops).text
     assert 'data-content="prompt:CREDIT_CARD:block"' in page
+
     def guard_spans() -> list[Any]:  # exported in batches: a few seconds after the requests
         return live.otlp.matching(lambda s: s.name == "guard.prompt")
 
     wait_until(guard_spans, 60)
+    logged = "".join(live.gw.lines)
+    assert "guard: dlp CREDIT_CARD flag in the prompt (request " in logged
     outputs = [
         metrics,
         page,
