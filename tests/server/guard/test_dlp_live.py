@@ -25,13 +25,14 @@ from server.config import ModelEntry
 from server.identity.auth import AuthSettings, TokenEntry
 from server.telemetry import TracingSettings
 from tests.conftest import gateway_config
-from tests.support.dlp_values import GENERATORS, SENTENCES, card
+from tests.support.dlp_values import GENERATORS, SENTENCES, card, entity_of
 from tests.support.recording_proxy import RecordingProxy
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
-TYPES = sorted(GENERATORS)
+CASES = sorted(GENERATORS)
+TYPES = sorted({entity_of(case) for case in CASES})
 TENANTS = ("redact", "block", "flag", "stream", "cut", "rails")
 WA = "/client/v4/accounts/acc/ai/run/@cf/test/tiny"
 
@@ -118,11 +119,12 @@ def chat(text: str, **extra: Any) -> dict[str, Any]:
 
 def test_each_type_redacted_before_vllm_on_both_routes(live: Live) -> None:
     rng = random.Random(50)
-    for entity in TYPES:
+    for case in CASES:
+        entity = entity_of(case)
         for path in ("/v1/chat/completions", WA):
-            value = GENERATORS[entity](rng)
+            value = GENERATORS[case](rng)
             live.sent.append(value)
-            body = chat(SENTENCES[entity].format(value))
+            body = chat(SENTENCES[case].format(value))
             if path == WA:
                 body = {"messages": body["messages"], "max_tokens": 2}
             before = len(live.proxy.bodies)
@@ -135,15 +137,16 @@ def test_each_type_redacted_before_vllm_on_both_routes(live: Live) -> None:
 
 def test_each_type_blocked_in_the_route_format_before_vllm(live: Live) -> None:
     rng = random.Random(51)
-    for entity in TYPES:
-        value = GENERATORS[entity](rng)
+    for case in CASES:
+        entity = entity_of(case)
+        value = GENERATORS[case](rng)
         live.sent.append(value)
         before = len(live.proxy.bodies)
-        got = live.post("block", "/v1/chat/completions", chat(SENTENCES[entity].format(value)))
+        got = live.post("block", "/v1/chat/completions", chat(SENTENCES[case].format(value)))
         assert got.status_code == 400
         assert got.json()["error"]["code"] == "prompt_blocked"
         assert entity in got.json()["error"]["message"]
-        got = live.post("block", WA, {"prompt": SENTENCES[entity].format(value)})
+        got = live.post("block", WA, {"prompt": SENTENCES[case].format(value)})
         assert got.status_code == 400 and got.json()["success"] is False
         assert entity in got.json()["errors"][0]["message"]
         assert len(live.proxy.bodies) == before  # nothing reached vLLM
@@ -151,15 +154,16 @@ def test_each_type_blocked_in_the_route_format_before_vllm(live: Live) -> None:
 
 def test_each_type_flagged_and_sent_on(live: Live) -> None:
     rng = random.Random(52)
-    for entity in TYPES:
-        value = GENERATORS[entity](rng)
+    for case in CASES:
+        entity = entity_of(case)
+        value = GENERATORS[case](rng)
         live.sent.append(value)
         got = live.post(
             "flag",
             "/v1/completions",
             {
                 "model": "tiny-chat",
-                "prompt": SENTENCES[entity].format(value),
+                "prompt": SENTENCES[case].format(value),
                 "max_tokens": 2,
             },
         )
