@@ -186,6 +186,61 @@ def test_embeddings_inputs_redacted_and_blocked(live: Live) -> None:
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "prompt_blocked"
 
 
+def test_tokenize_and_count_tokens_redacted_and_blocked(live: Live) -> None:
+    """``/tokenize`` and Anthropic's ``count_tokens`` send the prompt to vLLM's tokenizer:
+    the prompt rules apply, blocks in each route's own error shape."""
+    rng = random.Random(55)
+    value, other = card(rng), card(rng)
+    live.sent += [value, other]
+    text = SENTENCES["CREDIT_CARD"]
+    for body in (
+        {"model": "tiny-chat", "prompt": text.format(value)},
+        {"model": "tiny-chat", "messages": [{"role": "user", "content": text.format(other)}]},
+    ):
+        before = len(live.proxy.bodies)
+        got = live.post("redact", "/tokenize", body)
+        assert got.status_code == 200, got.text
+        assert got.headers["x-semcache-dlp-prompt"] == "CREDIT_CARD=redact"
+        received = b"\n".join(live.proxy.bodies[before:]).decode()
+        assert "<CREDIT_CARD>" in received and value not in received and other not in received
+        refused = live.post("block", "/tokenize", body)
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "prompt_blocked"
+    prompt = "How long is this? " + text.format(value)  # not the tokenization's: no hit
+    messages = {"model": "tiny-chat", "messages": [{"role": "user", "content": prompt}]}
+    before = len(live.proxy.bodies)
+    counted = live.post("redact", "/v1/messages/count_tokens", messages)
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 0, counted.text
+    received = b"\n".join(live.proxy.bodies[before:]).decode()
+    assert "<CREDIT_CARD>" in received and value not in received
+    refused = live.post("block", "/v1/messages/count_tokens", messages)
+    assert refused.status_code == 400
+    assert refused.json()["type"] == "error"
+    assert refused.json()["error"]["type"] == "invalid_request_error"
+    assert "CREDIT_CARD" in refused.json()["error"]["message"]
+    assert len(live.proxy.bodies) == before + 1  # the blocked one never reached vLLM
+
+
+def test_detokenize_answers_under_the_answer_rules(live: Live) -> None:
+    """A detokenization's answer is text: the answer rules redact it before the client and
+    the cache (a repeat is a hit, still redacted) or block it."""
+    value = card(random.Random(56))
+    live.sent.append(value)
+    tokenized = httpx.post(  # straight to vLLM: the gateway never sees the value as text
+        live.proxy.url + "/tokenize",
+        json={"model": TINY_MODEL_NAME, "prompt": SENTENCES["CREDIT_CARD"].format(value)},
+        timeout=60,
+    )
+    body = {"model": "tiny-chat", "tokens": tokenized.json()["tokens"]}
+    for status in ("MISS", "HIT"):
+        got = live.post("stream", "/detokenize", body)
+        assert got.status_code == 200, got.text
+        assert got.headers["cf-aig-cache-status"] == status
+        assert "<CREDIT_CARD>" in got.json()["prompt"] and value not in got.text
+    refused = live.post("cut", "/detokenize", body)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "response_blocked"
+    assert value not in refused.text
+
+
 def schema_for(value: str) -> dict[str, Any]:
     """An answer vLLM must give token by token: the value, split across chunks. A bare
     string, not an object: the JSON grammar allows whitespace between an object's tokens,
