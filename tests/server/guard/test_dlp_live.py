@@ -1,8 +1,11 @@
 """DLP and guardrails through ``semcache serve`` on real vLLM (behind a recording proxy, so
-the test reads what vLLM received): per entity type a prompt flagged, redacted or blocked on
-the OpenAI and Workers-AI routes, a streamed answer's value split across chunks redacted, a
-block mid-stream, the embedded classifier as a guardrail, and no value sent anywhere in the
-gateway's logs, metrics, traces, request log or data directory."""
+the test reads what vLLM received): per entity type (and per credential pattern) a prompt
+flagged, redacted or blocked on the OpenAI and Workers-AI routes; ``/tokenize``,
+``count_tokens`` and ``/detokenize``; a whole JSON answer and a streamed one (its value split
+across chunks) redacted or blocked, and what the cache then holds; two prompts differing in a
+redacted value as one entry; the request log's findings; the embedded classifier as a
+guardrail; and no value sent anywhere in the gateway's logs, metrics, traces, request log or
+data directory."""
 
 from __future__ import annotations
 
@@ -65,9 +68,25 @@ class Live:
         self.sent: list[str] = []
         """Every value sent: none may be found in the gateway's outputs."""
 
-    def post(self, tenant: str, path: str, body: dict[str, Any]) -> httpx.Response:
-        headers = {"authorization": f"Bearer tok-{tenant}"}
-        return httpx.post(self.gw.url + path, json=body, headers=headers, timeout=120)
+    def post(self, tenant: str, path: str, body: dict[str, Any], **headers: str) -> httpx.Response:
+        sent = {"authorization": f"Bearer tok-{tenant}", **headers}
+        return httpx.post(self.gw.url + path, json=body, headers=sent, timeout=120)
+
+    def logged(self, request_id: str) -> dict[str, Any]:
+        """The request log's line of ``request_id`` (written within a second or so)."""
+
+        def line() -> dict[str, Any] | None:
+            for path in self.data.rglob("requests.jsonl*"):
+                for raw in path.read_text().splitlines():
+                    doc = json.loads(raw)
+                    if doc.get("request_id") == request_id:
+                        return dict(doc)
+            return None
+
+        wait_until(lambda: line() is not None, 30)
+        found = line()
+        assert found is not None
+        return found
 
 
 @pytest.fixture(scope="module")
@@ -310,6 +329,56 @@ def test_the_embedded_classifier_as_a_guardrail(live: Live) -> None:
     assert "negative" in bad.json()["error"]["message"]
     good = live.post("rails", "/v1/chat/completions", chat("What a lovely, wonderful day!"))
     assert good.status_code == 200
+
+
+def test_a_whole_json_answer_redacted_or_blocked_and_stored_so(live: Live) -> None:
+    """Answer rules on a non-streamed answer: the value is redacted before the client and
+    the cache see it (the repeat is a hit, still redacted), or the answer is refused and
+    nothing is stored (the repeat reaches vLLM again); the request log names the finding."""
+    value = card(random.Random(57))
+    live.sent.append(value)
+    body = chat("Which card?", max_tokens=40, response_format=schema_for(value))
+    for status in ("MISS", "HIT"):
+        got = live.post(
+            "stream", "/v1/chat/completions", body, **{"x-request-id": f"json-{status}"}
+        )
+        assert got.status_code == 200, got.text
+        assert got.headers["cf-aig-cache-status"] == status
+        content = got.json()["choices"][0]["message"]["content"]
+        assert "<CREDIT_CARD>" in content and value not in got.text
+        if status == "MISS":
+            assert got.headers["x-semcache-dlp-answer"] == "CREDIT_CARD=redact"
+    line = live.logged("json-MISS")
+    assert line["findings"] == ["answer:CREDIT_CARD:redact"] and "response_body" not in line
+    for _ in range(2):
+        before = len(live.proxy.bodies)
+        refused = live.post("cut", "/v1/chat/completions", body)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["code"] == "response_blocked" and value not in refused.text
+        assert len(live.proxy.bodies) == before + 1  # nothing was stored
+
+
+def test_a_redacted_prompt_is_keyed_by_its_redacted_form(live: Live) -> None:
+    """Two prompts that differ only in a redacted card are one cache entry: vLLM never saw
+    the card, so its answer cannot depend on it. The request log names each finding."""
+    rng = random.Random(58)
+    first, second = card(rng), card(rng)
+    live.sent += [first, second]
+    text = "Keyed by its redacted form: " + SENTENCES["CREDIT_CARD"]
+    before = len(live.proxy.bodies)
+    got = live.post("redact", "/v1/chat/completions", chat(text.format(first)))
+    assert got.status_code == 200 and got.headers["cf-aig-cache-status"] == "MISS", got.text
+    assert len(live.proxy.bodies) == before + 1
+    again = live.post(
+        "redact", "/v1/chat/completions", chat(text.format(second)), **{"x-request-id": "keyed"}
+    )
+    assert again.status_code == 200 and again.headers["cf-aig-cache-status"] == "HIT"
+    assert again.headers["x-semcache-dlp-prompt"] == "CREDIT_CARD=redact"
+    assert again.json() == got.json()
+    assert len(live.proxy.bodies) == before + 1  # the second never reached vLLM
+    line = live.logged("keyed")
+    assert line["findings"] == ["prompt:CREDIT_CARD:redact"] and line["tenant"] == "redact"
+    assert "request_body" not in line  # an inspected request's bodies are never logged
 
 
 def test_metrics_and_no_value_anywhere(live: Live) -> None:
