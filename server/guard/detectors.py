@@ -10,15 +10,12 @@ the rules do not ask for. spaCy's blank English pipeline tokenizes for the conte
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
 
 from semcache.guard_rules import GuardSettings
-
-log = logging.getLogger("semcache.guard")
 
 OFF_THREAD_CHARS: Final = 4096
 """Texts longer than this are analysed in a worker thread, not on the event loop."""

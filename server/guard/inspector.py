@@ -40,6 +40,14 @@ def blocked(direction: str, what: list[str]) -> ApiError:
     )
 
 
+def _log_finding(kind: str, name: str, action: str, direction: str, ctx: RequestContext) -> None:
+    """One line per finding on ``semcache.guard`` at level warning (the gateway's level):
+    the type or category, the action, the direction and the request id, never the value."""
+    log.warning(
+        "guard: %s %s %s in the %s (request %s)", kind, name, action, direction, ctx.request_id
+    )
+
+
 @dataclass
 class Verdict:
     """What the inspection of one text (or several) decided."""
@@ -153,7 +161,7 @@ class Guard:
             detectors = await self.detectors(policy.guard)
             for i, text in enumerate(texts):
                 found = await detectors.find_async(text, entities)
-                self._note(verdict, found, entities, direction)
+                self._note(verdict, found, entities, direction, ctx)
                 to_redact = [f for f in found if entities[f.entity] == "redact"]
                 verdict.texts[i] = detectors.redact(text, to_redact)
         rails = rule.guardrails
@@ -162,6 +170,8 @@ class Guard:
             scores = await self.scorer.score(rails.model, "\n".join(verdict.texts), ctx)
             for category, action in decide(scores, categories).items():
                 self.metrics.decisions.labels(category, action, direction).inc()
+                if action != "pass":
+                    _log_finding("guardrail", category, action, direction, ctx)
                 verdict.findings.append((category, action))
                 if action == "block":
                     verdict.blocked.append(category)
@@ -181,12 +191,22 @@ class Guard:
         )
         return verdict
 
+    def counted(self, entity: str, action: str, direction: str, ctx: RequestContext) -> None:
+        """One finding of the detectors: its metric and its log line (never the value)."""
+        self.metrics.findings.labels(entity, action, direction).inc()
+        _log_finding("dlp", entity, action, direction, ctx)
+
     def _note(
-        self, verdict: Verdict, found: list[Finding], entities: Mapping[str, str], direction: str
+        self,
+        verdict: Verdict,
+        found: list[Finding],
+        entities: Mapping[str, str],
+        direction: str,
+        ctx: RequestContext,
     ) -> None:
         for f in found:
             action = entities[f.entity]
-            self.metrics.findings.labels(f.entity, action, direction).inc()
+            self.counted(f.entity, action, direction, ctx)
             verdict.findings.append((f.entity, action))
             if action == "block":
                 verdict.blocked.append(f.entity)

@@ -104,7 +104,7 @@ class StreamGuard:
     def _count(self, found: list[Any]) -> None:
         for f in found:
             action = self.rule.answer[f.entity]
-            self.guard.metrics.findings.labels(f.entity, action, "answer").inc()
+            self.guard.counted(f.entity, action, "answer", self.ctx)
             self.ctx.usage.inspected = True
             self.ctx.usage.findings.append(f"answer:{f.entity}:{action}")
 

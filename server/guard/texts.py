@@ -25,18 +25,15 @@ def _content_slots(message: Any, out: list[Slot]) -> None:
 
 def prompt_slots(route: str, body: dict[str, Any]) -> list[Slot]:
     """Every string of the prompt: chat messages (and their text parts), a completion's
-    prompt(s), a response's instructions and input, pooling inputs."""
+    prompt(s), a response's instructions and input, a tokenization's prompt or messages,
+    pooling and scoring inputs (``input``)."""
     out: list[Slot] = []
-    if route == "chat":
+    if route in ("chat", "tokenize"):
         for message in body.get("messages") or ():
             _content_slots(message, out)
-    elif route == "completions":
-        prompt = body.get("prompt")
-        if isinstance(prompt, str):
-            out.append((body, "prompt"))
-        elif isinstance(prompt, list):
-            out += [(prompt, i) for i, p in enumerate(prompt) if isinstance(p, str)]
-    elif route == "responses":
+    if route in ("completions", "tokenize"):
+        _strings(body, "prompt", out)
+    if route == "responses":
         if isinstance(body.get("instructions"), str):
             out.append((body, "instructions"))
         items = body.get("input")
@@ -45,18 +42,25 @@ def prompt_slots(route: str, body: dict[str, Any]) -> list[Slot]:
         elif isinstance(items, list):
             for item in items:
                 _content_slots(item, out)
-    else:  # embeddings, classification
-        items = body.get("input")
-        if isinstance(items, str):
-            out.append((body, "input"))
-        elif isinstance(items, list):
-            out += [(items, i) for i, p in enumerate(items) if isinstance(p, str)]
+    if route not in ("chat", "tokenize", "completions", "responses"):
+        _strings(body, "input", out)  # embeddings, classification, rerank
     return out
+
+
+def _strings(body: dict[str, Any], key: str, out: list[Slot]) -> None:
+    """``body[key]`` when it is a string, or each string of it when it is a list."""
+    value = body.get(key)
+    if isinstance(value, str):
+        out.append((body, key))
+    elif isinstance(value, list):
+        out += [(value, i) for i, p in enumerate(value) if isinstance(p, str)]
 
 
 def answer_slots(route: str, answer: dict[str, Any]) -> list[Slot]:
     """Every string of a whole (non-streamed) answer the client reads."""
     out: list[Slot] = []
+    if route == "detokenize":
+        return [(answer, "prompt")] if isinstance(answer.get("prompt"), str) else []
     if route == "responses":
         for item in answer.get("output") or ():
             if isinstance(item, dict):

@@ -7,13 +7,19 @@ purge epochs as the request. Only the pairs no key holds go to vLLM (one ``/scor
 and their scores are stored as pairs: a rerank over a list partly seen before computes only
 its new documents, as embeddings are answered item by item. Scores are deterministic, so
 they are cached whatever the rule says of sampling.
+
+Content rules (``server/guard``) apply to the texts as prompts (route ``rerank``): each query
+and document (and a string parameter, such as an instruction) is inspected before any key
+is built; a redacted text is scored, keyed and echoed (``return_documents``) in its redacted
+form, and a block refuses the request before the caches and vLLM see it. A score is a number:
+no answer rule applies to it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
 import msgspec
@@ -36,8 +42,9 @@ PAIR_CONTENT_TYPE: Final = "application/x-semcache-score"
 SCORE_PATH: Final = "/score"
 
 Pair = tuple[str, str]
-Render = Callable[[list[float], list[int]], bytes]
-"""Builds the answer from one score and one token count per pair, in the request's order."""
+Render = Callable[[list[float], list[int], Sequence[Pair]], bytes]
+"""Builds the answer from one score and one token count per pair, in the request's order,
+and the pairs as scored (redacted where the content rules say)."""
 
 
 class Scoring:
@@ -63,10 +70,11 @@ class Scoring:
         ctx.usage.model, ctx.usage.route = info.id, ROUTE
         ctx.salt_scope = core.scope(info, ROUTE, ctx)
         started = time.perf_counter()
-        creq = await core.cache_request(ROUTE, info, body, ctx, directives)
+        pairs, params, body, said, version = await self._inspect(info, pairs, params, body, ctx)
+        creq = await core.cache_request(ROUTE, info, body, ctx, directives, version)
         if creq is None or core.cache is None:
             scores, tokens = await self._compute(info, list(pairs), params, ctx)
-            return Reply(200, render(scores, tokens))
+            return Reply(200, render(scores, tokens, pairs), headers=said)
         cache = core.cache
         outcome: dict[str, int] = {}
 
@@ -95,7 +103,7 @@ class Scoring:
             outcome.update(
                 served=len(pairs) - len(todo), saved=sum(tokens) - sum(tokens[i] for i in todo)
             )
-            return CachedAnswer.from_json(render(scores, tokens), model_id=info.id)
+            return CachedAnswer.from_json(render(scores, tokens, pairs), model_id=info.id)
 
         try:
             res = await cache.get_or_fill(creq, fill)
@@ -110,10 +118,38 @@ class Scoring:
             ctx.usage.cache = "partial" if served < len(pairs) else "exact"
             ctx.usage.saved(outcome.get("saved", 0), 0)
         core.metrics.latency.labels(ROUTE, "false").observe(time.perf_counter() - started)
-        headers = {**result_headers(res, creq), **edge_headers(res, creq)}
+        headers = {**result_headers(res, creq), **edge_headers(res, creq), **said}
         if served and not res.from_cache and "status" not in creq.hidden:
             headers["x-semcache-pairs-cached"] = f"{served}/{len(pairs)}"
         return Reply(200, res.entry.body or b"", headers=headers)
+
+    async def _inspect(
+        self,
+        info: ModelInfo,
+        pairs: Sequence[Pair],
+        params: dict[str, Any],
+        body: dict[str, Any],
+        ctx: RequestContext,
+    ) -> tuple[Sequence[Pair], dict[str, Any], dict[str, Any], dict[str, str], str]:
+        """The pairs, parameters and keyed body as the content rules leave them, the headers
+        naming what was found and the rules' version (a block raises the route's 400)."""
+        guard = self.core.guard
+        if guard is None:
+            return pairs, params, body, {}, ""
+        texts = list(
+            dict.fromkeys([t for pair in pairs for t in pair] + _strings_of(params.values()))
+        )
+        policy = self.core.policy.current
+        checked, said, inspection = await guard.begin(policy, info.id, ROUTE, {"input": texts}, ctx)
+        if inspection is None:
+            return pairs, params, body, said, ""
+        version = inspection.rule.version
+        new = dict(zip(texts, checked["input"], strict=True))
+        if all(new[t] == t for t in texts):
+            return pairs, params, body, said, version
+        pairs = [(new[q], new[d]) for q, d in pairs]
+        params = {k: new.get(v, v) if isinstance(v, str) else v for k, v in params.items()}
+        return pairs, params, _replaced(body, new), said, version
 
     async def _pair_request(
         self, creq: CacheRequest, pair: Pair, params: dict[str, Any]
@@ -177,3 +213,20 @@ def _pair_answer(info: ModelInfo, score: float, tokens: int) -> CachedAnswer:
         usage=Usage(prompt_tokens=tokens),
         model_id=info.id,
     )
+
+
+def _strings_of(values: Iterable[Any]) -> list[str]:
+    return [v for v in values if isinstance(v, str)]
+
+
+def _replaced(value: Any, new: dict[str, str]) -> Any:
+    """``value`` (a request body) with every string that is a key of ``new`` replaced: the
+    body keyed as the redacted texts, whatever its shape (``queries``, ``text_1``,
+    ``documents[].text``, Workers AI's ``contexts[].text``)."""
+    if isinstance(value, str):
+        return new.get(value, value)
+    if isinstance(value, list):
+        return [_replaced(v, new) for v in value]
+    if isinstance(value, dict):
+        return {k: _replaced(v, new) for k, v in value.items()}
+    return value

@@ -6,6 +6,12 @@ deterministic: cached per tenant (or as the policy shares the model) under the r
 ``tokenize`` and ``detokenize``, keyed by the model's revision and template like any answer.
 A tokenization computes nothing with the KV cache: it reaches one answering server of the
 model's backend (no prefill hop, no ``cache_salt``) and costs no tokens in the ledger.
+
+Content rules (``server/guard``): a tokenization's ``prompt`` or ``messages`` is a prompt
+(route ``tokenize``: Anthropic's ``count_tokens`` too), inspected before the key is built and
+vLLM sees it. A detokenization's input is token ids, where no detector finds anything; its
+answer is text, so the ``detokenize`` route's answer rules apply to it before the client and
+the cache see it.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from foundation.request import RequestContext
 from semcache import replay
 from semcache.entry import CachedAnswer
 from server.errors import ApiError, relayed_error
+from server.guard.inspector import Inspection
 from server.http.conditional import NO_STORE
 from server.http.reply import Reply
 from server.serving.cache_headers import CacheDirectives, edge_headers, result_headers
@@ -57,6 +64,7 @@ class Tokenization:
         core = self.core
         backend = core.registry.generation_backend(info)
         ctx.usage.model, ctx.usage.route = info.id, route
+        body, said, inspection = await self._inspect(route, info, body, ctx)
         upstream = {**body, "model": backend.served_model}
         path = PATHS[route]
 
@@ -67,22 +75,41 @@ class Tokenization:
                 core.metrics.backend_errors.labels(backend.name, exc.kind).inc()
                 raise
             core.metrics.count_backend_call(backend.name, route, 1)
+            raw = resp.body
+            if resp.status == 200 and inspection is not None:  # a block raises: no entry
+                raw, found = await inspection.answer(route, raw, ctx)
+                said.update(found)
             return CachedAnswer.from_json(
-                resp.body, model_id=info.id, status=resp.status, content_type=resp.content_type
+                raw, model_id=info.id, status=resp.status, content_type=resp.content_type
             )
 
-        creq = await core.cache_request(route, info, body, ctx, directives)
+        version = inspection.rule.version if inspection is not None else ""
+        creq = await core.cache_request(route, info, body, ctx, directives, version)
         if creq is None or core.cache is None:
             answer = await fill()
-            return Reply(answer.status, answer.body or b"")
+            return Reply(answer.status, answer.body or b"", headers=said)
         res = await core.cache.get_or_fill(creq, fill)
         entry = res.entry
         assert entry is not None
         note_result(ctx.usage, res)
         if entry.status != 200:
             return Reply(entry.status, entry.body or b"", headers={"cache-control": NO_STORE})
-        headers = {**result_headers(res, creq), **edge_headers(res, creq)}
+        headers = {**result_headers(res, creq), **edge_headers(res, creq), **said}
         return Reply(200, replay.as_json(entry, route), headers=headers)
+
+    async def _inspect(
+        self, route: str, info: ModelInfo, body: dict[str, Any], ctx: RequestContext
+    ) -> tuple[dict[str, Any], dict[str, str], Inspection | None]:
+        """A tokenization's prompt as the content rules leave it (a block raises the
+        route's 400); a detokenization's rule, for its answer (see the module doc)."""
+        guard = self.core.guard
+        if guard is None:
+            return body, {}, None
+        policy = self.core.policy.current
+        if route == "tokenize":
+            return await guard.begin(policy, info.id, route, body, ctx)
+        rule = guard.rule(policy, info.id, route, ctx)
+        return body, {}, (Inspection(guard, policy, rule) if rule.active else None)
 
     async def count(
         self,

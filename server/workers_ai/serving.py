@@ -5,7 +5,7 @@ OpenAI-shaped requests (generation, pooling) and their answers back."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +26,7 @@ from server.serving.cache_headers import CacheDirectives, reshaped
 from server.serving.core import ServingCore
 from server.serving.generation import Generation
 from server.serving.pooling import Pooling
-from server.serving.scoring import Scoring
+from server.serving.scoring import Pair, Scoring
 from server.workers_ai.protocol import (
     DEFAULT_MAX_TOKENS,
     ClassificationInput,
@@ -288,7 +288,10 @@ class WorkersAIServing:
         """Through the scoring core: the same per-pair cache as ``/v1/rerank``."""
         pairs = [(inp.query, c.text) for c in inp.contexts]
         body = {"model": info.id, **msgspec.to_builtins(inp), "endpoint": "workers-ai"}
-        render = functools.partial(rerank_result, top_k=inp.top_k)
+
+        def render(scores: list[float], tokens: list[int], _: Sequence[Pair]) -> bytes:
+            return rerank_result(scores, tokens, inp.top_k)
+
         reply = await self.scoring.score(info, pairs, {}, body, ctx, directives, render)
         return Answer(orjson.loads(reply.body), reply.headers)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -71,7 +72,7 @@ class ScoringServing:
         info = self.core.resolve(req.model, "rerank", ctx)
         pairs = _pairs(*_sides(req))
 
-        def render(scores: list[float], tokens: list[int]) -> bytes:
+        def render(scores: list[float], tokens: list[int], _: Sequence[Pair]) -> bytes:
             data = [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)]
             return orjson.dumps(
                 {
@@ -97,7 +98,7 @@ class ScoringServing:
         texts = [d.text if isinstance(d, Document) else d for d in req.documents]
         pairs = [(req.query, text) for text in texts]
 
-        def render(scores: list[float], tokens: list[int]) -> bytes:
+        def render(scores: list[float], tokens: list[int], scored: Sequence[Pair]) -> bytes:
             order = sorted(range(len(scores)), key=lambda i: -scores[i])
             if req.top_n:
                 order = order[: req.top_n]
@@ -105,7 +106,7 @@ class ScoringServing:
             for i in order:
                 result: dict[str, Any] = {"index": i, "relevance_score": scores[i]}
                 if req.return_documents:
-                    result["document"] = {"text": texts[i]}
+                    result["document"] = {"text": scored[i][1]}  # as scored: redacted
                 results.append(result)
             return orjson.dumps(
                 {

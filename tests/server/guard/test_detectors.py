@@ -9,7 +9,7 @@ import pytest
 
 from semcache.guard_rules import BUILTIN_ENTITIES, CustomDetector, GuardSettings
 from server.guard.detectors import Detectors
-from tests.support.dlp_values import GENERATORS, SENTENCES, luhn_complete
+from tests.support.dlp_values import GENERATORS, SENTENCES, entity_of, luhn_complete
 
 
 @pytest.fixture(scope="module")
@@ -24,12 +24,19 @@ def detectors() -> Detectors:
     )
 
 
-@pytest.mark.parametrize("entity", sorted(GENERATORS))
-def test_each_entity_type_is_found_and_redacted(detectors: Detectors, entity: str) -> None:
-    rng = random.Random(entity)
+def test_every_builtin_type_has_a_generated_case() -> None:
+    assert {entity_of(case) for case in GENERATORS} == BUILTIN_ENTITIES
+
+
+@pytest.mark.parametrize("case", sorted(GENERATORS))
+def test_each_entity_type_is_found_and_redacted(detectors: Detectors, case: str) -> None:
+    """Every built-in type looked for at once, as a rule naming them all does: each value
+    is found whole, as its own type and nothing else."""
+    rng = random.Random(case)
+    entity = entity_of(case)
     for _ in range(5):
-        value = GENERATORS[entity](rng)
-        text = SENTENCES[entity].format(value)
+        value = GENERATORS[case](rng)
+        text = SENTENCES[case].format(value)
         found = detectors.find(text, BUILTIN_ENTITIES)
         assert [(f.entity, text[f.start : f.end]) for f in found] == [(entity, value)]
         redacted = detectors.redact(text, found)

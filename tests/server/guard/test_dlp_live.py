@@ -1,8 +1,11 @@
 """DLP and guardrails through ``semcache serve`` on real vLLM (behind a recording proxy, so
-the test reads what vLLM received): per entity type a prompt flagged, redacted or blocked on
-the OpenAI and Workers-AI routes, a streamed answer's value split across chunks redacted, a
-block mid-stream, the embedded classifier as a guardrail, and no value sent anywhere in the
-gateway's logs, metrics, traces, request log or data directory."""
+the test reads what vLLM received): per entity type (and per credential pattern) a prompt
+flagged, redacted or blocked on the OpenAI and Workers-AI routes; ``/tokenize``,
+``count_tokens`` and ``/detokenize``; a whole JSON answer and a streamed one (its value split
+across chunks) redacted or blocked, and what the cache then holds; two prompts differing in a
+redacted value as one entry; the request log's findings; the embedded classifier as a
+guardrail; and no value sent anywhere in the gateway's logs, metrics, traces, request log or
+data directory."""
 
 from __future__ import annotations
 
@@ -25,13 +28,14 @@ from server.config import ModelEntry
 from server.identity.auth import AuthSettings, TokenEntry
 from server.telemetry import TracingSettings
 from tests.conftest import gateway_config
-from tests.support.dlp_values import GENERATORS, SENTENCES, card
+from tests.support.dlp_values import GENERATORS, SENTENCES, card, entity_of
 from tests.support.recording_proxy import RecordingProxy
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
-TYPES = sorted(GENERATORS)
+CASES = sorted(GENERATORS)
+TYPES = sorted({entity_of(case) for case in CASES})
 TENANTS = ("redact", "block", "flag", "stream", "cut", "rails")
 WA = "/client/v4/accounts/acc/ai/run/@cf/test/tiny"
 
@@ -64,9 +68,25 @@ class Live:
         self.sent: list[str] = []
         """Every value sent: none may be found in the gateway's outputs."""
 
-    def post(self, tenant: str, path: str, body: dict[str, Any]) -> httpx.Response:
-        headers = {"authorization": f"Bearer tok-{tenant}"}
-        return httpx.post(self.gw.url + path, json=body, headers=headers, timeout=120)
+    def post(self, tenant: str, path: str, body: dict[str, Any], **headers: str) -> httpx.Response:
+        sent = {"authorization": f"Bearer tok-{tenant}", **headers}
+        return httpx.post(self.gw.url + path, json=body, headers=sent, timeout=120)
+
+    def logged(self, request_id: str) -> dict[str, Any]:
+        """The request log's line of ``request_id`` (written within a second or so)."""
+
+        def line() -> dict[str, Any] | None:
+            for path in self.data.rglob("requests.jsonl*"):
+                for raw in path.read_text().splitlines():
+                    doc = json.loads(raw)
+                    if doc.get("request_id") == request_id:
+                        return dict(doc)
+            return None
+
+        wait_until(lambda: line() is not None, 30)
+        found = line()
+        assert found is not None
+        return found
 
 
 @pytest.fixture(scope="module")
@@ -118,11 +138,12 @@ def chat(text: str, **extra: Any) -> dict[str, Any]:
 
 def test_each_type_redacted_before_vllm_on_both_routes(live: Live) -> None:
     rng = random.Random(50)
-    for entity in TYPES:
+    for case in CASES:
+        entity = entity_of(case)
         for path in ("/v1/chat/completions", WA):
-            value = GENERATORS[entity](rng)
+            value = GENERATORS[case](rng)
             live.sent.append(value)
-            body = chat(SENTENCES[entity].format(value))
+            body = chat(SENTENCES[case].format(value))
             if path == WA:
                 body = {"messages": body["messages"], "max_tokens": 2}
             before = len(live.proxy.bodies)
@@ -135,15 +156,16 @@ def test_each_type_redacted_before_vllm_on_both_routes(live: Live) -> None:
 
 def test_each_type_blocked_in_the_route_format_before_vllm(live: Live) -> None:
     rng = random.Random(51)
-    for entity in TYPES:
-        value = GENERATORS[entity](rng)
+    for case in CASES:
+        entity = entity_of(case)
+        value = GENERATORS[case](rng)
         live.sent.append(value)
         before = len(live.proxy.bodies)
-        got = live.post("block", "/v1/chat/completions", chat(SENTENCES[entity].format(value)))
+        got = live.post("block", "/v1/chat/completions", chat(SENTENCES[case].format(value)))
         assert got.status_code == 400
         assert got.json()["error"]["code"] == "prompt_blocked"
         assert entity in got.json()["error"]["message"]
-        got = live.post("block", WA, {"prompt": SENTENCES[entity].format(value)})
+        got = live.post("block", WA, {"prompt": SENTENCES[case].format(value)})
         assert got.status_code == 400 and got.json()["success"] is False
         assert entity in got.json()["errors"][0]["message"]
         assert len(live.proxy.bodies) == before  # nothing reached vLLM
@@ -151,15 +173,16 @@ def test_each_type_blocked_in_the_route_format_before_vllm(live: Live) -> None:
 
 def test_each_type_flagged_and_sent_on(live: Live) -> None:
     rng = random.Random(52)
-    for entity in TYPES:
-        value = GENERATORS[entity](rng)
+    for case in CASES:
+        entity = entity_of(case)
+        value = GENERATORS[case](rng)
         live.sent.append(value)
         got = live.post(
             "flag",
             "/v1/completions",
             {
                 "model": "tiny-chat",
-                "prompt": SENTENCES[entity].format(value),
+                "prompt": SENTENCES[case].format(value),
                 "max_tokens": 2,
             },
         )
@@ -180,6 +203,61 @@ def test_embeddings_inputs_redacted_and_blocked(live: Live) -> None:
     assert got.json()["data"][0]["embedding"] == pytest.approx(direct, abs=1e-6)
     refused = live.post("block", "/v1/embeddings", body)
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "prompt_blocked"
+
+
+def test_tokenize_and_count_tokens_redacted_and_blocked(live: Live) -> None:
+    """``/tokenize`` and Anthropic's ``count_tokens`` send the prompt to vLLM's tokenizer:
+    the prompt rules apply, blocks in each route's own error shape."""
+    rng = random.Random(55)
+    value, other = card(rng), card(rng)
+    live.sent += [value, other]
+    text = SENTENCES["CREDIT_CARD"]
+    for body in (
+        {"model": "tiny-chat", "prompt": text.format(value)},
+        {"model": "tiny-chat", "messages": [{"role": "user", "content": text.format(other)}]},
+    ):
+        before = len(live.proxy.bodies)
+        got = live.post("redact", "/tokenize", body)
+        assert got.status_code == 200, got.text
+        assert got.headers["x-semcache-dlp-prompt"] == "CREDIT_CARD=redact"
+        received = b"\n".join(live.proxy.bodies[before:]).decode()
+        assert "<CREDIT_CARD>" in received and value not in received and other not in received
+        refused = live.post("block", "/tokenize", body)
+        assert refused.status_code == 400 and refused.json()["error"]["code"] == "prompt_blocked"
+    prompt = "How long is this? " + text.format(value)  # not the tokenization's: no hit
+    messages = {"model": "tiny-chat", "messages": [{"role": "user", "content": prompt}]}
+    before = len(live.proxy.bodies)
+    counted = live.post("redact", "/v1/messages/count_tokens", messages)
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 0, counted.text
+    received = b"\n".join(live.proxy.bodies[before:]).decode()
+    assert "<CREDIT_CARD>" in received and value not in received
+    refused = live.post("block", "/v1/messages/count_tokens", messages)
+    assert refused.status_code == 400
+    assert refused.json()["type"] == "error"
+    assert refused.json()["error"]["type"] == "invalid_request_error"
+    assert "CREDIT_CARD" in refused.json()["error"]["message"]
+    assert len(live.proxy.bodies) == before + 1  # the blocked one never reached vLLM
+
+
+def test_detokenize_answers_under_the_answer_rules(live: Live) -> None:
+    """A detokenization's answer is text: the answer rules redact it before the client and
+    the cache (a repeat is a hit, still redacted) or block it."""
+    value = card(random.Random(56))
+    live.sent.append(value)
+    tokenized = httpx.post(  # straight to vLLM: the gateway never sees the value as text
+        live.proxy.url + "/tokenize",
+        json={"model": TINY_MODEL_NAME, "prompt": SENTENCES["CREDIT_CARD"].format(value)},
+        timeout=60,
+    )
+    body = {"model": "tiny-chat", "tokens": tokenized.json()["tokens"]}
+    for status in ("MISS", "HIT"):
+        got = live.post("stream", "/detokenize", body)
+        assert got.status_code == 200, got.text
+        assert got.headers["cf-aig-cache-status"] == status
+        assert "<CREDIT_CARD>" in got.json()["prompt"] and value not in got.text
+    refused = live.post("cut", "/detokenize", body)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "response_blocked"
+    assert value not in refused.text
 
 
 def schema_for(value: str) -> dict[str, Any]:
@@ -253,6 +331,56 @@ def test_the_embedded_classifier_as_a_guardrail(live: Live) -> None:
     assert good.status_code == 200
 
 
+def test_a_whole_json_answer_redacted_or_blocked_and_stored_so(live: Live) -> None:
+    """Answer rules on a non-streamed answer: the value is redacted before the client and
+    the cache see it (the repeat is a hit, still redacted), or the answer is refused and
+    nothing is stored (the repeat reaches vLLM again); the request log names the finding."""
+    value = card(random.Random(57))
+    live.sent.append(value)
+    body = chat("Which card?", max_tokens=40, response_format=schema_for(value))
+    for status in ("MISS", "HIT"):
+        got = live.post(
+            "stream", "/v1/chat/completions", body, **{"x-request-id": f"json-{status}"}
+        )
+        assert got.status_code == 200, got.text
+        assert got.headers["cf-aig-cache-status"] == status
+        content = got.json()["choices"][0]["message"]["content"]
+        assert "<CREDIT_CARD>" in content and value not in got.text
+        if status == "MISS":
+            assert got.headers["x-semcache-dlp-answer"] == "CREDIT_CARD=redact"
+    line = live.logged("json-MISS")
+    assert line["findings"] == ["answer:CREDIT_CARD:redact"] and "response_body" not in line
+    for _ in range(2):
+        before = len(live.proxy.bodies)
+        refused = live.post("cut", "/v1/chat/completions", body)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["code"] == "response_blocked" and value not in refused.text
+        assert len(live.proxy.bodies) == before + 1  # nothing was stored
+
+
+def test_a_redacted_prompt_is_keyed_by_its_redacted_form(live: Live) -> None:
+    """Two prompts that differ only in a redacted card are one cache entry: vLLM never saw
+    the card, so its answer cannot depend on it. The request log names each finding."""
+    rng = random.Random(58)
+    first, second = card(rng), card(rng)
+    live.sent += [first, second]
+    text = "Keyed by its redacted form: " + SENTENCES["CREDIT_CARD"]
+    before = len(live.proxy.bodies)
+    got = live.post("redact", "/v1/chat/completions", chat(text.format(first)))
+    assert got.status_code == 200 and got.headers["cf-aig-cache-status"] == "MISS", got.text
+    assert len(live.proxy.bodies) == before + 1
+    again = live.post(
+        "redact", "/v1/chat/completions", chat(text.format(second)), **{"x-request-id": "keyed"}
+    )
+    assert again.status_code == 200 and again.headers["cf-aig-cache-status"] == "HIT"
+    assert again.headers["x-semcache-dlp-prompt"] == "CREDIT_CARD=redact"
+    assert again.json() == got.json()
+    assert len(live.proxy.bodies) == before + 1  # the second never reached vLLM
+    line = live.logged("keyed")
+    assert line["findings"] == ["prompt:CREDIT_CARD:redact"] and line["tenant"] == "redact"
+    assert "request_body" not in line  # an inspected request's bodies are never logged
+
+
 def test_metrics_and_no_value_anywhere(live: Live) -> None:
     metrics = httpx.get(live.gw.url + "/metrics").text
     for line in (
@@ -274,6 +402,8 @@ def test_metrics_and_no_value_anywhere(live: Live) -> None:
         return live.otlp.matching(lambda s: s.name == "guard.prompt")
 
     wait_until(guard_spans, 60)
+    logged = "".join(live.gw.lines)
+    assert "guard: dlp CREDIT_CARD flag in the prompt (request " in logged
     outputs = [
         metrics,
         page,

@@ -1,10 +1,13 @@
 """``/v1/rerank``, ``/v1/score``, ``/tokenize`` and ``/detokenize`` through ``semcache serve``:
 the gateway launches a real vLLM serving a tiny random-weight cross-encoder (its pooling
 runner) beside the session's tiny chat model, and caches scores per (query, document) pair.
-What reached vLLM is read off its own counter (one finished request per scored pair)."""
+What reached vLLM is read off its own counter (one finished request per scored pair).
+Two API keys have content rules (the policy's ``[guard.tenants]``): the scoring routes'
+queries and documents are redacted or blocked as prompts."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,13 +22,29 @@ from harness.metrics import parse_metric
 from harness.ports import free_port
 from harness.tiny_cross_encoder import SERVED, tiny_cross_encoder
 from harness.vllm_process import TINY_MODEL_NAME, single_process_launch
+from semcache.policy import DEFAULT_POLICY
 from server.config import ModelEntry
+from server.identity.auth import tenant_from
 from tests.conftest import gateway_config
+from tests.support.dlp_values import SENTENCES, card
 
 pytestmark = pytest.mark.slow
 
 RERANKER = "tiny-rerank"
 AUTH = {"authorization": "Bearer tenant-a"}
+REDACT = {"authorization": "Bearer dlp-redact"}
+BLOCK = {"authorization": "Bearer dlp-block"}
+
+
+def guarded_policy() -> str:
+    """The shipped policy, and a content rule for each of the two DLP keys' tenants."""
+    rules = "".join(
+        f'\n[guard.tenants."{tenant_from(headers)}".dlp.prompt]\nCREDIT_CARD = "{action}"\n'
+        for headers, action in ((REDACT, "redact"), (BLOCK, "block"))
+    )
+    return DEFAULT_POLICY.read_text() + rules
+
+
 QUERY = "Where does the cat read a book?"
 DOCS = [
     "The cat reads a book near the window.",
@@ -61,8 +80,13 @@ def s(
         servers=[VllmServer(url=url, launch=single_process_launch(max_model_len=256))],
     )
     tmp = tmp_path_factory.mktemp("scoring")
+    (tmp / "policy.toml").write_text(guarded_policy())
     config = gateway_config(
-        tmp / "data", tiny_vllm.url, data_dir / "models" / TINY_MODEL_NAME, embeddings=False
+        tmp / "data",
+        tiny_vllm.url,
+        data_dir / "models" / TINY_MODEL_NAME,
+        embeddings=False,
+        policy=str(tmp / "policy.toml"),
     )
     config.models.append(ModelEntry(id=RERANKER, backend="rerank", task="rerank"))
     config.backends.append(reranker)
@@ -175,3 +199,49 @@ def test_tokenize_and_detokenize_are_cached_per_tenant(s: Setup) -> None:
     assert rerank_tokens.status_code == 200 and rerank_tokens.json()["count"] > 0
     assert s.http.post("/tokenize", json={"model": "tiny-chat"}).status_code == 400
     assert s.http.post("/detokenize", json={"model": "nope", "tokens": [1]}).status_code == 404
+
+
+def test_scoring_texts_are_redacted_or_blocked_before_vllm(s: Setup) -> None:
+    """The query and the documents are prompts: a card is scored, keyed and echoed as its
+    placeholder (the score is vLLM's for the placeholder text; a second card makes the same
+    pairs), or the request is refused in each route's error format before vLLM sees it."""
+    rng = random.Random(50)
+    first, second = card(rng), card(rng)
+    doc = SENTENCES["CREDIT_CARD"]
+    placeholder = doc.format("<CREDIT_CARD>")
+    direct = httpx.post(
+        f"{s.vllm_url}/rerank",
+        json={"model": SERVED, "query": QUERY, "documents": [placeholder, DOCS[0]]},
+    ).json()
+    expected = {r["index"]: r["relevance_score"] for r in direct["results"]}
+    body = {"model": RERANKER, "query": QUERY, "documents": [doc.format(first), DOCS[0]]}
+    got = httpx.post(f"{s.gateway.url}/v1/rerank", json=body, headers=REDACT)
+    assert got.status_code == 200, got.text
+    assert got.headers["x-semcache-dlp-prompt"] == "CREDIT_CARD=redact"
+    assert first not in got.text
+    for r in got.json()["results"]:
+        assert r["relevance_score"] == pytest.approx(expected[r["index"]], abs=1e-3)
+    assert {r["document"]["text"] for r in got.json()["results"]} == {placeholder, DOCS[0]}
+    before = s.scored()
+    body["documents"][0] = doc.format(second)
+    again = httpx.post(f"{s.gateway.url}/v1/rerank", json=body, headers=REDACT)
+    assert again.headers["cf-aig-cache-status"] == "HIT" and second not in again.text
+    assert s.scored() == before  # the redacted form's key: nothing reached vLLM
+    score = httpx.post(
+        f"{s.gateway.url}/v1/score",
+        json={"model": RERANKER, "text_1": doc.format(first), "text_2": DOCS[0]},
+        headers=REDACT,
+    )
+    assert score.status_code == 200 and score.headers["x-semcache-dlp-prompt"], score.text
+
+    before = s.scored()
+    refused = httpx.post(f"{s.gateway.url}/v1/rerank", json=body, headers=BLOCK)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "prompt_blocked"
+    run = f"{s.gateway.url}/client/v4/accounts/acc/ai/run/{RERANKER}"
+    contexts = [{"text": DOCS[0]}, {"text": DOCS[1]}]
+    wa = httpx.post(run, json={"query": doc.format(first), "contexts": contexts}, headers=BLOCK)
+    assert wa.status_code == 400 and wa.json()["success"] is False
+    assert "CREDIT_CARD" in wa.json()["errors"][0]["message"] and first not in wa.text
+    assert s.scored() == before  # neither reached vLLM
+    wa = httpx.post(run, json={"query": doc.format(first), "contexts": contexts}, headers=REDACT)
+    assert wa.status_code == 200 and wa.headers["x-semcache-dlp-prompt"], wa.text
