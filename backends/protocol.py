@@ -95,6 +95,15 @@ class GenerationBackend(Protocol):
 
 
 @runtime_checkable
+class KnowsContext(Protocol):
+    """A generation backend that can say its model's context length."""
+
+    async def max_model_len(self) -> int | None:
+        """The context length in tokens; ``None`` when it cannot be learnt now."""
+        ...
+
+
+@runtime_checkable
 class StoredResponses(Protocol):
     """A generation backend whose servers keep answers a client may fetch by id later (the
     Responses API's ``GET /v1/responses/{id}``)."""

@@ -196,10 +196,14 @@ class VllmClient:
         return loads + self.decode_pool.loads()
 
     async def max_model_len(self) -> int | None:
-        """The smallest context length the servers report (``/v1/models``), asked once."""
+        """The smallest context length the servers report (``/v1/models``), asked once some
+        server is healthy."""
         if self._max_model_len is None:
             lengths: list[int] = []
-            for s in [load for load in self.capacity() if load.healthy]:
+            healthy = [load for load in self.capacity() if load.healthy]
+            if not healthy:
+                return None
+            for s in healthy:
                 try:
                     async with self._http.session.get(
                         f"{s.url}/v1/models", timeout=aiohttp.ClientTimeout(total=5.0)

@@ -3,10 +3,21 @@
 This module runs, or checks against what runs them, those that need no gateway: `semcache`
 commands are parsed by the CLI's own parser (a form with placeholders names only commands
 and options that exist), the local ones run, `backends scale`'s pool is one of the shipped
-config; `make` targets run dry; scripts, test paths and options exist. The commands that
-need a gateway (curl, the Python examples, `semcache usage`/`cache purge`/`keys`) are run by
-``tests/server/test_doc_commands_live.py`` against `semcache serve`. A command of a kind
-neither knows fails here: say how the suite runs it.
+config; `make serve` runs dry; `python -c` runs; test paths and options exist. The commands
+that need a gateway (curl, the Python examples, `semcache usage`/`cache purge`/`keys`) are
+run by ``tests/server/test_doc_commands_live.py`` against `semcache serve`. A command of a
+kind neither knows fails here: say how the suite runs it.
+
+Checked by text only (what they name exists, or the test that runs them says it does):
+`make` targets other than `serve` (the target exists); `scripts/*.sh` (the action and
+options are cases of the script) and `python scripts/*.py` (the options are the script's,
+a test of its own runs it); `podman` and `podman-compose` (tests/deploy/test_image.py, opt-in,
+runs the image so); `kubectl` (no cluster: the kustomization or Secret example exists and
+tests/deploy/test_k8s.py validates it offline); `helm` (the operator's own install, a
+prerequisite: its resource is the one deploy/k8s applies); `kill -HUP` (SIGHUP is sent by
+tests/server/test_signals.py); `redis-cli` (harness/redis_cluster.py uses its options);
+`pip install` (the package or extra is the project's); `export` (the variables are read);
+`claude`; and the `semcache` commands of ``RUN_ELSEWHERE``.
 """
 
 from __future__ import annotations
@@ -132,6 +143,8 @@ def check_python(cmd: DocCommand, tmp_path: Path) -> None:
         assert run.returncode == 0, run.stderr
     elif words[2] == "pytest":
         check_pytest(cmd)
+    elif words[1].startswith("scripts/"):
+        check_python_script(words[1:])
     elif words[2] == "bench.readme_figures":
         readme = tmp_path / "README.md"
         shutil.copy(REPO / "README.md", readme)
@@ -140,6 +153,17 @@ def check_python(cmd: DocCommand, tmp_path: Path) -> None:
         assert readme.read_text() == (REPO / "README.md").read_text()  # figures up to date
     else:
         pytest.fail(f"how is {cmd} run?")
+
+
+def check_python_script(words: list[str]) -> None:
+    """The script exists, takes the options given and is run by a test of its own
+    (``scripts/readme_figures.py``: tests/test_readme_figures.py runs its ``--check``)."""
+    script = REPO / words[0]
+    source = script.read_text()
+    for option in (w.split("=", 1)[0] for w in words[1:] if w.startswith("--")):
+        assert f'add_argument("{option}"' in source, option
+    stem = script.stem
+    assert any(stem in p.read_text() for p in (REPO / "tests").rglob(f"test_{stem}*.py")), stem
 
 
 def check_pytest(cmd: DocCommand) -> None:
@@ -241,6 +265,33 @@ def check_container(cmd: DocCommand) -> None:
     assert verb in source, verb
 
 
+K8S = REPO / "deploy" / "k8s"
+
+
+def check_kubectl(cmd: DocCommand) -> None:
+    """Not run (no cluster here): ``apply -k DIR`` names a kustomization whose manifests
+    tests/deploy/test_k8s.py validates offline; ``create secret`` makes the Secret of the
+    example it validates too."""
+    words = cmd.words
+    test = (REPO / "tests" / "deploy" / "test_k8s.py").read_text()
+    if words[1:3] == ["apply", "-k"]:
+        assert (REPO / words[3] / "kustomization.yaml").exists(), words[3]
+        assert words[3] in test, words[3]
+    else:
+        assert words[1:3] == ["create", "secret"], words
+        assert "kind: Secret" in (K8S / "secret.example.yaml").read_text()
+        assert "secret.example.yaml" in test
+
+
+def check_helm(cmd: DocCommand) -> None:
+    """Not run: the operator's own install, a prerequisite of deploy/k8s (the docs name it
+    so); its custom resource is the one the base applies."""
+    words = cmd.words
+    assert words[1] == "install" and words[2] == "valkey-operator", words
+    assert "kind: ValkeyCluster" in (K8S / "valkey.yaml").read_text()
+    assert "valkey.yaml" in (K8S / "kustomization.yaml").read_text()
+
+
 def check_kill(cmd: DocCommand) -> None:
     """`kill -HUP <pid>` reloads the policy: sent to the real process by
     tests/server/test_signals.py."""
@@ -287,6 +338,8 @@ CHECKS: dict[str, Callable[[DocCommand], None]] = {
     "claude": check_claude,
     "pip": check_pip,
     "export": check_export,
+    "kubectl": check_kubectl,
+    "helm": check_helm,
     "kill": check_kill,
     "curl": check_curl,
     "redis-cli": check_redis_cli,
@@ -297,7 +350,8 @@ CHECKS: dict[str, Callable[[DocCommand], None]] = {
 def test_the_docs_show_commands_of_each_kind() -> None:
     """The extraction finds what the docs show (a broken extractor would check nothing)."""
     programs = {cmd.program for cmd in COMMANDS}
-    assert {"semcache", "curl", "python", "make"} <= programs
+    assert {"semcache", "curl", "python", "make", "podman", "kubectl", "helm"} <= programs
+    assert any(cmd.words[:2] == ["python", "scripts/readme_figures.py"] for cmd in COMMANDS)
     assert sum(live(cmd) for cmd in COMMANDS) >= 12
 
 

@@ -176,7 +176,7 @@ class CachedStreams:
                 for item in form.read(reader, chunk):
                     if inspected is not None:
                         item = await _inspected(inspected, item, form)
-                    recorder.feed(noted_item(item, call.usage_note))
+                    recorder.feed(noted_item(item, call.output_limit))
         except BackendError as exc:
             call.backend_failed(exc.kind)
             return None
@@ -219,7 +219,7 @@ class CachedStreams:
                                 live.settle(None)
                                 yield b"".join(out) + guard_event(err)
                                 return
-                        item = noted_item(item, call.usage_note)
+                        item = noted_item(item, call.output_limit)
                         recorder.feed(item)
                         if first:
                             call.observe_ttft()

@@ -11,6 +11,7 @@ from backends.registry import ModelInfo
 from foundation.request import RequestContext
 from server.guard.inspector import Inspection
 from server.metrics import GatewayMetrics
+from server.serving.output_limit import NO_LIMIT, OutputLimit
 from server.serving.usage_notes import tokens_of
 
 
@@ -29,8 +30,8 @@ class GenerationCall:
     metrics: GatewayMetrics
     inspection: Inspection | None = None
     """The DLP and guardrail rule that applies to the answer (``None``: none)."""
-    usage_note: dict[str, Any] | None = None
-    """What the gateway applied that the answer's usage says (``output_limit``)."""
+    output_limit: OutputLimit = NO_LIMIT
+    """What bounds the answer, which its usage says (``output_limit``)."""
 
     def backend_failed(self, kind: str) -> None:
         self.metrics.backend_errors.labels(self.backend.name, kind).inc()

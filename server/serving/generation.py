@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import orjson
 
-from backends.protocol import BackendError
+from backends.protocol import BackendError, KnowsContext
 from backends.registry import ModelInfo
 from foundation.request import RequestContext
 from foundation.sse import MEDIA_TYPE
@@ -50,9 +50,11 @@ class Generation:
         directives: CacheDirectives | None = None,
         *,
         max_tokens_fallback: int | None = None,
+        max_tokens_ceiling: bool = False,
     ) -> Reply:
         """``max_tokens_fallback``: the default ``max_tokens`` when the policy's rule has
-        none (a surface's own, as Workers AI's 256)."""
+        none (a surface's own, as Workers AI's 256); ``max_tokens_ceiling``: the request's
+        own ``max_tokens`` is a ceiling the context may lower (Workers AI's), not a demand."""
         core = self.core
         backend = core.registry.generation_backend(info)
         ctx.salt_scope = core.scope(info, route, ctx)
@@ -66,7 +68,15 @@ class Generation:
             if stream and route == "responses" and inspection and inspection.answers:
                 raise unsupported_stream()
         rule = core.policy.current.rule(info.id, route)
-        body, note = limit_output(route, body, rule.max_tokens, max_tokens_fallback)
+        context = await backend.max_model_len() if isinstance(backend, KnowsContext) else None
+        body, limit = limit_output(
+            route,
+            body,
+            rule.max_tokens,
+            max_tokens_fallback,
+            context=context,
+            ceiling=max_tokens_ceiling,
+        )
         call = GenerationCall(
             path=path,
             route=route,
@@ -77,11 +87,11 @@ class Generation:
             started=time.perf_counter(),
             metrics=core.metrics,
             inspection=inspection,
-            usage_note=note,
+            output_limit=limit,
         )
         version = inspection.rule.version if inspection else ""
         # The note is part of the stored answer, so of its key too.
-        keyed = body if note is None else {**body, **note}
+        keyed = body if limit.note is None else {**body, **limit.note}
         creq = await core.cache_request(route, info, keyed, ctx, directives, version)
         if creq is None:
             reply = await self._forward(call, stream)
@@ -114,7 +124,7 @@ class Generation:
                 if resp.status != 200:
                     return Reply(resp.status, resp.body, media_type=resp.content_type)
                 call.count_usage(_usage_of(resp.body))
-                body = noted_json(resp.body, call.usage_note)
+                body = noted_json(resp.body, call.output_limit)
                 if call.inspection is None:
                     return Reply(200, body, media_type=resp.content_type)
                 body, said = await call.inspection.answer(call.route, body, call.ctx)
@@ -153,7 +163,7 @@ class Generation:
                 raw, found = await call.inspection.answer(call.route, raw, call.ctx)
                 said.update(found)
             # a non-200 answer is handed to coalesced waiters but never stored
-            body = noted_json(raw, call.usage_note) if resp.status == 200 else raw
+            body = noted_json(raw, call.output_limit) if resp.status == 200 else raw
             answer = CachedAnswer.from_json(
                 body, model_id=call.info.id, status=resp.status, content_type=resp.content_type
             )

@@ -57,8 +57,8 @@ async def relay(
     (a block ends the stream with an error event). With a usage note (``output_limit``) the
     events are framed again, the note in their usage."""
     reader = SSEReader()
-    note = call.usage_note
-    form = stream_format(call.route) if note is not None and inspected is None else None
+    limit = call.output_limit
+    form = stream_format(call.route) if limit.sent is not None and inspected is None else None
     first = True
     span = spans.start_span("stream")
     try:
@@ -72,7 +72,7 @@ async def relay(
                     for item in reader.feed(chunk):
                         if item == DONE:
                             await inspected.finish()
-                        out.append(event(noted_item(inspected.feed(item), note)))
+                        out.append(event(noted_item(inspected.feed(item), limit)))
                 except ApiError as err:
                     yield b"".join(out) + guard_event(err)
                     return
@@ -81,7 +81,7 @@ async def relay(
                 reader.feed(chunk)
                 yield chunk
             elif items := form.read(reader, chunk):
-                yield b"".join(form.frame(noted_item(item, note)) for item in items)
+                yield b"".join(form.frame(noted_item(item, limit)) for item in items)
     except BackendError as exc:
         call.backend_failed(exc.kind)
         yield broken_stream_event(exc.message)

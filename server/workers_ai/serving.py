@@ -40,7 +40,6 @@ from server.workers_ai.protocol import (
 )
 from server.workers_ai.translate import (
     classification_result,
-    context_overflow,
     embedding_request,
     embedding_result,
     rerank_result,
@@ -208,18 +207,19 @@ class WorkersAIServing:
     ) -> Reply:
         path = "/v1/chat/completions" if route == "chat" else "/v1/completions"
         stream = bool(body.get("stream"))
-        generate = functools.partial(
-            self.generation.generate, max_tokens_fallback=DEFAULT_MAX_TOKENS
+        # Workers AI's `max_tokens` is a ceiling: past the model's context the answer stops
+        # where the context ends (the serving core lowers it), instead of being refused.
+        return await self.generation.generate(
+            path,
+            route,
+            info,
+            body,
+            stream,
+            ctx,
+            directives,
+            max_tokens_fallback=DEFAULT_MAX_TOKENS,
+            max_tokens_ceiling=True,
         )
-        reply = await generate(path, route, info, body, stream, ctx, directives)
-        if reply.status == 400 and context_overflow(reply) and "max_tokens" in body:
-            # Workers AI's `max_tokens` is a ceiling, vLLM's a demand it refuses past the
-            # context left; without one, vLLM generates up to what is left, the same ceiling.
-            body = {k: v for k, v in body.items() if k != "max_tokens"}
-            reply = await generate(
-                path, route, info, body, stream, ctx, directives, max_tokens_fallback=None
-            )
-        return reply
 
     async def _text(
         self,

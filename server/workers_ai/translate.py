@@ -112,13 +112,6 @@ def upstream_error(reply: Reply) -> ApiError:
     return relayed_error(reply.status, reply.body)
 
 
-def context_overflow(reply: Reply) -> bool:
-    """vLLM refused ``max_tokens`` because it goes past the model's context."""
-    err = upstream_error(reply)
-    text = err.message.lower()
-    return "max_tokens" in text and ("max_model_len" in text or "context length" in text)
-
-
 def workers_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for call in calls:

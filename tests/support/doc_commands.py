@@ -2,8 +2,9 @@
 (``tests/test_doc_commands.py`` without a gateway, ``tests/server/test_doc_commands_live.py``
 against one): the lines of shell blocks, the ``$ `` lines and known programs of plain
 blocks, Python blocks whole, and inline code that is a command line (``semcache …``,
-``make …``, ``python -c``/``-m …``, ``pip install …``, a script with its arguments,
-``kill -HUP <pid>``, ``redis-cli …``)."""
+``make …``, ``python -c``/``-m …``, ``python scripts/….py``, ``pip install …``, a script with
+its arguments, ``kill -HUP <pid>``, ``redis-cli …``, ``podman …``, ``kubectl …``,
+``helm …``, ``curl -…``, ``xdg-open …``)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,9 @@ _INLINE = re.compile(r"`([^`\n]+)`")
 _ENV = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)+")
 _INLINE_COMMAND = re.compile(
     r"^(?:semcache (?:--help|[a-z][\w-]*|COMMAND)\b|make \w|python -[cm] |pip install |"
-    r"(?:sudo )?scripts/\S+\.sh \S|kill -\w+ <|redis-cli )"
+    r"(?:sudo )?scripts/\S+\.sh \S|kill -\w+ <|redis-cli |"
+    r"(?:\.venv/bin/)?python scripts/\S+\.py|podman(?:-compose)? [a-z]|kubectl [a-z]|"
+    r"helm [a-z]|curl -|xdg-open \S)"
 )
 _SEMCACHE_WORDS = frozenset(
     {
