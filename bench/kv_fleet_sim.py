@@ -1,7 +1,7 @@
 """Placement and selective prefill/decode on a simulated fleet: the gateway's own placement
 and scoring code against 8, 32 and 128 simulated vLLM servers, on issue 48's workload shapes
-(``bench/fleet_shapes.py``), with request costs calibrated from the real servers
-(``bench/fleet_calibration.py``, printed first).
+(``bench/lib/fleet_shapes.py``), with request costs calibrated from the real servers
+(``bench/lib/fleet_calibration.py``, printed first).
 
 Each simulated server has an LRU prefix cache of ``--kv-tokens`` (in 32-token blocks) and one
 compute queue: a request's prefill takes ``prefill(uncached tokens)`` of the calibration, in

@@ -4,7 +4,7 @@ shapes, on real vLLM servers, side by side in one run.
 Three SmolLM2-135M-Instruct servers (what ``make serve`` runs; cores ``--cores``, 8,192
 tokens of KV each, block size 32, publishing their KV events) and one ``semcache serve
 --no-launch`` per policy in front of them; the bench process, its load and the gateways run
-on ``--client-core``. Per shape (``bench/fleet_shapes.py``, every parameter printed):
+on ``--client-core``. Per shape (``bench/lib/fleet_shapes.py``, every parameter printed):
 
 1. the ceiling: the hit rate of one server that never evicts (SmolLM2's tokenizer);
 2. the fleet's saturation rate, measured: the shape's first requests in a closed loop of 4

@@ -24,8 +24,19 @@ def pool(n: int) -> list[ServerState]:
     return [ServerState(VllmServer(url=f"http://10.0.0.{i}:8000"), limit=16) for i in range(n)]
 
 
-def kv_placement(index: PoolBlockIndex, request_cost: float = 64.0) -> Placement:
-    return Placement(2, "kv", KvScorer(index, request_cost_tokens=request_cost))
+SHIPPED = KvSettings()
+"""The ``[backends.kv]`` a config that says nothing gets: the tests score with its weights."""
+
+
+def kv_placement(
+    index: PoolBlockIndex,
+    request_cost: float = SHIPPED.request_cost_tokens,
+    occupancy: float = SHIPPED.occupancy_weight,
+) -> Placement:
+    """KV placement as a backend builds it, with the shipped weights (a test's own where it
+    isolates one term at its exact break-even)."""
+    scorer = KvScorer(index, request_cost_tokens=request_cost, occupancy_weight=occupancy)
+    return Placement(2, "kv", scorer)
 
 
 def key(blocks: list[int]) -> RouteKey:
@@ -67,7 +78,7 @@ def test_a_hot_prefix_spreads_once_its_holders_backlog_costs_more_than_computing
     prompt = len(hashes) * 32
     index = PoolBlockIndex(1000)
     index.store(servers[0].url, hashes)
-    placement = kv_placement(index, request_cost=0)
+    placement = kv_placement(index, request_cost=0, occupancy=0)  # the backlog term alone
     servers[0].pending_tokens = prompt - 1  # its backlog: just under the prompt
     assert placement.rank(servers, key(hashes))[0] is servers[0]
     servers[0].pending_tokens = prompt + 1  # past it: another server, which then holds it
@@ -209,10 +220,6 @@ def test_a_prompt_nobody_holds_goes_where_it_evicts_the_least() -> None:
     index.store(servers[2].url, range(300, 340))
     placement = Placement(2, "kv", KvScorer(index, occupancy_weight=0.05))
     assert placement.rank(servers, key(chat_hashes()))[0] is servers[1]
-
-
-SHIPPED = KvSettings()
-"""The ``[backends.kv]`` a config that says nothing gets."""
 
 
 def test_equal_holders_of_the_prompt_go_where_it_evicts_the_least() -> None:
