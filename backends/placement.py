@@ -10,9 +10,10 @@
   runs more than ``prefix_load_slack`` requests above the least busy one (bounded load).
 - otherwise → least outstanding requests (round-robin among ties).
 
-That is the ``prefix-hash`` policy (the default where servers publish no KV events). ``kv`` ranks by the blocks each server
-reports holding (``backends.kv.scoring``) when the request's exact blocks are known
-(``RouteKey.blocks``), and falls back to ``prefix-hash`` when they are not;
+That is the ``prefix-hash`` policy (the default where servers publish no KV events). ``kv``
+ranks by the blocks each server reports holding (``backends.kv.scoring``) when the request's
+exact blocks are known (``RouteKey.blocks``), and falls back to ``prefix-hash`` when they are
+not;
 ``least-loaded`` and ``round-robin`` ignore the prompt. Session affinity wins in every policy.
 
 Approximation: the gateway has no tokenizer. It renders the prompt cheaply (chat: tools, then

@@ -22,6 +22,7 @@ from backends.kv.hashing import DEFAULT_SEED, BlockHasher
 from backends.kv.index import PoolBlockIndex
 from backends.kv.scoring import KvScorer
 from backends.kv.tokens import PromptTokenizer
+from backends.launch.command import launched_block_size
 
 log = logging.getLogger("semcache.backends")
 
@@ -111,8 +112,14 @@ class KvPlacement:
 
 
 def _launched_block_size(config: VllmBackend) -> int | None:
-    """The block size every launched server shares, if they do and the config says it."""
-    sizes = {s.launch.block_size for s in config.servers if s.launch is not None and s.kv_events}
+    """The block size every launched server shares, if they do and it is known before their
+    first event (the config's, or the launcher's on a CPU): placement knows a request's blocks
+    from the first request on."""
+    sizes = {
+        launched_block_size(s.launch)
+        for s in config.servers
+        if s.launch is not None and s.kv_events
+    }
     if len(sizes) == 1:
         (size,) = sizes
         return size

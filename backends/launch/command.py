@@ -54,6 +54,14 @@ def detect_device() -> Device:
         return "cpu"
 
 
+def launched_block_size(launch: VllmLaunch) -> int | None:
+    """The KV block size a launched server runs with: the config's, else the one the launcher
+    passes on a CPU; ``None``: vLLM's own default for the device (its first event says)."""
+    if launch.block_size is not None:
+        return launch.block_size
+    return CPU_DEFAULT_BLOCK_SIZE if detect_device() == "cpu" else None
+
+
 def host_port(url: str) -> tuple[str, int]:
     """The host and port of a server url (both must be spelled out)."""
     parts = urlsplit(url)
