@@ -3,9 +3,11 @@ the test reads what vLLM received): per entity type (and per credential pattern)
 flagged, redacted or blocked on the OpenAI and Workers-AI routes; ``/tokenize``,
 ``count_tokens`` and ``/detokenize``; a whole JSON answer and a streamed one (its value split
 across chunks) redacted or blocked, and what the cache then holds; two prompts differing in a
-redacted value as one entry; the request log's findings; the embedded classifier as a
-guardrail; and no value sent anywhere in the gateway's logs, metrics, traces, request log or
-data directory."""
+redacted value as one entry; the request log's findings; the Responses API's ``instructions``
+and ``input``, Anthropic's error shapes on ``/v1/messages``, ``/v1/classify`` keyed by the
+redacted input; the embedded classifier as a guardrail that blocks or flags; a per-key patch;
+a policy reload making stored answers miss; and no value sent anywhere in the gateway's logs,
+metrics, traces, request log or data directory."""
 
 from __future__ import annotations
 
@@ -64,6 +66,8 @@ def policy() -> dict[str, Any]:
                     "guardrails": {
                         "model": "sentiment-minilm",
                         "prompt": {"negative": {"threshold": 0.7, "action": "flag"}},
+                        # threshold 0: every answer is flagged
+                        "answer": {"negative": {"threshold": 0.0, "action": "flag"}},
                     }
                 },
                 "anyword": {"dlp": {"answer": {"ANY_WORD": "block"}}},
@@ -472,7 +476,51 @@ def test_messages_blocks_in_anthropic_shapes(live: Live) -> None:
     assert "message_stop" not in [n for n, _ in events]
 
 
+def test_classification_input_redacted_before_the_classifier_and_the_key(live: Live) -> None:
+    """``/v1/classify`` on the embedded classifier: the input is classified (and keyed) as
+    its redacted form, so two inputs differing only in the card are one entry."""
+    rng = random.Random(62)
+    first, second = card(rng), card(rng)
+    live.sent += [first, second]
+    text = "Classify this: " + SENTENCES["CREDIT_CARD"]
+    got = live.post(
+        "redact", "/v1/classify", {"model": "sentiment-minilm", "input": text.format(first)}
+    )
+    assert got.status_code == 200, got.text
+    assert got.headers["x-semcache-dlp-prompt"] == "CREDIT_CARD=redact"
+    assert got.headers["cf-aig-cache-status"] == "MISS"
+    again = live.post(
+        "redact", "/v1/classify", {"model": "sentiment-minilm", "input": text.format(second)}
+    )
+    assert again.status_code == 200 and again.headers["cf-aig-cache-status"] == "HIT"
+    assert again.json()["data"] == got.json()["data"]
+    plain = {"model": "sentiment-minilm", "input": text.format("<CREDIT_CARD>")}
+    direct = live.post("ops", "/v1/classify", plain)
+    assert direct.status_code == 200, direct.text
+    assert got.json()["data"][0]["probs"] == pytest.approx(
+        direct.json()["data"][0]["probs"], abs=1e-6
+    )
+    refused = live.post(
+        "block", "/v1/classify", {"model": "sentiment-minilm", "input": text.format(first)}
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "prompt_blocked"
+
+
+def decisions(live: Live, action: str, direction: str) -> float:
+    """The gateway's count of guardrail decisions on ``negative`` (0 before the first)."""
+    want = (
+        "semcache_guardrail_decisions_total"
+        f'{{action="{action}",category="negative",direction="{direction}"}} '
+    )
+    lines = httpx.get(live.gw.url + "/metrics").text.splitlines()
+    return float(next((line.split()[-1] for line in lines if line.startswith(want)), 0))
+
+
 def test_a_guardrail_that_flags_serves_the_answer_and_counts_it(live: Live) -> None:
+    """A guardrail's ``flag`` on the prompt and on the answer (whole, and a stream's end):
+    the answer is served, each decision counted and logged; a score below the threshold is
+    counted as ``pass``."""
+    answer_flags = decisions(live, "flag", "answer")
     got = live.post(
         "railflag",
         "/v1/chat/completions",
@@ -480,19 +528,17 @@ def test_a_guardrail_that_flags_serves_the_answer_and_counts_it(live: Live) -> N
         **{"x-request-id": "rail-flag"},
     )
     assert got.status_code == 200, got.text
-    metrics = httpx.get(live.gw.url + "/metrics").text
-    counted = (
-        'semcache_guardrail_decisions_total{action="flag",category="negative",direction="prompt"}'
-    )
-    assert counted in metrics
-    wait_until(
-        lambda: (
-            "guard: guardrail negative flag in the prompt (request rail-flag)"
-            in "".join(live.gw.lines)
-        ),
-        10,
-    )
-    assert live.logged("rail-flag")["findings"] == ["prompt:negative:flag"]
+    flags = {d: decisions(live, "flag", d) for d in ("prompt", "answer")}
+    assert flags["prompt"] >= 1 and flags["answer"] == answer_flags + 1
+    assert decisions(live, "pass", "prompt") >= 1  # the lovely day of the blocking guardrail's test
+    line = "guard: guardrail negative flag in the prompt (request rail-flag)"
+    wait_until(lambda: line in "".join(live.gw.lines), 10)
+    findings = live.logged("rail-flag")["findings"]
+    assert sorted(findings) == ["answer:negative:flag", "prompt:negative:flag"]
+    streamed_body = chat("Another stream, flagged at its end.", max_tokens=4, stream=True)
+    got = live.post("railflag", "/v1/chat/completions", streamed_body)
+    assert got.status_code == 200 and got.text.rstrip().endswith("data: [DONE]"), got.text
+    assert decisions(live, "flag", "answer") == flags["answer"] + 1
 
 
 def test_a_key_patch_blocks_for_its_token_only(live: Live) -> None:
