@@ -3,9 +3,11 @@ the test reads what vLLM received): per entity type (and per credential pattern)
 flagged, redacted or blocked on the OpenAI and Workers-AI routes; ``/tokenize``,
 ``count_tokens`` and ``/detokenize``; a whole JSON answer and a streamed one (its value split
 across chunks) redacted or blocked, and what the cache then holds; two prompts differing in a
-redacted value as one entry; the request log's findings; the embedded classifier as a
-guardrail; and no value sent anywhere in the gateway's logs, metrics, traces, request log or
-data directory."""
+redacted value as one entry; the request log's findings; the Responses API's ``instructions``
+and ``input``, Anthropic's error shapes on ``/v1/messages``, ``/v1/classify`` keyed by the
+redacted input; the embedded classifier as a guardrail that blocks or flags; a per-key patch;
+a policy reload making stored answers miss; and no value sent anywhere in the gateway's logs,
+metrics, traces, request log or data directory."""
 
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ pytestmark = pytest.mark.slow
 
 CASES = sorted(GENERATORS)
 TYPES = sorted({entity_of(case) for case in CASES})
-TENANTS = ("redact", "block", "flag", "stream", "cut", "rails")
+TENANTS = ("redact", "block", "flag", "stream", "cut", "rails", "railflag", "anyword", "reload")
 WA = "/client/v4/accounts/acc/ai/run/@cf/test/tiny"
 
 
@@ -47,6 +49,9 @@ def policy() -> dict[str, Any]:
         "defaults": {"log_bodies": True},  # the request log keeps bodies, but never these
         "guard": {
             "hold_back_chars": 16,
+            # any word: an answer rule every answer of the random-weight model sets off
+            "detectors": {"ANY_WORD": {"patterns": [r"\w+"]}},
+            "keys": {"strict": {"dlp": {"prompt": {"CREDIT_CARD": "block"}}}},
             "tenants": {
                 **{t: {"dlp": {"prompt": per_type[t]}} for t in ("redact", "block", "flag")},
                 "stream": {"dlp": {"answer": {"CREDIT_CARD": "redact"}}},
@@ -57,6 +62,16 @@ def policy() -> dict[str, Any]:
                         "prompt": {"negative": {"threshold": 0.7, "action": "block"}},
                     }
                 },
+                "railflag": {
+                    "guardrails": {
+                        "model": "sentiment-minilm",
+                        "prompt": {"negative": {"threshold": 0.7, "action": "flag"}},
+                        # threshold 0: every answer is flagged
+                        "answer": {"negative": {"threshold": 0.0, "action": "flag"}},
+                    }
+                },
+                "anyword": {"dlp": {"answer": {"ANY_WORD": "block"}}},
+                "reload": {"dlp": {"prompt": {"EMAIL_ADDRESS": "flag"}}},
             },
         },
     }
@@ -106,6 +121,8 @@ def live(
         auth=AuthSettings(
             tokens=[
                 *(TokenEntry(tenant=t, token=f"tok-{t}") for t in TENANTS),
+                # a second token of the tenant "redact", patched by `[guard.keys.strict]`
+                TokenEntry(tenant="redact", token="tok-strict", name="strict"),
                 TokenEntry(tenant="ops", token="tok-ops", roles=["admin"]),
             ]
         ),
@@ -381,6 +398,163 @@ def test_a_redacted_prompt_is_keyed_by_its_redacted_form(live: Live) -> None:
     assert "request_body" not in line  # an inspected request's bodies are never logged
 
 
+def test_responses_input_and_instructions_redacted_and_streams_refused(live: Live) -> None:
+    """The Responses API's ``instructions`` and ``input`` are prompt texts: redacted before
+    vLLM. Its streamed answers are named events the answer rules cannot read: refused."""
+    rng = random.Random(60)
+    first, second = card(rng), card(rng)
+    live.sent += [first, second]
+    body = {
+        "model": "tiny-chat",
+        "instructions": "Never repeat card " + first + ".",
+        "input": SENTENCES["CREDIT_CARD"].format(second),
+        "max_output_tokens": 4,
+        "temperature": 0,
+        "store": False,
+    }
+    before = len(live.proxy.bodies)
+    got = live.post("redact", "/v1/responses", body)
+    assert got.status_code == 200, got.text
+    assert got.headers["x-semcache-dlp-prompt"] == "CREDIT_CARD=redact"
+    received = b"\n".join(live.proxy.bodies[before:]).decode()
+    assert received.count("<CREDIT_CARD>") == 2
+    assert first not in received and second not in received
+    before = len(live.proxy.bodies)
+    refused = live.post("stream", "/v1/responses", {**body, "stream": True})
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "stream"
+    assert len(live.proxy.bodies) == before  # refused before vLLM
+
+
+def anthropic_events(got: httpx.Response) -> list[tuple[str, dict[str, Any]]]:
+    events, name = [], ""
+    for line in got.text.splitlines():
+        if line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            events.append((name, json.loads(line[6:])))
+    return events
+
+
+def test_messages_blocks_in_anthropic_shapes(live: Live) -> None:
+    """``/v1/messages``: a prompt block is Anthropic's error JSON (400, nothing sent to
+    vLLM); an answer blocked mid-stream ends with Anthropic's ``error`` event, no
+    ``message_stop``. The random-weight model cannot be made to say a given value here
+    (Messages has no ``response_format``): a custom detector matching any word stands in."""
+    value = card(random.Random(61))
+    live.sent.append(value)
+    body = {
+        "model": "tiny-chat",
+        "max_tokens": 2,
+        "messages": [{"role": "user", "content": SENTENCES["CREDIT_CARD"].format(value)}],
+    }
+    before = len(live.proxy.bodies)
+    refused = live.post("block", "/v1/messages", body)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["type"] == "error"
+    assert refused.json()["error"]["type"] == "invalid_request_error"
+    assert "CREDIT_CARD" in refused.json()["error"]["message"] and value not in refused.text
+    assert len(live.proxy.bodies) == before
+    got = live.post("redact", "/v1/messages", body)
+    assert got.status_code == 200 and got.json()["type"] == "message", got.text
+    received = live.proxy.bodies[-1].decode()
+    assert "<CREDIT_CARD>" in received and value not in received
+    streamed_body = {
+        "model": "tiny-chat",
+        "max_tokens": 12,
+        "temperature": 0,
+        "stream": True,
+        "messages": [{"role": "user", "content": "Say something."}],
+    }
+    got = live.post("anyword", "/v1/messages", streamed_body)
+    assert got.status_code == 200, got.text
+    events = anthropic_events(got)
+    assert events[0][0] == "message_start"
+    name, last = events[-1]
+    assert name == "error" and last["type"] == "error", events
+    assert "ANY_WORD" in last["error"]["message"]
+    assert "message_stop" not in [n for n, _ in events]
+
+
+def test_classification_input_redacted_before_the_classifier_and_the_key(live: Live) -> None:
+    """``/v1/classify`` on the embedded classifier: the input is classified (and keyed) as
+    its redacted form, so two inputs differing only in the card are one entry."""
+    rng = random.Random(62)
+    first, second = card(rng), card(rng)
+    live.sent += [first, second]
+    text = "Classify this: " + SENTENCES["CREDIT_CARD"]
+    got = live.post(
+        "redact", "/v1/classify", {"model": "sentiment-minilm", "input": text.format(first)}
+    )
+    assert got.status_code == 200, got.text
+    assert got.headers["x-semcache-dlp-prompt"] == "CREDIT_CARD=redact"
+    assert got.headers["cf-aig-cache-status"] == "MISS"
+    again = live.post(
+        "redact", "/v1/classify", {"model": "sentiment-minilm", "input": text.format(second)}
+    )
+    assert again.status_code == 200 and again.headers["cf-aig-cache-status"] == "HIT"
+    assert again.json()["data"] == got.json()["data"]
+    plain = {"model": "sentiment-minilm", "input": text.format("<CREDIT_CARD>")}
+    direct = live.post("ops", "/v1/classify", plain)
+    assert direct.status_code == 200, direct.text
+    assert got.json()["data"][0]["probs"] == pytest.approx(
+        direct.json()["data"][0]["probs"], abs=1e-6
+    )
+    refused = live.post(
+        "block", "/v1/classify", {"model": "sentiment-minilm", "input": text.format(first)}
+    )
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "prompt_blocked"
+
+
+def decisions(live: Live, action: str, direction: str) -> float:
+    """The gateway's count of guardrail decisions on ``negative`` (0 before the first)."""
+    want = (
+        "semcache_guardrail_decisions_total"
+        f'{{action="{action}",category="negative",direction="{direction}"}} '
+    )
+    lines = httpx.get(live.gw.url + "/metrics").text.splitlines()
+    return float(next((line.split()[-1] for line in lines if line.startswith(want)), 0))
+
+
+def test_a_guardrail_that_flags_serves_the_answer_and_counts_it(live: Live) -> None:
+    """A guardrail's ``flag`` on the prompt and on the answer (whole, and a stream's end):
+    the answer is served, each decision counted and logged; a score below the threshold is
+    counted as ``pass``."""
+    answer_flags = decisions(live, "flag", "answer")
+    got = live.post(
+        "railflag",
+        "/v1/chat/completions",
+        chat("This is terrible, awful and I hate it."),
+        **{"x-request-id": "rail-flag"},
+    )
+    assert got.status_code == 200, got.text
+    flags = {d: decisions(live, "flag", d) for d in ("prompt", "answer")}
+    assert flags["prompt"] >= 1 and flags["answer"] == answer_flags + 1
+    assert decisions(live, "pass", "prompt") >= 1  # the lovely day of the blocking guardrail's test
+    line = "guard: guardrail negative flag in the prompt (request rail-flag)"
+    wait_until(lambda: line in "".join(live.gw.lines), 10)
+    findings = live.logged("rail-flag")["findings"]
+    assert sorted(findings) == ["answer:negative:flag", "prompt:negative:flag"]
+    streamed_body = chat("Another stream, flagged at its end.", max_tokens=4, stream=True)
+    got = live.post("railflag", "/v1/chat/completions", streamed_body)
+    assert got.status_code == 200 and got.text.rstrip().endswith("data: [DONE]"), got.text
+    assert decisions(live, "flag", "answer") == flags["answer"] + 1
+
+
+def test_a_key_patch_blocks_for_its_token_only(live: Live) -> None:
+    """``[guard.keys.strict]`` patches the rule of the token named ``strict`` only: the same
+    prompt is redacted for the tenant's other token and blocked for this one."""
+    value = card(random.Random(63))
+    live.sent.append(value)
+    body = chat("Per key: " + SENTENCES["CREDIT_CARD"].format(value))
+    got = live.post("redact", "/v1/chat/completions", body)
+    assert got.status_code == 200 and got.headers["x-semcache-dlp-prompt"] == "CREDIT_CARD=redact"
+    before = len(live.proxy.bodies)
+    refused = live.post("strict", "/v1/chat/completions", body)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "prompt_blocked"
+    assert len(live.proxy.bodies) == before
+
+
 def test_metrics_and_no_value_anywhere(live: Live) -> None:
     metrics = httpx.get(live.gw.url + "/metrics").text
     for line in (
@@ -421,3 +595,26 @@ def test_metrics_and_no_value_anywhere(live: Live) -> None:
         escaped = json.dumps(value)[1:-1].encode()
         for path, blob in zip(files, blobs, strict=True):
             assert raw not in blob and escaped not in blob, path
+
+
+def test_zz_a_policy_reload_makes_stored_answers_miss(live: Live) -> None:
+    """The rules' version is in the cache key: after the policy file changes a tenant's
+    rules and is reloaded, the same request is a miss; with the old rules back, the answer
+    stored under them is a hit again. Last in the module: it rewrites the shared policy."""
+    path = live.data.parent / "policy.toml"
+    ops = {"authorization": "Bearer tok-ops"}
+    body = chat("A request the reload changes the rules of.")
+    statuses = [live.post("reload", "/v1/chat/completions", body) for _ in range(2)]
+    assert [r.headers["cf-aig-cache-status"] for r in statuses] == ["MISS", "HIT"]
+    changed = policy()
+    changed["guard"]["tenants"]["reload"]["dlp"]["prompt"]["EMAIL_ADDRESS"] = "redact"
+    try:
+        path.write_text(tomli_w.dumps(changed))
+        assert httpx.post(live.gw.url + "/admin/policy/reload", headers=ops).status_code == 200
+        got = live.post("reload", "/v1/chat/completions", body)
+        assert got.status_code == 200 and got.headers["cf-aig-cache-status"] == "MISS"
+    finally:
+        path.write_text(tomli_w.dumps(policy()))
+        assert httpx.post(live.gw.url + "/admin/policy/reload", headers=ops).status_code == 200
+    got = live.post("reload", "/v1/chat/completions", body)
+    assert got.headers["cf-aig-cache-status"] == "HIT"
