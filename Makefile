@@ -56,4 +56,4 @@ image: install
 ## The image run as operators run it (podman run, the compose topology): opt-in, minutes.
 image-test: image
 	@bash scripts/image.sh services
-	SEMCACHE_IMAGE_TESTS=1 $(BIN)/pytest -m slow -rfEs tests/deploy/test_image.py
+	SEMCACHE_IMAGE_TESTS=1 $(BIN)/pytest -m slow -s -rA tests/deploy/test_image.py

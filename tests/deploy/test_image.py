@@ -157,6 +157,16 @@ def external_hits(url: str) -> float:
     )
 
 
+def prefill_healthy(text: str) -> bool:
+    """A gateway's ``/metrics`` says its prefill server is admitted."""
+    return any(
+        s.value == 1
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == "semcache_backend_server_healthy" and s.labels.get("role") == "prefill"
+    )
+
+
 def _quietly(check: Callable[[], bool]) -> bool:
     try:
         return check()
@@ -200,6 +210,18 @@ def test_the_compose_topology_shares_a_hit_between_its_gateways() -> None:
         assert (first, second) == ("MISS", "HIT"), (first, second, served)
         print(f"compose: MISS through {served[0]}, then HIT through {served[1]}")
 
+        # /ready needs a decode server only: a gateway that started before vLLM admits the
+        # prefill server a health round or more later, and until then sends prompts to decode
+        # alone (prefill_down). Wait until both gateways have admitted it.
+        admitted: set[str] = set()
+
+        def prefill_admitted() -> bool:
+            r = httpx.get(f"{url}/metrics", timeout=10)
+            if prefill_healthy(r.text):
+                admitted.add(r.headers["x-semcache-gateway"])
+            return len(admitted) == 2
+
+        wait_until(lambda: _quietly(prefill_admitted), 300, 1.0)
         # a prompt over the prefill threshold: prefilled in one container, its KV pulled into
         # the other over NIXL (the decode server counts the prompt as external cache hits)
         long_prompt = " ".join(f"word{i}" for i in range(400))
@@ -211,8 +233,14 @@ def test_the_compose_topology_shares_a_hit_between_its_gateways() -> None:
             timeout=300,
         )  # fmt: skip
         assert r.status_code == 200, r.text
-        wait_until(lambda: external_hits(url) > 0, 30, 1.0)
-        print(f"compose: decode's external prefix-cache hits {external_hits(url):.0f} (NIXL)")
+        seen = [0.0]  # the LB alternates gateways: print the value that passed
+
+        def decode_hit_externally() -> bool:
+            seen[0] = external_hits(url)
+            return seen[0] > 0
+
+        wait_until(decode_hit_externally, 30, 1.0)
+        print(f"compose: decode's external prefix-cache hits {seen[0]:.0f} (NIXL)")
     finally:
         down = [*compose, "down", "--timeout", "30"]
         subprocess.run(down, cwd=ROOT, env=env, stdout=log, stderr=log, timeout=600)
