@@ -115,13 +115,27 @@ def stall_replica(cluster: RedisClusterProcess, primary: int) -> int:
         node.close()
 
 
+def refusal(r: httpx.Response) -> str:
+    """A refused write's error code: OpenAI's ``error.code`` or the envelope's first
+    ``errors[].code``; "" when the body has none."""
+    try:
+        body = r.json()
+    except ValueError:
+        return ""
+    if isinstance(body.get("error"), dict):
+        return str(body["error"].get("code") or "")
+    errors = body.get("errors") or [{}]
+    return str(errors[0].get("code") or "")
+
+
 class Writers:
     """Threads that upload files and submit small jobs until stopped: what each answered."""
 
     def __init__(self, gw: GatewayProcess) -> None:
         self.gw = gw
         self.answers: list[tuple[str, int, str]] = []
-        """(``file`` or ``job``, status, id: the file's or the job's, when acknowledged)."""
+        """(``file`` or ``job``, status, id: the file's or the job's when acknowledged, else
+        the refusal's error code)."""
         self.stop = threading.Event()
         self.threads = [
             threading.Thread(target=self._run, args=(kind,), daemon=True)
@@ -136,10 +150,11 @@ class Writers:
                 try:
                     if kind == "file":
                         r = upload(http, self.gw, f"flight{n}.jsonl")
-                        found = r.json()["id"] if r.status_code == 200 else ""
+                        found = r.json()["id"] if r.status_code == 200 else refusal(r)
                     else:
                         r = submit(http, self.gw, [f"in flight {n} {uuid.uuid4().hex[:6]}"] * 2)
-                        found = r.json()["result"]["request_id"] if r.status_code == 200 else ""
+                        ok = r.status_code == 200
+                        found = r.json()["result"]["request_id"] if ok else refusal(r)
                 except httpx.HTTPError as exc:  # the gateway dropped the request: a failure
                     self.answers.append((kind, 0, repr(exc)))
                     continue
@@ -175,7 +190,8 @@ def test_acknowledged_items_and_files_outlive_the_primary_that_held_them(
     of the primary's writes not yet sent to it, uploads and submits run on three threads, and
     the primary is killed (SIGKILL) while they are in flight; the replica then takes over
     with what it had received. Every upload and submit acknowledged (200) before, during or
-    after is there, whole.
+    after is there, whole; and a write answered while the replica was stopped is refused
+    (503: ``not_replicated``, the envelope's 5030), not acknowledged.
 
     Checked against ``ReplicaAck.confirm`` without its ``WAIT`` (acknowledged at once): the
     uploads and submits acknowledged while the replica stalled are lost with the primary,
@@ -198,9 +214,13 @@ def test_acknowledged_items_and_files_outlive_the_primary_that_held_them(
         replica = stall_replica(cluster, primary)
         with Writers(gw) as writers:
             until(lambda: len(writers.answers) >= 3, 60, "the writers' first answers")
+            stalled = list(writers.answers)  # all answered while the replica was stopped
             cluster.kill(primary)  # the writers' next requests are in flight
             cluster.resume(replica)
             cluster.wait_ok(time.monotonic() + 60)
+        # WAIT at work: with the replica stopped, a write is refused, not acknowledged
+        refused = {(kind, code) for kind, status, code in stalled if status == 503}
+        assert refused & {("file", "not_replicated"), ("job", "5030")}, stalled
         statuses = {status for _, status, _ in writers.answers}
         assert all(s == 200 or s >= 500 for s in statuses), writers.answers  # never a 4xx
         uploaded += writers.acknowledged("file")
