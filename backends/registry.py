@@ -10,6 +10,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
+import msgspec
+
 from backends.chat_templates import template_fingerprint, template_path
 from backends.classifier import DEFAULT_HEAD, ClassifierBackend, TextClassifierBackend
 from backends.config import EmbeddedClassifierBackend, VllmBackend
@@ -168,6 +170,9 @@ def build_registry(
         revisions[b.name] = (rev, template_fp)
         if isinstance(b, VllmBackend):
             defaults[b.name] = backend_sampling_defaults(b, path)
+            if path is not None and b.model_path != str(path):
+                # the folder a prepared: or package: spec names: KV placement's tokenizer
+                b = msgspec.structs.replace(b, model_path=str(path))
             client = VllmClient(b)
             if client.monitor.served_model is not None:
                 client.monitor.on_revision = partial(reg.set_revision, b.name)

@@ -110,8 +110,12 @@ def test_serve_default_answers_the_openai_sdk(served: Served) -> None:
     wait_until(ready, timeout_s=120)
     client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="x", max_retries=0)
     question = [{"role": "user", "content": "What is the capital of France?"}]
-    answer = client.chat.completions.create(
-        model=MODEL, messages=question, temperature=0, max_tokens=30
+    answer = client.chat.completions.create(  # no-cache: to vLLM though the data dir persists
+        model=MODEL,
+        messages=question,
+        temperature=0,
+        max_tokens=30,
+        extra_headers={"cache-control": "no-cache"},
     )
     assert "Paris" in (answer.choices[0].message.content or "")
     stream = client.chat.completions.create(
@@ -133,8 +137,9 @@ def test_serve_default_answers_the_openai_sdk(served: Served) -> None:
     # servers' events, and the short prompt's uncached tokens kept it on the decode server
     page = httpx.get(f"{served.url}/metrics").text
     decided = "semcache_kv_placement_decisions_total"
-    assert parse_metric(page, decided, {"role": "decode"}) >= 1
-    assert parse_metric(page, decided, {"reason": "fallback"}) == 0
+    seen = [line for line in page.splitlines() if line.startswith(("semcache_kv", "semcache_pd"))]
+    assert parse_metric(page, decided, {"role": "decode"}) >= 1, "\n".join(seen)
+    assert parse_metric(page, decided, {"reason": "fallback"}) == 0, "\n".join(seen)
     assert parse_metric(page, "semcache_pd_prefill_skipped_total") >= 1
     assert parse_metric(page, "semcache_pd_hops_total", {"hop": "prefill"}) == 0
 
