@@ -10,7 +10,8 @@ stream by ``events``, whether vLLM or the cache answered it.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterable
+from typing import Any, Final
 
 import msgspec
 
@@ -45,14 +46,51 @@ def anthropic_headers(headers: dict[str, str]) -> dict[str, str]:
     return out
 
 
+_EVENTS: Final = "_semcache_anthropic_events"
+_MESSAGE: Final = "_semcache_anthropic_message"
+"""An entry's Messages rendering, kept on the entry object (the memory tier hands out the same
+object for every hit), as ``semcache.entry.entry_tag`` keeps its validator: a repeat is sent
+without translating it again."""
+
+
 def hit_reply(entry: CachedAnswer, res: CacheResult, creq: CacheRequest, stream: bool) -> Reply:
     """A fresh exact hit as the route sends it (the early hits' rendering of this route)."""
     if stream:
-        reply = replayed_reply(entry, res, creq, True, DataChunks())
-    else:
-        headers = {**result_headers(res, creq), **edge_headers(res, creq)}
-        reply = Reply(200, replay.as_json(entry, creq.route), headers=headers)
-    return MessagesServing.render(reply, stream)
+        kept = entry.__dict__.get(_EVENTS)
+        if kept is None:
+            rendered = MessagesServing.render(
+                replayed_reply(entry, res, creq, True, DataChunks()), True
+            )
+            assert rendered.stream is not None
+            rendered.stream = _remembered(rendered.stream, entry)
+            return rendered
+        said = anthropic_headers({**SSE_HEADERS, **result_headers(res, creq, stream=True)})
+        headers = {**said, **SSE_HEADERS}  # as render() sends a replayed stream's
+        return Reply(200, stream=_once(kept), media_type=MEDIA_TYPE, headers=headers)
+    headers = {**result_headers(res, creq), **edge_headers(res, creq)}
+    body = entry.__dict__.get(_MESSAGE)
+    if body is None:
+        body = entry.__dict__[_MESSAGE] = message_body(replay.as_json(entry, creq.route))
+    return Reply(200, body, headers=anthropic_headers(headers))
+
+
+async def _once(body: bytes) -> AsyncGenerator[bytes, None]:
+    yield body
+
+
+async def _remembered(
+    events: AsyncIterable[bytes], entry: CachedAnswer
+) -> AsyncGenerator[bytes, None]:
+    """``events`` as they go out; once they ended with ``message_stop``, kept on ``entry``."""
+    sent: list[bytes] = []
+    try:
+        async for chunk in events:
+            sent.append(chunk)
+            yield chunk
+    finally:
+        await aclose_stream(events)
+    if sent and b"event: message_stop" in sent[-1]:
+        entry.__dict__[_EVENTS] = b"".join(sent)
 
 
 class MessagesServing:

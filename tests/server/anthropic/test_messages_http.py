@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
+import orjson
 import pytest
 
 from backends.protocol import BackendError
@@ -142,3 +143,24 @@ def test_a_stream_is_anthropics_event_sequence(start: Start) -> None:
             "message_stop",
         ]
     )
+
+
+def test_repeats_are_sent_from_the_entrys_rendering_byte_for_byte(start: Start) -> None:
+    """The early hits keep an entry's Messages rendering on the entry: the third request (sent
+    from it) is the second's bytes (translated), stream and JSON alike."""
+    gw = start()
+    with httpx.Client(base_url=gw.url) as http:
+        for stream in (True, False):
+            bodies, statuses = [], []
+            for _ in range(3):  # a miss, a hit that renders, a hit sent from the rendering
+                r = http.post(
+                    "/v1/messages", json={**BODY, "stream": stream}, headers={"x-api-key": "k"}
+                )
+                bodies.append(r.content)
+                statuses.append(r.headers.get("cf-aig-cache-status"))
+            assert statuses[1:] == ["HIT", "HIT"]
+            assert bodies[2] == bodies[1]
+            if stream:
+                assert bodies[2].endswith(b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+            else:
+                assert orjson.loads(bodies[2])["type"] == "message"
