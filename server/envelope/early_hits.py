@@ -22,9 +22,10 @@ applies to and bodies whose rule logs them always take the route.
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
@@ -43,6 +44,7 @@ from server.http.internals import encoded_headers
 from server.http.reply import Reply
 from server.http.respond import reply_headers
 from server.identity.auth import model_allowed
+from server.limits.limiter import estimate_tokens
 from server.serving.cache_headers import DIRECTIVE_HEADERS, edge_headers, result_headers
 from server.serving.cached_stream import replayed_reply
 from server.serving.core import ServingCore
@@ -90,6 +92,31 @@ class Memo:
     stream: bool = False
     include_usage: bool = False
     """A stream's ``stream_options.include_usage``."""
+    estimate: int = 1
+    """The body's token estimate for the limits (``estimate_tokens``): the same bytes, so
+    the same estimate every time."""
+    headers: list[HeaderMemo] = field(default_factory=list)
+    """The last complete answer's encoded headers (at most one), reused while what they
+    say holds (``HeaderMemo.of``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderMemo:
+    """A hit's encoded headers before and after its request id, and what they were made of:
+    the entry, and every part of the cache's answer its headers read. Ages and lifetimes are
+    whole seconds, so the same headers hold for up to a second of requests."""
+
+    entry: CachedAnswer
+    said: tuple[object, ...]
+    before_id: list[tuple[bytes, bytes]]
+    after_id: list[tuple[bytes, bytes]]
+
+    @staticmethod
+    def of(res: CacheResult) -> tuple[object, ...]:
+        entry = res.entry
+        assert entry is not None
+        age = res.age_s
+        return (res.status, int(age), math.floor(entry.ttl_s - age), res.stored, res.from_cache)
 
 
 def _plain_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str] | None:
@@ -129,8 +156,9 @@ class EarlyHits:
         self.app: ASGIApp | None = None
         self.routes: dict[str, Watched] = dict(ROUTES)
         self._memos: dict[MemoKey, Memo] = {}
-        self._watching: dict[str, MemoKey] = {}
-        """Request id → the memo its route's exact hit would write."""
+        self._watching: dict[str, tuple[MemoKey, int]] = {}
+        """Request id → the memo its route's exact hit would write, and its body's token
+        estimate."""
 
     def watch(self, path: str, watched: Watched) -> None:
         """Answer repeats on ``path`` too (a surface's route, with its own rendering)."""
@@ -188,7 +216,7 @@ class EarlyHits:
             return
         # The route runs on this record (authenticated once) and tells what its hit was.
         scope["state"][RECORD_KEY] = record
-        self._watching[record.request_id] = memo_key
+        self._watching[record.request_id] = (memo_key, estimate_tokens(body))
         try:
             await self.app(scope, _replaying(first, receive), send)
         finally:
@@ -199,9 +227,10 @@ class EarlyHits:
     ) -> None:
         """The serving core answered ``ctx``'s request with a fresh exact hit of ``creq``:
         a memo of it, when this layer watches that request and it may answer repeats."""
-        memo_key = self._watching.pop(ctx.request_id, None)
-        if memo_key is None or not creq.cacheable:
+        watched = self._watching.pop(ctx.request_id, None)
+        if watched is None or not creq.cacheable:
             return
+        memo_key, estimate = watched
         name = self.routes[memo_key[2]].route
         model = body.get("model")
         stream = bool(body.get("stream"))
@@ -220,6 +249,7 @@ class EarlyHits:
             model=model,
             stream=stream,
             include_usage=replay.wants_usage(body),
+            estimate=estimate,
         )
 
     async def _valid(self, memo: Memo) -> bool:
@@ -259,7 +289,7 @@ class EarlyHits:
         receive = _replaying(first, receive)
         if envelope.limiter is not None:
             try:
-                admission, receive = await envelope.admit(record, receive)
+                admission, receive = await envelope.admit(record, receive, memo.estimate)
             except ApiError:  # a refusal counts nothing: the route refuses it again, in form
                 return False
         cache.count(creq, res, started)
@@ -286,21 +316,22 @@ class EarlyHits:
         render = self.routes[record.route].render
 
         async def answer(scope: Scope, receive: Receive, send: Send) -> None:
-            if render is not None:
-                reply = render(entry, res, creq, memo.stream)
-                size = None if reply.stream is not None else len(reply.body)
-            elif memo.stream:
-                form = stream_format(creq.route)
-                reply = replayed_reply(entry, res, creq, memo.include_usage, form)
-                size = None
+            encoded: list[tuple[bytes, bytes]] | None
+            if render is None and not memo.stream:
+                reply = Reply(200, replay.as_json(entry, creq.route))
+                encoded = self._json_headers(memo, res, record.request_id, len(reply.body))
             else:
-                hit = {**result_headers(res, creq), **edge_headers(res, creq)}
-                reply = Reply(200, replay.as_json(entry, creq.route), headers=hit)
-                size = len(reply.body)
-            encoded = encoded_headers(
-                reply_headers(reply, record.request_id), reply.media_type, "utf-8", size
-            )
-            assert encoded is not None  # hit headers never set the content type or length
+                if render is not None:
+                    reply = render(entry, res, creq, memo.stream)
+                    size = None if reply.stream is not None else len(reply.body)
+                else:
+                    form = stream_format(creq.route)
+                    reply = replayed_reply(entry, res, creq, memo.include_usage, form)
+                    size = None
+                encoded = encoded_headers(
+                    reply_headers(reply, record.request_id), reply.media_type, "utf-8", size
+                )
+                assert encoded is not None  # hit headers never set the content type or length
             if not memo.stream:  # the route times complete answers only
                 metrics.latency.labels(creq.route, "false").observe(time.perf_counter() - started)
             metrics.early_hits.labels(creq.route).inc()
@@ -314,3 +345,23 @@ class EarlyHits:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
 
         return answer
+
+    @staticmethod
+    def _json_headers(
+        memo: Memo, res: CacheResult, request_id: str, size: int
+    ) -> list[tuple[bytes, bytes]]:
+        """The encoded headers of an OpenAI JSON hit: the cache's, the request id, the
+        content type and length; the memo's when they still say the same."""
+        entry = res.entry
+        assert entry is not None
+        said = (*HeaderMemo.of(res), size)
+        kept = memo.headers[0] if memo.headers else None
+        if kept is None or kept.entry is not entry or kept.said != said:
+            creq = memo.creq
+            hit = {**result_headers(res, creq), **edge_headers(res, creq)}
+            headers = reply_headers(Reply(200, b"", headers=hit), None)
+            encoded = encoded_headers(headers, None, "utf-8", size)
+            assert encoded is not None  # hit headers never set the content type or length
+            kept = HeaderMemo(entry, said, encoded[:-2], encoded[-2:])
+            memo.headers[:] = [kept]
+        return [*kept.before_id, (b"x-request-id", request_id.encode("latin-1")), *kept.after_id]

@@ -176,19 +176,21 @@ class Envelope:
         )
 
     async def admit(
-        self, record: RequestRecord, receive: Receive
+        self, record: RequestRecord, receive: Receive, estimate: int | None = None
     ) -> tuple[Admission | None, Receive]:
         """Count the request against its token's limits (ApiError 429 when over); the
-        ``receive`` to run the route with (the body was read ahead to estimate its tokens).
-        ``None``: no limit or budget applies to its token, nothing to count or settle."""
+        ``receive`` to run the route with (the body was read ahead to estimate its tokens,
+        unless the caller knows the ``estimate`` of its body). ``None``: no limit or budget
+        applies to its token, nothing to count or settle."""
         assert self.limiter is not None
         principal = record.principal
         own = principal.budgets
         settings = self.limiter.settings_of(principal.limits)
         if not settings.limited and (own is None or not own.limited):
             return None, receive
-        estimate = 0
-        if settings.estimates_tokens or (own is not None and own.estimates_tokens):
+        if not settings.estimates_tokens and (own is None or not own.estimates_tokens):
+            estimate = 0
+        elif estimate is None:
             body, receive = await read_ahead(receive, self.max_body_bytes)
             estimate = estimate_tokens(body)
         with spans.span("limits"):

@@ -233,6 +233,9 @@ class TokenAuth:
                 limits=entry.limits,
             )
             self._by_digest[digest] = (principal, entry)
+        self._by_token: dict[str, tuple[Principal, TokenEntry]] = {}
+        """The configured tokens met so far, by their text (no more than are configured), so a
+        repeat costs no hash."""
         self._admin_token = admin_token
 
     @property
@@ -272,7 +275,7 @@ class TokenAuth:
             if hmac.compare_digest(token.encode(), admin.encode()):
                 return Principal(tenant="admin", token_id="admin", roles=frozenset({"admin"}))
         if token is not None and self.keys is not None and looks_like_key(token):
-            if not self._by_digest or token_digest(token) not in self._by_digest:
+            if not self._by_digest or self._configured(token) is None:
                 return self._key_principal(self.keys, token)
         if self.open:
             if token is None and key_required:
@@ -289,7 +292,7 @@ class TokenAuth:
             raise _unauthorized(
                 "You didn't provide an API key: send `Authorization: Bearer <API token>`."
             )
-        found = self._by_digest.get(token_digest(token))
+        found = self._configured(token)
         if found is None:
             raise _unauthorized("Incorrect API key provided.")
         principal, entry = found
@@ -300,6 +303,15 @@ class TokenAuth:
                 code="account_not_allowed",
             )
         return principal
+
+    def _configured(self, token: str) -> tuple[Principal, TokenEntry] | None:
+        """The configured token ``token`` is, with its principal; ``None``: none."""
+        found = self._by_token.get(token)
+        if found is None:
+            found = self._by_digest.get(token_digest(token))
+            if found is not None:
+                self._by_token[token] = found
+        return found
 
     def _key_principal(self, keys: KeyView, token: str) -> Principal:
         found = keys.lookup(token)

@@ -202,7 +202,8 @@ class TenantLimiter:
         try:
             if settings.budgets:
                 await self._check_budgets(admission)
-                await self._reserve_budgets(admission)
+                if settings.daily_tokens is not None or settings.monthly_tokens is not None:
+                    await self._reserve_budgets(admission)
             if own_budgets is not None and own_budgets.budgets:
                 await self._reserve_key_budgets(admission, own_budgets)
             await self._count(admission)
@@ -236,10 +237,8 @@ class TenantLimiter:
         delta = used - admission.tokens_counted
         if delta < 0 and self.clock() >= window.reset_at:
             return  # the estimate was counted in a window that has ended: nothing to give back
-        if delta:
-            counted = await self.rates.guarded(partial(self.rates.add, window, delta), None)
-            if counted is not None:
-                admission.tokens_counted += delta
+        if delta and await self._add(window, delta):
+            admission.tokens_counted += delta
 
     def settings_of(self, override: LimitSettings | None) -> LimitSettings:
         """The defaults merged with a token's override (merged once per override)."""
@@ -313,15 +312,21 @@ class TenantLimiter:
         if not checks:
             return
 
-        async def count_all() -> list[bool]:
-            if rates.shared and len(checks) > 1:  # the windows' round trips in parallel
-                return list(await asyncio.gather(*(rates.hit(w, cost) for _, w, cost in checks)))
-            return [await rates.hit(window, cost) for _, window, cost in checks]
+        if rates.local is not None:
+            results = [rates.hit_local(window, cost) for _, window, cost in checks]
+        else:
 
-        results = await rates.guarded(count_all, None)
-        if results is None:
-            self.unchecked += 1
-            return
+            async def count_all() -> list[bool]:
+                if len(checks) > 1:  # the windows' round trips in parallel
+                    hits = (rates.hit(w, cost) for _, w, cost in checks)
+                    return list(await asyncio.gather(*hits))
+                return [await rates.hit(window, cost) for _, window, cost in checks]
+
+            shared = await rates.guarded(count_all, None)
+            if shared is None:
+                self.unchecked += 1
+                return
+            results = shared
         refused: list[tuple[str, int, Window]] = []
         for (kind, window, cost), allowed in zip(checks, results, strict=True):
             setattr(admission, kind, window)
@@ -335,9 +340,18 @@ class TenantLimiter:
         for (_, window, cost), allowed in zip(checks, results, strict=True):
             if allowed:
                 window.remaining += cost
-                await rates.guarded(partial(rates.add, window, -cost), None)
+                await self._add(window, -cost)
         kind, cost, window = max(refused, key=lambda r: r[2].reset_at)
         raise rate_limited(kind, cost, window, self.clock, dict(self.headers(admission)))
+
+    async def _add(self, window: Window, amount: int) -> bool:
+        """Add ``amount`` to ``window`` (negative: give back); False when the shared storage
+        was unreachable (nothing counted)."""
+        rates = self.rates
+        if rates.local is not None:
+            rates.add_local(window, amount)
+            return True
+        return await rates.guarded(partial(rates.add, window, amount), None) is not None
 
     async def _refuse_concurrency(self, admission: Admission) -> None:
         await self._peek(admission)

@@ -40,25 +40,32 @@ class LimitSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_
         }
         return msgspec.structs.replace(self, **changes) if changes else self
 
+    # Read on every request: plain comparisons, not a loop over the fields.
     @property
     def limited(self) -> bool:
         """Whether any limit or budget is set."""
-        return any(getattr(self, name) is not None for name in _LIMIT_FIELDS)
+        return (
+            self.requests_per_minute is not None
+            or self.tokens_per_minute is not None
+            or self.concurrent_requests is not None
+            or self.budgets
+        )
 
     @property
     def estimates_tokens(self) -> bool:
         """Whether admission needs the request's token estimate: tokens per minute, or a
         token budget (which reserves it)."""
-        return any(
-            v is not None for v in (self.tokens_per_minute, self.daily_tokens, self.monthly_tokens)
+        return (
+            self.tokens_per_minute is not None
+            or self.daily_tokens is not None
+            or self.monthly_tokens is not None
         )
 
     @property
     def budgets(self) -> bool:
-        return any(
-            v is not None
-            for v in (self.daily_tokens, self.monthly_tokens, self.daily_usd, self.monthly_usd)
+        return (
+            self.daily_tokens is not None
+            or self.monthly_tokens is not None
+            or self.daily_usd is not None
+            or self.monthly_usd is not None
         )
-
-
-_LIMIT_FIELDS = tuple(f for f in LimitSettings.__struct_fields__ if f != "hits_spend_tokens")

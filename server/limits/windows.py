@@ -6,7 +6,9 @@ the storage's public ``incr``: that is how a token estimate made at admission is
 with the ``usage`` the backend reported.
 
 A shared storage (Redis) fails open: an operation that meets an outage answers its default,
-and the circuit breaker keeps the next ones off the storage until it probes it again.
+and the circuit breaker keeps the next ones off the storage until it probes it again. A gateway
+without one counts the same windows in process (``local_windows``), synchronously: the
+limiter calls the ``*_local`` methods then.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from functools import partial
 from typing import TypeVar
 
 from limits import RateLimitItem, RateLimitItemPerMinute
+from limits.aio.storage import Storage
 from limits.aio.strategies import FixedWindowRateLimiter
 
 from foundation.redis_client import RedisClient
 from semcache.tiers.redis import OUTAGE_ERRORS, CircuitBreaker
+from server.limits.local_windows import LocalWindows
 from server.limits.storage import STORAGE_FAILURES, open_storage
 
 T = TypeVar("T")
@@ -44,7 +48,8 @@ class Window:
 
 
 class RateWindows:
-    """Every token's rate windows on one storage (memory, or Redis shared by gateways)."""
+    """Every token's rate windows on one storage: Redis shared by gateways, through `limits`,
+    or this process's ``local`` windows."""
 
     def __init__(
         self,
@@ -57,9 +62,15 @@ class RateWindows:
         """``clock`` must be the storage's clock (``time.time``): window resets are read on it."""
         self.clock = clock
         self.timeout_s = timeout_s
-        self.storage, self._redis = open_storage(storage_uri, prefix=prefix, timeout_s=timeout_s)
         self.shared = not storage_uri.startswith("async+memory")
-        self.strategy = FixedWindowRateLimiter(self.storage)
+        self.local = None if self.shared else LocalWindows(clock)
+        """The windows of a gateway without a shared storage (``None`` on Redis)."""
+        self._storage: Storage | None = None
+        self._redis: RedisClient | None = None
+        if self.shared:
+            self._storage, self._redis = open_storage(
+                storage_uri, prefix=prefix, timeout_s=timeout_s
+            )
         self.breaker = CircuitBreaker(f"rate-limit storage {storage_uri}", clock=clock)
         self._items: dict[int, RateLimitItem] = {}
         self._keys: dict[tuple[str, str, int], str] = {}
@@ -120,16 +131,44 @@ class RateWindows:
         window.reset_at = await self._reset_of(window.storage_key, fresh=fresh)
         return allowed
 
+    def hit_local(self, window: Window, cost: int) -> bool:
+        """:meth:`hit` on the ``local`` windows."""
+        assert self.local is not None
+        count, window.reset_at = self.local.incr(window.storage_key, _MINUTE, cost)
+        allowed = count <= window.limit
+        if not allowed:
+            count, window.reset_at = self.local.incr(window.storage_key, _MINUTE, -cost)
+        window.remaining = window.limit - count
+        return allowed
+
+    def add_local(self, window: Window, amount: int) -> None:
+        """:meth:`add` on the ``local`` windows."""
+        assert self.local is not None
+        count, _ = self.local.incr(window.storage_key, _MINUTE, amount)
+        if count < 0:
+            self.local.incr(window.storage_key, _MINUTE, -count)
+
     async def peek(self, kind: str, key: str, per_minute: int) -> Window | None:
         """A window of token ``key`` read without counting; ``None`` on an outage."""
         window = self.window(kind, key, per_minute)
+        if self.local is not None:
+            count, window.reset_at = self.local.get(window.storage_key)
+            window.remaining = max(0, per_minute - count)
+            return window
+        strategy = FixedWindowRateLimiter(self.storage)
         stats = await self.guarded(
-            partial(self.strategy.get_window_stats, self._item(per_minute), kind, key), None
+            partial(strategy.get_window_stats, self._item(per_minute), kind, key), None
         )
         if stats is None:
             return None
         window.remaining, window.reset_at = stats.remaining, stats.reset_time
         return window
+
+    @property
+    def storage(self) -> Storage:
+        """The shared storage, through `limits` (only when ``shared``)."""
+        assert self._storage is not None, "local windows have no storage"
+        return self._storage
 
     @property
     def redis(self) -> RedisClient | None:
@@ -142,9 +181,6 @@ class RateWindows:
                 await self._redis.aclose()
             except OUTAGE_ERRORS:
                 pass
-        timer = getattr(self.storage, "timer", None)  # the memory storage's expiry task
-        if isinstance(timer, asyncio.Task) and not timer.done():
-            timer.cancel()
 
     def _item(self, per_minute: int) -> RateLimitItem:
         item = self._items.get(per_minute)

@@ -308,3 +308,29 @@ def test_the_memo_comes_from_the_core_not_the_headers(start: Start) -> None:
         assert "age" not in sent[2].headers
         assert sent[2].headers["cache-status"] == sent[1].headers["cache-status"]
         assert sent[2].json()["id"] != sent[1].json()["id"]
+
+
+def test_an_early_hits_age_and_lifetime_follow_the_clock(start: Start) -> None:
+    """The early hits keep a hit's encoded headers while they say the same: as the clock
+    moves, its age and lifetime move (the clock also runs for real: bounds, not values)."""
+    gw = start(TOKENS + "[debug]\nadjustable_clock = true\n")
+    path, body, route = CASES["chat"]
+    with httpx.Client(base_url=gw.url) as http:
+        answers = [post(http, path, body) for _ in range(3)]
+        for advance in (0.2, 2, 61):
+            moved = http.post(
+                "/admin/debug/clock",
+                json={"advance_s": advance},
+                headers={"authorization": f"Bearer {ADMIN}"},
+            )
+            assert moved.status_code == 200, moved.text
+            answers.append(post(http, path, body))
+        assert early(http, route) == 4.0
+    hits = answers[1:]
+    assert len({r.headers["x-request-id"] for r in answers}) == len(answers)
+    ages = [int(r.headers["age"]) for r in hits]
+    assert ages == sorted(ages) and ages[-2] >= 2 and ages[-1] >= 63
+    for r, age in zip(hits, ages, strict=True):
+        lifetime = int(r.headers["cache-control"].removeprefix("private, max-age="))
+        assert age + lifetime in (599, 600)  # ttl_s 600, both floored
+        assert f"; ttl={lifetime};" in r.headers["cache-status"]

@@ -6,7 +6,6 @@ import logging
 from datetime import UTC, datetime
 from types import SimpleNamespace
 
-import limits.aio.storage.memory
 import msgspec
 import orjson
 import pytest
@@ -21,7 +20,7 @@ START = datetime(2026, 12, 1, 17, 0, 0, tzinfo=UTC).timestamp()
 
 
 class Clock:
-    """A clock the test moves; installed as the `limits` memory storage's time source too."""
+    """A clock the test moves: the limiter's, and so its local windows'."""
 
     def __init__(self, now: float = START) -> None:
         self.now = now
@@ -34,11 +33,8 @@ class Clock:
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    c = Clock()
-    # The library's memory storage reads time.time(); give it the same clock as the limiter.
-    monkeypatch.setattr(limits.aio.storage.memory, "time", SimpleNamespace(time=c))
-    return c
+def clock() -> Clock:
+    return Clock()
 
 
 class Ledger:
@@ -73,6 +69,18 @@ def refusal(exc: pytest.ExceptionInfo[ApiError]) -> tuple[str | None, str, int |
 
 
 # --- settings -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", LimitSettings.__struct_fields__)
+def test_every_limit_field_makes_a_token_limited(name: str) -> None:
+    # ``limited`` names the fields one by one (it is read per request): none may be missed.
+    value = True if name == "hits_spend_tokens" else 1
+    settings = msgspec.convert({name: value}, LimitSettings)
+    assert settings.limited is (name != "hits_spend_tokens")
+    assert settings.estimates_tokens is (
+        name in ("tokens_per_minute", "daily_tokens", "monthly_tokens")
+    )
+    assert settings.budgets is (name.startswith(("daily_", "monthly_")))
 
 
 def test_override_replaces_only_what_it_sets() -> None:
@@ -370,7 +378,8 @@ async def test_each_windows_end_is_the_storages_even_when_the_storage_moves_it(
         admission = await lim.admit("tok", "acme", None, 50)
         for window in (admission.requests, admission.tokens):
             assert window is not None
-            assert window.reset_at == await lim.storage.get_expiry(window.storage_key)
+            assert lim.rates.local is not None
+            assert window.reset_at == lim.rates.local.get(window.storage_key)[1]
         await lim.settle(admission, 0, 0, cache_hit=True)
         clock.advance(7)
     assert dict(lim.headers(admission))["x-ratelimit-reset-requests"] == "32s"  # 60 - 4 * 7
