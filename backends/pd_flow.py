@@ -158,7 +158,7 @@ class PrefillHop:
             return False, None
         excluded: set[ServerState] = set()
         for _ in range(2):  # a second prefill server if the first is unreachable
-            if not self.placement.rank(pool.servers, plan.key, excluded):
+            if not self.placement.any_healthy(pool.servers, excluded):
                 self._skip("prefill_down")
                 return False, None
             try:
@@ -241,7 +241,7 @@ class DecodeHop:
     async def _next_lease(self, plan: Plan, excluded: set[ServerState]) -> Lease | None:
         """Another decode slot for a retry, or None when no other server is left."""
         pool = self.pool
-        if not self.placement.rank(pool.servers, plan.key, excluded):
+        if not self.placement.any_healthy(pool.servers, excluded):
             return None
         try:
             return await pool.admission.acquire(

@@ -101,6 +101,13 @@ class Placement:
         rotated = [*servers[start:], *servers[:start]]
         return sorted(rotated, key=inflight_of)  # stable: ties keep the rotation
 
+    @staticmethod
+    def any_healthy(servers: Sequence[ServerState], exclude: Iterable[ServerState] = ()) -> bool:
+        """Whether :meth:`rank` would name a server: a check that decides nothing (no
+        decision counted, no rotation moved)."""
+        skip = set(exclude)
+        return any(s.healthy and s not in skip for s in servers)
+
     def rank(
         self,
         servers: Sequence[ServerState],

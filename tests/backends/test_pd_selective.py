@@ -149,3 +149,19 @@ async def test_a_session_pins_the_servers_and_its_blocks_still_decide_the_hop(
     assert up.bodies(PREFILL) == []
     assert c.stats.prefill_skipped == {"cached_on_decode": 1}
     await c.aclose()
+
+
+async def test_each_request_counts_one_decision_per_pool(upstream: Make) -> None:
+    # The prefill step asks whether a prefill server is up without ranking (a ranking counts
+    # a decision): one decision per pool a request is placed in.
+    up = await upstream({PREFILL: prefill_ok, DECODE_1: decode_ok})
+    c = kv_client(up)
+    assert c.kv is not None
+    prompt = words(320)
+    hold(c, up.url(PREFILL), prompt, tokens=256)
+    for _ in range(3):
+        assert (await c.post(CHAT, chat(prompt), ctx())).status == 200
+    reasons = c.kv.scorer.decisions.reasons
+    assert sum(n for (role, _), n in reasons.items() if role == "prefill") == 3
+    assert sum(n for (role, _), n in reasons.items() if role == "decode") == 3
+    await c.aclose()
