@@ -146,12 +146,13 @@ async def main_async(args: argparse.Namespace) -> int:
             sat = await fleet_real.closed_loop(
                 http, gateways["always"].url, shape.requests[: args.saturation_requests], clients
             )
-            rate = shape.rate_fraction * sat
+            fraction = args.rate_fraction or shape.rate_fraction
+            rate = fraction * sat
             arrivals = fleet_shapes.arrivals(len(shape.requests), rate, args.seed)
             print(
                 f"\n== long-history, 1P{len(servers) - 1}D: {len(shape.requests)} requests,"
                 f" {shape.params}; saturation {sat:.2f} req/s (closed loop of {clients},"
-                f" always-P/D), arrivals at {shape.rate_fraction:.1f}x = {rate:.2f} req/s",
+                f" always-P/D), arrivals at {fraction:.2f}x = {rate:.2f} req/s",
                 flush=True,
             )
             results: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
@@ -239,6 +240,11 @@ def main() -> int:
     parser.add_argument("--threshold", type=int, help="default: the break-even")
     parser.add_argument("--slo-itl-ms", type=float, default=250.0)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--rate-fraction",
+        type=float,
+        help="arrivals as this fraction of the measured saturation (default: the shape's, 0.7)",
+    )
     args = parser.parse_args()
     os.sched_setaffinity(0, {args.client_core})
     return asyncio.run(main_async(args))
