@@ -25,7 +25,7 @@ import hashlib
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
@@ -81,7 +81,7 @@ MemoKey = tuple[str, str, str, bytes]
 name some of a tenant's keys only."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class Memo:
     """What a request body led to, and what that held under."""
 
@@ -95,9 +95,9 @@ class Memo:
     estimate: int = 1
     """The body's token estimate for the limits (``estimate_tokens``): the same bytes, so
     the same estimate every time."""
-    headers: list[HeaderMemo] = field(default_factory=list)
-    """The last complete answer's encoded headers (at most one), reused while what they
-    say holds (``HeaderMemo.of``)."""
+    headers: HeaderMemo | None = None
+    """The last complete answer's encoded headers, reused while what they say holds
+    (``HeaderMemo.of``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,11 +112,13 @@ class HeaderMemo:
     after_id: list[tuple[bytes, bytes]]
 
     @staticmethod
-    def of(res: CacheResult) -> tuple[object, ...]:
+    def of(res: CacheResult, size: int) -> tuple[object, ...]:
+        """What a hit's headers say of ``res`` and a body of ``size`` bytes."""
         entry = res.entry
         assert entry is not None
         age = res.age_s
-        return (res.status, int(age), math.floor(entry.ttl_s - age), res.stored, res.from_cache)
+        floor_ttl = math.floor(entry.ttl_s - age)
+        return (res.status, int(age), floor_ttl, res.stored, res.from_cache, size)
 
 
 def _plain_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str] | None:
@@ -354,8 +356,8 @@ class EarlyHits:
         content type and length; the memo's when they still say the same."""
         entry = res.entry
         assert entry is not None
-        said = (*HeaderMemo.of(res), size)
-        kept = memo.headers[0] if memo.headers else None
+        said = HeaderMemo.of(res, size)
+        kept = memo.headers
         if kept is None or kept.entry is not entry or kept.said != said:
             creq = memo.creq
             hit = {**result_headers(res, creq), **edge_headers(res, creq)}
@@ -363,5 +365,5 @@ class EarlyHits:
             encoded = encoded_headers(headers, None, "utf-8", size)
             assert encoded is not None  # hit headers never set the content type or length
             kept = HeaderMemo(entry, said, encoded[:-2], encoded[-2:])
-            memo.headers[:] = [kept]
+            memo.headers = kept
         return [*kept.before_id, (b"x-request-id", request_id.encode("latin-1")), *kept.after_id]
