@@ -130,7 +130,7 @@ class Placement:
             return by_load
         if self.policy == "kv" and self.kv is not None:
             if key.blocks:
-                return self.kv.rank(by_load, key.blocks, key.block_size, key.prompt_tokens)
+                return self.kv.rank(by_load, key.blocks, key.block_size, key.prompt_tokens, servers)
             self.kv.decisions.reasons[(by_load[0].role, "fallback")] += 1
         if key.prefix is None:
             return by_load

@@ -5,15 +5,15 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
-from functools import cached_property
 
 from backends.config import ServerRole, VllmServer
 from backends.scraped_metrics import UpstreamSample
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class ServerState:
-    """One vLLM server as the gateway sees it."""
+    """One vLLM server as the gateway sees it (slotted: placement reads a few of its fields
+    for every server of a pool on every request)."""
 
     config: VllmServer
     limit: int
@@ -34,11 +34,11 @@ class ServerState:
     held: bool = False
     """The dispatch gate holds it: its vLLM queues or its KV cache is full
     (``backends.dispatch_gate``)."""
+    url: str = field(init=False)
+    """The config's url without its trailing slash, the server's name everywhere."""
 
-    @cached_property
-    def url(self) -> str:
-        # cached: placement reads it per server per request (the config does not change)
-        return self.config.url.rstrip("/")
+    def __post_init__(self) -> None:
+        self.url = self.config.url.rstrip("/")
 
     @property
     def role(self) -> ServerRole:

@@ -1,18 +1,22 @@
 """The KV blocks each server of a pool holds, by block hash, as its KV events say.
 
 One map from block hash to the servers holding it answers a request's lookup in one pass
-over its block hashes (``matched_blocks``), whatever the number of servers; each server's
-blocks are also kept in store order, so its ``AllBlocksCleared`` or a rebuild drops them
-all, and a server past ``max_blocks_per_server`` forgets its oldest (counted in
-``evicted``). vLLM's hashes chain every block to all blocks before it, so a block's hash
-names the whole prefix that ends with it; like vLLM, a match stops at the first block the
-server lacks.
+over its block hashes (``matched_holders``), whatever the number of servers. The holders of a
+block are a bit mask (one bit per server, given at its first store and free again once it
+holds nothing): a lookup then touches one small integer per block, not a set and its
+strings, which is what keeps a lookup in a large, cold index short. Each server's blocks are
+also kept in store order, so its ``AllBlocksCleared`` or a rebuild drops them all, and a
+server past ``max_blocks_per_server`` forgets its oldest (counted in ``evicted``). vLLM's
+hashes chain every block to all blocks before it, so a block's hash names the whole prefix
+that ends with it; like vLLM, a match stops at the first block the server lacks.
+``version`` moves with every change, so a lookup may be reused until it does.
 """
 
 from __future__ import annotations
 
 from collections import Counter, OrderedDict
 from collections.abc import Iterable, Sequence
+from itertools import islice
 
 
 class PoolBlockIndex:
@@ -20,43 +24,73 @@ class PoolBlockIndex:
 
     def __init__(self, max_blocks_per_server: int) -> None:
         self.max_blocks_per_server = max_blocks_per_server
-        self._holders: dict[int, set[str]] = {}
+        self._holders: dict[int, int] = {}
+        """Block hash → the bits of the servers holding it."""
         self._blocks: dict[str, OrderedDict[int, None]] = {}
+        self._bits: dict[str, int] = {}
+        self._urls: list[str] = []
+        """Bit → server ("": free)."""
         self.evicted: Counter[str] = Counter()
         """Blocks dropped per server because it reached ``max_blocks_per_server``."""
+        self.version = 0
+        """Counts the stores, removals and clears: equal versions, equal lookups."""
+
+    def _bit(self, server: str) -> int:
+        bit = self._bits.get(server)
+        if bit is None:
+            urls = self._urls
+            bit = urls.index("") if "" in urls else len(urls)
+            if bit == len(urls):
+                urls.append(server)
+            else:
+                urls[bit] = server
+            self._bits[server] = bit
+        return bit
 
     def store(self, server: str, hashes: Iterable[int]) -> None:
+        self.version += 1
         blocks = self._blocks.setdefault(server, OrderedDict())
+        mask = 1 << self._bit(server)
+        holders = self._holders
         for block in hashes:
             if block in blocks:
                 blocks.move_to_end(block)
                 continue
             blocks[block] = None
-            self._holders.setdefault(block, set()).add(server)
+            holders[block] = holders.get(block, 0) | mask
             if len(blocks) > self.max_blocks_per_server:
                 oldest, _ = blocks.popitem(last=False)
-                self._forget(server, oldest)
+                self._forget(mask, oldest)
                 self.evicted[server] += 1
 
     def remove(self, server: str, hashes: Iterable[int]) -> None:
+        self.version += 1
         blocks = self._blocks.get(server)
         if blocks is None:
             return
+        mask = 1 << self._bits[server]
         for block in hashes:
             if blocks.pop(block, 0) is None:
-                self._forget(server, block)
+                self._forget(mask, block)
 
     def clear(self, server: str) -> None:
         """``server`` holds nothing (a reset, a restart, a rebuild)."""
-        for block in self._blocks.pop(server, ()):
-            self._forget(server, block)
+        self.version += 1
+        blocks = self._blocks.pop(server, None)
+        bit = self._bits.pop(server, None)
+        if bit is None:
+            return
+        mask = 1 << bit
+        for block in blocks or ():
+            self._forget(mask, block)
+        self._urls[bit] = ""
 
-    def _forget(self, server: str, block: int) -> None:
-        holders = self._holders.get(block)
-        if holders is not None:
-            holders.discard(server)
-            if not holders:
-                del self._holders[block]
+    def _forget(self, mask: int, block: int) -> None:
+        held = self._holders.get(block, 0) & ~mask
+        if held:
+            self._holders[block] = held
+        else:
+            self._holders.pop(block, None)
 
     def size(self, server: str | None = None) -> int:
         """Blocks indexed for ``server`` (all servers' together when None)."""
@@ -96,28 +130,32 @@ class PoolBlockIndex:
 
     def matched_holders(self, hashes: Sequence[int]) -> dict[str, int]:
         """The servers holding a prefix of ``hashes`` (a request's blocks, in order), each with
-        how many blocks from the first on. The walk starts from the first block's holders, so
-        its cost follows the request's blocks and their holders, not the number of servers."""
-        first = self._holders.get(hashes[0]) if hashes else None
-        if not first:
+        how many blocks from the first on. The walk starts from the first block's holders and
+        narrows them block by block, so its cost follows the request's blocks, not the number
+        of servers."""
+        if not hashes:
             return {}
-        matched: dict[str, int] = {}
-        alive = set(first)
-        depth = 1
         holders_of = self._holders.get
-        for block in hashes[1:]:
-            holders = holders_of(block)
-            if holders is not None and alive <= holders:  # the common case: nobody drops out
-                depth += 1
-                continue
-            still = alive & holders if holders else set()
-            if len(still) != len(alive):
-                for server in alive - still:
-                    matched[server] = depth
-                alive = still
+        alive = holders_of(hashes[0], 0)
+        if not alive:
+            return {}
+        left: list[tuple[int, int]] = []  # (the servers that dropped out, their depth)
+        depth = 1
+        for block in islice(hashes, 1, None):
+            held = alive & holders_of(block, 0)
+            if held != alive:
+                left.append((alive & ~held, depth))
+                alive = held
                 if not alive:
                     break
             depth += 1
-        for server in alive:
-            matched[server] = depth
+        if alive:
+            left.append((alive, depth))
+        urls = self._urls
+        matched: dict[str, int] = {}
+        for mask, at in left:
+            while mask:
+                low = mask & -mask
+                matched[urls[low.bit_length() - 1]] = at
+                mask ^= low
         return matched

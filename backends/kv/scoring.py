@@ -20,7 +20,10 @@ the fewest blocks, where it evicts the least.
 
 Scored per request: the ``SCORED`` least outstanding servers and every server holding a
 prefix of the request; the others follow in load order, so a decision over a large fleet
-costs the request's holders, not the number of servers.
+costs the request's holders, not the number of servers. The holders are found from their
+urls (a map per pool, kept while the pool's servers stay the same), and the walk over the
+request's blocks is done once per request: ``cached_tokens`` and a second ranking of the same
+blocks reuse it while the index has not changed.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ WAITING = "vllm:num_requests_waiting"
 
 SCORED = 8
 """The least outstanding servers scored for every request, beside the prefix holders."""
+
+POOLS_KEPT = 4
+"""Pools whose servers-by-url maps are kept (a backend has two: prefill and decode)."""
 
 
 @dataclass
@@ -69,6 +75,8 @@ class KvScorer:
         self.occupancy_weight = occupancy_weight
         self.decisions = KvDecisions()
         self._waiting: dict[str, tuple[list[UpstreamSample], float]] = {}
+        self._last: tuple[Sequence[int], int, dict[str, int]] | None = None
+        self._pools: list[tuple[list[ServerState], dict[str, ServerState]]] = []
 
     def _scraped(self, server: ServerState) -> float:
         """vLLM's waiting queue from the server's last scrape, summed once per scrape: a
@@ -84,10 +92,32 @@ class KvScorer:
     def forget(self, server: str) -> None:
         self._waiting.pop(server, None)
 
+    def _matched(self, blocks: Sequence[int]) -> dict[str, int]:
+        """``index.matched_holders(blocks)``, walked once per request: the decode and the
+        prefill rankings, a ranking again after a wait and ``cached_tokens`` reuse the walk
+        for the same blocks (the same object) while the index has not changed."""
+        version = self.index.version
+        last = self._last
+        if last is not None and last[0] is blocks and last[1] == version:
+            return last[2]
+        holders = self.index.matched_holders(blocks)
+        self._last = (blocks, version, holders)
+        return holders
+
     def cached_tokens(self, server: ServerState, blocks: Sequence[int], block_size: int) -> int:
         """Prompt tokens ``server`` holds of a request of ``blocks`` (whole blocks, from the
         first on): what the prefill decision reads for the decode server chosen."""
-        return self.index.prefix_depth(server.url, blocks) * block_size
+        return self._matched(blocks).get(server.url, 0) * block_size
+
+    def _by_url(self, pool: Sequence[ServerState]) -> dict[str, ServerState]:
+        """``pool``'s servers by url, kept for the last few pools: the same servers in the
+        same order (one identity comparison per server, in C) reuse the map."""
+        for seen, by_url in self._pools:
+            if seen == pool:
+                return by_url
+        by_url = {s.url: s for s in pool}
+        self._pools = [(list(pool), by_url), *self._pools[: POOLS_KEPT - 1]]
+        return by_url
 
     def rank(
         self,
@@ -95,19 +125,31 @@ class KvScorer:
         blocks: Sequence[int],
         block_size: int,
         prompt_tokens: int,
+        pool: Sequence[ServerState],
     ) -> list[ServerState]:
-        """``by_load`` (healthy, least loaded first) re-ranked for a request of ``blocks``."""
+        """``by_load`` (``pool``'s servers to rank, least loaded first) re-ranked for a
+        request of ``blocks``."""
         if not by_load:
             return []
         role = by_load[0].role
-        holders = self.index.matched_holders(blocks)
-        head = list(by_load[:SCORED])
+        holders = self._matched(blocks)
+        candidates = list(by_load[:SCORED])
         rest = list(by_load[SCORED:])
-        candidates = head
         if holders and rest:
-            held_at = [i for i, s in enumerate(rest) if s.url in holders]
+            # the holders past the scored few, found from their urls, kept in load order
+            by_url = self._by_url(pool)
+            held_at = []
+            for url in holders:
+                server = by_url.get(url)
+                if server is None or server in candidates:
+                    continue  # another pool's, or scored already
+                try:
+                    held_at.append(rest.index(server))  # identity first, in C
+                except ValueError:
+                    continue  # not among the servers to rank (unhealthy, excluded)
             if held_at:
-                candidates = head + [rest[i] for i in held_at]
+                held_at.sort()
+                candidates += [rest[i] for i in held_at]
                 for i in reversed(held_at):
                     del rest[i]
         matched = [holders.get(s.url, 0) for s in candidates]

@@ -78,6 +78,34 @@ def test_a_match_stops_at_the_first_block_a_server_lacks() -> None:
     assert index.matched_blocks(hashes, ["a"]) == {"a": 3}
 
 
+def test_a_cleared_servers_place_in_the_index_goes_to_the_next_server_alone() -> None:
+    index = PoolBlockIndex(100)
+    hashes = chat_hashes()
+    index.store("a", hashes[:6])
+    index.store("b", hashes[:3])
+    index.clear("a")
+    index.store("c", hashes[:2])  # takes the place "a" held: none of "a"'s blocks with it
+    assert index.matched_holders(hashes) == {"b": 3, "c": 2}
+    index.store("a", hashes[:1])  # back, in a place of its own
+    assert index.matched_holders(hashes) == {"a": 1, "b": 3, "c": 2}
+    index.clear("b")
+    index.clear("c")
+    assert index.matched_holders(hashes) == {"a": 1}
+    assert index.size() == 1
+    index.remove("a", hashes[:1])
+    assert index.matched_holders(hashes) == {} and index.size() == 0
+
+
+def test_many_servers_holding_different_prefixes_each_get_their_own_depth() -> None:
+    index = PoolBlockIndex(100)
+    hashes = chat_hashes()
+    depths = {f"s{i}": 1 + i % len(hashes) for i in range(130)}  # more servers than 2 words
+    for server, depth in depths.items():
+        index.store(server, hashes[:depth])
+    assert index.matched_holders(hashes) == depths
+    assert index.matched_holders(hashes[:1]) == dict.fromkeys(depths, 1)
+
+
 def test_the_cap_forgets_the_oldest_blocks_and_counts_them() -> None:
     index = PoolBlockIndex(8)
     hashes = chat_hashes()
