@@ -3,7 +3,8 @@
 between them, for a request of 50 blocks whose prefix some servers hold, then the tokens the
 chosen server lacks (what selective disaggregation compares with its threshold); and, apart, the
 request's own preparation (tokenizing a 636-token chat prompt with the tiny Llama's
-tokenizer and hashing its blocks).
+tokenizer and hashing its blocks). First, the noise floor: a fixed loop of arithmetic of
+about a decision's length, timed the same way, whose p99 over p50 is this machine's own.
 
     flock /tmp/semcache-heavy.lock taskset -c 1 .venv/bin/python -m bench.kv_decision
 """
@@ -30,6 +31,8 @@ from harness.tiny_llama import build_tiny_llama
 from harness.vllm_process import TINY_MODEL_NAME, test_data_dir
 
 REQUEST_BLOCKS = 50
+FLOOR_LOOP = 3000
+"""Iterations of the noise floor's loop: about as long as a decision at 128 servers."""
 
 
 def build(
@@ -63,6 +66,15 @@ def main() -> int:
     args = parser.parse_args()
     rng = random.Random(args.seed)
     print(f"{'servers':>8} {'blocks':>9} {'p50 µs':>8} {'p99 µs':>8} {'max µs':>8}")
+    floor = []
+    for _ in range(args.requests):  # the machine's own tail: fixed arithmetic, no memory
+        t0 = time.perf_counter_ns()
+        sum(range(FLOOR_LOOP))
+        floor.append((time.perf_counter_ns() - t0) / 1000)
+    print(
+        f"{'floor':>8} {'-':>9} {pct(floor, 50):>8.1f} {pct(floor, 99):>8.1f} {max(floor):>8.1f}"
+        "  (a fixed loop of arithmetic timed the same way: this machine's noise)"
+    )
     for servers in (8, 32, 128):
         pool, index, chains = build(servers, args.blocks, 2000, rng)
         scorer = KvScorer(index, occupancy_weight=0.05)
