@@ -36,14 +36,16 @@ class PoolBlockIndex:
         """Counts the stores, removals and clears: equal versions, equal lookups."""
 
     def _bit(self, server: str) -> int:
+        """``server``'s bit: its own, else the first a cleared server left, else a new one."""
         bit = self._bits.get(server)
         if bit is None:
             urls = self._urls
-            bit = urls.index("") if "" in urls else len(urls)
-            if bit == len(urls):
-                urls.append(server)
-            else:
+            try:
+                bit = urls.index("")
                 urls[bit] = server
+            except ValueError:
+                bit = len(urls)
+                urls.append(server)
             self._bits[server] = bit
         return bit
 
