@@ -20,11 +20,24 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ClusterDownError, RedisClusterException, TryAgainError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 RedisClient = Redis | RedisCluster
 """What :func:`open_redis` returns; both speak the same command API."""
 
 _CLUSTER_SUFFIX = "+cluster"
+
+UNREACHABLE_ERRORS: tuple[type[BaseException], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    RedisClusterException,  # no node of the cluster reached, a slot no node serves
+    ClusterDownError,  # a failover in progress, or a node that still counts another as failed
+    TryAgainError,  # a slot being resharded or a failover's keys not settled yet
+)
+"""What a client raises while the store cannot serve it (down, partitioned, a cluster not
+settled): an outage to wait out, never a wrong command."""
 
 
 def is_cluster_url(url: str) -> bool:

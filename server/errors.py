@@ -18,12 +18,10 @@ import msgspec
 import orjson
 from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException
-from redis.exceptions import ClusterDownError, RedisClusterException
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import OutOfMemoryError as RedisOutOfMemoryError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from backends.protocol import BackendError
+from foundation.redis_client import UNREACHABLE_ERRORS
 from foundation.redis_replication import NotReplicated
 
 log = logging.getLogger("semcache.server")
@@ -242,12 +240,7 @@ def disk_full(exc: BaseException) -> bool:
     return False
 
 
-SHARED_STORE_DOWN = (
-    RedisConnectionError,
-    RedisTimeoutError,
-    RedisClusterException,  # no node of the cluster reached, a slot no node serves
-    ClusterDownError,  # a failover in progress
-)
+SHARED_STORE_DOWN = UNREACHABLE_ERRORS
 """What the shared store raises while it cannot be reached: the request is refused, 503."""
 
 

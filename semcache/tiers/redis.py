@@ -19,23 +19,16 @@ from typing import Self, TypeVar
 
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from foundation.redis_client import RedisClient, open_redis
+from foundation.redis_client import UNREACHABLE_ERRORS, RedisClient, open_redis
 from semcache.tiers.base import Store
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-OUTAGE_ERRORS: tuple[type[BaseException], ...] = (
-    RedisConnectionError,
-    RedisTimeoutError,
-    OSError,
-    TimeoutError,
-)
+OUTAGE_ERRORS: tuple[type[BaseException], ...] = (*UNREACHABLE_ERRORS, OSError, TimeoutError)
 
 
 class CircuitBreaker:

@@ -96,7 +96,10 @@ async def usage(request: Request[Any, Any, Any]) -> Response[bytes]:
         ) from None
     except LedgerUnavailable as exc:
         raise ApiError(
-            503, f"The usage ledger cannot be read now: {exc}", code="ledger_unavailable"
+            503,
+            f"The usage ledger cannot be read now: {exc}",
+            code="ledger_unavailable",
+            retry_after_s=1,
         ) from None
     return Response(orjson.dumps({"object": "list", "data": rows}), media_type="application/json")
 

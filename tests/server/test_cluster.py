@@ -249,6 +249,9 @@ async def test_the_cache_tier_stops_and_comes_back(
     finally:
         for host in cluster.cache_hosts:
             await asyncio.to_thread(cluster.plug, host)
+    # Its nodes saw each other vanish too: each counts the others failed until it hears from
+    # them again, and answers CLUSTERDOWN meanwhile. The next tests need every slot served.
+    print(f"the cache cluster was ok again {await asyncio.to_thread(cluster.wait_cache_ok):.1f} s")
     # The shared tier resumes: once the gateways have reconnected, gw1's answers hit on gw2.
     deadline = time.monotonic() + 60
     while True:
@@ -428,6 +431,8 @@ async def test_gw1_cut_off_from_the_cache_tier_answers_everything_in_bounded_tim
 
 
 SLOW_LINK_LOAD_S = 12.0
+SLOW_LINK_MORE_S = 60.0
+"""How much longer the load may run, past ``SLOW_LINK_LOAD_S``, for every kind to be answered."""
 HAS_TUN = os.path.exists("/dev/net/tun")
 """``harness.netem`` carries the impaired link through a TUN device."""
 
@@ -447,9 +452,18 @@ async def test_a_slow_lossy_link_to_the_cache_tier_slows_gw1_and_fails_nothing(
     await asyncio.to_thread(cluster.impair, "gw1", cluster.cache_hosts, 200.0, 0.05)
     try:
         running = asyncio.create_task(load.run(stop))
-        await asyncio.sleep(SLOW_LINK_LOAD_S)
-        stop.set()
-        await running
+        try:
+            await asyncio.sleep(SLOW_LINK_LOAD_S)
+            # Each request crosses the slow link several times: on a loaded machine the time
+            # may pass before every kind has been answered once, so the load goes on until it has.
+            await wait_until_async(
+                lambda: {o.kind for o in load.outcomes} >= set(KINDS),
+                timeout_s=SLOW_LINK_MORE_S,
+                interval_s=0.2,
+            )
+        finally:
+            stop.set()
+            await running
     finally:
         await asyncio.to_thread(cluster.repair, "gw1", cluster.cache_hosts)
     found = await load.check(client)
