@@ -35,6 +35,13 @@ FLOOR_LOOP = 3000
 """Iterations of the noise floor's loop: about as long as a decision at 128 servers."""
 
 
+def row(label: str, blocks: str, times: list[float]) -> str:
+    """One line of the table: p50, p99 and max of ``times`` (µs)."""
+    return (
+        f"{label:>8} {blocks:>9} {pct(times, 50):>8.1f} {pct(times, 99):>8.1f} {max(times):>8.1f}"
+    )
+
+
 def build(
     servers: int, blocks: int, prefixes: int, rng: random.Random
 ) -> tuple[list[ServerState], PoolBlockIndex, list[list[int]]]:
@@ -71,10 +78,7 @@ def main() -> int:
         t0 = time.perf_counter_ns()
         sum(range(FLOOR_LOOP))
         floor.append((time.perf_counter_ns() - t0) / 1000)
-    print(
-        f"{'floor':>8} {'-':>9} {pct(floor, 50):>8.1f} {pct(floor, 99):>8.1f} {max(floor):>8.1f}"
-        "  (a fixed loop of arithmetic timed the same way: this machine's noise)"
-    )
+    print(row("floor", "-", floor), " (a fixed loop of arithmetic timed the same way: noise)")
     for servers in (8, 32, 128):
         pool, index, chains = build(servers, args.blocks, 2000, rng)
         scorer = KvScorer(index, occupancy_weight=0.05)
@@ -87,10 +91,7 @@ def main() -> int:
             chosen = placement.rank(pool, key)[0]
             scorer.cached_tokens(chosen, key.blocks or (), key.block_size)
             times.append((time.perf_counter_ns() - t0) / 1000)
-        print(
-            f"{servers:>8} {index.size():>9} {pct(times, 50):>8.1f} {pct(times, 99):>8.1f}"
-            f" {max(times):>8.1f}"
-        )
+        print(row(str(servers), str(index.size()), times))
     model = build_tiny_llama(test_data_dir() / "models" / TINY_MODEL_NAME)
     tokenizer = PromptTokenizer(model)
     system = " ".join(f"rule {i}: answer briefly and kindly." for i in range(40))

@@ -240,10 +240,6 @@ def disk_full(exc: BaseException) -> bool:
     return False
 
 
-SHARED_STORE_DOWN = UNREACHABLE_ERRORS
-"""What the shared store raises while it cannot be reached: the request is refused, 503."""
-
-
 def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     """One handler for everything: API errors, Litestar HTTP errors, bugs (500, no trace)."""
     if isinstance(exc, ApiError):
@@ -277,7 +273,7 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
             code="not_replicated",
             retry_after_s=1,
         )
-    elif isinstance(exc, SHARED_STORE_DOWN):
+    elif isinstance(exc, UNREACHABLE_ERRORS):  # the shared store cannot serve it
         log.warning("%s refused: Redis is unreachable (%s)", request.url.path, exc)
         err = ApiError(
             503,

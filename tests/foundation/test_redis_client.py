@@ -18,9 +18,10 @@ NOT_SETTLED = (
     SlotNotCoveredError("Slot 866 is not covered by the cluster"),
 )
 """What a Redis Cluster answers for a while after its nodes lost sight of each other."""
+each_error = pytest.mark.parametrize("error", NOT_SETTLED, ids=lambda e: type(e).__name__)
 
 
-@pytest.mark.parametrize("error", NOT_SETTLED, ids=lambda e: type(e).__name__)
+@each_error
 def test_a_cluster_not_settled_is_an_outage(error: Exception) -> None:
     assert isinstance(error, UNREACHABLE_ERRORS)
     assert isinstance(error, OUTAGE_ERRORS)
@@ -45,7 +46,7 @@ class Failing:
         raise self.error
 
 
-@pytest.mark.parametrize("error", NOT_SETTLED, ids=lambda e: type(e).__name__)
+@each_error
 async def test_the_ledger_read_on_a_cluster_not_settled_is_unavailable(error: Exception) -> None:
     storage = RedisStorage("redis+cluster://127.0.0.1:1")
     storage.client = Failing(error)  # type: ignore[assignment]
@@ -53,7 +54,7 @@ async def test_the_ledger_read_on_a_cluster_not_settled_is_unavailable(error: Ex
         await storage.read("2026-12-01", "2026-12-01", [], None)
 
 
-@pytest.mark.parametrize("error", NOT_SETTLED, ids=lambda e: type(e).__name__)
+@each_error
 async def test_the_cache_tier_on_a_cluster_not_settled_misses_and_opens_its_breaker(
     error: Exception,
 ) -> None:
