@@ -209,6 +209,41 @@ class ExactCache:
         The entry's own key says which scope, model and revision it answers for: the caller
         checks that the reader may see that scope and that the revision is current.
         """
+        res = await self._read_digest(digest, CacheControl())
+        if res is not None and self.metrics and res.entry is not None and res.tier is not None:
+            self.metrics.served(
+                res.key.model_id,
+                res.tier,
+                res.entry,
+                Prices(),
+                stale=res.status is CacheStatus.STALE,
+            )
+        return res
+
+    async def lookup_ref(self, req: CacheRequest, digest: str) -> CacheResult:
+        """The answer stored under ``digest`` (the entry a semantic record points to), read
+        on behalf of ``req``: served only when its key answers ``req``'s scope, model and
+        revision (content rules included), under ``req``'s cache control; counted as
+        ``req``'s lookup. The stored digest is the key: no second key is built for it."""
+        t0 = time.perf_counter()
+        if not req.cacheable or req.control.bypass_read:
+            res = CacheResult(status=CacheStatus.BYPASS, key=req.key)
+        else:
+            found = await self._read_digest(digest, req.control)
+            mine = req.key
+            if found is None or (found.key.scope, found.key.model_id, found.key.revision) != (
+                mine.scope,
+                mine.model_id,
+                mine.revision,
+            ):
+                res = CacheResult(status=CacheStatus.MISS, key=req.key)
+            else:
+                res = found
+        self.count(req, res, t0)
+        return self._undisclosed(req, res)
+
+    async def _read_digest(self, digest: str, control: CacheControl) -> CacheResult | None:
+        """The servable entry under ``digest`` in the first tier that holds one, uncounted."""
         epochs = await self.epochs.snapshot()
         now = self.clock()
         for i in range(len(self.tiers)):
@@ -219,14 +254,10 @@ class ExactCache:
             current = epochs.for_key(key.model_id, key.scope) == key.epochs
             if not current or epochs.purged(key.short_id, entry.tags, entry.epochs):
                 continue
-            status, age = freshness(entry, CacheControl(), now)
+            status, age = freshness(entry, control, now)
             if status is CacheStatus.EXPIRED:
                 continue
             tier = self.tiers.store_at(i).tier
-            if self.metrics:
-                self.metrics.served(
-                    key.model_id, tier, entry, Prices(), stale=status is CacheStatus.STALE
-                )
             return CacheResult(status=status, key=key, entry=entry, age_s=age, tier=tier)
         return None
 

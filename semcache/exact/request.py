@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from enum import StrEnum
+from typing import Any
 
 import msgspec
 
 from semcache.entry import CachedAnswer
-from semcache.keys import CacheKey, is_tenant_scope
+from semcache.keys import CacheKey, build_key, is_tenant_scope
 from semcache.policy import REVEALABLE, CacheRule
 from semcache.purge import Epochs
 
@@ -54,6 +55,31 @@ class CacheRequest(msgspec.Struct, frozen=True, kw_only=True):
     write_through: bool = False
     """Store the answer in every tier before the fill returns (a durable semantic record
     will point to it), even when the disk tier writes behind."""
+
+    def part(self, route: str, body: Mapping[str, Any]) -> CacheRequest:
+        """The request for one part of this one (an embedding item, a scoring pair), the
+        one way such a key is derived: this request's scope, model, revision and purge
+        epochs, control and tags, with ``body`` as its params. A part of a pooling route is
+        deterministic whatever the rule says of sampling."""
+        key = self.key
+        part_key = build_key(
+            route=route,
+            body=body,
+            scope=key.scope,
+            model_id=key.model_id,
+            revision=key.revision,
+            epochs=key.epochs,
+        )
+        rule = msgspec.structs.replace(self.rule, deterministic_only=False)
+        return CacheRequest(
+            key=part_key,
+            route=route,
+            rule=rule,
+            control=self.control,
+            epochs=self.epochs,
+            tags=self.tags,
+            cacheable=rule.cacheable,
+        )
 
     @property
     def hidden(self) -> frozenset[str]:

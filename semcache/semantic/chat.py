@@ -4,9 +4,9 @@ Only single-turn requests (system/developer messages plus one user message with 
 content) at temperature 0 qualify; the user message is the text searched. Everything else
 in the body — system prompt, sampling and length parameters, tools, response format — goes
 into the partition (a hash of the body with the user text blanked), so a hit can only come
-from a request that differs in the user's words alone. The cached answer is then found
-under the exact key of the matched request: the same body with the matched text, which
-carries the current purge epochs like any exact lookup.
+from a request that differs in the user's words alone. The cached answer is then read by
+the digest the matched record holds (the exact entry stored beside it), checked against the
+request's scope, model and revision and the current purge epochs like any exact lookup.
 """
 
 from __future__ import annotations

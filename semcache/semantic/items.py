@@ -24,7 +24,7 @@ import msgspec
 import numpy as np
 
 from semcache.entry import CachedAnswer, Usage
-from semcache.exact import CacheControl, CacheRequest, CacheStatus, ExactCache
+from semcache.exact import CacheControl, CacheRequest, ExactCache
 from semcache.keys import CacheKey
 from semcache.semantic.cache import SemanticCache
 from semcache.semantic.match import Match
@@ -93,23 +93,9 @@ class ItemCache:
         self.exact = exact
         self.semantic = semantic
 
-    async def _item_request(self, creq: CacheRequest, text: str) -> CacheRequest:
-        key = creq.key
-        rule = creq.rule
-        return await self.exact.prepare(
-            route=f"{creq.route}.item",
-            body={"input": text},
-            model_id=key.model_id,
-            revision=key.revision,
-            # Items of a pooling route are deterministic whatever the rule says of sampling.
-            rule=msgspec.structs.replace(rule, deterministic_only=False),
-            scope=key.scope,
-            control=creq.control,
-            tags=creq.tags,
-        )
-
-    def _same_scope(self, creq: CacheRequest, item: CacheRequest) -> bool:
-        return item.key.scope == creq.key.scope
+    @staticmethod
+    def _item_request(creq: CacheRequest, text: str) -> CacheRequest:
+        return creq.part(f"{creq.route}.item", {"input": text})
 
     async def lookup(
         self,
@@ -138,15 +124,10 @@ class ItemCache:
     ) -> ItemHit | None:
         if match is None:
             return None
-        item = await self._item_request(creq, match.text)
-        res = await self.exact.lookup(item)
+        # the record's digest is the item's key: read in the request's scope and revision
+        res = await self.exact.lookup_ref(creq, match.payload_ref)
         entry = res.entry
-        if (
-            res.status not in (CacheStatus.HIT, CacheStatus.STALE)
-            or entry is None
-            or entry.body is None
-            or not self._same_scope(creq, item)
-        ):
+        if not res.from_cache or entry is None or not entry.body:
             # Purged, expired or evicted in the exact tiers: drop the index entry too.
             await self.semantic.remove(partition, [match.payload_ref])
             return None
@@ -176,7 +157,7 @@ class ItemCache:
             return 0
         if not creq.cacheable or creq.control.no_store:
             return 0
-        items = [await self._item_request(creq, text) for text in texts]
+        items = [self._item_request(creq, text) for text in texts]
 
         async def put(item: CacheRequest, payload: bytes, count: int) -> bool:
             answer = CachedAnswer(

@@ -97,7 +97,8 @@ class Generation:
             reply = await self._forward(call, stream)
             reply.headers.update(guard_headers)
             return reply
-        plan = await semantic_chat(core, call, creq, body, stream, directives)
+        # the partition is of the body as keyed: an answer noted otherwise is another's
+        plan = await semantic_chat(core, call, creq, keyed, stream, directives)
         if plan.hit is not None:
             plan.hit.headers.update(guard_headers)
             return plan.hit

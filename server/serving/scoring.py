@@ -22,14 +22,13 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Final
 
-import msgspec
 import orjson
 
 from backends.protocol import BackendError
 from backends.registry import ModelInfo
 from foundation.request import RequestContext
 from semcache.entry import CachedAnswer, Usage
-from semcache.exact import CacheRequest, CacheStatus
+from semcache.exact import CacheStatus
 from server.errors import ApiError, relayed_error
 from server.http.reply import Reply
 from server.serving.cache_headers import CacheDirectives, edge_headers, result_headers
@@ -79,7 +78,7 @@ class Scoring:
         outcome: dict[str, int] = {}
 
         async def fill() -> CachedAnswer:
-            keys = await asyncio.gather(*(self._pair_request(creq, p, params) for p in pairs))
+            keys = [creq.part(PAIR_ROUTE, {"query": q, "document": d, **params}) for q, d in pairs]
             found = await asyncio.gather(*(cache.lookup(k) for k in keys))
             scores: list[float] = [0.0] * len(pairs)
             tokens: list[int] = [0] * len(pairs)
@@ -150,22 +149,6 @@ class Scoring:
         pairs = [(new[q], new[d]) for q, d in pairs]
         params = {k: new.get(v, v) if isinstance(v, str) else v for k, v in params.items()}
         return pairs, params, _replaced(body, new), said, version
-
-    async def _pair_request(
-        self, creq: CacheRequest, pair: Pair, params: dict[str, Any]
-    ) -> CacheRequest:
-        assert self.core.cache is not None
-        key = creq.key
-        return await self.core.cache.prepare(
-            route=PAIR_ROUTE,
-            body={"query": pair[0], "document": pair[1], **params},
-            model_id=key.model_id,
-            revision=key.revision,
-            rule=msgspec.structs.replace(creq.rule, deterministic_only=False),
-            scope=key.scope,
-            control=creq.control,
-            tags=creq.tags,
-        )
 
     async def _compute(
         self, info: ModelInfo, pairs: list[Pair], params: dict[str, Any], ctx: RequestContext

@@ -15,7 +15,7 @@ from semcache import replay
 from semcache.entry import CachedAnswer
 from semcache.exact import CacheRequest
 from semcache.semantic.cache import SemanticCache
-from semcache.semantic.chat import chat_partition, chat_query, with_query
+from semcache.semantic.chat import chat_partition, chat_query
 from semcache.semantic.match import Match
 from semcache.semantic.records import PartitionKey
 from semcache.semantic.settings import SemanticRule
@@ -58,10 +58,11 @@ async def semantic_chat(
     """A semantic hit for a qualifying chat request, or how to index its answer later.
 
     Opt-in per model in the policy; temperature 0, single-turn requests only (see
-    ``semcache.semantic.chat``). The matched request's answer is looked up under its own
-    exact key, so purges and expiry apply. A verified rule (``mode = "verified"``) serves
-    the nearest entry or explores: the request goes to the backend, and its answer, judged
-    against the entry's, adds an observation to the entry.
+    ``semcache.semantic.chat``). The matched request's answer is read by the digest its
+    record holds (the exact entry stored beside it), so purges and expiry apply. A
+    verified rule (``mode = "verified"``) serves the nearest entry or explores: the request
+    goes to the backend, and its answer, judged against the entry's, adds an observation to
+    the entry.
     """
     rule = creq.rule.semantic
     if (
@@ -108,11 +109,9 @@ async def semantic_chat(
                 span.set_attribute("semcache.similarity", float(match.similarity))
     if match is None or match.text == text:
         return SemanticPlan(remember=remember)  # an identical text is the exact cache's job
-    other = await state.cache_request(
-        call.route, call.info, with_query(body, index, match.text), call.ctx, directives
-    )
-    assert other is not None
-    res = await state.cache.lookup(other)
+    # The record holds the digest of the entry stored beside it: read that, never a key
+    # rebuilt from the matched text (it would miss whatever else went into the key).
+    res = await state.cache.lookup_ref(creq, match.payload_ref)
     entry = res.entry
     if not res.from_cache or entry is None or entry.status != 200:
         await semantic.remove(partition, [match.payload_ref])

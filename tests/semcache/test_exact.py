@@ -831,3 +831,36 @@ async def test_write_through_requests_are_on_disk_when_the_fill_returns(
         await other.aclose()
     async with DiskStore(tmp_path / "l2") as reopened:
         assert await reopened.get(behind.key.digest) is not None  # flushed at close
+
+
+async def test_a_reference_reads_the_stored_digest_for_its_own_scope_model_and_revision(
+    cache: ExactCache, clock: FakeClock, registry: CollectorRegistry
+) -> None:
+    """A semantic record's digest is read as the entry it names, whatever else went into
+    that entry's key (a note, a content rule's version): no second key is built. Another
+    tenant, model revision or an expired or purged entry reads as a miss."""
+    backend = Backend()
+    stored = await prep(cache, "Capital of France?", max_tokens=256, max_tokens_applied=256)
+    await cache.get_or_fill(stored, backend.fill_for("France"))
+    digest = stored.key.digest
+    asking = await prep(cache, "capital of france ?", max_tokens=256, max_tokens_applied=256)
+    assert asking.key.digest != digest
+
+    res = await cache.lookup_ref(asking, digest)
+    assert res.status is CacheStatus.HIT and content(res.entry).startswith("answer to France")
+    assert metric(registry, "semcache_exact_hits_total", model=MODEL, tier="memory") == 1
+
+    other_tenant = await prep(cache, "capital of france ?", tenant="globex")
+    assert (await cache.lookup_ref(other_tenant, digest)).status is CacheStatus.MISS
+    other_revision = await cache.prepare(
+        route="chat", body=body(), model_id=MODEL, revision="rev-2", rule=RULE, tenant="acme"
+    )
+    assert (await cache.lookup_ref(other_revision, digest)).status is CacheStatus.MISS
+    bypass = await prep(cache, "capital of france ?", control=CacheControl(bypass_read=True))
+    assert (await cache.lookup_ref(bypass, digest)).status is CacheStatus.BYPASS
+    young = await prep(cache, "capital of france ?", control=CacheControl(max_age_s=5))
+    clock.now += 10
+    assert (await cache.lookup_ref(young, digest)).status is CacheStatus.MISS
+    assert (await cache.lookup_ref(asking, digest)).status is CacheStatus.HIT
+    await cache.purge("model", MODEL)
+    assert (await cache.lookup_ref(asking, digest)).status is CacheStatus.MISS

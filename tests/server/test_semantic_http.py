@@ -428,6 +428,14 @@ threshold = 0.5
 min_threshold = 0.5
 verifier = true
 verifier_min_prob = 0.96
+[models."tiny-flagged".routes.chat.semantic]
+enabled = true
+threshold = 0.9
+[models."tiny-flagged".dlp.prompt]
+EMAIL_ADDRESS = "flag"
+# A request that names no max_tokens gets this default, noted in its answer and its key.
+[routes.chat.max_tokens]
+default = 8
 """
 
 
@@ -443,6 +451,7 @@ def chat_gw(
     cfg.models += [
         ModelEntry(id="tiny-off", backend="tiny", task="chat"),
         ModelEntry(id="tiny-verified", backend="tiny", task="chat"),
+        ModelEntry(id="tiny-flagged", backend="tiny", task="chat"),
     ]
     gw = GatewayProcess(write_config_toml(cfg, tmp / "gateway.toml"))
     try:
@@ -458,13 +467,16 @@ def chat(
     *,
     system: str = "Answer briefly.",
     headers_: dict[str, str] | None = None,
+    max_tokens: int | None = 8,
     **extra: Any,
 ) -> httpx.Response:
+    """A chat request at temperature 0; ``max_tokens=None`` leaves the field out, as most
+    clients do (the policy's default applies)."""
     body = {
         "model": model,
         "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
-        "max_tokens": 8,
         "temperature": 0,
+        **({} if max_tokens is None else {"max_tokens": max_tokens}),
         **extra,
     }
     r = httpx.post(f"{gw.url}/v1/chat/completions", json=body, headers=headers_ or {}, timeout=120)
@@ -534,6 +546,33 @@ def test_chat_semantic_is_opt_in_and_temperature_0_only(chat_gw: GatewayProcess)
     assert streamed.headers["x-semcache-semantic"] == "hit"
     assert streamed.headers["content-type"].startswith("text/event-stream")
     assert streamed.text.rstrip().endswith("data: [DONE]")
+
+
+@pytest.mark.parametrize(
+    ("model", "question"),
+    [
+        ("tiny-chat", "What is the capital city of France?"),
+        # a DLP flag rule on the route: its version is part of the key's revision
+        ("tiny-flagged", "What is the capital city of Italy? Write to me at ann@example.com"),
+    ],
+)
+def test_chat_semantic_hits_when_the_policy_sets_max_tokens(
+    chat_gw: GatewayProcess, model: str, question: str
+) -> None:
+    """A request without ``max_tokens`` gets the policy's default, noted in the answer and
+    so in its key: the near-duplicates below must still be semantic hits (the matched
+    answer is read by the digest its record holds, never by a key rebuilt without the
+    note or the content rules' version)."""
+    first = chat(chat_gw, model, question, max_tokens=None)
+    assert first.json()["usage"].get("max_tokens_source") == "default", first.json()
+    assert "detail=semantic" not in first.headers["cache-status"]
+    again = chat(chat_gw, model, question, max_tokens=None)
+    assert again.headers["cf-aig-cache-status"] == "HIT"
+    for near in (question.replace("?", " ?"), question[0].lower() + question[1:]):
+        hit = chat(chat_gw, model, near, max_tokens=None)
+        assert hit.headers.get("x-semcache-semantic") == "hit", (near, dict(hit.headers))
+        assert hit.json()["id"] == first.json()["id"]
+        assert hit.json()["usage"]["max_tokens_applied"] == 8
 
 
 def test_chat_verifier_refuses_a_close_but_different_question(chat_gw: GatewayProcess) -> None:

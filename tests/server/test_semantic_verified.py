@@ -39,6 +39,15 @@ prior_weight = 50
 audit_rate = 0.0
 judge = "embedding"
 judge_min_similarity = 0.0
+[models."tiny-learns-default".routes.chat.semantic]
+mode = "verified"
+threshold = 0.6
+min_threshold = 0.6
+min_observations = 3
+prior_weight = 50
+audit_rate = 0.0
+judge = "embedding"
+judge_min_similarity = 0.0
 [models."tiny-exact".routes.chat.semantic]
 mode = "verified"
 threshold = 0.6
@@ -50,6 +59,9 @@ threshold = 0.6
 min_threshold = 0.6
 judge = "model"
 judge_model = "tiny-chat"
+# A request that names no max_tokens gets this default, noted in its answer and its key.
+[routes.chat.max_tokens]
+default = 8
 """
 QUESTION = "What is the capital of France?"
 PARAPHRASES = [
@@ -74,6 +86,7 @@ def gw(
     cfg = gateway_config(tmp, tiny_vllm.url, model, policy=str(tmp / "policy.toml"))
     cfg.models += [
         ModelEntry(id="tiny-learns", backend="tiny", task="chat"),
+        ModelEntry(id="tiny-learns-default", backend="tiny", task="chat"),
         ModelEntry(id="tiny-exact", backend="tiny", task="chat"),
         ModelEntry(id="tiny-judged", backend="tiny", task="chat"),
     ]
@@ -101,29 +114,33 @@ def metric(gw: GatewayProcess, name: str) -> float:
     return 0.0
 
 
+@pytest.mark.parametrize(
+    ("model", "max_tokens"), [("tiny-learns", 8), ("tiny-learns-default", None)]
+)
 def test_a_verified_partition_explores_learns_then_serves_and_forgets_on_purge(
-    gw: GatewayProcess,
+    gw: GatewayProcess, model: str, max_tokens: int | None
 ) -> None:
-    first = chat(gw, "tiny-learns", QUESTION)
+    """With and without ``max_tokens`` (the policy's default, noted in the key)."""
+    first = chat(gw, model, QUESTION, max_tokens=max_tokens)
     assert decision(first) is None  # nothing cached yet: a plain miss
-    seen = [decision(chat(gw, "tiny-learns", text)) for text in PARAPHRASES[:3]]
+    seen = [decision(chat(gw, model, text, max_tokens=max_tokens)) for text in PARAPHRASES[:3]]
     assert seen == ["explore"] * 3  # below min_observations: every candidate is explored
-    hit = chat(gw, "tiny-learns", PARAPHRASES[3])
+    hit = chat(gw, model, PARAPHRASES[3], max_tokens=max_tokens)
     assert decision(hit) == "hit"
     assert hit.json()["id"] == first.json()["id"]  # the cached answer itself
-    assert counter(gw, "tiny-learns", "explore") == 3
-    assert metric(gw, 'semcache_semantic_verified_total{event="exploit",model="tiny-learns"}') == 1
-    assert counter(gw, "tiny-learns", "judged_wrong") == 0
+    assert counter(gw, model, "explore") == 3
+    assert metric(gw, f'semcache_semantic_verified_total{{event="exploit",model="{model}"}}') == 1
+    assert counter(gw, model, "judged_wrong") == 0
 
     r = httpx.post(
         f"{gw.url}/admin/cache/purge",
-        json={"kind": "model", "target": "tiny-learns"},
+        json={"kind": "model", "target": model},
         headers={"authorization": f"Bearer {ADMIN}"},
         timeout=30,
     )
     assert r.status_code == 200, r.text
-    chat(gw, "tiny-learns", QUESTION)  # cached again, in a partition that knows nothing
-    assert decision(chat(gw, "tiny-learns", PARAPHRASES[4])) == "explore"
+    chat(gw, model, QUESTION, max_tokens=max_tokens)  # cached again, in a new partition
+    assert decision(chat(gw, model, PARAPHRASES[4], max_tokens=max_tokens)) == "explore"
 
 
 def test_exact_judge_and_the_explore_cap(gw: GatewayProcess) -> None:
