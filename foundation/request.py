@@ -5,7 +5,8 @@ or HTTP."""
 
 from __future__ import annotations
 
-from typing import Literal
+from enum import StrEnum
+from typing import Final, Literal
 
 import msgspec
 
@@ -32,10 +33,45 @@ class QueueTicket(msgspec.Struct, frozen=True, kw_only=True):
     ``backends.admission``). 0: no cap, a free slot goes to whoever asks."""
 
 
-CacheOutcome = Literal["none", "miss", "exact", "stale", "semantic", "partial", "bypass"]
-"""How the cache answered: not consulted, missed (the backend answered and the answer may
-be stored), an exact hit (fresh or ``stale``), a semantic hit, some items from semantic
-matches (``partial``), or bypassed by the client's directives."""
+class CacheOutcome(StrEnum):
+    """How the cache answered a request: the one value the headers' counterparts, the usage
+    ledger, the limits and budgets, ``/metrics``, the request log and the traces all read.
+
+    - ``none``: not consulted (an uncached route or model, or an error before the lookup);
+    - ``miss``: the backends answered (the answer may be stored);
+    - ``exact`` and ``stale``: the whole answer from the exact cache, fresh or within its
+      stale-while-revalidate window (RFC 5861), or another request's answer, coalesced;
+    - ``semantic``: the whole answer from near-identical cached requests (every item of a
+      pooling request, or a chat match);
+    - ``partial``: some items of a pooling request (embeddings, classification, scoring
+      pairs) from the cache, the rest computed. **A partial answer is not a hit**: it counts
+      in no hit count (the ledger's, the limits', ``/metrics``'), and its cached items are
+      counted as saved tokens everywhere: the ledger's ``tokens_saved`` and ``saved_usd``,
+      and the limits and budgets, which spend saved tokens only under
+      ``hits_spend_tokens``, as they do a hit's;
+    - ``bypass``: the client's directives or the policy skipped the lookup.
+    """
+
+    NONE = "none"
+    MISS = "miss"
+    EXACT = "exact"
+    STALE = "stale"
+    SEMANTIC = "semantic"
+    PARTIAL = "partial"
+    BYPASS = "bypass"
+
+    @property
+    def hit(self) -> bool:
+        """The whole answer came from the cache."""
+        return self in _HITS
+
+    @property
+    def exact(self) -> bool:
+        """The whole answer came from the exact cache (fresh or stale)."""
+        return self is CacheOutcome.EXACT or self is CacheOutcome.STALE
+
+
+_HITS: Final = frozenset({CacheOutcome.EXACT, CacheOutcome.STALE, CacheOutcome.SEMANTIC})
 
 
 class RequestUsage(msgspec.Struct, kw_only=True):
@@ -46,9 +82,12 @@ class RequestUsage(msgspec.Struct, kw_only=True):
     route: str | None = None
     """The policy's name of the route (``chat``, ``embeddings``, …): with ``model``, it
     names the rule (prices, whether bodies are logged)."""
-    cache: CacheOutcome = "none"
+    cache: CacheOutcome = CacheOutcome.NONE
     prompt_tokens: int = 0
     """Tokens the backends computed for this request (a hit computes none)."""
+    prefix_cached_tokens: int = 0
+    """Of ``prompt_tokens``, those vLLM found in its prefix cache (the answers'
+    ``prompt_tokens_details.cached_tokens``): priced at ``cached_input_per_m``."""
     completion_tokens: int = 0
     saved_prompt_tokens: int = 0
     """Tokens a cached answer spared the backends."""
@@ -66,9 +105,10 @@ class RequestUsage(msgspec.Struct, kw_only=True):
     findings: list[str] = msgspec.field(default_factory=list)
     """What the inspection found, as ``direction:TYPE:action`` (types, never values)."""
 
-    def add(self, prompt_tokens: int, completion_tokens: int) -> None:
+    def add(self, prompt_tokens: int, completion_tokens: int, prefix_cached: int = 0) -> None:
         self.prompt_tokens += max(prompt_tokens, 0)
         self.completion_tokens += max(completion_tokens, 0)
+        self.prefix_cached_tokens += max(prefix_cached, 0)
 
     def saved(self, prompt_tokens: int, completion_tokens: int) -> None:
         self.saved_prompt_tokens += max(prompt_tokens, 0)

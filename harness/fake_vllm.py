@@ -67,8 +67,13 @@ class FakeGeneration:
         self.cut_stream_at: int | None = None
         self.served = 0
         self.stored: dict[str, bytes] = {}
+        self.prefix_cached: int | None = None
+        """When set, answers say this many prompt tokens came from vLLM's prefix cache."""
 
     def _completion(self, body: dict[str, Any]) -> dict[str, Any]:
+        usage: dict[str, Any] = {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+        if self.prefix_cached is not None:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.prefix_cached}
         return {
             "id": "chatcmpl-fake",
             "object": "chat.completion",
@@ -81,7 +86,7 @@ class FakeGeneration:
                     "finish_reason": "stop",
                 }
             ],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+            "usage": usage,
         }
 
     def _response(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -75,10 +75,29 @@ class Prices(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
 
     input_per_m: NonNegFloat = 0.0
     output_per_m: NonNegFloat = 0.0
+    cached_input_per_m: NonNegFloat | None = None
+    """The price of a prompt token vLLM's prefix cache answered (OpenAI's and Anthropic's
+    "cached input"); ``None``: ``input_per_m``, so the prefix cache saves nothing in money."""
 
-    def cost_usd(self, prompt_tokens: int, completion_tokens: int) -> float:
-        """What the backend would have cost for this many tokens."""
-        return (prompt_tokens * self.input_per_m + completion_tokens * self.output_per_m) / 1e6
+    def cost_usd(self, prompt_tokens: int, completion_tokens: int, prefix_cached: int = 0) -> float:
+        """What the backend would have cost for this many tokens, ``prefix_cached`` of the
+        prompt's at the cached input price."""
+        cached = min(max(prefix_cached, 0), prompt_tokens)
+        cached_price = self.cached_input_per_m
+        if cached_price is None:
+            cached_price = self.input_per_m
+        return (
+            (prompt_tokens - cached) * self.input_per_m
+            + cached * cached_price
+            + completion_tokens * self.output_per_m
+        ) / 1e6
+
+    def prefix_saved_usd(self, prefix_cached: int) -> float:
+        """What ``prefix_cached`` prompt tokens from vLLM's prefix cache saved against the
+        input price (0 unless ``cached_input_per_m`` is set lower)."""
+        if self.cached_input_per_m is None:
+            return 0.0
+        return max(prefix_cached, 0) * max(self.input_per_m - self.cached_input_per_m, 0.0) / 1e6
 
 
 class CacheRule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):

@@ -37,6 +37,16 @@ class GatewayMetrics:
                 registry=registry,
             )
         )
+        self.cache_outcomes = Labelled(
+            Counter(
+                "semcache_request_cache_outcomes",
+                "Ended requests by route, model and cache outcome (none, miss, exact, stale, "
+                "semantic, partial, bypass): the value the ledger, the limits and the request "
+                "log read.",
+                ["route", "model", "outcome"],
+                registry=registry,
+            )
+        )
         self.latency = Labelled(
             Histogram(
                 "semcache_request_duration_seconds",
@@ -103,7 +113,7 @@ class GatewayMetrics:
         self.semantic_hits = Labelled(
             Counter(
                 "semcache_semantic_hits",
-                "Requests answered (all items, or some) from semantic matches, by model and route.",
+                "Requests answered wholly (every item) from semantic matches, by model and route.",
                 ["model", "route"],
                 registry=registry,
             )

@@ -23,6 +23,7 @@ from semcache.ledger.records import (
     UsageRecord,
     check_query,
     group_rows,
+    spend_values,
     utc_day,
     utc_month,
 )
@@ -114,11 +115,6 @@ class Storage(ABC):
         month ``YYYY-MM``. Raises :class:`LedgerUnavailable`."""
 
 
-def _spend_values(values: Sequence[float]) -> tuple[int, float, int]:
-    """(tokens, usd, tokens_saved) of one row's sums (``SUM_FIELDS`` order)."""
-    return int(values[1] + values[2]), float(values[6]), int(values[5])
-
-
 class _Stored:
     __slots__ = ("at", "values")
 
@@ -167,7 +163,7 @@ class BufferedLedger:
         self._pending.add(record.key, values)
         days = self._unwritten.setdefault(record.tenant, {})
         acc = days.get(record.day)
-        spend = _spend_values(values)
+        spend = spend_values(values)
         if acc is None:
             days[record.day] = list(spend)
         else:
@@ -178,7 +174,7 @@ class BufferedLedger:
         """Move a written batch's sums from "unwritten" to the cached stored totals."""
         for key, values in batch.counts.rows.items():
             day, tenant = key[0], key[1]
-            spend = _spend_values(values)
+            spend = spend_values(values)
             days = self._unwritten.get(tenant)
             if days is not None and day in days:
                 acc = days[day]

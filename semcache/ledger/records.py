@@ -25,10 +25,21 @@ INT_FIELDS: Final[tuple[str, ...]] = (
     "exact_hits",
     "semantic_hits",
     "tokens_saved",
+    "prefix_cached_tokens",
 )
-FLOAT_FIELDS: Final[tuple[str, ...]] = ("cost_usd", "saved_usd")
+FLOAT_FIELDS: Final[tuple[str, ...]] = ("cost_usd", "saved_usd", "prefix_saved_usd")
 SUM_FIELDS: Final[tuple[str, ...]] = INT_FIELDS + FLOAT_FIELDS
 """Every numeric field, in storage order (``Counts`` keeps them in a list in this order)."""
+
+_PROMPT, _COMPLETION = SUM_FIELDS.index("prompt_tokens"), SUM_FIELDS.index("completion_tokens")
+_USD, _SAVED = SUM_FIELDS.index("cost_usd"), SUM_FIELDS.index("tokens_saved")
+
+
+def spend_values(values: Sequence[float]) -> tuple[int, float, int]:
+    """(tokens, cost_usd, tokens_saved) of one row's sums (``SUM_FIELDS`` order): what a
+    budget counts."""
+    return int(values[_PROMPT] + values[_COMPLETION]), float(values[_USD]), int(values[_SAVED])
+
 
 Key = tuple[str, str, str, str]
 """(day, tenant, model, route): one row of storage."""
@@ -59,6 +70,10 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
     """What the backend work cost at the policy's prices (0 for a cache hit)."""
     saved_usd: float = 0.0
     """What a cache hit saved at the policy's prices."""
+    prefix_cached_tokens: int = 0
+    """Of the prompt tokens the backends computed, those vLLM's prefix cache answered."""
+    prefix_saved_usd: float = 0.0
+    """What those saved at the policy's ``cached_input_per_m`` (0 when it is unset)."""
 
     @property
     def key(self) -> Key:
@@ -73,8 +88,10 @@ class UsageRecord(msgspec.Struct, frozen=True, kw_only=True):
             self.exact_hits,
             self.semantic_hits,
             self.tokens_saved,
+            self.prefix_cached_tokens,
             self.cost_usd,
             self.saved_usd,
+            self.prefix_saved_usd,
         ]
 
 

@@ -27,7 +27,7 @@ from redis.backoff import NoBackoff
 from foundation.redis_client import RedisClient, hash_tag, open_redis
 from foundation.redis_replication import replica_ack
 from semcache.ledger.base import Batch, LedgerUnavailable, Row, Storage
-from semcache.ledger.records import INT_FIELDS, SUM_FIELDS
+from semcache.ledger.records import INT_FIELDS, SUM_FIELDS, spend_values
 from semcache.tiers.redis import OUTAGE_ERRORS
 
 MARKER_TTL_S: Final = 86_400
@@ -136,11 +136,8 @@ class RedisStorage(Storage):
             ]
             args.append(member)
             args += [_num(v, i < n_int) for i, v in enumerate(values)]
-            args += [
-                _num(values[1] + values[2], True),
-                _num(values[6], False),
-                _num(values[5], True),
-            ]
+            tokens, usd, saved = spend_values(values)
+            args += [_num(tokens, True), _num(usd, False), _num(saved, True)]
         return keys, args
 
     async def write(self, batches: Sequence[Batch]) -> None:

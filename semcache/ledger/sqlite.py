@@ -43,6 +43,15 @@ _UPSERT = (
 _SUMS = ", ".join(f"SUM({f})" for f in SUM_FIELDS)
 
 
+def _add_missing_columns(db: sqlite3.Connection) -> None:
+    """A ledger written before a sum was added gets that column, at 0 for its old rows."""
+    have = {row[1] for row in db.execute("PRAGMA table_info(usage)")}
+    for f in SUM_FIELDS:
+        if f not in have:
+            kind = "REAL" if f in FLOAT_FIELDS else "INTEGER"
+            db.execute(f"ALTER TABLE usage ADD COLUMN {f} {kind} NOT NULL DEFAULT 0")
+
+
 class SqliteStorage(Storage):
     """Usage rows in ``path`` (created with its directory)."""
 
@@ -75,6 +84,7 @@ class SqliteStorage(Storage):
         db.execute("PRAGMA journal_mode = WAL")
         db.execute("PRAGMA synchronous = NORMAL")
         db.executescript(_SCHEMA)
+        _add_missing_columns(db)
         return db, reader
 
     async def open(self) -> None:

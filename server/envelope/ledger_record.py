@@ -4,12 +4,15 @@ The client's ``usage`` counts every token of its answer; the request's ``Request
 splits them into what the backends computed (``prompt_tokens``, ``completion_tokens``) and
 what the cache answered (``saved_*``). The ledger keeps the client's view in its token
 counts, the cached part in ``tokens_saved``, and prices each part at the policy's prices
-for the request's model and route: computed → ``cost_usd``, cached → ``saved_usd``.
+for the request's model and route: computed → ``cost_usd``, cached → ``saved_usd``. Of the
+computed prompt tokens, those vLLM's prefix cache answered are ``prefix_cached_tokens``,
+priced at ``cached_input_per_m``; ``prefix_saved_usd`` is what that price saved. A partial
+answer (some items from the cache) counts as no hit: its cached items are saved tokens.
 """
 
 from __future__ import annotations
 
-from foundation.request import RequestUsage
+from foundation.request import CacheOutcome, RequestUsage
 from semcache.ledger import UsageRecord, utc_day
 from semcache.policy import Policy
 
@@ -36,9 +39,11 @@ def ledger_record(
         day=utc_day(now),
         prompt_tokens=computed_p + saved_p,
         completion_tokens=computed_c + saved_c,
-        exact_hits=int(usage.cache in ("exact", "stale")),
-        semantic_hits=int(usage.cache in ("semantic", "partial")),
+        exact_hits=int(usage.cache.exact),
+        semantic_hits=int(usage.cache is CacheOutcome.SEMANTIC),  # a partial one is no hit
         tokens_saved=saved_p + saved_c,
-        cost_usd=prices.cost_usd(computed_p, computed_c),
+        cost_usd=prices.cost_usd(computed_p, computed_c, usage.prefix_cached_tokens),
         saved_usd=prices.cost_usd(saved_p, saved_c),
+        prefix_cached_tokens=usage.prefix_cached_tokens,
+        prefix_saved_usd=prices.prefix_saved_usd(usage.prefix_cached_tokens),
     )

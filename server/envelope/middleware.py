@@ -169,6 +169,7 @@ class Envelope:
             self.metrics.tenant_requests.labels(record.principal.tenant, *labels).inc()
         else:
             self.metrics.requests.labels(*labels).inc()
+        self.metrics.cache_outcomes.labels(record.route, model, record.usage.cache.value).inc()
         if self.request_log is not None:
             self.request_log.write(log_line(record))
         self._count_usage(
@@ -208,15 +209,17 @@ class Envelope:
         """Correct the token estimate with what the request used; free its slot."""
         assert self.limiter is not None
         usage = record.usage
-        hit = usage.cache in ("exact", "stale", "semantic")
+        hit = usage.cache.hit
         prompt, completion = usage.prompt_tokens, usage.completion_tokens
-        if hit or (usage.cache == "partial" and admission.settings.hits_spend_tokens):
+        if admission.settings.hits_spend_tokens:  # a hit's and a partial answer's cached part
             prompt += usage.saved_prompt_tokens
             completion += usage.saved_completion_tokens
         cost = 0.0
         if admission.key_charge is not None and admission.key_charge.usd_keys and usage.model:
             prices = self.policy.current.rule(usage.model, usage.route or "").prices
-            cost = prices.cost_usd(usage.prompt_tokens, usage.completion_tokens)
+            cost = prices.cost_usd(
+                usage.prompt_tokens, usage.completion_tokens, usage.prefix_cached_tokens
+            )
         await self.limiter.settle(admission, prompt, completion, cache_hit=hit, cost_usd=cost)
 
     async def run(

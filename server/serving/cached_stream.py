@@ -23,7 +23,7 @@ from server.serving.output_limit import noted_item
 from server.serving.semantic_chat import Remember
 from server.serving.stream_format import StreamFormat, stream_format
 from server.serving.stream_relay import answer_stream, broken_stream_event, guard_event, replayed
-from server.serving.usage_notes import note_result
+from server.serving.usage_notes import note_result, note_uncached
 
 
 async def refusal(up: UpstreamStream) -> CachedAnswer | None:
@@ -114,7 +114,7 @@ class CachedStreams:
         live = LiveAnswer(up, asyncio.get_running_loop().create_future())
         self._land_when_recorded(flight, live, remember)
         status = CacheStatus.BYPASS if creq.control.bypass_read else CacheStatus.MISS
-        call.ctx.usage.cache = "bypass" if status is CacheStatus.BYPASS else "miss"
+        note_uncached(call.ctx.usage, bypass=status is CacheStatus.BYPASS)
         headers = {**SSE_HEADERS, **status_headers(status, creq.key.short_id)}
         relay = ClosingStream(self._live(call, live, include_usage, form, inspected), live.abandon)
         return Reply(200, stream=relay, media_type=MEDIA_TYPE, headers=headers)

@@ -29,7 +29,7 @@ from server.serving.core import ServingCore
 from server.serving.output_limit import limit_output, noted_json
 from server.serving.semantic_chat import Remember, semantic_chat
 from server.serving.stream_relay import answer_stream, relay, unsupported_stream
-from server.serving.usage_notes import note_result
+from server.serving.usage_notes import note_result, prefix_cached_of
 
 
 class Generation:
@@ -173,7 +173,9 @@ class Generation:
                 call.metrics.count_tokens(
                     call.info.id, usage.prompt_tokens, usage.completion_tokens
                 )
-                call.ctx.usage.add(usage.prompt_tokens, usage.completion_tokens)
+                call.ctx.usage.add(
+                    usage.prompt_tokens, usage.completion_tokens, prefix_cached_of(resp.body)
+                )
             return answer
 
         res = await self.core.cache.get_or_fill(creq, fill)

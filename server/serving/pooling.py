@@ -274,7 +274,8 @@ class Pooling:
         note_result(ctx.usage, res)
         if outcome.get("served") and not res.from_cache and not res.coalesced:
             note_semantic(ctx.usage, outcome["served"], len(texts), outcome["saved"], 0)
-            self.core.metrics.semantic_hits.labels(info.id, route).inc()
+            if ctx.usage.cache.hit:  # a partial answer is no hit (docs/cache.md)
+                self.core.metrics.semantic_hits.labels(info.id, route).inc()
             if "semantic" not in creq.hidden:
                 headers = semantic_headers(
                     outcome["served"],

@@ -33,7 +33,7 @@ from server.errors import ApiError, relayed_error
 from server.http.reply import Reply
 from server.serving.cache_headers import CacheDirectives, edge_headers, result_headers
 from server.serving.core import ServingCore
-from server.serving.usage_notes import note_result
+from server.serving.usage_notes import note_items, note_result
 
 ROUTE: Final = "rerank"
 PAIR_ROUTE: Final = "rerank.pair"
@@ -114,8 +114,7 @@ class Scoring:
         note_result(ctx.usage, res)
         served = outcome.get("served", 0)
         if served and not res.from_cache and not res.coalesced:
-            ctx.usage.cache = "partial" if served < len(pairs) else "exact"
-            ctx.usage.saved(outcome.get("saved", 0), 0)
+            note_items(ctx.usage, served, len(pairs), outcome.get("saved", 0), 0)
         core.metrics.latency.labels(ROUTE, "false").observe(time.perf_counter() - started)
         headers = {**result_headers(res, creq), **edge_headers(res, creq), **said}
         if served and not res.from_cache and "status" not in creq.hidden:

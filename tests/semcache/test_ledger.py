@@ -6,6 +6,7 @@ import asyncio
 import calendar
 import os
 import signal
+import sqlite3
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -99,6 +100,8 @@ async def test_query_groups_and_sums_written_and_unwritten_alike(ledger: UsageLe
                 "tokens_saved": 0,
                 "cost_usd": 0.0,
                 "saved_usd": 0.0,
+                "prefix_cached_tokens": 0,
+                "prefix_saved_usd": 0.0,
             },
             {
                 "tenant": "acme",
@@ -111,6 +114,8 @@ async def test_query_groups_and_sums_written_and_unwritten_alike(ledger: UsageLe
                 "tokens_saved": 1,
                 "cost_usd": 0.0,
                 "saved_usd": 0.0,
+                "prefix_cached_tokens": 0,
+                "prefix_saved_usd": 0.0,
             },
             {
                 "tenant": "beta",
@@ -123,6 +128,8 @@ async def test_query_groups_and_sums_written_and_unwritten_alike(ledger: UsageLe
                 "tokens_saved": 0,
                 "cost_usd": 0.0,
                 "saved_usd": 0.0,
+                "prefix_cached_tokens": 0,
+                "prefix_saved_usd": 0.0,
             },
         ]
         # Group-by order does not matter; key fields come out tenant, model, route, day.
@@ -342,3 +349,34 @@ def test_record_values_follow_the_storage_order() -> None:
         **{f: i + 2 for i, f in enumerate(SUM_FIELDS)},
     )
     assert r.values() == [getattr(r, f) for f in SUM_FIELDS] == list(range(2, 2 + len(SUM_FIELDS)))
+
+
+async def test_a_ledger_written_before_the_prefix_sums_gains_their_columns(
+    tmp_path: Path,
+) -> None:
+    """An SQLite ledger made before ``prefix_cached_tokens`` and ``prefix_saved_usd`` existed
+    opens with them added, its old rows at 0, and is written and read as any other."""
+
+    path = tmp_path / "usage.sqlite"
+    old = sqlite3.connect(path)
+    old.executescript(
+        """CREATE TABLE usage (day TEXT NOT NULL, tenant TEXT NOT NULL, model TEXT NOT NULL,
+        route TEXT NOT NULL, requests INTEGER NOT NULL DEFAULT 0,
+        prompt_tokens INTEGER NOT NULL DEFAULT 0, completion_tokens INTEGER NOT NULL DEFAULT 0,
+        exact_hits INTEGER NOT NULL DEFAULT 0, semantic_hits INTEGER NOT NULL DEFAULT 0,
+        tokens_saved INTEGER NOT NULL DEFAULT 0, cost_usd REAL NOT NULL DEFAULT 0,
+        saved_usd REAL NOT NULL DEFAULT 0, PRIMARY KEY (day, tenant, model, route))
+        WITHOUT ROWID;
+        INSERT INTO usage VALUES ('2026-12-01', 'acme', 'llama', 'chat', 1, 5, 2, 0, 0, 0, 0.1, 0);
+        """
+    )
+    old.close()
+    ledger = BufferedLedger(SqliteStorage(path), clock=time.time)
+    await ledger.start()
+    try:
+        ledger.add(record("acme", "llama", "chat", "2026-12-01", prefix_cached_tokens=3))
+        await ledger.flush()
+        (row,) = await ledger.query("2026-12-01", "2026-12-01", ["tenant"], None)
+        assert (row["requests"], row["prompt_tokens"], row["prefix_cached_tokens"]) == (2, 5, 3)
+    finally:
+        await ledger.aclose()

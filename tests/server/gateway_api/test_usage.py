@@ -117,6 +117,8 @@ def test_the_ledger_sums_what_the_clients_received(client: Client) -> None:
         "tokens_saved",
         "cost_usd",
         "saved_usd",
+        "prefix_cached_tokens",
+        "prefix_saved_usd",
     }
     # today (UTC) is the default range's end; an admin may look at one tenant
     (day,) = usage(client, ADMIN, group_by="day", tenant=tenant_from(bearer("bob-key"))).json()[
