@@ -17,9 +17,10 @@ Short prompts (under ``prefill_threshold_tokens``), requests with ``n``/``best_o
 batched prompts, Responses API requests that continue a kept response, an empty, overloaded
 or failing prefill pool: the decode server computes the prompt alone. A decode server that
 fails before the first byte is replaced by another (with the same KV parameters if it was
-unreachable, without them if it answered an error — e.g. the KV pull failed); after bytes
-were relayed a failure ends the stream with ``BackendError``, which the server turns into an
-error event.
+unreachable, without them if it answered an error — e.g. the KV pull failed — or broke off
+its answer); a server that failed the request is tried again (without KV parameters) only
+when it answered and no other server is left. After bytes were relayed a failure ends the
+stream with ``BackendError``, which the server turns into an error event.
 
 The KV hand-off is bounded (``handoff_bound_s``, at most half of the prefill's KV lease
 ``kv_lease_s``): vLLM's prefill server frees blocks no decode server has read within the lease,
@@ -238,11 +239,19 @@ class DecodeHop:
         self.stats = stats
         self.placement = placement
 
-    async def _next_lease(self, plan: Plan, excluded: set[ServerState]) -> Lease | None:
-        """Another decode slot for a retry, or None when no other server is left."""
+    async def _next_lease(
+        self, plan: Plan, unanswered: set[ServerState], failed: set[ServerState]
+    ) -> Lease | None:
+        """A decode slot for a retry: on a server this request has not failed on, else on one
+        that answered it with a failure (``failed``; it may recompute the prompt), never on one
+        that gave no answer (``unanswered``: refused, reset, timed out); None when none is
+        left."""
         pool = self.pool
+        excluded = unanswered | failed
         if not self.placement.any_healthy(pool.servers, excluded):
-            return None
+            excluded = unanswered
+            if not self.placement.any_healthy(pool.servers, excluded):
+                return None
         try:
             return await pool.admission.acquire(
                 lambda: self.placement.rank(pool.servers, plan.key, excluded)
@@ -264,14 +273,16 @@ class DecodeHop:
 
         ``attempt(lease, body)`` tries the lease's server with this body and returns the answer,
         or the ``BackendError`` of a server that answered but failed (retried elsewhere without
-        KV parameters); it raises ``HTTP_ERRORS`` for an unreachable one (retried elsewhere with
-        the same KV parameters). An answer owns the lease; a failure leaves it to this loop.
+        KV parameters, on the same server only when no other is left); it raises
+        ``HTTP_ERRORS`` for an unreachable one (retried elsewhere with the same KV parameters).
+        An answer owns the lease; a failure leaves it to this loop.
         With KV parameters, an attempt must return by the hand-off bound counted from
         ``prefilled_at`` (``time.perf_counter()`` at the prefill answer); past it the next
         attempt, on any server, goes without them.
         """
         lease: Lease | None = first
-        excluded: set[ServerState] = set()
+        unanswered: set[ServerState] = set()
+        failed: set[ServerState] = set()
         failure: BackendError | None = None
         for n in range(self.attempts):
             if lease is None:
@@ -307,10 +318,10 @@ class DecodeHop:
                     lease.release()
                     lease = None
                     if n + 1 < self.attempts:
-                        lease = await self._next_lease(plan, excluded)
+                        lease = await self._next_lease(plan, unanswered, failed)
                     continue
                 failure = http_failure(exc, server.url)
-                excluded.add(server)
+                unanswered.add(server)
             except BaseException:
                 lease.release()
                 raise
@@ -318,11 +329,12 @@ class DecodeHop:
                 if not isinstance(outcome, BackendError):
                     return outcome
                 failure = outcome
+                failed.add(server)
                 params = None  # e.g. the KV pull failed: the next try computes the prompt
             lease.release()
             self.pool.failed(server, failure)
             lease = None
             if n + 1 < self.attempts:
-                lease = await self._next_lease(plan, excluded)
+                lease = await self._next_lease(plan, unanswered, failed)
         assert failure is not None
         raise failure

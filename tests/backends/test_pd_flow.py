@@ -404,30 +404,75 @@ async def test_a_stream_broken_after_the_first_bytes_raises_and_frees_the_slot(
     await c.aclose()
 
 
-async def test_a_stream_cut_before_its_first_event_is_retried_on_another_server(
-    upstream: Make,
+async def reset_before_headers(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+    """The connection is accepted, then closed before any answer (a server being killed)."""
+    assert request.transport is not None
+    request.transport.close()
+    return web.Response()
+
+
+async def cut_after_headers(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+    """The answer's headers go out (vLLM sends a stream's before the engine runs), then the
+    connection closes before the first byte of the body: a server killed meanwhile."""
+    response = web.StreamResponse(
+        headers={"content-type": "text/event-stream" if body.get("stream") else "application/json"}
+    )
+    if not body.get("stream"):
+        response.content_length = 64
+    await response.prepare(request)  # sends the headers now
+    assert request.transport is not None
+    request.transport.close()
+    return response
+
+
+async def error_before_first_event(
+    request: web.Request, body: dict[str, Any]
+) -> web.StreamResponse:
+    """vLLM's answer when the KV pull failed: a 500, or a stream whose first event is one."""
+    if body.get("stream"):
+        error = b'data: {"error":{"message":"Internal server error","code":500}}\n\n'
+        return await sse(request, error, b"data: [DONE]\n\n")
+    return json_answer(500, {"error": {"code": 500}})
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("failing", "kind"),
+    [
+        (reset_before_headers, "unreachable"),
+        (cut_after_headers, "broken"),
+        (error_before_first_event, "broken"),
+    ],
+)
+async def test_a_decode_server_failing_before_the_first_byte_is_replaced_by_another(
+    failing: Behaviour, kind: str, stream: bool, upstream: Make
 ) -> None:
-    cuts = 0
-
-    async def cut_once(request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
-        nonlocal cuts
-        if cuts:
-            return await decode_ok(request, body)
-        cuts += 1
-        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
-        await response.prepare(request)
-        await response.write(b'data: {"type":"response.created"}\n\n')
-        assert request.transport is not None
-        request.transport.close()  # the handler failed after its headers went out
-        return response
-
-    up = await upstream({PREFILL: prefill_ok, DECODE_1: cut_once, DECODE_2: cut_once})
+    """Whatever the failure, the retry goes to another decode server: the failing one is the
+    request's first choice (a session pins the order) and would fail again."""
+    up = await upstream({PREFILL: prefill_ok, DECODE_1: decode_ok, DECODE_2: decode_ok})
     c = client(up, decode=(DECODE_1, DECODE_2))
-    answer = await c.open_stream(CHAT, chat(stream=True), ctx())
-    assert b"Hi" in b"".join([chunk async for chunk in answer.chunks()])
-    assert cuts == 1 and len(up.bodies(DECODE_1)) + len(up.bodies(DECODE_2)) == 2
-    assert all(server.healthy for server in c.decode_pool.servers)
-    assert sum(server.errors["broken"] for server in c.decode_pool.servers) == 1
+    order = [up.name(s.url) for s in c.router.placement.rank(c.decode_pool.servers, _key(c))]
+    first, second = order
+    up.behaviour[first] = failing
+    request = chat(stream=stream)
+    if stream:
+        answer = await c.open_stream(CHAT, request, ctx(session_affinity="s"))
+        assert answer.status == 200
+        received = b"".join([chunk async for chunk in answer.chunks()])
+        assert b'"Hi"' in received and received.endswith(b"data: [DONE]\n\n")
+    else:
+        answer = await c.post(CHAT, request, ctx(session_affinity="s"))
+        assert answer.status == 200
+        assert orjson.loads(answer.body) == {"choices": [{"message": {"content": "Hi"}}]}
+    assert len(up.bodies(first)) == 1 and len(up.bodies(second)) == 1
+    # an unreachable server never read the KV; one that answered may have: recompute
+    kv = up.bodies(second)[0].get("kv_transfer_params")
+    assert kv == (PARAMS if kind == "unreachable" else None)
+    failed = next(s for s in c.decode_pool.servers if s.url == up.url(first))
+    assert failed.errors == {kind: 1}
+    assert failed.healthy is (kind != "unreachable")  # an answer is not a dead server
+    assert c.stats.hops == {"prefill": 1, "decode": 1, "decode_retry": 1}
+    assert c.inflight() == 0
     await c.aclose()
 
 

@@ -1,4 +1,5 @@
-"""Backend failures reach the client as clean OpenAI errors: no hang, no trace, no 500."""
+"""Backend failures reach the client as clean OpenAI errors: no hang, no trace, no 500; a
+decode server that fails before the first byte reaches the client is replaced by another."""
 
 from __future__ import annotations
 
@@ -10,10 +11,15 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
+from aiohttp import web
 
 from backends.config import VllmBackend, VllmServer
 from backends.launch.process import VllmProcess
+from backends.placement import rendezvous_order
+from backends.servers import ServerState
+from harness.fake_vllm import FakeServer, sse
 from harness.gateway import GatewayProcess, GatewayThread
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm
@@ -61,6 +67,111 @@ def test_unreachable_backend_is_502_or_503_with_retry_after(dead_gateway: Gatewa
     ready = httpx.get(f"{dead_gateway.url}/ready")
     assert ready.status_code == 503
     assert ready.json()["backends"] == {"tiny": False}
+
+
+KV_PARAMS = {"do_remote_prefill": True, "remote_block_ids": [1], "remote_engine_id": "e"}
+ANSWER = {
+    "id": "c",
+    "object": "chat.completion",
+    "model": "m",
+    "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "Hi"}, "finish_reason": "stop"}
+    ],
+    "usage": {"prompt_tokens": 90, "completion_tokens": 1, "total_tokens": 91},
+}
+
+
+async def _prefill(request: web.Request) -> web.StreamResponse:
+    if request.path == "/v1/chat/completions":
+        return web.json_response({"choices": [], "kv_transfer_params": KV_PARAMS})
+    return web.Response()  # /health, /metrics
+
+
+async def _decode(request: web.Request) -> web.StreamResponse:
+    if request.path != "/v1/chat/completions":
+        return web.Response()
+    if orjson.loads(await request.read()).get("stream"):
+        hi = b'data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
+        return await sse(request, hi, b"data: [DONE]\n\n")
+    return web.json_response(ANSWER)
+
+
+async def _killed_after_headers(request: web.Request) -> web.StreamResponse:
+    """Headers out (vLLM sends a stream's before its engine runs), then the connection closes
+    before the first event: the server was killed while the request waited for its KV."""
+    if request.path != "/v1/chat/completions":
+        return web.Response()
+    stream = orjson.loads(await request.read()).get("stream")
+    response = web.StreamResponse(
+        headers={"content-type": "text/event-stream" if stream else "application/json"}
+    )
+    if not stream:
+        response.content_length = 64
+    await response.prepare(request)
+    assert request.transport is not None
+    request.transport.close()
+    return response
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_decode_server_killed_before_the_first_byte_is_replaced(
+    data_dir: Path, stream: bool
+) -> None:
+    """The client gets the other decode server's whole answer, not a 502."""
+    prefill = FakeServer(_prefill)
+    ports = [free_port(), free_port()]
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
+    states = [ServerState(VllmServer(url=url, role="decode"), limit=1) for url in urls]
+    owner = rendezvous_order("s", states)[0].url  # the session's first choice dies
+    cut: list[str] = []
+
+    async def killed(request: web.Request) -> web.StreamResponse:
+        cut.append(request.path)
+        return await _killed_after_headers(request)
+
+    decodes = [
+        FakeServer(killed if url == owner else _decode, port)
+        for url, port in zip(urls, ports, strict=True)
+    ]
+    servers = [VllmServer(url=prefill.url, role="prefill")]
+    servers += [VllmServer(url=d.url, role="decode") for d in decodes]
+    backend = VllmBackend(
+        name="pd",
+        served_model="m",
+        revision="test",
+        servers=servers,
+        prefill_threshold_tokens=8,
+        health_interval_s=3600,
+    )
+    config = GatewayConfig(
+        data_dir=str(data_dir),
+        cache=False,
+        models=[ModelEntry(id="chat", backend="pd")],
+        backends=[backend],
+    )
+    for server in (prefill, *decodes):
+        await server.start()
+    gw = GatewayThread(config).start()
+    try:
+        body = {
+            "model": "chat",
+            "messages": [{"role": "user", "content": "The cat reads a book. " * 20}],
+            "stream": stream,
+        }
+        async with httpx.AsyncClient(timeout=30) as client:
+            r = await client.post(
+                f"{gw.url}/v1/chat/completions", json=body, headers={"x-session-affinity": "s"}
+            )
+        assert r.status_code == 200, r.text
+        assert "/v1/chat/completions" in cut  # tried first, cut after its headers
+        if stream:
+            assert b'"Hi"' in r.content and r.content.endswith(b"data: [DONE]\n\n")
+        else:
+            assert r.json()["choices"][0]["message"]["content"] == "Hi"
+    finally:
+        gw.stop()
+        for server in (prefill, *decodes):
+            await server.stop()
 
 
 @pytest.mark.slow
