@@ -38,7 +38,10 @@ def registry() -> ModelRegistry:
 
 @pytest.fixture
 def http(tmp_path: Path) -> Iterator[TestClient[Any]]:
-    tokens = [TokenEntry(token="tok-all", tenant="acme", roles=["admin"])]
+    tokens = [
+        TokenEntry(token="tok-all", tenant="acme", roles=["admin"]),
+        TokenEntry(token="tok-acct", tenant="acme", accounts=[ACCOUNT]),
+    ]
     config = GatewayConfig(data_dir=str(tmp_path), auth=AuthSettings(tokens=tokens))
     with TestClient(create_app(config, registry=registry())) as client:
         yield client
@@ -132,6 +135,9 @@ def test_errors_come_in_the_envelope(http: TestClient[Any]) -> None:
         r = http.get(SEARCH, params=query, headers=ok)
         assert r.status_code == 400, (query, r.text)
         assert r.json()["success"] is False and r.json()["errors"][0]["code"] == 4000
+    other = http.get(SEARCH.replace(ACCOUNT, "other"), headers={"authorization": "Bearer tok-acct"})
+    assert other.status_code == 403 and other.json()["success"] is False
+    assert http.get(SEARCH, headers={"authorization": "Bearer tok-acct"}).status_code == 200
     missing = http.get(SCHEMA, headers=ok)
     assert missing.status_code == 400 and missing.json()["success"] is False
 
