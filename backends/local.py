@@ -138,6 +138,9 @@ class LocalEmbeddingBackend:
         text: str = self._model.tokenizer.decode(token_ids, skip_special_tokens=True)
         return text
 
+    def vocab_size(self) -> int:
+        return len(self._model.tokenizer)  # added tokens included
+
     async def ready(self) -> bool:
         return self._model is not None
 

@@ -95,6 +95,11 @@ class JsonTokenizer:
             raise ValueError(f"return_tensors={return_tensors!r}: only 'np' is offered")
         return out
 
+    def __len__(self) -> int:
+        """The vocabulary's size, added tokens included (as a Hugging Face tokenizer's)."""
+        size: int = self._tokenizer(False, None).get_vocab_size(with_added_tokens=True)
+        return size
+
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         text: str = self._tokenizer(False, None).decode(
             list(token_ids), skip_special_tokens=skip_special_tokens

@@ -45,6 +45,7 @@ from server.guard.guardrails import Scorer
 from server.guard.inspector import Guard
 from server.guard.metrics import GuardMetrics
 from server.http.draining import Drain
+from server.http.head import head_as_get
 from server.http.internals import before_routing, write_bodies_eagerly
 from server.identity.api_keys.admin import KeyAdmin
 from server.identity.api_keys.factory import build_key_view
@@ -374,4 +375,5 @@ def create_app(
         early.watch("/v1/messages", Watched("chat", "chat", hit_reply))
         before_routing(app, early.wrap)
         core.hits = early
+    before_routing(app, head_as_get)  # outermost: every layer after it sees a GET
     return app

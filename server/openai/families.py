@@ -10,7 +10,7 @@ from server.batch.system import BatchSystem
 from server.openai.batches.runner import OpenAIItemRunner
 from server.openai.batches.serving import BatchesServing
 from server.openai.chat_completion.protocol import ChatCompletionRequest
-from server.openai.completion.protocol import CompletionRequest
+from server.openai.completion.protocol import CompletionRequest, check_prompt
 from server.openai.files.serving import FilesServing
 from server.openai.models.serving import ModelsServing
 from server.openai.pooling.serving import PoolingServing
@@ -75,7 +75,12 @@ def build_openai(
             schema=ChatCompletionRequest,
         ),
         completion=TextGenerationServing(
-            core, generation, path="/v1/completions", route="completions", schema=CompletionRequest
+            core,
+            generation,
+            path="/v1/completions",
+            route="completions",
+            schema=CompletionRequest,
+            check=check_prompt,
         ),
         responses=ResponsesServing(core, generation, stores.responses),
         pooling=PoolingServing(core, generation, pooling),

@@ -29,6 +29,7 @@ from server.serving.core import ServingCore
 from server.serving.output_limit import limit_output, noted_json
 from server.serving.semantic_chat import Remember, semantic_chat
 from server.serving.stream_relay import answer_stream, relay, unsupported_stream
+from server.serving.tool_fields import TOOL_ROUTES, without_empty_tools
 from server.serving.usage_notes import note_result, prefix_cached_of
 
 
@@ -56,6 +57,8 @@ class Generation:
         none (a surface's own, as Workers AI's 256); ``max_tokens_ceiling``: the request's
         own ``max_tokens`` is a ceiling the context may lower (Workers AI's), not a demand."""
         core = self.core
+        if route in TOOL_ROUTES:  # `tools: []` is no tools, for the backend and the key
+            body = without_empty_tools(body)
         backend = core.registry.generation_backend(info)
         ctx.salt_scope = core.scope(info, route, ctx)
         ctx.usage.model, ctx.usage.route = info.id, route

@@ -60,3 +60,7 @@ def test_decoded_text_is_the_models_own(reference: Any, tokenizer: JsonTokenizer
             assert tokenizer.decode(ids, skip_special_tokens=skip) == reference.decode(
                 ids, skip_special_tokens=skip
             )
+
+
+def test_vocabulary_size_is_the_models_own(reference: Any, tokenizer: JsonTokenizer) -> None:
+    assert len(tokenizer) == len(reference) == 30522

@@ -8,6 +8,7 @@ import msgspec
 
 from foundation.config_types import NonEmptyStr, PosInt
 from server.openai.protocol import SamplingFields
+from server.openai.token_ids import InputError, token_id_lists
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
@@ -16,6 +17,20 @@ class CompletionRequest(SamplingFields, kw_only=True):
     echo: bool | None = None
     best_of: PosInt | None = None
     suffix: str | None = None
+
+
+def check_prompt(req: CompletionRequest) -> None:
+    """A ``prompt`` list is strings, token ids or token-id lists (ids checked as
+    ``server.openai.token_ids`` does; vLLM checks them against its vocabulary)."""
+    prompt = req.prompt
+    if isinstance(prompt, str) or all(isinstance(p, str) for p in prompt):
+        return
+    if token_id_lists(prompt, "prompt") is None:
+        raise InputError(
+            "prompt",
+            "Expected a string, a list of strings, a list of token ids or a list of "
+            "token-id lists.",
+        )
 
 
 class Completion(msgspec.Struct, kw_only=True):

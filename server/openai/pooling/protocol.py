@@ -8,16 +8,9 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from foundation.config_types import NonEmptyStr, PosInt
+from server.openai.token_ids import InputError, token_id_lists
 
 MAX_EMBEDDING_INPUTS = 2048
-
-
-class InputError(ValueError):
-    """An ``input`` item of the wrong kind; ``param`` names it."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 class EmbeddingRequest(msgspec.Struct, kw_only=True):
@@ -31,7 +24,8 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
 def embedding_inputs(value: str | list[Any]) -> list[str] | list[list[int]]:
     """Normalise ``input`` to a list of strings or a list of token-id lists.
 
-    OpenAI accepts a string, a list of strings, a list of token ids, or a list of those.
+    OpenAI accepts a string, a list of strings, a list of token ids, or a list of those
+    (``server.openai.token_ids`` checks the ids).
     """
     if isinstance(value, str):
         return [value]
@@ -40,15 +34,9 @@ def embedding_inputs(value: str | list[Any]) -> list[str] | list[list[int]]:
             if not v:
                 raise InputError(f"input[{i}]", "Input strings must not be empty.")
         return list(value)
-    if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        return [list(value)]
-    if all(isinstance(v, list) for v in value):
-        out: list[list[int]] = []
-        for i, v in enumerate(value):
-            if not v or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
-                raise InputError(f"input[{i}]", "Expected a non-empty list of token ids.")
-            out.append(v)
-        return out
+    ids = token_id_lists(value, "input")
+    if ids is not None:
+        return ids
     raise InputError(
         "input",
         "Expected a string, a list of strings, a list of token ids or a list of token-id lists.",

@@ -13,14 +13,18 @@ from server.http.reply import Reply
 from server.openai.pooling.protocol import (
     ClassificationRequest,
     EmbeddingRequest,
-    InputError,
     classification_inputs,
     embedding_inputs,
 )
+from server.openai.token_ids import InputError, out_of_vocabulary
 from server.serving.cache_headers import CacheDirectives
 from server.serving.core import ServingCore
 from server.serving.generation import Generation
 from server.serving.pooling import Pooling
+
+
+def invalid_input(exc: InputError) -> ApiError:
+    return ApiError(400, str(exc), param=exc.param, code="invalid_value")
 
 
 class PoolingServing:
@@ -35,16 +39,19 @@ class PoolingServing:
     ) -> Reply:
         req = msgspec.convert(body, EmbeddingRequest)
         info = self.core.resolve(req.model, "embeddings", ctx)
-        if info.backend_name in self.core.registry.generation:
+        try:
+            items = embedding_inputs(req.input)
+        except InputError as exc:
+            raise invalid_input(exc) from None
+        if info.backend_name in self.core.registry.generation:  # vLLM checks its vocabulary
             return await self.generation.generate(
                 "/v1/embeddings", "embeddings", info, body, False, ctx, cache
             )
         backend = self.core.registry.embedding_backend(info)
-        try:
-            items = embedding_inputs(req.input)
-        except InputError as exc:
-            raise ApiError(400, str(exc), param=exc.param, code="invalid_value") from None
         await backend.start()
+        ids = [item for item in items if not isinstance(item, str)]
+        if (unknown := out_of_vocabulary(ids, backend.vocab_size(), "input")) is not None:
+            raise invalid_input(unknown)
         if req.dimensions is not None and req.dimensions != backend.dimensions:
             raise ApiError(
                 400,
@@ -67,5 +74,5 @@ class PoolingServing:
         try:
             texts = classification_inputs(req.input)
         except InputError as exc:
-            raise ApiError(400, str(exc), param=exc.param, code="invalid_value") from None
+            raise invalid_input(exc) from None
         return await self.pooling.classify(info, texts, body, ctx, cache)

@@ -8,8 +8,9 @@ from typing import Annotated, Any
 import msgspec
 
 from foundation.config_types import NonEmptyStr
+from server.openai.token_ids import MAX_TOKEN_ID
 
-TokenId = Annotated[int, msgspec.Meta(ge=0)]
+TokenId = Annotated[int, msgspec.Meta(ge=0, le=MAX_TOKEN_ID)]
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):

@@ -186,6 +186,23 @@ def test_count_tokens_is_the_rendered_prompts(
     assert again.headers["cf-aig-cache-status"] == "HIT"
 
 
+def test_no_tools_as_an_empty_list(gateway: GatewayProcess) -> None:
+    """``tools: []`` (Claude Code's ``--tools ""``) is no tools, which vLLM alone would refuse;
+    it shares its entry with the request that names none, and the OpenAI route's too."""
+    a = client(gateway, "key-no-tools")
+    kw: dict[str, Any] = {"model": MODEL, "max_tokens": 4, "messages": ask("No tools?"), **GREEDY}
+    empty = a.messages.with_raw_response.create(tools=[], tool_choice={"type": "auto"}, **kw)
+    assert empty.headers["cf-aig-cache-status"] == "MISS"
+    assert empty.parse().content[0].type == "text"
+    plain = a.messages.with_raw_response.create(**kw)
+    assert plain.headers["cf-aig-cache-status"] == "HIT"
+    chat = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="key-no-tools", max_retries=0)
+    answer = chat.chat.completions.with_raw_response.create(
+        model=MODEL, messages=ask("Other, no tools?"), max_tokens=4, temperature=0, tools=[]
+    )
+    assert answer.parse().choices[0].message.content is not None
+
+
 def test_a_tool_use_round_trip(gateway: GatewayProcess) -> None:
     a = client(gateway, "key-tools")
     question = ask("What is the weather in Paris?")

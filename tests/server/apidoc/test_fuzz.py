@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
@@ -215,6 +216,57 @@ def test_every_operation(api: schemathesis.BaseSchema) -> None:
     print(f"FIGURE fuzz: {len(operations)} operations, {counts} requests, {len(failures)} failed")
     assert all(sent.values()), sent
     assert not failures, "\n\n".join(failures)
+
+
+TOKEN_IDS: dict[str, Any] = {
+    "negative": [[-5]],
+    "negative, flat": [3, -1],
+    "past the vocabulary": [[10**6]],
+    "past int32": [[2**31]],
+    "past int64": [[2**64]],
+    "a float": [[1.5]],
+    "a boolean": [[True]],
+    "a string among ids": [[1, "a"]],
+    "nested too deep": [[[1]]],
+    "nested deeper": [[[[1, 2]]]],
+    "an empty list": [[]],
+    "empty": [],
+    "ids and lists": [1, [2]],
+    "a null": [[None]],
+}
+"""Wrong token-id inputs: each sent to every field that takes token ids (and to the fields
+that take only text, where ids are wrong too)."""
+TOKEN_ID_FIELDS = [
+    ("/v1/embeddings", "input", {"model": "all-MiniLM-L6-v2"}),
+    ("/v1/embeddings", "input", {"model": "@cf/test/minilm", "encoding_format": "base64"}),
+    ("/v1/completions", "prompt", {"model": "tiny-chat", "max_tokens": 4}),
+    ("/detokenize", "tokens", {"model": "tiny-chat"}),
+    ("/v1/classify", "input", {"model": "sentiment-minilm"}),
+    ("/client/v4/accounts/fuzz/ai/run/@cf/test/minilm", "text", {}),
+    ("/client/v4/accounts/fuzz/ai/run/@cf/test/tiny", "prompt", {"max_tokens": 4}),
+]
+
+
+def test_token_id_inputs(fuzzed_gateway: GatewayProcess) -> None:
+    """Every wrong token-id input is refused with a 4xx (400 where the gateway reads ids
+    itself), never a server error; the same ids in range are answered."""
+    failures: list[str] = []
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=fuzzed_gateway.url, headers=headers, timeout=120) as http:
+        for path, field, rest in TOKEN_ID_FIELDS:
+            for name, value in TOKEN_IDS.items():
+                r = http.post(path, json={**rest, field: value})
+                # vLLM decodes ids past its vocabulary, and no ids, as it likes (no 5xx)
+                wanted = r.status_code < 500 and (path == "/detokenize" or r.status_code == 400)
+                if not wanted:
+                    failures.append(f"{path} {field}={name}: {r.status_code} {r.text[:200]}")
+        for path, field, rest in TOKEN_ID_FIELDS[:4]:
+            r = http.post(path, json={**rest, field: [[101, 102]] if field != "tokens" else [1]})
+            if r.status_code != 200:
+                failures.append(f"{path} {field} in range: {r.status_code} {r.text[:200]}")
+    sent = len(TOKEN_ID_FIELDS) * len(TOKEN_IDS)
+    print(f"FIGURE fuzz token ids: {sent} requests, {len(failures)} failed")
+    assert not failures, "\n".join(failures)
 
 
 def test_linked_operations(api: schemathesis.BaseSchema) -> None:
