@@ -1,4 +1,4 @@
-"""Liveness, readiness and Prometheus metrics."""
+"""The root, liveness, readiness and Prometheus metrics."""
 
 from __future__ import annotations
 
@@ -16,10 +16,37 @@ class Health(msgspec.Struct):
     status: Literal["ok"] = "ok"
 
 
+class Root(msgspec.Struct, kw_only=True):
+    """What a client probing the base URL learns (Claude Code sends ``HEAD /`` at start)."""
+
+    name: Literal["semcache"] = "semcache"
+    status: Literal["ok"] = "ok"
+    openapi: str = "/openapi.json"
+    health: str = "/health"
+
+
 class Readiness(msgspec.Struct, kw_only=True):
     status: Literal["ready", "not_ready"]
     backends: dict[str, bool]
     """Each backend: whether it answers."""
+
+
+@get(
+    "/",
+    opt={"auth": "public"},
+    sync_to_thread=False,
+    operation_class=documented(
+        RouteDoc(
+            summary="The gateway's root",
+            tag="Health",
+            auth=False,
+            answers=(Answer(200, Root, "The gateway is up; where its API is described."),),
+            errors=(),
+        )
+    ),
+)
+def root() -> Response[bytes]:
+    return Response(msgspec.json.encode(Root()), media_type="application/json")
 
 
 @get(
@@ -95,4 +122,4 @@ def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     )
 
 
-ROUTES = [health, ready, metrics]
+ROUTES = [root, health, ready, metrics]

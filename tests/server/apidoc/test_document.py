@@ -82,7 +82,7 @@ def test_errors_and_auth_are_declared(document: dict[str, Any]) -> None:
     }
     for path, item in document["paths"].items():
         for method, op in item.items():
-            health = path in ("/health", "/ready", "/metrics")
+            health = path in ("/", "/health", "/ready", "/metrics")
             assert (op.get("security") is None) == health, (method, path)
             if health:
                 continue

@@ -70,3 +70,7 @@ def test_head_through_uvicorn(gateway: GatewayThread) -> None:
             same_answer(get, head)
             assert int(head.headers.get("content-length", "0")) == len(get.content)
         assert http.get("/health").status_code == 200  # the connection still serves
+        # Claude Code probes the base URL at start: it answers, without a token too
+        probe = httpx.head(f"{gateway.url}/")
+        assert probe.status_code == 200 and probe.content == b""
+        assert http.get("/").json()["openapi"] == "/openapi.json"
