@@ -60,7 +60,7 @@ class ExactCache:
         stores: list[Store[Any]] = [*([memory] if memory is not None else []), *self.lower]
         self.purger = Purger(self.epochs, stores)
         self.flights = Flights(self._put_led, metrics)
-        self.refreshes = Refreshes(self.flights, metrics)
+        self.refreshes = Refreshes(self.flights, self._fresh_stored, metrics)
 
     @property
     def memory(self) -> MemoryStore[CachedAnswer] | None:
@@ -322,6 +322,11 @@ class ExactCache:
             return None
         status, _ = freshness(entry, req.control, self.clock())
         return entry if status is CacheStatus.HIT else None
+
+    async def _fresh_stored(self, req: CacheRequest) -> bool:
+        """Whether a tier holds a fresh answer to the request (a refresh asks before fetching)."""
+        found, _ = await self.tiers.find(req, self.clock())
+        return found is not None and found.status is CacheStatus.HIT
 
     async def claim(self, req: CacheRequest, refresh: Fill) -> CacheResult | Flight:
         """Serve from the cache, or hand the caller the :class:`Flight` of a miss to lead.

@@ -113,7 +113,8 @@ class Flight:
     async def finish(self, answer: CachedAnswer | None) -> CacheResult:
         """Hand ``answer`` to the waiters and store it (when policy allows: status 200 only).
 
-        ``None`` (an incomplete answer) stores nothing and makes the waiters start over.
+        ``None`` (an incomplete answer, or none fetched) stores nothing and makes the waiters
+        start over.
         """
         fut = self._end()
         res = self.result
