@@ -269,3 +269,62 @@ def test_ledger_totals_are_the_usage_clients_received_after_sigterm_and_kill_9(
             assert sum(safe) <= kept_tokens <= sum(p for _, p in answered)
     finally:
         gateway.kill()
+
+
+def test_the_ledger_counts_and_prices_what_vllms_prefix_cache_answered(
+    data_dir: Path, tiny_vllm: VllmProcess, tmp_path: Path
+) -> None:
+    """Two chats that share a long system prompt but not their question: both reach vLLM,
+    and the second's prompt is partly answered from vLLM's prefix cache. The ledger's
+    ``prefix_cached_tokens`` is what the answers said (``prompt_tokens_details``), priced at
+    ``cached_input_per_m``."""
+    config = write_config(tmp_path, data_dir, tiny_vllm.url)
+    cached_price = INPUT_PER_M / 10
+    (tmp_path / "policy.toml").write_text(
+        "[tiers.disk]\n"
+        'dir = "cache"\n'
+        '[models."tiny-chat"]\n'
+        f"prices = {{ input_per_m = {INPUT_PER_M}, output_per_m = {OUTPUT_PER_M}, "
+        f"cached_input_per_m = {cached_price} }}\n"
+    )
+    system = " ".join(f"Rule {i}: answer in one short sentence." for i in range(40))
+    gateway = GatewayProcess(config).start()
+    try:
+        with httpx.Client(timeout=120) as http:
+            seen = 0
+            for question in ("What is a river?", "What is a mountain?"):
+                body = {
+                    "model": "tiny-chat",
+                    "messages": [
+                        {"role": "system", "content": system},
+                        {"role": "user", "content": question},
+                    ],
+                    "max_tokens": 4,
+                    "temperature": 0,
+                }
+                r = http.post(
+                    f"{gateway.url}/v1/chat/completions", json=body, headers=bearer(TOKENS["acme"])
+                )
+                assert r.status_code == 200, r.text
+                details = r.json()["usage"].get("prompt_tokens_details") or {}
+                seen += int(details.get("cached_tokens") or 0)
+            assert seen > 0  # the shared system prompt's blocks
+
+            def row() -> dict[str, Any]:
+                rows = ledger_rows(http, gateway.url, "model")
+                return next((r for r in rows if r["model"] == "tiny-chat"), {})
+
+            wait_until(lambda: row().get("requests") == 2, timeout_s=10)
+            tiny = row()
+            assert tiny["prefix_cached_tokens"] == seen
+            assert tiny["prefix_saved_usd"] == pytest.approx(
+                seen * (INPUT_PER_M - cached_price) / 1e6
+            )
+            price = (
+                (tiny["prompt_tokens"] - seen) * INPUT_PER_M
+                + seen * cached_price
+                + tiny["completion_tokens"] * OUTPUT_PER_M
+            )
+            assert tiny["cost_usd"] == pytest.approx(price / 1e6)
+    finally:
+        gateway.stop()
