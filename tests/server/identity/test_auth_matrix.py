@@ -24,7 +24,7 @@ from server.config import GatewayConfig
 from server.identity.auth import AuthSettings, TokenEntry, exposure_problem
 
 TOKENS = {"acme": "tok-acme", "globex": "tok-globex", "ops": "tok-ops"}
-PUBLIC = {"/health", "/ready", "/metrics"}
+PUBLIC = {"/", "/health", "/ready", "/metrics"}
 DASHBOARD_PUBLIC = {"/dashboard", "/dashboard/login", "/dashboard/static/x"}
 API_DOCS = {"/openapi.json", "/openapi.json/openapi.json", "/openapi.json/x", "/docs", "/docs/x"}
 """The API document and its UI (server/apidoc/document.py)."""
