@@ -9,6 +9,7 @@ import pytest
 from backends.protocol import BackendError
 from foundation.request import QueueTicket
 from tests.backends.pools import make_pool
+from tests.support.stepped_clock import SteppedClock
 
 
 async def test_a_server_takes_at_most_its_limit_then_the_next_one() -> None:
@@ -71,14 +72,6 @@ async def test_a_cancelled_waiter_leaves_the_queue_and_passes_its_turn() -> None
     lease.release()
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def flow(tenant: str, band: str = "interactive") -> QueueTicket:
     return QueueTicket(tenant=tenant, band=band, share_window_s=1.0)  # type: ignore[arg-type]
 
@@ -86,7 +79,7 @@ def flow(tenant: str, band: str = "interactive") -> QueueTicket:
 async def test_a_flow_alone_takes_every_slot_but_only_its_share_beside_another() -> None:
     pool = make_pool([2], max_queue=8)
     (server,) = pool.servers
-    pool.admission.clock = clock = Clock()
+    pool.admission.clock = clock = SteppedClock(0.0)
     a, b = flow("a"), flow("b")
     a1 = await pool.admission.acquire(lambda: [server], a)
     a2 = await pool.admission.acquire(lambda: [server], a)  # alone: both slots
@@ -127,7 +120,7 @@ async def test_without_a_window_a_free_slot_goes_to_whoever_waits() -> None:
 async def test_a_batch_flow_leaves_a_slot_to_live_traffic_of_the_same_tenant() -> None:
     pool = make_pool([2], max_queue=8)
     (server,) = pool.servers
-    pool.admission.clock = Clock()
+    pool.admission.clock = SteppedClock(0.0)
     live, batch = flow("t"), flow("t", "batch")
     first = await pool.admission.acquire(lambda: [server], live)
     first.release()  # live traffic was here a moment ago

@@ -3,18 +3,11 @@
 from __future__ import annotations
 
 from foundation.clock import AdjustableClock
-
-
-class Base:
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.stepped_clock import SteppedClock
 
 
 def test_it_follows_its_base_plus_what_it_was_moved() -> None:
-    base = Base()
+    base = SteppedClock(1_000.0)
     clock = AdjustableClock(base)
     assert clock() == 1_000.0
     clock.advance(30)
@@ -25,7 +18,7 @@ def test_it_follows_its_base_plus_what_it_was_moved() -> None:
 
 
 def test_frozen_it_holds_still_moves_when_told_and_runs_on_when_thawed() -> None:
-    base = Base()
+    base = SteppedClock(1_000.0)
     clock = AdjustableClock(base)
     clock.freeze(True)
     base.now += 100

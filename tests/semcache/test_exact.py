@@ -30,19 +30,12 @@ from semcache.policy import CacheRule, DiskTier, MemoryTier, Prices, TierSetting
 from semcache.purge import LocalEpochs
 from semcache.tiers import DiskStore, MemoryStore, Store
 from tests.semcache import payloads
+from tests.support.stepped_clock import SteppedClock
 
 MODEL = payloads.MODEL
 RULE = CacheRule(
     ttl_s=60, max_ttl_s=600, swr_s=30, prices=Prices(input_per_m=0.045, output_per_m=0.384)
 )
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Backend:
@@ -89,8 +82,8 @@ def body(text: str = "Capital of France?", **extra: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()
+def clock() -> SteppedClock:
+    return SteppedClock(1_700_000_000.0)
 
 
 @pytest.fixture
@@ -100,7 +93,7 @@ def registry() -> CollectorRegistry:
 
 @pytest.fixture
 async def cache(
-    tmp_path: Path, clock: FakeClock, registry: CollectorRegistry
+    tmp_path: Path, clock: SteppedClock, registry: CollectorRegistry
 ) -> AsyncIterator[ExactCache]:
     """Memory (L1) + disk (L2), epochs persisted next to the disk tier."""
     c = ExactCache(
@@ -115,7 +108,7 @@ async def cache(
 
 
 @pytest.fixture
-async def mem_cache(clock: FakeClock, registry: CollectorRegistry) -> AsyncIterator[ExactCache]:
+async def mem_cache(clock: SteppedClock, registry: CollectorRegistry) -> AsyncIterator[ExactCache]:
     """Memory only: lookups never suspend, so concurrent tasks interleave deterministically."""
     c = ExactCache(
         memory=MemoryStore[CachedAnswer](1 << 20, sizeof=CachedAnswer.memory_size),
@@ -153,7 +146,7 @@ async def prep(
 # --------------------------------------------------------------------------- basics
 
 
-async def test_miss_then_hit_with_age(cache: ExactCache, clock: FakeClock) -> None:
+async def test_miss_then_hit_with_age(cache: ExactCache, clock: SteppedClock) -> None:
     backend = Backend()
     req = await prep(cache)
     first = await cache.get_or_fill(req, backend.fill_for("q"))
@@ -167,7 +160,7 @@ async def test_miss_then_hit_with_age(cache: ExactCache, clock: FakeClock) -> No
 
 
 async def test_a_fresh_hit_is_found_uncounted_until_counted(
-    cache: ExactCache, clock: FakeClock, registry: CollectorRegistry
+    cache: ExactCache, clock: SteppedClock, registry: CollectorRegistry
 ) -> None:
     backend = Backend()
     req = await prep(cache)
@@ -237,7 +230,7 @@ async def test_entry_under_another_key_fails_the_check(
     assert metric(registry, "semcache_exact_integrity_failures_total", tier="disk") == 1
 
 
-async def test_expired_after_the_swr_window(cache: ExactCache, clock: FakeClock) -> None:
+async def test_expired_after_the_swr_window(cache: ExactCache, clock: SteppedClock) -> None:
     backend = Backend()
     req = await prep(cache)
     await cache.get_or_fill(req, backend.fill_for("q"))
@@ -251,7 +244,7 @@ async def test_expired_after_the_swr_window(cache: ExactCache, clock: FakeClock)
 
 
 async def test_stale_is_served_at_once_and_refreshed_exactly_once(
-    cache: ExactCache, clock: FakeClock, registry: CollectorRegistry
+    cache: ExactCache, clock: SteppedClock, registry: CollectorRegistry
 ) -> None:
     backend = Backend()
     req = await prep(cache)
@@ -276,7 +269,7 @@ async def test_stale_is_served_at_once_and_refreshed_exactly_once(
     assert content(fresh.entry) != content(first.entry)
 
 
-async def test_failed_refresh_keeps_serving_stale(cache: ExactCache, clock: FakeClock) -> None:
+async def test_failed_refresh_keeps_serving_stale(cache: ExactCache, clock: SteppedClock) -> None:
     backend = Backend()
     req = await prep(cache)
     await cache.get_or_fill(req, backend.fill_for("q"))
@@ -467,7 +460,7 @@ async def test_an_uncacheable_claim_leads_alone_and_stores_nothing(
 
 
 async def test_a_stale_claim_serves_and_refreshes_with_the_given_fill(
-    mem_cache: ExactCache, clock: FakeClock
+    mem_cache: ExactCache, clock: SteppedClock
 ) -> None:
     backend = Backend()
     req = await prep(mem_cache)
@@ -507,7 +500,7 @@ async def test_no_store_and_skip_cache(cache: ExactCache) -> None:
     assert backend.calls == 2
 
 
-async def test_request_ttl_is_bounded_by_max_ttl(cache: ExactCache, clock: FakeClock) -> None:
+async def test_request_ttl_is_bounded_by_max_ttl(cache: ExactCache, clock: SteppedClock) -> None:
     backend = Backend()
     longer = await prep(cache, control=CacheControl(ttl_s=10_000))
     await cache.get_or_fill(longer, backend.fill_for("q"))
@@ -519,7 +512,9 @@ async def test_request_ttl_is_bounded_by_max_ttl(cache: ExactCache, clock: FakeC
     assert (await cache.lookup(shorter)).status is CacheStatus.STALE
 
 
-async def test_max_age_refuses_older_answers_and_stale(cache: ExactCache, clock: FakeClock) -> None:
+async def test_max_age_refuses_older_answers_and_stale(
+    cache: ExactCache, clock: SteppedClock
+) -> None:
     backend = Backend()
     req = await prep(cache)
     await cache.get_or_fill(req, backend.fill_for("q"))
@@ -631,7 +626,7 @@ async def test_hits_count_tokens_and_money_saved(
 
 @pytest.mark.parametrize("shared", [False, True])
 async def test_randomized_cross_tenant_isolation(
-    tmp_path: Path, clock: FakeClock, shared: bool
+    tmp_path: Path, clock: SteppedClock, shared: bool
 ) -> None:
     cache = ExactCache(
         memory=MemoryStore[CachedAnswer](1 << 22, sizeof=CachedAnswer.memory_size),
@@ -691,7 +686,7 @@ async def test_open_exact_cache_builds_the_tiers_from_policy(tmp_path: Path) -> 
         await bare.aclose()
 
 
-async def test_stale_in_l1_prefers_a_fresh_copy_below(tmp_path: Path, clock: FakeClock) -> None:
+async def test_stale_in_l1_prefers_a_fresh_copy_below(tmp_path: Path, clock: SteppedClock) -> None:
     """Another worker already refreshed the answer into the shared disk tier."""
 
     def worker() -> ExactCache:
@@ -743,7 +738,7 @@ class BrokenStore(Store[bytes]):
 
 
 async def test_a_failing_tier_is_a_miss_not_an_error(
-    clock: FakeClock, registry: CollectorRegistry
+    clock: SteppedClock, registry: CollectorRegistry
 ) -> None:
     cache = ExactCache(
         memory=MemoryStore[CachedAnswer](1 << 20, sizeof=CachedAnswer.memory_size),
@@ -768,7 +763,7 @@ async def test_a_failing_tier_is_a_miss_not_an_error(
 
 async def test_a_full_disk_is_logged_once_and_every_lost_write_counted(
     tmp_path: Path,
-    clock: FakeClock,
+    clock: SteppedClock,
     registry: CollectorRegistry,
     caplog: pytest.LogCaptureFixture,
     monkeypatch: pytest.MonkeyPatch,
@@ -834,7 +829,7 @@ async def test_write_through_requests_are_on_disk_when_the_fill_returns(
 
 
 async def test_a_reference_reads_the_stored_digest_for_its_own_scope_model_and_revision(
-    cache: ExactCache, clock: FakeClock, registry: CollectorRegistry
+    cache: ExactCache, clock: SteppedClock, registry: CollectorRegistry
 ) -> None:
     """A semantic record's digest is read as the entry it names, whatever else went into
     that entry's key (a note, a content rule's version): no second key is built. Another

@@ -27,6 +27,7 @@ from semcache.ledger import (
 )
 from semcache.ledger.redis import RedisStorage
 from semcache.ledger.sqlite import SqliteStorage
+from tests.support.stepped_clock import SteppedClock
 from tests.support.waiting import wait_until_async
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,14 +36,6 @@ ROOT = Path(__file__).resolve().parents[2]
 def at(day: str, hour: int = 12) -> float:
     """Unix time of ``hour`` o'clock UTC on ``day``."""
     return calendar.timegm(time.strptime(f"{day} {hour}", "%Y-%m-%d %H"))
-
-
-class FakeClock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def record(tenant: str, model: str, route: str, day: str, **fields: int | float) -> UsageRecord:
@@ -61,7 +54,7 @@ def sqlite_ledger(data_dir: Path, clock: Callable[[], float], **settings: object
 
 @pytest.fixture
 async def ledger(tmp_path: Path) -> AsyncIterator[UsageLedger]:
-    led = sqlite_ledger(tmp_path, FakeClock(at("2026-12-02")))
+    led = sqlite_ledger(tmp_path, SteppedClock(at("2026-12-02")))
     await led.start()
     yield led
     await led.aclose()
@@ -169,7 +162,7 @@ def test_utc_day_turns_at_midnight_utc() -> None:
 
 
 async def test_spent_by_day_and_month_with_an_injected_clock(tmp_path: Path) -> None:
-    clock = FakeClock(at("2026-12-02"))
+    clock = SteppedClock(at("2026-12-02"))
     ledger = sqlite_ledger(tmp_path, clock, spent_refresh_s=1.0)
     other = sqlite_ledger(tmp_path, clock)  # a second worker process on the same file
     await ledger.start()
@@ -214,7 +207,7 @@ async def test_spent_by_day_and_month_with_an_injected_clock(tmp_path: Path) -> 
 
 
 async def test_aclose_writes_everything(tmp_path: Path) -> None:
-    clock = FakeClock(at("2026-12-02"))
+    clock = SteppedClock(at("2026-12-02"))
     ledger = sqlite_ledger(tmp_path, clock, flush_interval_s=3600.0)  # only aclose writes
     await ledger.start()
     for i in range(500):

@@ -20,21 +20,12 @@ from semcache.purge import LocalEpochs, RedisEpochs
 from semcache.tiers import DiskStore, MemoryStore, RedisLink, RedisStore
 from tests.semcache import payloads
 from tests.semcache.conftest import RedisServer
+from tests.support.stepped_clock import SteppedClock
 from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.slow
 
 RULE = CacheRule(ttl_s=600, max_ttl_s=600)
-
-
-class FakeClock:
-    """The time a breaker sees; the test moves it."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Gateway:
@@ -133,7 +124,7 @@ async def test_redis_store_operations(shared_redis_url: str, redis_prefix: str) 
 
 
 async def test_unreachable_redis_is_a_quiet_miss(caplog: pytest.LogCaptureFixture) -> None:
-    clock = FakeClock()
+    clock = SteppedClock(1000.0)
     link = RedisLink(
         f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.1, retry_after_s=0.05, clock=clock
     )

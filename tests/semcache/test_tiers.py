@@ -9,21 +9,13 @@ from pathlib import Path
 import pytest
 
 from semcache.tiers import CircuitBreaker, DiskStore, MemoryStore
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
+from tests.support.stepped_clock import SteppedClock
 
 # --------------------------------------------------------------------------- memory
 
 
 async def test_memory_get_set_delete_and_ttl() -> None:
-    clock = FakeClock()
+    clock = SteppedClock(1000.0)
     store = MemoryStore[bytes](10_000, clock=clock)
     await store.set("a", b"1", ttl_s=5)
     await store.set("b", b"2")

@@ -1,5 +1,7 @@
-"""A clock a test moves by hand, with a ``sleep`` that ends when the clock passes its end:
-periodic work of the code under test runs when the test says time has passed."""
+"""The tests' one fake clock: a clock a test moves by hand (``advance``, or ``now`` set
+outright), with a ``sleep`` that ends when the clock passes its end: periodic work of the code
+under test runs when the test says time has passed. Tests that never sleep on it use it as a
+plain ``Callable[[], float]``."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from semcache.semantic.records import PartitionKey
 from semcache.semantic.settings import SemanticRule
 from semcache.semantic.store import RecordStore
 from semcache.semantic.verified.decisions import Action, Observation
+from tests.support.stepped_clock import SteppedClock
 
 RULE = SemanticRule(
     enabled=True,
@@ -31,15 +32,7 @@ CACHED = "What is the capital of France?"
 ASKED = "what is the capital city of france"
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def build(encoder: Encoder, directory: Path, clock: Clock) -> SemanticCache:
+def build(encoder: Encoder, directory: Path, clock: SteppedClock) -> SemanticCache:
     index = SemanticIndex(IndexSettings(dimensions=encoder.dimensions, background=False))
     store = RecordStore(directory / "records")
     return SemanticCache(encoder, index, store=store, clock=clock, uniform=lambda: 0.5)
@@ -47,7 +40,7 @@ def build(encoder: Encoder, directory: Path, clock: Clock) -> SemanticCache:
 
 @pytest.fixture
 async def cache(encoder: Encoder, tmp_path: Path) -> AsyncIterator[SemanticCache]:
-    semantic = build(encoder, tmp_path, Clock())
+    semantic = build(encoder, tmp_path, SteppedClock(1_000_000.0))
     yield semantic
     await semantic.aclose()
     assert semantic.store is not None
@@ -84,7 +77,7 @@ async def test_a_verified_partition_explores_learns_then_serves(cache: SemanticC
 async def test_observations_survive_a_crash_and_go_with_a_purge(
     encoder: Encoder, tmp_path: Path
 ) -> None:
-    clock = Clock()
+    clock = SteppedClock(1_000_000.0)
     first = build(encoder, tmp_path, clock)
     key = key_of(first)
     await first.insert(key, [CACHED], ["ref-paris"], 600, rule=RULE)
@@ -120,6 +113,6 @@ def test_explores_are_capped_per_partition_per_minute(cache: SemanticCache) -> N
     other = cache.partition_key(scope="tenant-b", model_revision="m@1", task="chat", template="t")
     assert [cache.take_explore(key, 2) for _ in range(3)] == [True, True, False]
     assert cache.take_explore(other, 2)  # another partition has its own budget
-    assert isinstance(cache.clock, Clock)
+    assert isinstance(cache.clock, SteppedClock)
     cache.clock.now += 60
     assert cache.take_explore(key, 2)

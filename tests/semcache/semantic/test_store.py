@@ -18,17 +18,10 @@ from semcache.semantic.partition_types import IndexSettings
 from semcache.semantic.records import PartitionKey
 from semcache.semantic.settings import SemanticRule
 from semcache.semantic.store import RecordStore
+from tests.support.stepped_clock import SteppedClock
 
 RULE = SemanticRule(enabled=True, threshold=0.99, min_threshold=0.8)
 NOW = 1_000_000.0
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = NOW
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def unit_vectors(n: int, seed: int, dim: int) -> np.ndarray:
@@ -41,7 +34,11 @@ class Gateway:
     """One gateway's semantic cache over a data directory; ``crash`` drops it unsaved."""
 
     def __init__(
-        self, encoder: Encoder, folder: Path, clock: Clock, verifier: PairVerifier | None = None
+        self,
+        encoder: Encoder,
+        folder: Path,
+        clock: SteppedClock,
+        verifier: PairVerifier | None = None,
     ) -> None:
         self.store = RecordStore(folder / "records")
         index = SemanticIndex(IndexSettings(dimensions=encoder.dimensions, background=False))
@@ -60,8 +57,8 @@ class Gateway:
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> SteppedClock:
+    return SteppedClock(NOW)
 
 
 async def insert(gw: Gateway, scope: str, refs: list[str], seed: int, ttl: float = 100.0) -> None:
@@ -70,7 +67,7 @@ async def insert(gw: Gateway, scope: str, refs: list[str], seed: int, ttl: float
 
 
 async def test_no_snapshot_rebuilds_every_partition_from_the_records(
-    encoder: Encoder, tmp_path: Path, clock: Clock
+    encoder: Encoder, tmp_path: Path, clock: SteppedClock
 ) -> None:
     one = Gateway(encoder, tmp_path, clock)
     await insert(one, "tenant-a", ["a1", "a2"], seed=1)
@@ -92,7 +89,7 @@ async def test_no_snapshot_rebuilds_every_partition_from_the_records(
 
 
 async def test_a_stale_snapshot_is_reconciled_with_the_records(
-    encoder: Encoder, tmp_path: Path, clock: Clock
+    encoder: Encoder, tmp_path: Path, clock: SteppedClock
 ) -> None:
     one = Gateway(encoder, tmp_path, clock)
     await insert(one, "tenant-a", ["a1", "a2"], seed=1)
@@ -109,7 +106,7 @@ async def test_a_stale_snapshot_is_reconciled_with_the_records(
 
 
 async def test_expired_records_are_not_resurrected(
-    encoder: Encoder, tmp_path: Path, clock: Clock
+    encoder: Encoder, tmp_path: Path, clock: SteppedClock
 ) -> None:
     one = Gateway(encoder, tmp_path, clock)
     await insert(one, "tenant-a", ["short"], seed=1, ttl=10)
@@ -126,7 +123,7 @@ async def test_expired_records_are_not_resurrected(
 
 
 async def test_evicted_and_purged_entries_stay_gone(
-    encoder: Encoder, tmp_path: Path, clock: Clock
+    encoder: Encoder, tmp_path: Path, clock: SteppedClock
 ) -> None:
     small = SemanticRule(enabled=True, threshold=0.99, max_entries=2)
     one = Gateway(encoder, tmp_path, clock)
@@ -151,7 +148,7 @@ async def test_evicted_and_purged_entries_stay_gone(
 
 
 async def test_records_of_another_matcher_are_dropped(
-    encoder: Encoder, verifier: PairVerifier, tmp_path: Path, clock: Clock
+    encoder: Encoder, verifier: PairVerifier, tmp_path: Path, clock: SteppedClock
 ) -> None:
     """A retrained verifier (another matcher version) starts from empty partitions."""
     one = Gateway(encoder, tmp_path, clock)

@@ -9,20 +9,13 @@ from semcache.metrics import CacheMetrics
 from server.dashboard.figures import quantile
 from server.dashboard.series import WINDOWS, CounterSeries
 from server.metrics import GatewayMetrics
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.stepped_clock import SteppedClock
 
 
 def test_each_step_is_the_difference_of_two_samples() -> None:
     registry = CollectorRegistry()
     metrics, cache = GatewayMetrics(registry), CacheMetrics(registry)
-    clock = Clock()
+    clock = SteppedClock(1000.0)
     series = CounterSeries(registry, clock)
     series.sample()
     for _ in range(10):
@@ -45,7 +38,7 @@ def test_each_step_is_the_difference_of_two_samples() -> None:
 
 
 def test_rings_stay_bounded() -> None:
-    clock = Clock()
+    clock = SteppedClock(1000.0)
     series = CounterSeries(CollectorRegistry(), clock)
     for _ in range(1000):
         series.sample()

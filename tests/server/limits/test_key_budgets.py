@@ -8,7 +8,8 @@ import pytest
 from server.errors import ApiError
 from server.limits.key_budgets import split_budgets
 from server.limits.settings import LimitSettings
-from tests.server.limits.test_limits import Clock, Ledger, clock, limiter
+from tests.server.limits.test_limits import Ledger, clock, limiter
+from tests.support.stepped_clock import SteppedClock
 
 __all__ = ["clock"]  # the fixture
 
@@ -25,7 +26,7 @@ def test_split_keeps_rates_and_budgets_apart() -> None:
     )
 
 
-async def test_a_key_spends_its_own_tokens_and_usd(clock: Clock) -> None:
+async def test_a_key_spends_its_own_tokens_and_usd(clock: SteppedClock) -> None:
     ledger = Ledger()
     lim = limiter(clock, ledger, daily_tokens=1000)
     own = LimitSettings(daily_tokens=100, daily_usd=0.5)
@@ -50,7 +51,7 @@ async def test_a_key_spends_its_own_tokens_and_usd(clock: Clock) -> None:
     await lim.settle(renewed, 0, 0, cache_hit=False)
 
 
-async def test_the_tenants_budget_still_holds_over_a_key(clock: Clock) -> None:
+async def test_the_tenants_budget_still_holds_over_a_key(clock: SteppedClock) -> None:
     ledger = Ledger()
     ledger.tokens["day"] = 1000
     lim = limiter(clock, ledger, daily_tokens=1000)
@@ -60,7 +61,7 @@ async def test_the_tenants_budget_still_holds_over_a_key(clock: Clock) -> None:
     assert "API key" not in refused.value.message
 
 
-async def test_a_refused_token_budget_reserves_nothing(clock: Clock) -> None:
+async def test_a_refused_token_budget_reserves_nothing(clock: SteppedClock) -> None:
     lim = limiter(clock, Ledger())
     own = LimitSettings(daily_tokens=10)
     first = await lim.admit("key:a", "acme", None, 8, own_budgets=own)

@@ -15,26 +15,14 @@ from server.errors import ApiError
 from server.limits.headers import format_reset
 from server.limits.limiter import TenantLimiter, estimate_tokens
 from server.limits.settings import LimitSettings
+from tests.support.stepped_clock import SteppedClock
 
 START = datetime(2026, 12, 1, 17, 0, 0, tzinfo=UTC).timestamp()
 
 
-class Clock:
-    """A clock the test moves: the limiter's, and so its local windows'."""
-
-    def __init__(self, now: float = START) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> SteppedClock:
+    return SteppedClock(START)
 
 
 class Ledger:
@@ -53,7 +41,7 @@ class Ledger:
         )
 
 
-def limiter(clock: Clock, ledger: Ledger | None = None, **defaults: object) -> TenantLimiter:
+def limiter(clock: SteppedClock, ledger: Ledger | None = None, **defaults: object) -> TenantLimiter:
     return TenantLimiter(
         msgspec.convert(defaults, LimitSettings),
         storage_uri="async+memory://",
@@ -127,7 +115,7 @@ def test_reset_durations_are_written_like_openai() -> None:
 # --- windows ------------------------------------------------------------------------------
 
 
-async def test_requests_per_minute_refuses_then_renews(clock: Clock) -> None:
+async def test_requests_per_minute_refuses_then_renews(clock: SteppedClock) -> None:
     lim = limiter(clock, requests_per_minute=3)
     admitted = [await lim.admit("tok", "acme", None, 10) for _ in range(3)]
     assert [dict(lim.headers(a))["x-ratelimit-remaining-requests"] for a in admitted] == [
@@ -156,7 +144,7 @@ async def test_requests_per_minute_refuses_then_renews(clock: Clock) -> None:
     await lim.aclose()
 
 
-async def test_tokens_per_minute_reconciles_the_estimate_with_usage(clock: Clock) -> None:
+async def test_tokens_per_minute_reconciles_the_estimate_with_usage(clock: SteppedClock) -> None:
     lim = limiter(clock, tokens_per_minute=100)
     first = await lim.admit("tok", "acme", None, 80)
     assert dict(lim.headers(first))["x-ratelimit-remaining-tokens"] == "20"
@@ -177,7 +165,7 @@ async def test_tokens_per_minute_reconciles_the_estimate_with_usage(clock: Clock
     await lim.aclose()
 
 
-async def test_a_request_larger_than_the_window_says_so(clock: Clock) -> None:
+async def test_a_request_larger_than_the_window_says_so(clock: SteppedClock) -> None:
     lim = limiter(clock, tokens_per_minute=100, requests_per_minute=10)
     with pytest.raises(ApiError) as exc:
         await lim.admit("tok", "acme", None, 500)
@@ -190,7 +178,7 @@ async def test_a_request_larger_than_the_window_says_so(clock: Clock) -> None:
     await lim.aclose()
 
 
-async def test_cache_hits_spend_no_tokens_unless_the_switch_says_so(clock: Clock) -> None:
+async def test_cache_hits_spend_no_tokens_unless_the_switch_says_so(clock: SteppedClock) -> None:
     lim = limiter(clock, tokens_per_minute=100)
     hit = await lim.admit("tok", "acme", None, 90)
     await lim.settle(hit, prompt_tokens=50, completion_tokens=40, cache_hit=True)
@@ -205,7 +193,7 @@ async def test_cache_hits_spend_no_tokens_unless_the_switch_says_so(clock: Clock
     await lim.aclose()
 
 
-async def test_a_refund_after_the_window_ended_is_dropped(clock: Clock) -> None:
+async def test_a_refund_after_the_window_ended_is_dropped(clock: SteppedClock) -> None:
     lim = limiter(clock, tokens_per_minute=100)
     old = await lim.admit("tok", "acme", None, 90)
     clock.advance(61)
@@ -217,7 +205,7 @@ async def test_a_refund_after_the_window_ended_is_dropped(clock: Clock) -> None:
     await lim.aclose()
 
 
-async def test_override_limits_apply_per_token(clock: Clock) -> None:
+async def test_override_limits_apply_per_token(clock: SteppedClock) -> None:
     lim = limiter(clock, requests_per_minute=100)
     strict = LimitSettings(requests_per_minute=1)
     a = await lim.admit("strict", "acme", strict, 1)
@@ -229,7 +217,7 @@ async def test_override_limits_apply_per_token(clock: Clock) -> None:
     await lim.aclose()
 
 
-async def test_no_limits_no_headers(clock: Clock) -> None:
+async def test_no_limits_no_headers(clock: SteppedClock) -> None:
     lim = limiter(clock)
     a = await lim.admit("tok", "acme", None, 10_000)
     assert lim.headers(a) == []
@@ -248,7 +236,7 @@ async def test_no_limits_no_headers(clock: Clock) -> None:
 # --- concurrency ---------------------------------------------------------------------------
 
 
-async def test_concurrent_requests_hold_a_slot_until_settled(clock: Clock) -> None:
+async def test_concurrent_requests_hold_a_slot_until_settled(clock: SteppedClock) -> None:
     lim = limiter(clock, concurrent_requests=2, requests_per_minute=10)
     a = await lim.admit("tok", "acme", None, 1)
     await lim.admit("tok", "acme", None, 1)
@@ -265,7 +253,7 @@ async def test_concurrent_requests_hold_a_slot_until_settled(clock: Clock) -> No
     await lim.aclose()
 
 
-async def test_a_refused_request_gives_its_slot_back(clock: Clock) -> None:
+async def test_a_refused_request_gives_its_slot_back(clock: SteppedClock) -> None:
     lim = limiter(clock, concurrent_requests=1, requests_per_minute=1)
     a = await lim.admit("tok", "acme", None, 1)
     await lim.settle(a, 1, 1, cache_hit=False)
@@ -279,7 +267,7 @@ async def test_a_refused_request_gives_its_slot_back(clock: Clock) -> None:
 # --- budgets -------------------------------------------------------------------------------
 
 
-async def test_daily_token_budget_refuses_until_midnight(clock: Clock) -> None:
+async def test_daily_token_budget_refuses_until_midnight(clock: SteppedClock) -> None:
     ledger = Ledger()
     lim = limiter(clock, ledger, daily_tokens=1000, requests_per_minute=10)
     in_flight = await lim.admit("tok", "acme", None, 10)
@@ -297,7 +285,9 @@ async def test_daily_token_budget_refuses_until_midnight(clock: Clock) -> None:
     await lim.aclose()
 
 
-async def test_token_budgets_leave_cache_hits_out_unless_the_switch_says_so(clock: Clock) -> None:
+async def test_token_budgets_leave_cache_hits_out_unless_the_switch_says_so(
+    clock: SteppedClock,
+) -> None:
     ledger = Ledger()
     ledger.tokens["day"], ledger.saved["day"] = 1500, 600  # 900 from the backends
     lim = limiter(clock, ledger, daily_tokens=1000)
@@ -311,7 +301,7 @@ async def test_token_budgets_leave_cache_hits_out_unless_the_switch_says_so(cloc
     await lim.aclose()
 
 
-async def test_monthly_usd_budget_and_override(clock: Clock) -> None:
+async def test_monthly_usd_budget_and_override(clock: SteppedClock) -> None:
     ledger = Ledger()
     ledger.usd["month"] = 12.5
     lim = limiter(clock, ledger, monthly_usd=10.0)
@@ -325,7 +315,7 @@ async def test_monthly_usd_budget_and_override(clock: Clock) -> None:
 
 
 async def test_budgets_without_a_ledger_are_logged_once(
-    clock: Clock, caplog: pytest.LogCaptureFixture
+    clock: SteppedClock, caplog: pytest.LogCaptureFixture
 ) -> None:
     lim = limiter(clock, None, daily_tokens=1)
     with caplog.at_level(logging.WARNING, logger="semcache.limits"):
@@ -341,7 +331,7 @@ async def test_budgets_without_a_ledger_are_logged_once(
 
 
 async def test_background_items_are_never_refused_and_take_no_live_capacity(
-    clock: Clock,
+    clock: SteppedClock,
 ) -> None:
     ledger = Ledger()
     lim = limiter(
@@ -369,7 +359,7 @@ async def test_background_items_are_never_refused_and_take_no_live_capacity(
 
 
 async def test_each_windows_end_is_the_storages_even_when_the_storage_moves_it(
-    clock: Clock,
+    clock: SteppedClock,
 ) -> None:
     # The limiter remembers a window's end; the memory storage (as Redis's script) sets a new
     # expiry whenever a count comes back from zero: a cache hit gives back its whole estimate.

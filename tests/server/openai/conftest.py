@@ -18,16 +18,7 @@ from server.openai.files.redis_store import RedisFileStore
 from server.openai.files.store import DiskFileStore, FileStore
 from server.openai.responses.owners import DiskResponseOwners, ResponseOwners
 from server.openai.responses.redis_owners import RedisResponseOwners
-
-
-class Clock:
-    """The stores' clock, moved by the test (Redis TTLs run on the server's own clock)."""
-
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
+from tests.support.stepped_clock import SteppedClock
 
 
 @dataclass
@@ -35,7 +26,7 @@ class Stores:
     files: FileStore
     batches: BatchStore
     responses: ResponseOwners
-    clock: Clock
+    clock: SteppedClock
     redis: RedisClient | None
     prefix: str
 
@@ -63,8 +54,8 @@ async def make_stores(
     prefix = f"t{uuid.uuid4().hex[:10]}:openai"
     clients: list[RedisClient] = []
 
-    def make(retention_s: float = 3600.0, clock: Clock | None = None) -> Stores:
-        clock = clock or Clock()
+    def make(retention_s: float = 3600.0, clock: SteppedClock | None = None) -> Stores:
+        clock = clock or SteppedClock(time.time())  # Redis TTLs run on the server's own clock
         if store_kind == "disk":
             return Stores(
                 DiskFileStore(tmp_path / "files", retention_s=retention_s, clock=clock),

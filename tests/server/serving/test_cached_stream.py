@@ -29,6 +29,7 @@ from server.openai.text_generation import TextGenerationServing
 from server.serving.cache_headers import CacheDirectives
 from server.serving.core import ServingCore
 from server.serving.generation import Generation
+from tests.support.stepped_clock import SteppedClock
 
 
 def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
@@ -104,26 +105,18 @@ class Backend:
         return None
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @pytest.fixture
 def backend() -> Backend:
     return Backend()
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> SteppedClock:
+    return SteppedClock(1000.0)
 
 
 @pytest.fixture
-def serving(backend: Backend, clock: Clock) -> TextGenerationServing:
+def serving(backend: Backend, clock: SteppedClock) -> TextGenerationServing:
     reg = ModelRegistry()
     reg.generation["fake"] = backend
     reg.add(ModelInfo("chat-model", "chat", (), "t", "fake", "rev1", "tpl"))
@@ -280,7 +273,7 @@ async def test_a_relay_closed_before_it_started_releases_everything(
 
 
 async def test_a_stale_stream_is_served_and_refreshed_once_in_the_background(
-    serving: TextGenerationServing, backend: Backend, clock: Clock
+    serving: TextGenerationServing, backend: Backend, clock: SteppedClock
 ) -> None:
     await read(await ask(serving, ttl=10))
     await settled(serving)

@@ -17,6 +17,7 @@ from redis.asyncio.cluster import RedisCluster
 from server.batch.queue.base import BatchQueue, WorkItem
 from server.batch.queue.disk import DiskQueue
 from server.batch.queue.redis import RedisQueue
+from tests.support.stepped_clock import SteppedClock
 from tests.support.waiting import wait_until_async
 
 QueueFactory = Callable[..., Awaitable[BatchQueue]]
@@ -24,24 +25,12 @@ QueueFactory = Callable[..., Awaitable[BatchQueue]]
 LEASE_S = 0.4
 
 
-class Clock:
-    """The disk queue's clock, moved by the test. Redis Streams measure a lease (XAUTOCLAIM's
-    min-idle-time) and a result's TTL (PEXPIRE) on the redis-server's own clock, which no
-    fake moves: there the tests wait, in a bounded poll, for what they expect."""
-
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
+def clock() -> SteppedClock:
+    """The disk queue's clock. Redis Streams measure a lease (XAUTOCLAIM's min-idle-time) and
+    a result's TTL (PEXPIRE) on the redis-server's own clock, which no fake moves: there the
+    tests wait, in a bounded poll, for what they expect."""
+    return SteppedClock(time.time())
 
 
 @pytest.fixture(
@@ -57,7 +46,7 @@ def kind(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 async def make_queue(
-    request: pytest.FixtureRequest, kind: str, clock: Clock, tmp_path: Path
+    request: pytest.FixtureRequest, kind: str, clock: SteppedClock, tmp_path: Path
 ) -> AsyncIterator[QueueFactory]:
     """Opens queues of one kind; queues opened by one test share their storage."""
     opened: list[BatchQueue] = []
@@ -94,7 +83,7 @@ async def drain(queue: BatchQueue, consumer: str, limit: int = 10) -> list[WorkI
 
 
 async def claim_after_lease(
-    q: BatchQueue, kind: str, clock: Clock, consumer: str, n: int
+    q: BatchQueue, kind: str, clock: SteppedClock, consumer: str, n: int
 ) -> list[WorkItem]:
     """The ``n`` items whose lease ran out, claimed by ``consumer``: on disk the clock moves
     past the lease; on Redis the claims go on (bounded) until the server hands them over."""
@@ -176,7 +165,7 @@ async def test_life_cycle_queued_running_done(make_queue: QueueFactory) -> None:
     assert await q.claim("w1", 5, wait_s=0.05) == []
 
 
-async def test_depth_counts_unfinished_items(make_queue: QueueFactory, clock: Clock) -> None:
+async def test_depth_counts_unfinished_items(make_queue: QueueFactory, clock: SteppedClock) -> None:
     q = await make_queue()
     empty = await q.depth()
     assert (empty.items, empty.leased, empty.oldest_age_s) == (0, 0, None)
@@ -217,7 +206,7 @@ async def test_consumers_never_share_a_live_claim(make_queue: QueueFactory) -> N
 
 
 async def test_expired_lease_goes_to_another_worker_with_one_result(
-    make_queue: QueueFactory, kind: str, clock: Clock
+    make_queue: QueueFactory, kind: str, clock: SteppedClock
 ) -> None:
     q = await make_queue()
     await q.submit("j", "t", "m", payloads(2))
@@ -235,7 +224,9 @@ async def test_expired_lease_goes_to_another_worker_with_one_result(
     assert [r.body for r in await q.results("j")] == [b"alive", b"alive"]
 
 
-async def test_extended_lease_is_kept(make_queue: QueueFactory, kind: str, clock: Clock) -> None:
+async def test_extended_lease_is_kept(
+    make_queue: QueueFactory, kind: str, clock: SteppedClock
+) -> None:
     q = await make_queue()
     await q.submit("j", "t", "m", payloads(1))
     items = await q.claim("w1", 1, wait_s=0.1)
@@ -260,7 +251,7 @@ async def test_retry_gives_the_item_back(make_queue: QueueFactory) -> None:
 
 
 async def test_a_delayed_retry_waits_its_delay_and_not_just_the_lease(
-    make_queue: QueueFactory, kind: str, clock: Clock
+    make_queue: QueueFactory, kind: str, clock: SteppedClock
 ) -> None:
     """``retry(item, delay)`` holds the item back for ``delay`` (longer than the lease here),
     counts it as waiting meanwhile, and then any worker's claim gets it."""
@@ -319,7 +310,9 @@ async def test_waiting_claim_wakes_up_for_new_work(make_queue: QueueFactory, kin
     assert item.job_id == "j"
 
 
-async def test_finished_jobs_expire(make_queue: QueueFactory, kind: str, clock: Clock) -> None:
+async def test_finished_jobs_expire(
+    make_queue: QueueFactory, kind: str, clock: SteppedClock
+) -> None:
     q = await make_queue(results_ttl_s=0.3)
     await q.submit("j", "t", "m", payloads(1))
     (item,) = await q.claim("w1", 1, wait_s=0.1)
@@ -343,7 +336,7 @@ TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 async def test_a_jobs_trace_context_comes_back_with_each_claim(
-    make_queue: QueueFactory, kind: str, clock: Clock
+    make_queue: QueueFactory, kind: str, clock: SteppedClock
 ) -> None:
     q = await make_queue()
     await q.submit("traced", "t", "m", payloads(2), trace_context=TRACEPARENT)
@@ -379,7 +372,7 @@ CREATE TABLE results (
 
 
 async def test_a_disk_queue_written_before_trace_contexts_loads(
-    tmp_path: Path, clock: Clock
+    tmp_path: Path, clock: SteppedClock
 ) -> None:
     path = tmp_path / "q.sqlite3"
     with contextlib.closing(sqlite3.connect(path)) as db:
@@ -407,7 +400,7 @@ async def test_a_disk_queue_written_before_trace_contexts_loads(
     await reopened.aclose()
 
 
-async def test_disk_queue_survives_reopen(tmp_path: Path, clock: Clock) -> None:
+async def test_disk_queue_survives_reopen(tmp_path: Path, clock: SteppedClock) -> None:
     path = tmp_path / "q.sqlite3"
     first = await DiskQueue.open(path, lease_s=LEASE_S, clock=clock)
     await first.submit("j", "t", "m", payloads(3))

@@ -13,27 +13,20 @@ from server.identity.api_keys.store import LocalKeyStore
 from server.identity.api_keys.view import KeyView
 from server.limits.settings import LimitSettings
 from tests.semcache.conftest import redis_prefix
+from tests.support.stepped_clock import SteppedClock
 
 __all__ = ["redis_prefix"]  # a Redis key prefix of its own per test
 
 ADMIN = Actor("ops-admin", "ops")
 
 
-class Clock:
-    def __init__(self, now: float = 1_800_000_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+@pytest.fixture
+def clock() -> SteppedClock:
+    return SteppedClock()
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-async def view(tmp_path: Path, clock: Clock) -> AsyncIterator[KeyView]:
+async def view(tmp_path: Path, clock: SteppedClock) -> AsyncIterator[KeyView]:
     keys = KeyView(LocalKeyStore(tmp_path / "keys"), KeyHasher(b"s" * 32), clock=clock)
     await keys.reload()
     yield keys

@@ -9,7 +9,8 @@ from server.errors import ApiError
 from server.identity.api_keys.admin import KeyAdmin
 from server.identity.api_keys.records import KeyCreate, KeyRotate, KeyUpdate
 from server.limits.settings import LimitSettings
-from tests.server.identity.api_keys.conftest import ADMIN, Clock
+from tests.server.identity.api_keys.conftest import ADMIN
+from tests.support.stepped_clock import SteppedClock
 
 
 async def test_a_key_limit_above_the_defaults_is_refused(admin: KeyAdmin) -> None:
@@ -40,7 +41,9 @@ async def test_a_config_token_cannot_be_revoked_or_changed(admin: KeyAdmin) -> N
     assert missing.value.status == 404
 
 
-async def test_every_change_is_audited_without_the_secret(admin: KeyAdmin, clock: Clock) -> None:
+async def test_every_change_is_audited_without_the_secret(
+    admin: KeyAdmin, clock: SteppedClock
+) -> None:
     made = await admin.create(KeyCreate(tenant="acme", name="ci", models=["m"]), ADMIN)
     clock.now += 1
     await admin.update(made.key.id, KeyUpdate(expires_at=clock.now + 60), ADMIN)

@@ -15,7 +15,8 @@ from server.identity.api_keys.records import KeyCreate, KeyRotate, KeyUpdate
 from server.identity.api_keys.store import LocalKeyStore
 from server.identity.api_keys.view import KeyView
 from server.limits.settings import LimitSettings
-from tests.server.identity.api_keys.conftest import ADMIN, Clock
+from tests.server.identity.api_keys.conftest import ADMIN
+from tests.support.stepped_clock import SteppedClock
 
 
 async def test_a_new_key_is_found_by_its_secret_only(view: KeyView, admin: KeyAdmin) -> None:
@@ -39,7 +40,7 @@ async def test_the_store_holds_the_hash_never_the_secret(
 
 
 async def test_an_expired_key_is_refused_from_its_expiry_on(
-    view: KeyView, admin: KeyAdmin, clock: Clock
+    view: KeyView, admin: KeyAdmin, clock: SteppedClock
 ) -> None:
     made = await admin.create(KeyCreate(tenant="acme", expires_in_s=10), ADMIN)
     clock.now += 9.99
@@ -57,7 +58,7 @@ async def test_a_revoked_key_is_refused(view: KeyView, admin: KeyAdmin) -> None:
 
 
 async def test_rotation_keeps_the_old_secret_for_the_grace_period(
-    view: KeyView, admin: KeyAdmin, clock: Clock
+    view: KeyView, admin: KeyAdmin, clock: SteppedClock
 ) -> None:
     made = await admin.create(KeyCreate(tenant="acme"), ADMIN)
     rotated = await admin.rotate(made.key.id, KeyRotate(grace_s=30), ADMIN)
@@ -84,7 +85,7 @@ async def test_an_update_changes_the_scope_and_keeps_the_secret(
 
 
 async def test_another_process_writing_the_store_is_seen(
-    view: KeyView, tmp_path: Path, clock: Clock
+    view: KeyView, tmp_path: Path, clock: SteppedClock
 ) -> None:
     other_view = KeyView(LocalKeyStore(tmp_path / "keys"), KeyHasher(b"s" * 32), clock=clock)
     other = KeyAdmin(other_view, defaults=LimitSettings(), config_tokens=[])
@@ -111,7 +112,7 @@ async def test_another_process_writing_the_store_is_seen(
 
 
 async def test_last_use_is_recorded_and_written_back(
-    view: KeyView, admin: KeyAdmin, clock: Clock
+    view: KeyView, admin: KeyAdmin, clock: SteppedClock
 ) -> None:
     made = await admin.create(KeyCreate(tenant="acme"), ADMIN)
     assert (await admin.show(made.key.id)).last_used_at is None

@@ -18,7 +18,8 @@ from server.batch.results import StoredItem
 from server.batch.settings import BatchSettings
 from server.openai.batches.runner import OpenAIItemRunner
 from server.openai.batches.serving import BatchesServing
-from tests.server.openai.conftest import Clock, StoresFactory
+from tests.server.openai.conftest import StoresFactory
+from tests.support.stepped_clock import SteppedClock
 
 
 def input_file(n: int) -> bytes:
@@ -32,8 +33,7 @@ def input_file(n: int) -> bytes:
 
 @pytest.fixture
 async def parts(tmp_path: Path, make_stores: StoresFactory) -> Any:
-    clock = Clock()
-    clock.now = 1_000_000.0
+    clock = SteppedClock(1_000_000.0)
     reg = ModelRegistry()
     reg.add(ModelInfo("chat-model", "chat", (), "t", "fake", "rev1", "tpl"))
     stores = make_stores(retention_s=30 * 86400.0, clock=clock)
