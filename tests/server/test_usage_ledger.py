@@ -20,6 +20,7 @@ import pytest
 from backends.launch.process import VllmProcess
 from harness.gateway import REPO_ROOT, GatewayProcess
 from harness.vllm_process import TINY_MODEL_NAME
+from tests.support.headers import bearer
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -78,10 +79,6 @@ flush_interval_s = {FLUSH_INTERVAL_S}
 """
     )
     return config
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {token}"}
 
 
 class Sent:

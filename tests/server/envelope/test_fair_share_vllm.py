@@ -21,6 +21,7 @@ from backends.launch.process import VllmProcess
 from harness.gateway import GatewayProcess
 from harness.vllm_process import TINY_MODEL_NAME
 from tests.semcache.conftest import RedisServer
+from tests.support.headers import bearer
 
 pytestmark = pytest.mark.slow
 
@@ -72,10 +73,6 @@ url = "{vllm_url}"
 """
     )
     return config
-
-
-def bearer(tenant: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {TOKENS[tenant]}", "content-type": "application/json"}
 
 
 def chat_body(text: str, max_tokens: int, **extra: Any) -> bytes:
@@ -146,7 +143,7 @@ def test_a_trickle_is_served_within_its_share_beside_a_flood(
         r = http.post(
             CHAT,
             content=chat_body(f"flood {i}", FLOOD_TOKENS, logit_bias=NO_END),
-            headers=bearer("a"),
+            headers=bearer(TOKENS["a"], json=True),
         )
         ended.append(time.monotonic())
         return r.status_code
@@ -162,7 +159,11 @@ def test_a_trickle_is_served_within_its_share_beside_a_flood(
             until(lambda: waiting() == FLOOD - 2, "two of a's requests run, the rest wait")
             for turn in range(3):
                 sent = time.monotonic()
-                r = http.post(CHAT, content=chat_body(f"trickle {turn}", 8), headers=bearer("b"))
+                r = http.post(
+                    CHAT,
+                    content=chat_body(f"trickle {turn}", 8),
+                    headers=bearer(TOKENS["b"], json=True),
+                )
                 done = time.monotonic()
                 assert r.status_code == 200, r.text
                 if turn == 0:
@@ -203,12 +204,15 @@ def test_a_flood_past_its_queue_share_gets_429s_while_another_tenant_is_served(
                 http.post,
                 CHAT,
                 content=chat_body("hold the slot", HOG_TOKENS, logit_bias=NO_END),
-                headers=bearer("a"),
+                headers=bearer(TOKENS["a"], json=True),
             )
             until(lambda: vllm_running(http, tiny_vllm.url) >= 1, "the long answer runs")
             flood: list[Future[httpx.Response]] = [
                 pool.submit(
-                    http.post, CHAT, content=chat_body(f"flood {i}", 8), headers=bearer("a")
+                    http.post,
+                    CHAT,
+                    content=chat_body(f"flood {i}", 8),
+                    headers=bearer(TOKENS["a"], json=True),
                 )
                 for i in range(8)
             ]
@@ -217,18 +221,23 @@ def test_a_flood_past_its_queue_share_gets_429s_while_another_tenant_is_served(
                     http.post,
                     WORKERS_AI,
                     content=orjson.dumps({"prompt": f"flood {i}", "max_tokens": 8}),
-                    headers=bearer("a"),
+                    headers=bearer(TOKENS["a"], json=True),
                 )
                 for i in range(4)
             ]
             trickle = [
                 pool.submit(
-                    http.post, CHAT, content=chat_body(f"trickle {i}", 8), headers=bearer("b")
+                    http.post,
+                    CHAT,
+                    content=chat_body(f"trickle {i}", 8),
+                    headers=bearer(TOKENS["b"], json=True),
                 )
                 for i in range(2)
             ]
             started = time.monotonic()
-            impatient = http.post(CHAT, content=chat_body("in a hurry", 8), headers=bearer("c"))
+            impatient = http.post(
+                CHAT, content=chat_body("in a hurry", 8), headers=bearer(TOKENS["c"], json=True)
+            )
             waited = time.monotonic() - started
             assert not hog.done()  # the slot was taken all along: c waited, then gave up
             assert impatient.status_code == 429 and waited < 10, (impatient.text, waited)
@@ -292,7 +301,7 @@ def test_a_token_budget_holds_across_two_gateways_on_one_redis(
                         http.post,
                         (one if i % 2 else two).url + CHAT,
                         content=body,
-                        headers=bearer("a"),
+                        headers=bearer(TOKENS["a"], json=True),
                     )
                     for i, body in enumerate(bodies)
                 ]
@@ -307,7 +316,7 @@ def test_a_token_budget_holds_across_two_gateways_on_one_redis(
                     rows = http.get(
                         one.url + "/v1/usage",
                         params={"group_by": "tenant"},
-                        headers=bearer("ops"),
+                        headers=bearer(TOKENS["ops"], json=True),
                     ).json()["data"]
                     return next((r for r in rows if r["tenant"] == "a"), {})
 

@@ -23,6 +23,7 @@ from server.app import create_app
 from server.config import GatewayConfig
 from server.identity.auth import tenant_from
 from tests.semcache.conftest import RedisServer
+from tests.support.headers import bearer
 from tests.support.waiting import wait_until
 
 Client = TestClient[Any]
@@ -48,10 +49,6 @@ def client(
     config = GatewayConfig(data_dir=str(tmp_path), policy=str(policy))
     with TestClient(create_app(config, registry=reg)) as c:
         yield c
-
-
-def bearer(token: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {token}"}
 
 
 def send(client: Client, token: str, totals: dict[str, int]) -> None:

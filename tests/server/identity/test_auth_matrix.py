@@ -22,16 +22,13 @@ from harness.fake_vllm import FakeGeneration
 from server.app import create_app
 from server.config import GatewayConfig
 from server.identity.auth import AuthSettings, TokenEntry, exposure_problem
+from tests.support.headers import bearer
 
 TOKENS = {"acme": "tok-acme", "globex": "tok-globex", "ops": "tok-ops"}
 PUBLIC = {"/", "/health", "/ready", "/metrics"}
 DASHBOARD_PUBLIC = {"/dashboard", "/dashboard/login", "/dashboard/static/x"}
 API_DOCS = {"/openapi.json", "/openapi.json/openapi.json", "/openapi.json/x", "/docs", "/docs/x"}
 """The API document and its UI (server/apidoc/document.py)."""
-
-
-def bearer(tenant: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {TOKENS[tenant]}"}
 
 
 @pytest.fixture
@@ -106,10 +103,11 @@ def test_every_route_needs_a_listed_token(app: Litestar, client: TestClient[Any]
         refused_in_own_format(client.request(method, path), path, 401)
         unknown = {"authorization": "Bearer not-a-listed-token"}
         refused_in_own_format(client.request(method, path, headers=unknown), path, 401)
-        as_tenant = client.request(method, path, headers=bearer("acme"), json={})
+        as_tenant = client.request(method, path, headers=bearer(TOKENS["acme"]), json={})
         if need in ("admin", "self"):  # "self": the dashboard, admin only
             refused_in_own_format(as_tenant, path, 403)
-            admin = {**bearer("ops"), "x-semcache-dashboard": "1"}  # the purge form's header
+            # the purge form's header
+            admin = {**bearer(TOKENS["ops"]), "x-semcache-dashboard": "1"}
             as_admin = client.request(method, path, headers=admin, json={})
             assert as_admin.status_code not in (401, 403), (path, as_admin.text)
         else:
@@ -120,7 +118,9 @@ def upload(client: TestClient[Any], tenant: str) -> str:
     line = {"custom_id": "a", "method": "POST", "url": "/v1/embeddings"}
     line["body"] = {"model": "embed-model", "input": "hello"}  # type: ignore[assignment]
     files = {"file": ("in.jsonl", io.BytesIO(json.dumps(line).encode() + b"\n"))}
-    r = client.post("/v1/files", files=files, data={"purpose": "batch"}, headers=bearer(tenant))
+    r = client.post(
+        "/v1/files", files=files, data={"purpose": "batch"}, headers=bearer(TOKENS[tenant])
+    )
     assert r.status_code == 200, r.text
     return str(r.json()["id"])
 
@@ -130,18 +130,20 @@ def test_a_tenant_sees_only_its_own_objects(client: TestClient[Any]) -> None:
     batch = client.post(
         "/v1/batches",
         json={"input_file_id": file_id, "endpoint": "/v1/embeddings", "completion_window": "24h"},
-        headers=bearer("acme"),
+        headers=bearer(TOKENS["acme"]),
     )
     assert batch.status_code == 200, batch.text
     batch_id = batch.json()["id"]
     chat = {"model": "chat-model", "messages": [{"role": "user", "content": "hi"}]}
     answer = client.post(
-        "/v1/chat/completions", json={**chat, "temperature": 0}, headers=bearer("acme")
+        "/v1/chat/completions", json={**chat, "temperature": 0}, headers=bearer(TOKENS["acme"])
     )
     cached = answer.headers["content-location"]
     wai = "/client/v4/accounts/acc/ai/run/@cf/test/chat"
     queued = client.post(
-        wai + "?queueRequest=true", json={"requests": [{"prompt": "hi"}]}, headers=bearer("acme")
+        wai + "?queueRequest=true",
+        json={"requests": [{"prompt": "hi"}]},
+        headers=bearer(TOKENS["acme"]),
     )
     assert queued.status_code == 200, queued.text
     request_id = queued.json()["result"]["request_id"]
@@ -153,21 +155,30 @@ def test_a_tenant_sees_only_its_own_objects(client: TestClient[Any]) -> None:
         ("GET", cached, None),
         ("POST", wai, {"request_id": request_id}),
     ]:
-        theirs = client.request(method, path, headers=bearer("globex"), json=body)
+        theirs = client.request(method, path, headers=bearer(TOKENS["globex"]), json=body)
         refused_in_own_format(theirs, path, 404)
-        mine = client.request(method, path, headers=bearer("acme"), json=body)
+        mine = client.request(method, path, headers=bearer(TOKENS["acme"]), json=body)
         assert mine.status_code == 200, (path, mine.text)
-    listed = client.get("/v1/files", headers=bearer("globex")).json()["data"]
+    listed = client.get("/v1/files", headers=bearer(TOKENS["globex"])).json()["data"]
     assert listed == []
-    assert client.delete(f"/v1/files/{file_id}", headers=bearer("globex")).status_code == 404
+    assert (
+        client.delete(f"/v1/files/{file_id}", headers=bearer(TOKENS["globex"])).status_code == 404
+    )
 
 
 def test_one_token_is_one_tenant_on_every_route(client: TestClient[Any]) -> None:
     chat = {"model": "chat-model", "messages": [{"role": "user", "content": "same"}]}
-    assert client.post("/v1/chat/completions", json=chat, headers=bearer("acme")).status_code == 200
+    assert (
+        client.post("/v1/chat/completions", json=chat, headers=bearer(TOKENS["acme"])).status_code
+        == 200
+    )
     wai = "/client/v4/accounts/acc/ai/run/@cf/test/chat"
-    assert client.post(wai, json={"prompt": "same"}, headers=bearer("acme")).status_code == 200
-    logs = client.get("/admin/logs", headers=bearer("ops"), params={"tenant": "acme"}).json()
+    assert (
+        client.post(wai, json={"prompt": "same"}, headers=bearer(TOKENS["acme"])).status_code == 200
+    )
+    logs = client.get(
+        "/admin/logs", headers=bearer(TOKENS["ops"]), params={"tenant": "acme"}
+    ).json()
     routes = {line["route"] for line in logs["data"]}
     assert "/v1/chat/completions" in routes
     assert any(r.startswith("/client/v4/accounts") for r in routes)

@@ -23,6 +23,7 @@ from harness.gateway import GatewayProcess, GatewayThread
 from server.config import GatewayConfig, parse_config
 from server.limits.limiter import estimate_tokens
 from tests.semcache.conftest import RedisServer
+from tests.support.headers import bearer
 from tests.support.waiting import wait_until
 
 CHAT = "/v1/chat/completions"
@@ -68,10 +69,6 @@ def chat(content: str = "hi", **extra: Any) -> bytes:
     return orjson.dumps({**body, "temperature": 0, **extra})
 
 
-def bearer(token: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {token}", "content-type": "application/json"}
-
-
 TWO_TOKENS = """
 [limits]
 requests_per_minute = 100
@@ -89,18 +86,18 @@ tenant = "globex"
 def test_over_the_limit_is_a_429_in_each_routes_format(gateway: GatewayFactory) -> None:
     gw = gateway(TWO_TOKENS)
     with httpx.Client(base_url=gw.url) as http:
-        first = http.post(CHAT, content=chat(), headers=bearer("tok-a"))
+        first = http.post(CHAT, content=chat(), headers=bearer("tok-a", json=True))
         assert first.status_code == 200, first.text
         assert first.headers["x-ratelimit-limit-requests"] == "2"
         assert first.headers["x-ratelimit-remaining-requests"] == "1"
         assert first.headers["x-ratelimit-reset-requests"] in {"1m0s", "59s", "58s"}
         assert "x-ratelimit-limit-tokens" not in first.headers  # no token limit configured
         # A cache hit counts as a request too.
-        second = http.post(CHAT, content=chat(), headers=bearer("tok-a"))
+        second = http.post(CHAT, content=chat(), headers=bearer("tok-a", json=True))
         assert second.status_code == 200
         assert second.headers["x-ratelimit-remaining-requests"] == "0"
 
-        refused = http.post(CHAT, content=chat("other"), headers=bearer("tok-a"))
+        refused = http.post(CHAT, content=chat("other"), headers=bearer("tok-a", json=True))
         assert refused.status_code == 429
         assert 1 <= int(refused.headers["retry-after"]) <= 60
         assert refused.headers["x-ratelimit-remaining-requests"] == "0"
@@ -113,7 +110,7 @@ def test_over_the_limit_is_a_429_in_each_routes_format(gateway: GatewayFactory) 
         )
         assert error["message"].startswith("Rate limit reached for requests per min (RPM)")
 
-        envelope = http.post(RUN, content=b'{"prompt": "hi"}', headers=bearer("tok-a"))
+        envelope = http.post(RUN, content=b'{"prompt": "hi"}', headers=bearer("tok-a", json=True))
         assert envelope.status_code == 429
         assert envelope.headers["x-ratelimit-remaining-requests"] == "0"
         assert "retry-after" in envelope.headers
@@ -123,7 +120,7 @@ def test_over_the_limit_is_a_429_in_each_routes_format(gateway: GatewayFactory) 
 
         # Another token has its own window (the default); a request without a token is a 401
         # and counts for nobody; a public route carries no limit headers.
-        other = http.post(RUN, content=b'{"prompt": "hi"}', headers=bearer("tok-b"))
+        other = http.post(RUN, content=b'{"prompt": "hi"}', headers=bearer("tok-b", json=True))
         assert other.status_code == 200, other.text
         assert other.headers["x-ratelimit-limit-requests"] == "100"
         assert other.headers["x-ratelimit-remaining-requests"] == "99"
@@ -131,7 +128,7 @@ def test_over_the_limit_is_a_429_in_each_routes_format(gateway: GatewayFactory) 
         assert anonymous.status_code == 401
         assert not RATE_HEADERS & set(anonymous.headers)
         assert not RATE_HEADERS & set(http.get("/health").headers)
-        again = http.post(CHAT, content=chat(), headers=bearer("tok-b"))
+        again = http.post(CHAT, content=chat(), headers=bearer("tok-b", json=True))
         assert again.headers["x-ratelimit-remaining-requests"] == "98"
 
     lines = list(gw.app.state.envelope.request_log.recent)
@@ -156,16 +153,16 @@ tenant = "acme"
     body = chat("tell me", max_tokens=100)
     estimate = len(body) // 4 + 100
     with httpx.Client(base_url=gw.url) as http:
-        miss = http.post(CHAT, content=body, headers=bearer("tok"))
+        miss = http.post(CHAT, content=body, headers=bearer("tok", json=True))
         assert miss.status_code == 200
         assert miss.json()["usage"]["total_tokens"] == 4
         assert miss.headers["x-ratelimit-limit-tokens"] == "2000"
         assert miss.headers["x-ratelimit-remaining-tokens"] == str(2000 - estimate)
         # The estimate was replaced by the 4 tokens used; a hit spends none (by default).
-        hit = http.post(CHAT, content=body, headers=bearer("tok"))
+        hit = http.post(CHAT, content=body, headers=bearer("tok", json=True))
         assert hit.headers["x-ratelimit-remaining-tokens"] == str(2000 - 4 - estimate)
         big = chat("x" * 8000, max_tokens=10)
-        too_big = http.post(CHAT, content=big, headers=bearer("tok"))
+        too_big = http.post(CHAT, content=big, headers=bearer("tok", json=True))
         assert too_big.status_code == 429
         assert too_big.json()["error"]["type"] == "tokens"
         assert too_big.headers["x-ratelimit-remaining-tokens"] == str(2000 - 4)
@@ -232,9 +229,13 @@ tenant = "acme"
         for i in range(12):
             gw = gateways[i % 2]
             if i % 3:
-                r = http.post(gw.url + CHAT, content=chat(f"q{i}"), headers=bearer("tok"))
+                r = http.post(
+                    gw.url + CHAT, content=chat(f"q{i}"), headers=bearer("tok", json=True)
+                )
             else:
-                r = http.post(gw.url + RUN, content=b'{"prompt": "hi"}', headers=bearer("tok"))
+                r = http.post(
+                    gw.url + RUN, content=b'{"prompt": "hi"}', headers=bearer("tok", json=True)
+                )
             statuses.append(r.status_code)
             remaining.append(r.headers["x-ratelimit-remaining-requests"])
     assert statuses == [200] * 5 + [429] * 7
@@ -287,13 +288,15 @@ tenant = "acme"
         clock=lambda: NOON,  # the budget's day, whenever the test runs
     )
     with httpx.Client(base_url=gw.url, timeout=30) as http:
-        with http.stream("POST", CHAT, content=body, headers=bearer("tok")) as stream:
+        with http.stream("POST", CHAT, content=body, headers=bearer("tok", json=True)) as stream:
             assert stream.status_code == 200
             events = stream.iter_lines()
             assert next(events).startswith("data: ")  # the stream is in flight
             for content in ("one", "two"):
-                assert http.post(CHAT, content=chat(content), headers=bearer("tok")).is_success
-            refused = http.post(CHAT, content=chat("three"), headers=bearer("tok"))
+                assert http.post(
+                    CHAT, content=chat(content), headers=bearer("tok", json=True)
+                ).is_success
+            refused = http.post(CHAT, content=chat("three"), headers=bearer("tok", json=True))
             assert refused.status_code == 429
             assert refused.headers["retry-after"] == str(12 * 3600)  # noon to midnight
             assert refused.headers["x-ratelimit-remaining-requests"] == "97"
@@ -301,7 +304,7 @@ tenant = "acme"
             assert (error["code"], error["type"]) == ("insufficient_quota", "insufficient_quota")
             assert f"daily budget of {budget} tokens (charged {budget})" in error["message"]
             assert "renews at 2026-03-15T00:00:00Z" in error["message"]
-            envelope = http.post(RUN, content=b'{"prompt": "hi"}', headers=bearer("tok"))
+            envelope = http.post(RUN, content=b'{"prompt": "hi"}', headers=bearer("tok", json=True))
             assert envelope.status_code == 429
             assert envelope.json()["errors"][0]["code"] == 4290
             fake.gate.set()
@@ -329,13 +332,16 @@ limits = { concurrent_requests = 1 }
     )
     with httpx.Client(base_url=gw.url, timeout=30) as http:
         body = chat("a long story", stream=True)
-        with http.stream("POST", CHAT, content=body, headers=bearer("tok")) as stream:
+        with http.stream("POST", CHAT, content=body, headers=bearer("tok", json=True)) as stream:
             events = stream.iter_lines()
             assert next(events).startswith("data: ")
-            busy = http.post(CHAT, content=chat("meanwhile"), headers=bearer("tok"))
+            busy = http.post(CHAT, content=chat("meanwhile"), headers=bearer("tok", json=True))
             assert busy.status_code == 429
             assert busy.headers["retry-after"] == "1"
             assert busy.json()["error"]["code"] == "rate_limit_exceeded"
             fake.gate.set()
             assert [line for line in events if line][-1] == "data: [DONE]"
-        assert http.post(CHAT, content=chat("after"), headers=bearer("tok")).status_code == 200
+        assert (
+            http.post(CHAT, content=chat("after"), headers=bearer("tok", json=True)).status_code
+            == 200
+        )

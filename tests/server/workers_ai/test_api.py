@@ -48,6 +48,7 @@ from server.config import ConfigError, GatewayConfig, ModelEntry, load_config, p
 from server.errors import ApiError
 from server.identity.auth import AuthSettings, TokenAuth, TokenEntry, tenant_from, token_digest
 from tests.semcache.conftest import RedisServer
+from tests.support.headers import bearer
 from tests.support.waiting import wait_until
 
 TOKEN = "TOKEN"
@@ -82,10 +83,6 @@ def auth() -> AuthSettings:
 
 def url(base: str, model: str, account: str = "ACC") -> str:
     return f"{base}/client/v4/accounts/{account}/ai/run/{model}"
-
-
-def bearer(token: str = TOKEN) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
 
 
 def ok(r: httpx.Response) -> Any:
@@ -197,13 +194,13 @@ def test_session_affinity_and_tenant_reach_the_backend(tmp_path: Path) -> None:
         r = client.post(
             f"/client/v4/accounts/ACC/ai/run/{CHAT}",
             json={"prompt": "hi"},
-            headers={**bearer(), "x-session-affinity": "ses_12345678"},
+            headers={**bearer(TOKEN, json=True), "x-session-affinity": "ses_12345678"},
         )
         assert ok(r)["response"] == "hello"
         r = client.post(
             f"/client/v4/accounts/ACC/ai/run/{CHAT}?queueRequest=true",
             json={"requests": [{"prompt": "x"}]},
-            headers=bearer(),
+            headers=bearer(TOKEN, json=True),
         )
         assert "disabled" in failed(r, 400)
     (ctx,) = fake.contexts
@@ -226,18 +223,20 @@ def test_without_configured_tokens_any_bearer_token_is_its_own_tenant(tmp_path: 
     assert config.auth.tokens == []
     run = f"/client/v4/accounts/ACC/ai/run/{CHAT}"
     with TestClient(create_app(config, registry=reg)) as client:
-        assert ok(client.post(run, json={"prompt": "hi"}, headers=bearer("any")))["response"]
+        assert ok(client.post(run, json={"prompt": "hi"}, headers=bearer("any", json=True)))[
+            "response"
+        ]
         failed(client.post(run, json={"prompt": "hi"}), 401)
         queued = ok(
             client.post(
                 run + "?queueRequest=true",
                 json={"requests": [{"prompt": "x"}]},
-                headers=bearer("alice"),
+                headers=bearer("alice", json=True),
             )
         )
         rid = queued["request_id"]
-        failed(client.post(run, json={"request_id": rid}, headers=bearer("bob")), 404)
-        assert ok(client.post(run, json={"request_id": rid}, headers=bearer("alice")))
+        failed(client.post(run, json={"request_id": rid}, headers=bearer("bob", json=True)), 404)
+        assert ok(client.post(run, json={"request_id": rid}, headers=bearer("alice", json=True)))
     assert fake.contexts[0].tenant == tenant_from({"authorization": "Bearer any"})
 
 
@@ -304,7 +303,11 @@ def wait_done(
     """Poll as the docs show until the batch has its responses; checks the interim shapes."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        result = ok(http.post(url(base, model), headers=bearer(), json={"request_id": request_id}))
+        result = ok(
+            http.post(
+                url(base, model), headers=bearer(TOKEN, json=True), json={"request_id": request_id}
+            )
+        )
         if "responses" in result:
             assert set(result) == {"responses", "usage"}
             return dict(result)
@@ -339,7 +342,7 @@ def test_text_generation_matches_the_openai_route(gw: GatewayProcess, http: http
     result = ok(
         http.post(
             url(gw.url, CHAT2),
-            headers=bearer(),
+            headers=bearer(TOKEN, json=True),
             json={"messages": messages, "max_tokens": 16, "temperature": 0},
         )
     )
@@ -350,7 +353,7 @@ def test_text_generation_matches_the_openai_route(gw: GatewayProcess, http: http
     )
     openai = http.post(
         f"{gw.url}/v1/chat/completions",
-        headers=bearer(),
+        headers=bearer(TOKEN, json=True),
         json={"model": "tiny-chat", "messages": messages, "max_tokens": 16, "temperature": 0},
     ).json()
     assert result["response"] == openai["choices"][0]["message"]["content"]
@@ -358,7 +361,7 @@ def test_text_generation_matches_the_openai_route(gw: GatewayProcess, http: http
     prompt = ok(
         http.post(
             url(gw.url, CHAT),
-            headers=bearer(),
+            headers=bearer(TOKEN, json=True),
             json={
                 "prompt": "Where did the phrase Hello World come from",
                 "max_tokens": 8,
@@ -372,8 +375,10 @@ def test_text_generation_matches_the_openai_route(gw: GatewayProcess, http: http
 @pytest.mark.slow
 def test_streamed_pieces_add_up_to_the_plain_answer(gw: GatewayProcess, http: httpx.Client) -> None:
     body = {"prompt": "where is new york?", "max_tokens": 20, "temperature": 0}
-    plain = ok(http.post(url(gw.url, CHAT), headers=bearer(), json=body))
-    r = http.post(url(gw.url, CHAT), headers=bearer(), json={**body, "stream": True})
+    plain = ok(http.post(url(gw.url, CHAT), headers=bearer(TOKEN, json=True), json=body))
+    r = http.post(
+        url(gw.url, CHAT), headers=bearer(TOKEN, json=True), json={**body, "stream": True}
+    )
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/event-stream")
     events = sse_events(r.text)
@@ -385,19 +390,23 @@ def test_streamed_pieces_add_up_to_the_plain_answer(gw: GatewayProcess, http: ht
 
 @pytest.mark.slow
 def test_embeddings_shape_and_data(gw: GatewayProcess, http: httpx.Client) -> None:
-    one = ok(http.post(url(gw.url, EMBED), headers=bearer(), json={"text": "hello"}))
+    one = ok(
+        http.post(url(gw.url, EMBED), headers=bearer(TOKEN, json=True), json={"text": "hello"})
+    )
     assert one["shape"] == [1, 384] and len(one["data"]) == 1 and len(one["data"][0]) == 384
     texts = ["This is a story about an orange cloud", "This is a story about a llama", "x"]
-    many = ok(http.post(url(gw.url, EMBED), headers=bearer(), json={"text": texts}))
+    many = ok(http.post(url(gw.url, EMBED), headers=bearer(TOKEN, json=True), json={"text": texts}))
     assert many["shape"] == [3, 384]
     openai = http.post(
         f"{gw.url}/v1/embeddings",
         json={"model": "all-MiniLM-L6-v2", "input": texts},
-        headers=bearer(),
+        headers=bearer(TOKEN, json=True),
     ).json()
     assert many["data"] == [d["embedding"] for d in openai["data"]]
     assert many["pooling"] == "mean"
-    message = failed(http.post(url(gw.url, EMBED), headers=bearer(), json={"text": []}), 400)
+    message = failed(
+        http.post(url(gw.url, EMBED), headers=bearer(TOKEN, json=True), json={"text": []}), 400
+    )
     assert "text" in message
 
 
@@ -407,7 +416,9 @@ def test_text_classification(gw: GatewayProcess, http: httpx.Client) -> None:
         ("I absolutely adore this little cafe, the pastries are divine.", "POSITIVE"),
         ("The package never arrived and nobody answers the phone.", "NEGATIVE"),
     ]:
-        result = ok(http.post(url(gw.url, CLASSIFY), headers=bearer(), json={"text": text}))
+        result = ok(
+            http.post(url(gw.url, CLASSIFY), headers=bearer(TOKEN, json=True), json={"text": text})
+        )
         assert all(set(r) == {"label", "score"} for r in result)
         assert sorted(r["label"] for r in result) == ["NEGATIVE", "POSITIVE"]
         assert result[0]["label"] == label
@@ -419,30 +430,44 @@ def test_text_classification(gw: GatewayProcess, http: httpx.Client) -> None:
 def test_authentication_errors(gw: GatewayProcess, http: httpx.Client) -> None:
     body = {"prompt": "hi", "max_tokens": 2}
     assert "Bearer" in failed(http.post(url(gw.url, CHAT), json=body), 401)
-    failed(http.post(url(gw.url, CHAT), json=body, headers=bearer("wrong")), 401)
-    failed(http.post(url(gw.url, CHAT, "acc-2"), json=body, headers=bearer(LIMITED_TOKEN)), 403)
-    ok(http.post(url(gw.url, CHAT, "acc-1"), json=body, headers=bearer(LIMITED_TOKEN)))
-    ok(http.post(url(gw.url, CHAT), json=body, headers=bearer(OTHER_TOKEN)))
+    failed(http.post(url(gw.url, CHAT), json=body, headers=bearer("wrong", json=True)), 401)
+    failed(
+        http.post(url(gw.url, CHAT, "acc-2"), json=body, headers=bearer(LIMITED_TOKEN, json=True)),
+        403,
+    )
+    ok(http.post(url(gw.url, CHAT, "acc-1"), json=body, headers=bearer(LIMITED_TOKEN, json=True)))
+    ok(http.post(url(gw.url, CHAT), json=body, headers=bearer(OTHER_TOKEN, json=True)))
 
 
 @pytest.mark.slow
 def test_request_errors_use_the_envelope(gw: GatewayProcess, http: httpx.Client) -> None:
-    message = failed(http.post(url(gw.url, "@cf/nope/nothing"), headers=bearer(), json={}), 400)
+    message = failed(
+        http.post(url(gw.url, "@cf/nope/nothing"), headers=bearer(TOKEN, json=True), json={}), 400
+    )
     assert "No such model @cf/nope/nothing" in message
     message = failed(
-        http.post(url(gw.url, CHAT), headers=bearer(), json={"prompt": "x", "max_tokens": "ten"}),
+        http.post(
+            url(gw.url, CHAT),
+            headers=bearer(TOKEN, json=True),
+            json={"prompt": "x", "max_tokens": "ten"},
+        ),
         400,
     )
     assert "max_tokens" in message
-    failed(http.post(url(gw.url, CHAT), headers=bearer(), content=b'{"prompt": '), 400)
-    assert "prompt" in failed(http.post(url(gw.url, CHAT), headers=bearer(), json={}), 400)
+    failed(
+        http.post(url(gw.url, CHAT), headers=bearer(TOKEN, json=True), content=b'{"prompt": '), 400
+    )
+    assert "prompt" in failed(
+        http.post(url(gw.url, CHAT), headers=bearer(TOKEN, json=True), json={}), 400
+    )
 
 
 @pytest.mark.slow
 def test_body_over_10_mb_is_413(gw: GatewayProcess, http: httpx.Client) -> None:
     big = {"prompt": "x" * (10 * 1024 * 1024 + 16)}
     assert "too large" in failed(
-        http.post(url(gw.url, CHAT), headers=bearer(), content=orjson.dumps(big)), 413
+        http.post(url(gw.url, CHAT), headers=bearer(TOKEN, json=True), content=orjson.dumps(big)),
+        413,
     )
 
 
@@ -451,7 +476,9 @@ def test_too_many_items_is_400_naming_the_limit(gw: GatewayProcess, http: httpx.
     items = [{"prompt": f"p{i}"} for i in range(MAX_ITEMS + 1)]
     message = failed(
         http.post(
-            url(gw.url, CHAT) + "?queueRequest=true", headers=bearer(), json={"requests": items}
+            url(gw.url, CHAT) + "?queueRequest=true",
+            headers=bearer(TOKEN, json=True),
+            json={"requests": items},
         ),
         400,
     )
@@ -459,7 +486,9 @@ def test_too_many_items_is_400_naming_the_limit(gw: GatewayProcess, http: httpx.
     bad = [{"prompt": "fine"}, {"prompt": "x", "max_tokens": -3}]
     message = failed(
         http.post(
-            url(gw.url, CHAT) + "?queueRequest=true", headers=bearer(), json={"requests": bad}
+            url(gw.url, CHAT) + "?queueRequest=true",
+            headers=bearer(TOKEN, json=True),
+            json={"requests": bad},
         ),
         400,
     )
@@ -477,7 +506,9 @@ def test_batch_life_cycle(gw: GatewayProcess, http: httpx.Client) -> None:
     requests.append({"prompt": "no reference", "max_tokens": 3})
     queued = ok(
         http.post(
-            url(gw.url, CHAT) + "?queueRequest=true", headers=bearer(), json={"requests": requests}
+            url(gw.url, CHAT) + "?queueRequest=true",
+            headers=bearer(TOKEN, json=True),
+            json={"requests": requests},
         )
     )
     assert set(queued) == {"status", "request_id", "model"}
@@ -501,7 +532,7 @@ def test_batch_life_cycle(gw: GatewayProcess, http: httpx.Client) -> None:
     via_options = ok(
         http.post(
             url(gw.url, EMBED),
-            headers=bearer(),
+            headers=bearer(TOKEN, json=True),
             json={
                 "requests": [{"text": "a"}, {"text": ["b", "c"]}],
                 "options": {"queueRequest": True},
@@ -517,13 +548,17 @@ def test_unknown_or_other_tenant_request_id_is_404(gw: GatewayProcess, http: htt
     queued = ok(
         http.post(
             url(gw.url, CHAT) + "?queueRequest=true",
-            headers=bearer(),
+            headers=bearer(TOKEN, json=True),
             json={"requests": [{"prompt": "mine", "max_tokens": 2}]},
         )
     )
     rid = queued["request_id"]
-    unknown = http.post(url(gw.url, CHAT), headers=bearer(), json={"request_id": str(uuid.uuid4())})
-    other = http.post(url(gw.url, CHAT), headers=bearer(OTHER_TOKEN), json={"request_id": rid})
+    unknown = http.post(
+        url(gw.url, CHAT), headers=bearer(TOKEN, json=True), json={"request_id": str(uuid.uuid4())}
+    )
+    other = http.post(
+        url(gw.url, CHAT), headers=bearer(OTHER_TOKEN, json=True), json={"request_id": rid}
+    )
     unknown_id = unknown.request.content.decode().split('"')[-2]
     # the same answer as an id that never existed, the id aside
     assert failed(other, 404).replace(rid, "<id>") == failed(unknown, 404).replace(
@@ -537,7 +572,7 @@ def test_unknown_or_other_tenant_request_id_is_404(gw: GatewayProcess, http: htt
 def test_cached_batch_item_is_a_cache_hit(gw: GatewayProcess, http: httpx.Client) -> None:
     """A deterministic item answered before is served by the exact cache, like a live request."""
     item = {"prompt": f"cache me {uuid.uuid4().hex}", "max_tokens": 12, "temperature": 0}
-    live = ok(http.post(url(gw.url, CHAT), headers=bearer(), json=item))
+    live = ok(http.post(url(gw.url, CHAT), headers=bearer(TOKEN, json=True), json=item))
 
     def hits() -> float:
         page = http.get(f"{gw.url}/metrics").text
@@ -546,7 +581,9 @@ def test_cached_batch_item_is_a_cache_hit(gw: GatewayProcess, http: httpx.Client
     before = hits()
     queued = ok(
         http.post(
-            url(gw.url, CHAT) + "?queueRequest=true", headers=bearer(), json={"requests": [item]}
+            url(gw.url, CHAT) + "?queueRequest=true",
+            headers=bearer(TOKEN, json=True),
+            json={"requests": [item]},
         )
     )
     (response,) = wait_done(http, gw.url, CHAT, queued["request_id"])["responses"]
@@ -567,7 +604,7 @@ def test_results_expire(
         queued = ok(
             http.post(
                 url(gateway.url, CHAT) + "?queueRequest=true",
-                headers=bearer(),
+                headers=bearer(TOKEN, json=True),
                 json={"requests": [{"prompt": "soon gone", "max_tokens": 2}]},
             )
         )
@@ -575,7 +612,7 @@ def test_results_expire(
 
         def poll() -> httpx.Response:
             body = {"request_id": queued["request_id"]}
-            return http.post(url(gateway.url, CHAT), headers=bearer(), json=body)
+            return http.post(url(gateway.url, CHAT), headers=bearer(TOKEN, json=True), json=body)
 
         wait_until(lambda: poll().status_code == 404, timeout_s=30, interval_s=0.1)
         failed(poll(), 404)
@@ -659,7 +696,9 @@ def submit_batch(http: httpx.Client, base: str, n: int, max_tokens: int) -> str:
     ]
     queued = ok(
         http.post(
-            url(base, CHAT) + "?queueRequest=true", headers=bearer(), json={"requests": requests}
+            url(base, CHAT) + "?queueRequest=true",
+            headers=bearer(TOKEN, json=True),
+            json={"requests": requests},
         )
     )
     return str(queued["request_id"])
@@ -741,7 +780,9 @@ def test_two_gateways_share_one_redis_queue(
         n = 24
         rid = submit_batch(http, a.url, n, max_tokens=24)
         failed(
-            http.post(url(b.url, CHAT), headers=bearer(OTHER_TOKEN), json={"request_id": rid}),
+            http.post(
+                url(b.url, CHAT), headers=bearer(OTHER_TOKEN, json=True), json={"request_id": rid}
+            ),
             404,
         )
         done = wait_done(http, b.url, CHAT, rid)  # polled on the other gateway
@@ -776,7 +817,9 @@ def test_kill_9_of_one_gateway_its_items_are_reclaimed_by_the_other(
 
             def running() -> bool:
                 body = {"request_id": rid}
-                state = ok(http.post(url(doomed.url, CHAT), headers=bearer(), json=body))
+                state = ok(
+                    http.post(url(doomed.url, CHAT), headers=bearer(TOKEN, json=True), json=body)
+                )
                 return bool(state.get("status") == "running")
 
             wait_until(running, timeout_s=240, interval_s=0.05)

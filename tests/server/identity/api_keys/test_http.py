@@ -21,6 +21,7 @@ from server.app import create_app
 from server.config import GatewayConfig
 from server.identity.auth import AuthSettings, TokenEntry
 from server.limits.settings import LimitSettings
+from tests.support.headers import bearer
 
 ADMIN = {"authorization": "Bearer tok-ops"}
 CHAT = {"model": "chat-model", "messages": [{"role": "user", "content": "hi"}]}
@@ -57,10 +58,6 @@ def create(client: TestClient[Any], **fields: Any) -> tuple[str, str]:
     assert r.status_code == 200, r.text
     body = r.json()
     return body["key"]["id"], body["secret"]
-
-
-def bearer(secret: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {secret}"}
 
 
 def test_a_key_made_by_an_admin_serves_its_tenant(client: TestClient[Any]) -> None:

@@ -20,6 +20,7 @@ import pytest
 from harness.fake_vllm import FakeVllm
 from harness.gateway import REPO_ROOT, GatewayProcess
 from tests.semcache.conftest import RedisServer
+from tests.support.headers import bearer
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -95,10 +96,6 @@ def gateways(
         one.stop()
         two.stop()
         fake.stop()
-
-
-def bearer(secret: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {secret}"}
 
 
 def chat_status(http: httpx.Client, gateway: GatewayProcess, secret: str) -> int:
