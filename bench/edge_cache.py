@@ -29,7 +29,6 @@ import asyncio
 import os
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,7 +45,7 @@ sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).r
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.lib.support import GATEWAY_ENV, exit_status, gateway_ready, stderr_printer, stop_gateway
-from bench.lib.wrk import parse_wrk
+from bench.lib.wrk import run_wrk
 from harness.edge import EdgeCache, nginx_binary
 from harness.gateway import GatewayProcess
 from harness.metrics import parse_metric
@@ -148,28 +147,13 @@ class Measured:
 def wrk(
     url: str, seconds: float, connections: int, script: Path | None, server_pids: Sequence[int]
 ) -> Measured:
-    cmd = ["taskset", "-c", CLIENT_CORE, "wrk", "-t1", f"-c{connections}", f"-d{int(seconds)}s"]
-    cmd += ["--latency"]
-    if script is not None:
-        cmd += ["-s", str(script)]
-    cmd.append(url)
     server_before = cpu_seconds(server_pids)
-    started = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    ps = psutil.Process(proc.pid)
-    client_cpu = 0.0
-    while proc.poll() is None:
-        try:
-            t = ps.cpu_times()
-            client_cpu = t.user + t.system
-        except psutil.NoSuchProcess:
-            break
-        time.sleep(0.1)
-    out = proc.communicate()[0]
-    wall = time.monotonic() - started
+    done = run_wrk(
+        url, script, connections=connections, seconds=int(seconds), core=CLIENT_CORE, timeout=None
+    )
     server_cpu = cpu_seconds(server_pids) - server_before
-    report = parse_wrk(out)
-    errors = re.search(r"Socket errors:.*", out)
+    report = done.report
+    errors = re.search(r"Socket errors:.*", done.output)
     if errors:
         say(f"wrk: {errors.group(0)}")
     return Measured(
@@ -178,8 +162,8 @@ def wrk(
         report.p50_ms,
         report.p99_ms,
         report.non_2xx,
-        client_cpu / wall,
-        server_cpu / wall,
+        done.wrk_cpu,
+        server_cpu / done.wall_s,
     )
 
 

@@ -26,7 +26,6 @@ import asyncio
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,7 +43,7 @@ from backends.config import VllmServer
 from backends.pool import Pool
 from backends.servers import ServerState
 from bench.lib.support import pct, toml_value
-from bench.lib.wrk import parse_wrk
+from bench.lib.wrk import run_wrk
 from foundation.request import QueueTicket
 from harness.gateway import GatewayProcess
 from harness.ports import free_port
@@ -188,12 +187,10 @@ def wrk(url: str, body: str, extra: dict[str, str], seconds: int, conns: int, lu
     hdrs = {"Content-Type": "application/json", "Authorization": f"Bearer {TOKENS['b']}", **extra}
     lines += [f'wrk.headers["{k}"] = "{v}"' for k, v in hdrs.items()]
     lua.write_text("\n".join(lines) + "\n")
-    cmd = ["taskset", "-c", "0", "wrk", "-t1", f"-c{conns}", f"-d{seconds}s", "--latency"]
-    out = subprocess.run([*cmd, "-s", str(lua), url + CHAT], capture_output=True, text=True)
-    report = parse_wrk(out.stdout)
-    if report.non_2xx or report.socket_errors:
-        raise RuntimeError(f"wrk saw errors:\n{out.stdout}")
-    return report.p50_ms
+    done = run_wrk(url + CHAT, lua, connections=conns, seconds=seconds, core="0", timeout=None)
+    if done.report.non_2xx or done.report.socket_errors:
+        raise RuntimeError(f"wrk saw errors:\n{done.output}")
+    return done.report.p50_ms
 
 
 async def admission_cost_us(n: int) -> dict[str, float]:

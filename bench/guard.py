@@ -28,7 +28,6 @@ import asyncio
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,7 +44,7 @@ import orjson
 from prometheus_client import CollectorRegistry
 
 from bench.lib.support import GATEWAY_ENV, REPO, gateway_ready, pct, stop_gateway, toml_value
-from bench.lib.wrk import parse_wrk, wrk_version
+from bench.lib.wrk import run_wrk, wrk_version
 from foundation.request import RequestContext
 from harness.gateway import GatewayProcess
 from harness.ports import free_port
@@ -178,27 +177,6 @@ def policy_toml(table: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def run_wrk(url: str, script: Path, connections: int, seconds: int, core: str) -> float:
-    cmd = [
-        "taskset",
-        "-c",
-        core,
-        "wrk",
-        "-t1",
-        f"-c{connections}",
-        f"-d{seconds}s",
-        "--latency",
-        "-s",
-        str(script),
-        url + "/v1/chat/completions",
-    ]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    report = parse_wrk(out)
-    if report.non_2xx or report.socket_errors:
-        raise RuntimeError(f"wrk saw errors:\n{out}")
-    return report.rps
-
-
 async def hits(rounds: int, seconds: int, connections: list[int]) -> None:
     cores = sorted(os.sched_getaffinity(0))
     server_core, wrk_core = str(cores[-1]), str(cores[0])
@@ -245,7 +223,17 @@ async def hits(rounds: int, seconds: int, connections: list[int]) -> None:
             for way in scripts:
                 for c in connections:
                     for name, gw in gateways.items():
-                        got = run_wrk(gw.url, scripts[way], c, seconds, wrk_core)
+                        done = run_wrk(
+                            gw.url + "/v1/chat/completions",
+                            scripts[way],
+                            connections=c,
+                            seconds=seconds,
+                            core=wrk_core,
+                            timeout=None,
+                        )
+                        if done.report.non_2xx or done.report.socket_errors:
+                            raise RuntimeError(f"wrk saw errors:\n{done.output}")
+                        got = done.report.rps
                         rps.setdefault((way, name, c), []).append(got)
                         print(
                             f"round {n + 1} {way:6s} c={c:<2d} {name:8s} {got:9.0f} req/s",

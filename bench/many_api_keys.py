@@ -33,14 +33,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -60,7 +57,7 @@ from bench.lib.support import (
     stop_gateway,
     toml_value,
 )
-from bench.lib.wrk import WrkReport, parse_wrk, wrk_version
+from bench.lib.wrk import WrkRun, run_wrk, wrk_version
 from harness.gateway import GatewayProcess
 from harness.ports import free_port
 
@@ -137,23 +134,10 @@ def wrk_script(token: str, path: Path) -> Path:
     return path
 
 
-@dataclass(frozen=True)
-class Run:
-    report: WrkReport
-    wrk_cpu: float
-    """wrk's CPU seconds per second of the run (1.0: its core saturated)."""
-
-
-def run_wrk(url: str, script: Path, connections: int, seconds: int) -> Run:
-    cmd = ["taskset", "-c", "1", "wrk", "-t1", f"-c{connections}", f"-d{seconds}s"]
-    cmd += ["--timeout", "10s", "--latency", "-s", str(script), url + "/v1/chat/completions"]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.monotonic()
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    wall = time.monotonic() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return Run(parse_wrk(done.stdout), cpu / wall)
+def chat_wrk(url: str, script: Path, connections: int, seconds: int) -> WrkRun:
+    """wrk on core 1 against the gateway's chat route."""
+    chat = url + "/v1/chat/completions"
+    return run_wrk(chat, script, connections=connections, seconds=seconds, core="1")
 
 
 def ratio_interval(ratios: list[float]) -> tuple[float, float]:
@@ -168,7 +152,7 @@ async def run(args: argparse.Namespace) -> bool:
     os.sched_setaffinity(0, {1})  # this process (the fake backend) beside wrk
     upstream = fake_vllm()
     servers: dict[str, GatewayProcess] = {}
-    runs: dict[str, list[Run]] = {t: [] for t in TARGETS}
+    runs: dict[str, list[WrkRun]] = {t: [] for t in TARGETS}
     try:
         with tempfile.TemporaryDirectory(prefix="bench-keys-") as tmp:
             folder = Path(tmp)
@@ -198,13 +182,13 @@ async def run(args: argparse.Namespace) -> bool:
                 await prime(server.url, token)
                 scripts[name] = wrk_script(token, folder / f"{name}.lua")
             for name, (server, _) in cells.items():  # warm-up, not measured
-                await asyncio.to_thread(run_wrk, server.url, scripts[name], args.connections, 1)
+                await asyncio.to_thread(chat_wrk, server.url, scripts[name], args.connections, 1)
             for n in range(args.rounds):
                 order = list(TARGETS) if n % 2 == 0 else list(TARGETS)[::-1]
                 for name in order:
                     server = cells[name][0]
                     done = await asyncio.to_thread(
-                        run_wrk, server.url, scripts[name], args.connections, args.seconds
+                        chat_wrk, server.url, scripts[name], args.connections, args.seconds
                     )
                     if done.report.non_2xx or done.report.socket_errors:
                         raise RuntimeError(f"{name}: errors: {done.report}")

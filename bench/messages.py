@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,7 +49,7 @@ from bench.lib.support import (
     stderr_printer,
     stop_gateway,
 )
-from bench.lib.wrk import parse_wrk, wrk_version
+from bench.lib.wrk import run_wrk, wrk_version
 from foundation.sse import SSEReader
 from harness.gateway import GatewayProcess
 from harness.metrics import parse_metric
@@ -106,14 +105,6 @@ def wrk_script(route: str, stream: bool) -> str:
     lines = ['wrk.method = "POST"', f"wrk.body = [==[{body(route, stream).decode()}]==]"]
     lines += [f'wrk.headers["{k}"] = "{v}"' for k, v in headers(route).items()]
     return "\n".join(lines) + "\n"
-
-
-def run_wrk(url: str, script: Path, connections: int, seconds: int, core: str) -> tuple[float, int]:
-    cmd = ["taskset", "-c", core, "wrk", "-t1", f"-c{connections}", f"-d{seconds}s"]
-    cmd += ["--timeout", "10s", "--latency", "-s", str(script), url]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    report = parse_wrk(out)
-    return report.rps, report.non_2xx + report.socket_errors
 
 
 async def prime(http: httpx.AsyncClient, url: str) -> None:
@@ -214,16 +205,17 @@ async def measure(
             for n in range(args.rounds):
                 order = list(ROUTES) if n % 2 == 0 else list(reversed(ROUTES))
                 for route in order:
-                    got, errors = run_wrk(
+                    report = run_wrk(
                         url + ROUTES[route],
                         scripts[route],
-                        connections,
-                        args.seconds,
-                        args.wrk_core,
-                    )
+                        connections=connections,
+                        seconds=args.seconds,
+                        core=args.wrk_core,
+                    ).report
+                    errors = report.non_2xx + report.socket_errors
                     if errors:
                         raise RuntimeError(f"{route}: {errors} errors under wrk")
-                    rps[route].append(got)
+                    rps[route].append(report.rps)
             ratio = float(np.median(rps["messages"]) / np.median(rps["chat"]))
             ok = ratio >= 0.9
             met &= ok

@@ -32,7 +32,6 @@ import asyncio
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 import uuid
@@ -46,7 +45,7 @@ sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).r
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.lib.support import exit_status, pct, stderr_printer
-from bench.lib.wrk import WrkReport, parse_wrk
+from bench.lib.wrk import WrkReport, run_wrk
 from harness.cluster import (
     GATEWAYS,
     MODEL_ID,
@@ -74,9 +73,7 @@ wrk.headers["Authorization"] = "Bearer {token}"
 
 
 def wrk(url: str, seconds: int, connections: int, script: Path) -> WrkReport:
-    cmd = ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency", "-s", str(script), url]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-    return parse_wrk(out)
+    return run_wrk(url, script, connections=connections, seconds=seconds, timeout=None).report
 
 
 async def hits_served(client: httpx.AsyncClient, cluster: Cluster) -> float:

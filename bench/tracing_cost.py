@@ -51,7 +51,7 @@ from bench.lib.support import (
     stop_gateway,
     toml_value,
 )
-from bench.lib.wrk import WrkReport, parse_wrk, wrk_version
+from bench.lib.wrk import WrkReport, run_wrk, wrk_version
 from harness.gateway import GatewayProcess
 from harness.otlp_receiver import OtlpReceiver
 from harness.ports import free_port
@@ -123,11 +123,10 @@ def wrk_script(kind: str, folder: Path) -> Path:
     return path
 
 
-def run_wrk(url: str, script: Path, connections: int, seconds: int) -> WrkReport:
-    cmd = ["taskset", "-c", "1", "wrk", "-t1", f"-c{connections}", f"-d{seconds}s"]
-    cmd += ["--timeout", "10s", "--latency", "-s", str(script), url + "/v1/chat/completions"]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    return parse_wrk(done.stdout)
+def chat_wrk(url: str, script: Path, connections: int, seconds: int) -> WrkReport:
+    """wrk on core 1 against the gateway's chat route."""
+    chat = url + "/v1/chat/completions"
+    return run_wrk(chat, script, connections=connections, seconds=seconds, core="1").report
 
 
 async def prime(url: str) -> None:
@@ -172,7 +171,7 @@ async def run(args: argparse.Namespace) -> bool:
                 for kind, script in scripts.items():
                     for name in order:
                         report = await asyncio.to_thread(
-                            run_wrk, servers[name].url, script, args.connections, args.seconds
+                            chat_wrk, servers[name].url, script, args.connections, args.seconds
                         )
                         if report.non_2xx or report.socket_errors:
                             raise RuntimeError(f"{name} {kind}: errors: {report}")

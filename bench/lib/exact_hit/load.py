@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import subprocess
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.lib import wrk
 from bench.lib.exact_hit.targets import Target
 from bench.lib.exact_hit.workload import BODIES, PATHS, REQUEST_HEADERS, Cell, Kind
 from bench.lib.support import stderr_printer
-from bench.lib.wrk import parse_wrk
 
 say = stderr_printer("exact_hit")
 
@@ -51,30 +48,21 @@ def run_wrk(
     target: Target, script: Path, path: str, connections: int, seconds: int, core: str | None
 ) -> WrkRun:
     """wrk, one thread, ``connections`` connections for ``seconds``, pinned to ``core``."""
-    cmd = ["taskset", "-c", core] if core is not None else []
-    cmd += ["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s", "--latency"]
-    cmd += ["-s", str(script), target.url + path]
     server_before = target.cpu_s()
-    started = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)  # wrk's own CPU time (taskset execs it)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    wall = time.monotonic() - started
+    run = wrk.run_wrk(
+        target.url + path, script, connections=connections, seconds=seconds, core=core
+    )
     server_cpu = target.cpu_s() - server_before
-    if proc.returncode != 0:
-        raise RuntimeError(f"wrk exited {proc.returncode}:\n{out}")
-    report = parse_wrk(out)
+    report = run.report
     return WrkRun(
         requests=report.requests,
-        wall_s=wall,
+        wall_s=run.wall_s,
         rps=report.rps,
         p50_ms=report.p50_ms,
         p99_ms=report.p99_ms,
         non_2xx=report.non_2xx,
         socket_errors=report.socket_errors,
-        wrk_cpu=(usage.ru_utime + usage.ru_stime) / wall,
+        wrk_cpu=run.wrk_cpu,
         server_cpu_s=server_cpu,
     )
 
