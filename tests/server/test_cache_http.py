@@ -21,6 +21,7 @@ from harness.vllm_process import TINY_MODEL_NAME
 from server.config import DebugSettings
 from tests.conftest import gateway_config
 from tests.semcache.conftest import RedisServer
+from tests.support.configs import write_policy
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -28,10 +29,10 @@ pytestmark = pytest.mark.slow
 ADMIN = "admin-secret"
 
 
-def write_policy(path: Path, redis_url: str | None = None, extra: str = "") -> Path:
+def cache_policy(redis_url: str | None = None, extra: str = "") -> str:
+    """Memory, disk and (when given) Redis tiers, prices, and embeddings shared."""
     redis = f'url = "{redis_url}"' if redis_url else ""
-    path.write_text(
-        f"""
+    return f"""
 version = 1
 [tiers.memory]
 max_bytes = 16_000_000
@@ -52,8 +53,6 @@ shared = true
 reveal = ["status", "age", "saved", "semantic"]
 {extra}
 """
-    )
-    return path
 
 
 def gateway_process(
@@ -69,7 +68,7 @@ def gateway_process(
 
     ``chat_only``: without the MiniLM embeddings, whose load is most of a start (~7 s of ~8).
     """
-    policy = write_policy(tmp / "policy.toml", redis_url)
+    policy = write_policy(tmp, cache_policy(redis_url))
     model = data_dir / "models" / TINY_MODEL_NAME
     config = gateway_config(tmp, vllm.url, model, policy=str(policy))
     if adjustable_clock:

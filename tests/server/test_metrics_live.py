@@ -30,6 +30,7 @@ from harness.gateway import GatewayProcess
 from harness.metrics import parse_metric
 from harness.vllm_process import TINY_MODEL_NAME
 from semcache.policy import DEFAULT_POLICY
+from tests.support.configs import write_policy
 from tests.support.diagnose import gateway_state
 from tests.support.waiting import wait_until_async
 
@@ -73,7 +74,7 @@ def write_config(tmp_path: Path, models_dir: Path, vllm_url: str) -> Path:
     config = tmp_path / "gateway.toml"
     config.write_text(
         f"data_dir = {json.dumps(str(tmp_path / 'data'))}\n"
-        f"policy = {json.dumps(str(write_policy(tmp_path)))}\n"
+        f"policy = {json.dumps(str(write_policy(tmp_path, priced_policy())))}\n"
         "[request_log]\ntenant_metrics = true\n"
         "[batch]\nmax_attempts = 2\nretry_delay_s = 0\nsync_idle_s = 0\n"
         f'[[auth.tokens]]\ntenant = "acme"\ntoken = "{TOKEN}"\n'
@@ -100,15 +101,13 @@ def write_config(tmp_path: Path, models_dir: Path, vllm_url: str) -> Path:
     return config
 
 
-def write_policy(tmp_path: Path) -> Path:
+def priced_policy() -> str:
     """The default policy, with a price on ``priced-chat``."""
-    policy = tmp_path / "policy.toml"
     default = DEFAULT_POLICY.read_text()
-    policy.write_text(
+    return (
         f'{default}\n[models."priced-chat"]\n'
         f"prices = {{ input_per_m = {USD_PER_M}, output_per_m = {USD_PER_M} }}\n"
     )
-    return policy
 
 
 @pytest.fixture(scope="module")

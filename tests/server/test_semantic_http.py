@@ -23,6 +23,7 @@ from harness.vllm_process import TINY_MODEL_NAME
 from semcache.semantic.items import label_margin
 from server.config import GatewayConfig, ModelEntry, ServerSettings
 from tests.conftest import gateway_config
+from tests.support.configs import CLASSIFICATION_SEMANTIC, write_policy
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -52,9 +53,8 @@ def near_duplicate(text: str) -> str:
     return text.rstrip("?").replace(" ", "  ", 1) + "!"
 
 
-def write_policy(path: Path) -> Path:
-    path.write_text(
-        f"""
+POLICY = (
+    f"""
 version = 1
 [tiers.disk]
 dir = "cache/exact"
@@ -67,22 +67,15 @@ ttl_s = 600
 enabled = true
 threshold = 0.95
 min_threshold = 0.9
-[routes.classification]
-shared = false
-ttl_s = 600
-[routes.classification.semantic]
-enabled = true
-threshold = 0.9
-min_threshold = 0.85
 """
-    )
-    return path
+    + CLASSIFICATION_SEMANTIC
+)
 
 
 def config(tmp: Path, revision: str | None = None) -> GatewayConfig:
     return GatewayConfig(
         data_dir=str(tmp),
-        policy=str(write_policy(tmp / "policy.toml")),
+        policy=str(write_policy(tmp, POLICY)),
         server=ServerSettings(max_body_bytes=4 * 1024 * 1024),
         models=[
             ModelEntry(id=EMBED, backend="minilm", task="embeddings"),

@@ -20,34 +20,22 @@ from harness.vllm_process import TINY_MODEL_NAME
 from server.config import ModelEntry
 from tests.conftest import gateway_config
 from tests.server.test_semantic_http import chat
+from tests.support.configs import verified_rule
 
 pytestmark = pytest.mark.slow
 
 ADMIN = "admin-secret"
-POLICY = f"""
+POLICY = (
+    f"""
 version = 1
 [tiers.disk]
 dir = "cache/exact"
 [admin]
 token = "{ADMIN}"
-[models."tiny-learns".routes.chat.semantic]
-mode = "verified"
-threshold = 0.6
-min_threshold = 0.6
-min_observations = 3
-prior_weight = 50
-audit_rate = 0.0
-judge = "embedding"
-judge_min_similarity = 0.0
-[models."tiny-learns-default".routes.chat.semantic]
-mode = "verified"
-threshold = 0.6
-min_threshold = 0.6
-min_observations = 3
-prior_weight = 50
-audit_rate = 0.0
-judge = "embedding"
-judge_min_similarity = 0.0
+"""
+    + verified_rule("tiny-learns")
+    + verified_rule("tiny-learns-default")
+    + """
 [models."tiny-exact".routes.chat.semantic]
 mode = "verified"
 threshold = 0.6
@@ -63,6 +51,7 @@ judge_model = "tiny-chat"
 [routes.chat.max_tokens]
 default = 8
 """
+)
 QUESTION = "What is the capital of France?"
 PARAPHRASES = [
     "what is the capital of france",

@@ -30,24 +30,13 @@ from tests.server.test_semantic_verified import (
     decision,
     metric,
 )
+from tests.support.configs import verified_rule
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
 MODEL = "tiny-learns"
-RULE = f"""
-[admin]
-token = "{ADMIN}"
-[models."{MODEL}".routes.chat.semantic]
-mode = "verified"
-threshold = 0.6
-min_threshold = 0.6
-min_observations = 3
-prior_weight = 50
-audit_rate = 0.0
-judge = "embedding"
-judge_min_similarity = 0.0
-"""
+RULE = f'[admin]\ntoken = "{ADMIN}"\n' + verified_rule(MODEL)
 
 
 def chat(base: str, user: str, gw: GatewayProcess | None = None) -> httpx.Response:

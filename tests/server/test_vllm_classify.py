@@ -26,6 +26,7 @@ from harness.tiny_classifier import LABELS, tiny_classifier
 from harness.vllm_process import single_process_launch
 from server.config import GatewayConfig, ModelEntry, ServerSettings
 from tests.server.test_semantic_http import near_duplicate, questions
+from tests.support.configs import CLASSIFICATION_SEMANTIC, write_policy
 
 pytestmark = pytest.mark.slow
 
@@ -36,22 +37,7 @@ AUTH = {"authorization": "Bearer tenant-a"}
 MAX_MODEL_LEN = 256
 
 
-def write_policy(path: Path) -> Path:
-    path.write_text(
-        """
-version = 1
-[tiers.disk]
-dir = "cache/exact"
-[routes.classification]
-shared = false
-ttl_s = 600
-[routes.classification.semantic]
-enabled = true
-threshold = 0.9
-min_threshold = 0.85
-"""
-    )
-    return path
+POLICY = 'version = 1\n[tiers.disk]\ndir = "cache/exact"\n' + CLASSIFICATION_SEMANTIC
 
 
 def vllm_backend(model_dir: Path, url: str) -> VllmBackend:
@@ -74,7 +60,7 @@ def classify_config(backend: VllmBackend, tmp: Path) -> GatewayConfig:
     """The vLLM classifier and the embedded sentiment model, data under ``tmp``."""
     return GatewayConfig(
         data_dir=str(tmp),
-        policy=str(write_policy(tmp / "policy.toml")),
+        policy=str(write_policy(tmp, POLICY)),
         server=ServerSettings(max_body_bytes=1024 * 1024),
         models=[
             ModelEntry(id=MODEL, backend="vcls", task="classification", aliases=[ALIAS]),

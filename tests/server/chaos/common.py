@@ -14,12 +14,11 @@ from harness.vllm_process import TINY_MODEL_NAME
 ADMIN = "admin-secret"
 
 
-def write_policy(path: Path, redis_url: str | None = None) -> Path:
+def every_tier_policy(redis_url: str | None = None) -> str:
     """Every tier on: memory, disk (under the data dir), Redis when given; embeddings shared
     and semantic (the default policy's rule)."""
     redis = f"url = {json.dumps(redis_url)}" if redis_url else ""
-    path.write_text(
-        f"""
+    return f"""
 version = 1
 [tiers.memory]
 max_bytes = 16_000_000
@@ -41,8 +40,6 @@ reveal = ["status", "age", "saved", "semantic"]
 enabled = true
 threshold = 0.99
 """
-    )
-    return path
 
 
 def write_gateway_toml(path: Path, data_dir: Path, models_dir: Path, vllm_url: str) -> Path:

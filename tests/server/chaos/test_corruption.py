@@ -18,7 +18,8 @@ from backends.launch.process import VllmProcess
 from harness.gateway import GatewayProcess, write_config_toml
 from harness.vllm_process import TINY_MODEL_NAME
 from tests.conftest import gateway_config
-from tests.server.chaos.common import chat, metric, write_policy
+from tests.server.chaos.common import chat, every_tier_policy, metric
+from tests.support.configs import write_policy
 
 pytestmark = pytest.mark.slow
 
@@ -64,7 +65,7 @@ def test_flipped_bytes_in_l2_and_redis_are_all_detected_and_never_served(
     tmp_path: Path, data_dir: Path, tiny_vllm: VllmProcess, redis_factory: Any
 ) -> None:
     server = redis_factory()
-    policy = write_policy(tmp_path / "policy.toml", server.url)
+    policy = write_policy(tmp_path, every_tier_policy(server.url))
     config = gateway_config(
         tmp_path,
         tiny_vllm.url,

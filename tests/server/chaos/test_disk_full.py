@@ -19,7 +19,8 @@ from harness.gateway import GatewayProcess
 from harness.vllm_process import TINY_MODEL_NAME
 from server.config import GatewayConfig
 from tests.conftest import gateway_config
-from tests.server.chaos.common import chat, metric, write_policy
+from tests.server.chaos.common import chat, every_tier_policy, metric
+from tests.support.configs import write_policy
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -103,7 +104,7 @@ def test_disk_full_keeps_answering_counts_once_and_serves_nothing_corrupt(
     start_gateway: Callable[[GatewayConfig], GatewayProcess],
 ) -> None:
     # The exported encoder graph is shared with the other tests (and made on first use).
-    policy = write_policy(tmp_path / "policy.toml")
+    policy = write_policy(tmp_path, every_tier_policy())
     config = gateway_config(
         small_disk,
         tiny_vllm.url,

@@ -24,7 +24,8 @@ from harness.gateway import GatewayProcess, write_config_toml
 from semcache.ledger.settings import LedgerSettings
 from server.config import GatewayConfig, ModelEntry
 from server.identity.auth import AuthSettings, TokenEntry
-from tests.server.chaos.common import metric, write_policy
+from tests.server.chaos.common import every_tier_policy, metric
+from tests.support.configs import write_policy
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -85,7 +86,7 @@ def test_usage_is_written_once_and_the_feed_resumes_when_redis_is_back(
     tmp_path: Path, redis_factory: Any
 ) -> None:
     server = redis_factory()
-    policy = write_policy(tmp_path / "policy.toml", server.url)
+    policy = write_policy(tmp_path, every_tier_policy(server.url))
     a = GatewayProcess(config(tmp_path / "a", policy))
     b = GatewayProcess(config(tmp_path / "b", policy))
     http = httpx.Client(timeout=60)

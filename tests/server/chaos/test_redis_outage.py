@@ -19,7 +19,8 @@ from backends.launch.process import VllmProcess
 from harness.gateway import GatewayProcess, write_config_toml
 from harness.vllm_process import TINY_MODEL_NAME
 from tests.conftest import gateway_config
-from tests.server.chaos.common import ADMIN, chat, metric, write_policy
+from tests.server.chaos.common import ADMIN, chat, every_tier_policy, metric
+from tests.support.configs import write_policy
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -68,7 +69,7 @@ def test_redis_stopped_and_started_under_load(
     tmp_path: Path, data_dir: Path, tiny_vllm: VllmProcess, redis_factory: Any
 ) -> None:
     server = redis_factory()
-    policy = write_policy(tmp_path / "policy.toml", server.url)
+    policy = write_policy(tmp_path, every_tier_policy(server.url))
     model = data_dir / "models" / TINY_MODEL_NAME
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

@@ -21,7 +21,8 @@ from harness.gateway import GatewayProcess, write_config_toml
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm
 from tests.conftest import gateway_config
-from tests.server.chaos.common import metric, write_policy
+from tests.server.chaos.common import every_tier_policy, metric
+from tests.support.configs import write_policy
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +50,7 @@ def test_vllm_killed_mid_stream_error_event_nothing_stored_next_served(
         tiny_vllm.url,
         data_dir / "models" / TINY_MODEL_NAME,
         embeddings=False,
-        policy=str(write_policy(tmp_path / "policy.toml")),
+        policy=str(write_policy(tmp_path, every_tier_policy())),
     )
     config.backends[0].servers = [VllmServer(url=doomed.url), VllmServer(url=tiny_vllm.url)]
     gw = GatewayProcess(write_config_toml(config, tmp_path / "gateway.toml")).start()
