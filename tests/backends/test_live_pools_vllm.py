@@ -35,6 +35,7 @@ from harness.vllm_process import (
     tiny_llama,
 )
 from server.config import load_config
+from tests.support.configs import write_config
 from tests.support.waiting import wait_until_async
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -109,14 +110,15 @@ async def pd_pair(data_dir: Path) -> AsyncIterator[tuple[VllmProcess, VllmProces
         await asyncio.gather(*(p.stop() for p in started))
 
 
-def write_config(tmp: Path, data_dir: Path, prefill: VllmProcess, decode: VllmProcess) -> Path:
+def disaggregated_config(
+    tmp: Path, data_dir: Path, prefill: VllmProcess, decode: VllmProcess
+) -> Path:
     """The gateway's config: the launch settings of the prefill server are the pool's."""
     model = data_dir / "models" / TINY_MODEL_NAME
     assert prefill.server.launch is not None
-    config = tmp / "gateway.toml"
-    config.write_text(
+    return write_config(
+        tmp,
         f"""
-data_dir = "{tmp}"
 cache = false
 [[auth.tokens]]
 token = "{ADMIN}"
@@ -150,9 +152,9 @@ env = {{ {" , ".join(f'{k} = "{v}"' for k, v in SINGLE_PROCESS_ENV.items())} }}
 [[backends.servers]]
 url = "{decode.url}"
 role = "decode"
-"""
+""",
+        data_dir=tmp,
     )
-    return config
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +163,7 @@ def gateway(
     data_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[GatewayProcess, Path]]:
-    path = write_config(tmp_path_factory.mktemp("scale"), data_dir, *pd_pair)
+    path = disaggregated_config(tmp_path_factory.mktemp("scale"), data_dir, *pd_pair)
     gw = GatewayProcess(path)
     try:
         yield gw.start(), path

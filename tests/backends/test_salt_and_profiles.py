@@ -199,18 +199,22 @@ def test_the_shipped_configs_are_valid(name: str) -> None:
         assert len(set(ports)) == len(ports)
 
 
-def write_config(folder: Path, **config: object) -> Path:
+def write_checkpoint_config(folder: Path, **config: object) -> Path:
+    """A model checkpoint folder holding just its Hugging Face ``config.json`` (not a gateway
+    config: what launch profiles are checked against)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config))
     return folder
 
 
 def test_profiles_are_checked_against_the_checkpoint(tmp_path: Path) -> None:
-    dense = write_config(tmp_path / "dense", num_attention_heads=32, num_hidden_layers=16)
-    awq = write_config(
+    dense = write_checkpoint_config(
+        tmp_path / "dense", num_attention_heads=32, num_hidden_layers=16
+    )
+    awq = write_checkpoint_config(
         tmp_path / "awq", num_attention_heads=32, quantization_config={"quant_method": "awq"}
     )
-    moe = write_config(tmp_path / "moe", num_attention_heads=32, num_local_experts=8)
+    moe = write_checkpoint_config(tmp_path / "moe", num_attention_heads=32, num_local_experts=8)
     check_profile_for_model(LaunchProfile(quantization="awq_marlin"), awq)
     with pytest.raises(ProfileError, match="GPTQ checkpoint"):
         check_profile_for_model(LaunchProfile(quantization="gptq"), awq)

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import httpx
 import pytest
-import tomli_w
 
 from backends.launch.process import VllmProcess
 from harness.gateway import GatewayProcess
 from harness.ports import free_port
 from harness.vllm_process import REPO_ROOT, SINGLE_PROCESS_ARGS, SINGLE_PROCESS_ENV
 from harness.vllm_process import TINY_MODEL_NAME as TINY
+from tests.support.configs import write_config
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.slow
 ADMIN = {"authorization": "Bearer tok-ops"}
 
 
-def write_config(tmp: Path, model: Path, shared_url: str, template_url: str) -> Path:
+def run_config(tmp: Path, model: Path, shared_url: str, template_url: str) -> Path:
     """The session's tiny server, and a pool template no process listens at: the launch
     settings ``backends run`` takes (one process, a small KV cache)."""
     launch = {
@@ -46,16 +46,13 @@ def write_config(tmp: Path, model: Path, shared_url: str, template_url: str) -> 
         "servers": [{"url": shared_url}, {"url": template_url, "launch": launch}],
     }
     config = {
-        "data_dir": str(tmp / "data"),
         "cache": False,
         "keys": {"enabled": False},
         "auth": {"tokens": [{"tenant": "ops", "token": "tok-ops", "roles": ["admin"]}]},
         "models": [{"id": "tiny-chat", "backend": "tiny"}],
         "backends": [backend],
     }
-    path = tmp / "gateway.toml"
-    path.write_text(tomli_w.dumps(config))
-    return path
+    return write_config(tmp, config, data_dir=tmp / "data")
 
 
 def pool(http: httpx.Client, gateway: GatewayProcess) -> dict[str, str]:
@@ -67,7 +64,7 @@ def test_a_run_server_joins_serves_and_drains_out_on_sigterm(
     tmp_path: Path, data_dir: Path, tiny_vllm: VllmProcess
 ) -> None:
     template = f"http://127.0.0.1:{free_port()}"
-    config = write_config(tmp_path, data_dir / "models" / TINY, tiny_vllm.url, template)
+    config = run_config(tmp_path, data_dir / "models" / TINY, tiny_vllm.url, template)
     gateway = GatewayProcess(config).start()
     port = free_port()
     url = f"http://127.0.0.1:{port}"

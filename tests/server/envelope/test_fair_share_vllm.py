@@ -21,6 +21,7 @@ from backends.launch.process import VllmProcess
 from harness.gateway import GatewayProcess
 from harness.vllm_process import TINY_MODEL_NAME
 from tests.semcache.conftest import RedisServer
+from tests.support.configs import write_config, write_policy
 from tests.support.headers import bearer
 
 pytestmark = pytest.mark.slow
@@ -36,25 +37,18 @@ a starved machine it still runs while the other tenants' requests come and go.""
 answer is exactly ``max_tokens`` long."""
 
 
-def write_config(
+def fair_share_config(
     folder: Path, vllm_url: str, *, extra: str = "", policy: str | None = None, slots: int = 1
 ) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
     tokens = "\n".join(
         f'[[auth.tokens]]\ntoken = "{token}"\ntenant = "{tenant}"'
         + ('\nroles = ["admin"]' if tenant == "ops" else "")
         for tenant, token in TOKENS.items()
     )
-    policy_line = ""
-    if policy is not None:
-        (folder / "policy.toml").write_text(policy)
-        policy_line = f'policy = "{folder / "policy.toml"}"'
-    config = folder / "gateway.toml"
-    config.write_text(
+    return write_config(
+        folder,
         f"""
-data_dir = "{folder}"
 cache = false
-{policy_line}
 [[models]]
 id = "tiny-chat"
 backend = "tiny"
@@ -70,9 +64,10 @@ max_queue = 64
 url = "{vllm_url}"
 {extra}
 {tokens}
-"""
+""",
+        data_dir=folder,
+        policy=write_policy(folder, policy) if policy is not None else None,
     )
-    return config
 
 
 def chat_body(text: str, max_tokens: int, **extra: Any) -> bytes:
@@ -135,7 +130,7 @@ def test_a_trickle_is_served_within_its_share_beside_a_flood(
     request waits for nine of a's answers and the test fails; and against ``share_window_s =
     0`` (fair order without the share): a takes the slot b left, holding two."""
     extra = "[queue]\nshare_window_s = 30\nmax_wait_s = 120\n"
-    config = write_config(tmp_path / "gw", tiny_vllm.url, extra=extra, slots=2)
+    config = fair_share_config(tmp_path / "gw", tiny_vllm.url, extra=extra, slots=2)
     gateway = GatewayProcess(config).start()
     ended: list[float] = []
 
@@ -188,7 +183,7 @@ def test_a_trickle_is_served_within_its_share_beside_a_flood(
 def test_a_flood_past_its_queue_share_gets_429s_while_another_tenant_is_served(
     tiny_vllm: VllmProcess, tmp_path: Path, pool: ThreadPoolExecutor
 ) -> None:
-    config = write_config(
+    config = fair_share_config(
         tmp_path / "gw",
         tiny_vllm.url,
         extra=(
@@ -288,11 +283,11 @@ def test_a_token_budget_holds_across_two_gateways_on_one_redis(
     )
     extra = f"[limits]\ndaily_tokens = {budget}\n[ledger]\nflush_interval_s = 0.2\n"
     one = GatewayProcess(
-        write_config(tmp_path / "one", tiny_vllm.url, extra=extra, policy=policy)
+        fair_share_config(tmp_path / "one", tiny_vllm.url, extra=extra, policy=policy)
     ).start()
     try:
         two = GatewayProcess(
-            write_config(tmp_path / "two", tiny_vllm.url, extra=extra, policy=policy)
+            fair_share_config(tmp_path / "two", tiny_vllm.url, extra=extra, policy=policy)
         ).start()
         try:
             with httpx.Client(timeout=180) as http:

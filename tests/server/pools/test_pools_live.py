@@ -21,6 +21,7 @@ from harness.gateway import GatewayProcess
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME
 from tests.semcache.conftest import RedisServer
+from tests.support.configs import write_config, write_policy
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -32,18 +33,16 @@ PROPAGATION_S = 2.0
 """A change made on one gateway is applied on the others within this (pub/sub)."""
 
 
-def write_config(tmp: Path, models_dir: Path, dead_url: str, redis_url: str | None) -> Path:
+def pool_config(tmp: Path, models_dir: Path, dead_url: str, redis_url: str | None) -> Path:
     tmp.mkdir()
-    policy = tmp / "policy.toml"
-    policy.write_text(
+    policy = write_policy(
+        tmp,
         f'[tiers.redis]\nurl = {json.dumps(redis_url)}\nprefix = "{tmp.name}-fleet"\n'
         if redis_url
-        else ""
+        else "",
     )
-    config = tmp / "gateway.toml"
-    config.write_text(
-        f"data_dir = {json.dumps(str(tmp / 'data'))}\n"
-        f"policy = {json.dumps(str(policy))}\n"
+    return write_config(
+        tmp,
         "cache = false\n"
         "[keys]\nenabled = false\n"
         '[[auth.tokens]]\ntenant = "ops"\ntoken = "tok-ops"\nroles = ["admin"]\n'
@@ -52,9 +51,10 @@ def write_config(tmp: Path, models_dir: Path, dead_url: str, redis_url: str | No
         f"served_model = {json.dumps(TINY_MODEL_NAME)}\n"
         f"model_path = {json.dumps(str(models_dir / TINY_MODEL_NAME))}\n"
         "health_interval_s = 1.0\n"
-        f"[[backends.servers]]\nurl = {json.dumps(dead_url)}\n"
+        f"[[backends.servers]]\nurl = {json.dumps(dead_url)}\n",
+        data_dir=tmp / "data",
+        policy=policy,
     )
-    return config
 
 
 def servers(http: httpx.Client, gateway: GatewayProcess) -> list[tuple[str, str]]:
@@ -82,7 +82,7 @@ def test_a_restarted_gateway_serves_the_pools_it_was_left_with(
     tmp_path: Path, data_dir: Path, tiny_vllm: VllmProcess
 ) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
-    config = write_config(tmp_path / "solo", data_dir / "models", dead, None)
+    config = pool_config(tmp_path / "solo", data_dir / "models", dead, None)
     gateway = GatewayProcess(config).start()
     with httpx.Client(timeout=120) as http:
         try:
@@ -103,8 +103,8 @@ def test_a_change_reaches_every_gateway_on_redis_and_outlives_a_killed_one(
 ) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     models = data_dir / "models"
-    one = GatewayProcess(write_config(tmp_path / "one", models, dead, redis_server.url))
-    two = GatewayProcess(write_config(tmp_path / "two", models, dead, redis_server.url))
+    one = GatewayProcess(pool_config(tmp_path / "one", models, dead, redis_server.url))
+    two = GatewayProcess(pool_config(tmp_path / "two", models, dead, redis_server.url))
     # the two configs share one Redis prefix: the fleet's
     (tmp_path / "two" / "policy.toml").write_text((tmp_path / "one" / "policy.toml").read_text())
     with httpx.Client(timeout=120) as http:

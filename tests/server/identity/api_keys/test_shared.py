@@ -20,6 +20,7 @@ import pytest
 from harness.fake_vllm import FakeVllm
 from harness.gateway import REPO_ROOT, GatewayProcess
 from tests.semcache.conftest import RedisServer
+from tests.support.configs import write_config, write_policy
 from tests.support.headers import bearer
 from tests.support.waiting import wait_until
 
@@ -33,16 +34,14 @@ PROPAGATION_S = 1.0
 SECRET_ENV = "SEMCACHE_TEST_KEYS_SECRET"
 
 
-def write_config(tmp: Path, name: str, redis: RedisServer, prefix: str, vllm_url: str) -> Path:
+def shared_config(tmp: Path, name: str, redis: RedisServer, prefix: str, vllm_url: str) -> Path:
+    """One of the gateways sharing keys (and their Redis tier), its data under ``tmp/name``."""
     data = tmp / name
     data.mkdir()
-    policy = data / "policy.toml"
-    policy.write_text(f'[tiers.redis]\nurl = "{redis.url}"\nprefix = "{prefix}"\n')
-    config = data / "gateway.toml"
-    config.write_text(
+    policy = write_policy(data, f'[tiers.redis]\nurl = "{redis.url}"\nprefix = "{prefix}"\n')
+    return write_config(
+        data,
         f"""
-data_dir = "{data}"
-policy = "{policy}"
 [request_log]
 stdout = true
 [keys]
@@ -71,9 +70,10 @@ roles = ["admin"]
 token = "tok-acme"
 tenant = "acme"
 name = "acme-prod"
-"""
+""",
+        data_dir=data,
+        policy=policy,
     )
-    return config
 
 
 @pytest.fixture
@@ -86,8 +86,8 @@ def gateways(
     monkeypatch.setenv(SECRET_ENV, "the-server-secret-both-gateways-share")
     fake = FakeVllm()
     fake.start()
-    one = GatewayProcess(write_config(tmp_path, "one", redis_server, redis_prefix, fake.url))
-    two = GatewayProcess(write_config(tmp_path, "two", redis_server, redis_prefix, fake.url))
+    one = GatewayProcess(shared_config(tmp_path, "one", redis_server, redis_prefix, fake.url))
+    two = GatewayProcess(shared_config(tmp_path, "two", redis_server, redis_prefix, fake.url))
     try:
         one.start()
         two.start()
