@@ -44,10 +44,11 @@ class WrkRun:
         return self.non_2xx + self.socket_errors
 
 
-def run_wrk(
+def load_target(
     target: Target, script: Path, path: str, connections: int, seconds: int, core: str | None
 ) -> WrkRun:
-    """wrk, one thread, ``connections`` connections for ``seconds``, pinned to ``core``."""
+    """wrk (``bench/lib/wrk.py``), one thread, ``connections`` connections for ``seconds``,
+    pinned to ``core``, and the CPU the target spent meanwhile."""
     server_before = target.cpu_s()
     run = wrk.run_wrk(
         target.url + path, script, connections=connections, seconds=seconds, core=core
@@ -85,7 +86,7 @@ async def run_rounds(
 
     async def one(target: Target, cell: Cell, seconds: int) -> WrkRun:
         run = await asyncio.to_thread(
-            run_wrk,
+            load_target,
             target,
             scripts[cell.kind],
             PATHS[cell.kind],
