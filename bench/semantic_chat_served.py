@@ -137,8 +137,8 @@ async def run(args: argparse.Namespace) -> bool:
     try:
         await gateway_ready(gateway, 180)
         print(
-            "mode       seed  pairs  duplicates (ceiling)  with max_tokens: served/wrong"
-            "  without: served/wrong  ratio"
+            "mode       seed  pairs  duplicates (ceiling)"
+            "  with max_tokens: served/wrong/explored  without: served/wrong/explored"
         )
         async with httpx.AsyncClient(timeout=120) as http:
             for seed in args.seeds:
