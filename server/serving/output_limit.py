@@ -62,6 +62,15 @@ class OutputLimit(NamedTuple):
 NO_LIMIT: Final = OutputLimit()
 
 
+def asked(route: str, body: dict[str, Any]) -> tuple[str, int] | None:
+    """The field that bounds ``body``'s answer and its value, if the body names one."""
+    for name in FIELDS.get(route, ()):
+        value = body.get(name)
+        if isinstance(value, int):
+            return name, value
+    return None
+
+
 def limit_output(
     route: str,
     body: dict[str, Any],
