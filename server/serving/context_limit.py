@@ -6,9 +6,11 @@ is a 400 in the route's own words, never cached:
 
 - OpenAI: a prompt past the context is ``invalid_request_error`` with ``code``
   ``context_length_exceeded`` and ``param`` the prompt's field (``messages``, ``prompt``,
-  ``input``), as OpenAI answers (LangChain's ``ContextOverflowError`` reads that code); an
-  output past it is OpenAI's "max_tokens is too large" (``invalid_value``, ``param`` the
-  field), the model's output ceiling being its context here.
+  ``input``), in OpenAI's sentence ("Input tokens exceed the configured limit of …"):
+  LangChain's ``ContextOverflowError`` reads the code, or that sentence where the SDK's
+  exception text carries only the message (openai 3); an output past the context is
+  OpenAI's "max_tokens is too large" (``invalid_value``, ``param`` the field), the model's
+  output ceiling being its context here.
 - Anthropic: "prompt is too long: N tokens > M maximum", and for an output past the context
   "input length and `max_tokens` exceed context limit: N + K > M, …", the sentences Claude
   Code and LangChain read (the first to compact the conversation, the second to retry with a
@@ -66,7 +68,7 @@ def _prompt_error(route: str, context: int, prompt: int | None, exact: bool) -> 
     counted = prompt if prompt is not None else context + 1
     return ApiError(
         400,
-        f"This model's maximum context length is {context} tokens. However, your {noun} "
+        f"Input tokens exceed the configured limit of {context} tokens. Your {noun} "
         f"resulted in {tokens} tokens. Please reduce the length of the {noun}.",
         param=noun,
         code="context_length_exceeded",

@@ -33,7 +33,7 @@ def test_a_prompt_past_the_context_is_openais_context_length_exceeded(
     err = limit_error(route, "max_tokens", "m", ContextRefusal("prompt", 2048, 3000))
     assert err.status == 400
     assert openai(err) == {
-        "message": f"This model's maximum context length is 2048 tokens. However, your {param} "
+        "message": f"Input tokens exceed the configured limit of 2048 tokens. Your {param} "
         f"resulted in 3000 tokens. Please reduce the length of the {param}.",
         "type": "invalid_request_error",
         "param": param,

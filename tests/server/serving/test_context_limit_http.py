@@ -121,8 +121,8 @@ def test_openai_chat_over_the_window_is_context_length_exceeded(
     for n in (1, 2):  # a repeat reaches the backend again: nothing was cached
         err = json_error(client.post("/v1/chat/completions", json=body))["error"]
         assert err == {
-            "message": f"This model's maximum context length is {CONTEXT} tokens. However, "
-            f"your messages resulted in {3000 + TEMPLATE} tokens. Please reduce the length of "
+            "message": f"Input tokens exceed the configured limit of {CONTEXT} tokens. Your "
+            f"messages resulted in {3000 + TEMPLATE} tokens. Please reduce the length of "
             "the messages.",
             "type": "invalid_request_error",
             "param": "messages",
