@@ -12,7 +12,7 @@ import errno
 import logging
 import re
 import sqlite3
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import msgspec
 import orjson
@@ -51,6 +51,7 @@ class ApiError(Exception):
         type: str | None = None,
         retry_after_s: int | None = None,
         headers: dict[str, str] | None = None,
+        wording: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -60,7 +61,17 @@ class ApiError(Exception):
         self.type = type or _TYPES.get(status, "server_error" if status >= 500 else "api_error")
         self.retry_after_s = retry_after_s
         self.headers = headers or {}
+        self.wording = wording or {}
+        """The message in another surface's own words, by surface (``ANTHROPIC``,
+        ``WORKERS_AI``); ``message`` is OpenAI's, and any surface's without its own."""
 
+    def said_by(self, surface: str) -> str:
+        """The message as ``surface`` words it."""
+        return self.wording.get(surface, self.message)
+
+
+ANTHROPIC: Final = "anthropic"
+WORKERS_AI: Final = "workers_ai"
 
 ERROR_CODE_KEY = "semcache.error_code"
 """Where the code of the error a request was answered with sits in its ``state``."""
@@ -186,7 +197,8 @@ def anthropic_error_body(err: ApiError) -> bytes:
         kind = _ANTHROPIC_TYPES[status]
     else:
         kind = "api_error" if status >= 500 else "invalid_request_error"
-    return msgspec.json.encode(AnthropicError(error=AnthropicErrorDetail(kind, err.message)))
+    detail = AnthropicErrorDetail(kind, err.said_by(ANTHROPIC))
+    return msgspec.json.encode(AnthropicError(error=detail))
 
 
 def openai_error_body(err: ApiError) -> bytes:
@@ -197,7 +209,7 @@ def openai_error_body(err: ApiError) -> bytes:
 
 def workers_ai_error_body(err: ApiError) -> bytes:
     return msgspec.json.encode(
-        WorkersAIError(errors=[WorkersAIErrorEntry(err.status * 10, err.message)])
+        WorkersAIError(errors=[WorkersAIErrorEntry(err.status * 10, err.said_by(WORKERS_AI))])
     )
 
 

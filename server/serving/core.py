@@ -21,10 +21,12 @@ from server.serving.cache_headers import CacheDirectives
 
 
 def unknown_model(name: str) -> ApiError:
+    """OpenAI's 404 for a model it does not serve (Anthropic's routes answer their
+    ``not_found_error``, Workers AI's their envelope, from the same status)."""
     return ApiError(
         404,
         f"The model `{name}` does not exist or you do not have access to it.",
-        param="model",
+        type="invalid_request_error",
         code="model_not_found",
     )
 

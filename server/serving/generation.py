@@ -2,7 +2,9 @@
 generation backend) share: the semantic and exact caches, then the backend.
 
 Answers of vLLM pass through byte for byte; a stream goes through ``cached_stream`` when the
-cache is on and ``stream_relay`` when it is not.
+cache is on and ``stream_relay`` when it is not. A request past the model's context is the
+exception: its 400 is raised in the route's own words (``context_limit``), a stream's before
+any event.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 import msgspec
 import orjson
 
+from backends.context_refusal import ContextRefusal, context_refusal
 from backends.protocol import BackendError, KnowsContext
 from backends.registry import ModelInfo
 from foundation.request import RequestContext
@@ -20,13 +23,16 @@ from foundation.sse import MEDIA_TYPE
 from semcache import replay
 from semcache.entry import CachedAnswer
 from semcache.exact import CacheRequest
+from server.errors import ApiError
 from server.http.conditional import NO_STORE
 from server.http.reply import SSE_HEADERS, Reply
 from server.serving.cache_headers import CacheDirectives, edge_headers, result_headers
 from server.serving.cached_stream import CachedStreams
 from server.serving.call import GenerationCall
+from server.serving.context_limit import PROMPT_FIELDS, limit_error
 from server.serving.core import ServingCore
-from server.serving.output_limit import limit_output, noted_json
+from server.serving.output_limit import FIELDS, asked, limit_output, noted_json
+from server.serving.prompt_tokens import count_prompt
 from server.serving.semantic_chat import Remember, semantic_chat
 from server.serving.stream_relay import answer_stream, relay, unsupported_stream
 from server.serving.tool_fields import TOOL_ROUTES, without_empty_tools
@@ -92,12 +98,15 @@ class Generation:
             inspection=inspection,
             output_limit=limit,
         )
+        bound = asked(route, body)
+        if context and bound is not None and bound[1] > context:  # vLLM would refuse it
+            raise await _past_context(call, ContextRefusal("output", context, asked=bound[1]))
         version = inspection.rule.version if inspection else ""
         # The note is part of the stored answer, so of its key too.
         keyed = body if limit.note is None else {**body, **limit.note}
         creq = await core.cache_request(route, info, keyed, ctx, directives, version)
         if creq is None:
-            reply = await self._forward(call, stream)
+            reply = await _checked(call, await self._forward(call, stream))
             reply.headers.update(guard_headers)
             return reply
         # the partition is of the body as keyed: an answer noted otherwise is another's
@@ -114,6 +123,7 @@ class Generation:
             reply = await self._cached_json(call, creq, body, remember)
         else:
             reply = await self.streams.reply(call, creq, body, remember)
+        reply = await _checked(call, reply)
         reply.headers.update(plan.headers)
         reply.headers.update(guard_headers)
         return reply
@@ -194,6 +204,28 @@ class Generation:
         else:
             headers = {"cache-control": NO_STORE}
         return Reply(entry.status, replay.as_json(entry, call.route), headers=headers)
+
+
+async def _checked(call: GenerationCall, reply: Reply) -> Reply:
+    """``reply``, unless it is vLLM's refusal of a request past the context: then that
+    refusal in the route's words is raised."""
+    if reply.status == 400 and reply.stream is None and call.route in PROMPT_FIELDS:
+        refusal = context_refusal(reply.status, reply.body)
+        if refusal is not None:
+            raise await _past_context(call, refusal)
+    return reply
+
+
+async def _past_context(call: GenerationCall, refusal: ContextRefusal) -> ApiError:
+    """The error for ``refusal``, with the prompt counted where it was not (all of it)."""
+    if refusal.prompt is None or not refusal.exact:
+        counted = await count_prompt(call)
+        if counted is not None:
+            kind = "prompt" if counted > refusal.context else refusal.kind
+            refusal = refusal._replace(kind=kind, prompt=counted, exact=True)
+    bound = asked(call.route, call.upstream)
+    field = bound[0] if bound is not None else FIELDS[call.route][-1]
+    return limit_error(call.route, field, call.info.id, refusal)
 
 
 def _usage_of(body: bytes) -> dict[str, Any] | None:

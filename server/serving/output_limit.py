@@ -13,8 +13,9 @@ lowered to the context before it is sent (vLLM refuses a ``max_tokens`` above
 ``max_model_len``, and lowers one that only goes past what the prompt leaves), and when the
 prompt left less than the bound the note says what the context left (``max_tokens_source``:
 ``context``), from the answer's prompt tokens. A surface whose own ``max_tokens`` is a
-ceiling (Workers AI) has the request's value treated the same way; on OpenAI's routes a
-request's own value goes to vLLM as it is, and one past the context is refused there.
+ceiling (Workers AI) has the request's value treated the same way; on OpenAI's and
+Anthropic's routes a request's own value goes to vLLM as it is, and one past the context is
+refused in the route's words before it is sent (``context_limit``).
 """
 
 from __future__ import annotations
@@ -60,6 +61,15 @@ class OutputLimit(NamedTuple):
 
 
 NO_LIMIT: Final = OutputLimit()
+
+
+def asked(route: str, body: dict[str, Any]) -> tuple[str, int] | None:
+    """The field that bounds ``body``'s answer and its value, if the body names one."""
+    for name in FIELDS.get(route, ()):
+        value = body.get(name)
+        if isinstance(value, int):
+            return name, value
+    return None
 
 
 def limit_output(

@@ -8,7 +8,7 @@ import msgspec
 import orjson
 
 from foundation.config_types import NonEmptyStr, PosInt
-from server.errors import ApiError
+from server.errors import WORKERS_AI, ApiError
 
 DEFAULT_MAX_TOKENS: Final = 256
 DEFAULT_TEMPERATURE: Final = 0.6
@@ -145,7 +145,7 @@ def envelope(result: Any) -> bytes:
 
 def error_object(err: ApiError) -> dict[str, Any]:
     """An entry of the envelope's ``errors`` (the codes ``server.errors`` uses)."""
-    return {"code": err.status * 10, "message": err.message}
+    return {"code": err.status * 10, "message": err.said_by(WORKERS_AI)}
 
 
 def truthy(value: Any) -> bool:

@@ -79,7 +79,8 @@ def test_unknown_model_is_404_model_not_found(client: Client) -> None:
     assert r.status_code == 404
     err = error_of(r)
     assert err["code"] == "model_not_found"
-    assert err["param"] == "model"
+    assert err["type"] == "invalid_request_error"  # OpenAI's, not Anthropic's not_found_error
+    assert err["param"] is None
 
 
 def test_wrong_task_is_400(client: Client) -> None:

@@ -86,7 +86,7 @@ def test_get_errors_are_openai_errors_never_stored(client: Client) -> None:
     bad = client.get(f"{EMB}?model=embed-model&input=x&stream=true")
     assert bad.status_code == 400 and error_of(bad)["param"] == "stream"
     unknown = client.get(f"{EMB}?model=nope&input=x")
-    assert unknown.status_code == 404 and error_of(unknown)["param"] == "model"
+    assert unknown.status_code == 404 and error_of(unknown)["code"] == "model_not_found"
     assert unknown.headers["cache-control"] == "no-store"
     empty = client.get(f"{EMB}?model=embed-model&input=")
     assert empty.status_code == 400 and error_of(empty)["param"] == "input"

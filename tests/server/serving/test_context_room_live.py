@@ -3,8 +3,8 @@
 2,048-token context): the gateway's limit is a ceiling, never a cause of refusal. Workers AI
 serves it whether the client named ``max_tokens`` or not (even one past the whole context),
 and an OpenAI request that named none is served too; each answer stops where the context
-ends and its usage says so. An OpenAI request that named a limit past the context keeps
-vLLM's 400, as OpenAI refuses it."""
+ends and its usage says so. An OpenAI request that named a limit past the context is
+refused (400), as OpenAI refuses it."""
 
 from __future__ import annotations
 

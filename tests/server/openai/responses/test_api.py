@@ -183,7 +183,7 @@ def test_an_unknown_response_id_is_404(client: Client, fake: FakeGeneration) -> 
         ({"model": "chat-model", "input": 3}, 400, "input", None),
         ({"model": "chat-model", "input": "hi", "temperature": 3}, 400, "temperature", None),
         ({"model": "chat-model", "input": "hi", "store": "yes"}, 400, "store", None),
-        ({"model": "nope", "input": "hi"}, 404, "model", "model_not_found"),
+        ({"model": "nope", "input": "hi"}, 404, None, "model_not_found"),
         ({"model": "embed-model", "input": "hi"}, 400, "model", "model_task_mismatch"),
     ],
 )
@@ -192,7 +192,7 @@ def test_bad_input_is_an_openai_error(
     fake: FakeGeneration,
     body: dict[str, Any],
     status: int,
-    param: str,
+    param: str | None,
     code: str | None,
 ) -> None:
     r = create(client, body)
