@@ -14,7 +14,7 @@ from backends.pool_metrics import BackendCollector, BackendStats
 from backends.protocol import BackendError
 from foundation.request import QueueTicket
 from tests.backends.pools import make_pool
-from tests.backends.test_admission import Clock
+from tests.support.stepped_clock import SteppedClock
 
 
 def scrape(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -30,7 +30,7 @@ async def test_queue_depth_wait_and_rejections_by_band_and_tenant() -> None:
     """Checked against waits observed as 0 (the wait read off a clock that does not move):
     the live band's sum is 0, not 0.2, and the test fails."""
     pool = make_pool([1], max_queue=8)
-    pool.admission.clock = clock = Clock()  # how long each waiter waited, set by the test
+    pool.admission.clock = clock = SteppedClock(0.0)  # how long each waiter waited, set by the test
     registry = CollectorRegistry()
     registry.register(BackendCollector([SimpleNamespace(stats=BackendStats("b", [pool]))]))
     held = await pool.admission.acquire(pool.healthy)

@@ -22,7 +22,8 @@ from semcache.ledger.base import Batch
 from semcache.ledger.records import Counts
 from semcache.ledger.redis import RedisStorage
 from tests.semcache.conftest import RedisServer
-from tests.semcache.test_ledger import FakeClock, at, record
+from tests.semcache.test_ledger import at, record
+from tests.support.stepped_clock import SteppedClock
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +74,7 @@ def assert_totals(row: dict[str, object], records: list[UsageRecord]) -> None:
 async def test_two_gateways_on_one_redis_sum_into_one_ledger(
     redis_server: RedisServer, redis_prefix: str, tmp_path: Path
 ) -> None:
-    clock = FakeClock(at(DAY))
+    clock = SteppedClock(at(DAY))
     a = redis_ledger(redis_server.url, redis_prefix, tmp_path / "a", clock)
     b = redis_ledger(redis_server.url, redis_prefix, tmp_path / "b", clock)
     await a.start()
@@ -149,7 +150,7 @@ async def test_redis_down_at_flush_then_back_totals_exact(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     server = redis_factory()
-    clock = FakeClock(at(DAY))
+    clock = SteppedClock(at(DAY))
     ledger = redis_ledger(server.url, redis_prefix, tmp_path, clock)
     await ledger.start()
     assert isinstance(ledger, BufferedLedger)
@@ -237,7 +238,7 @@ async def test_a_flush_whose_answer_is_lost_is_not_counted_twice(
     """Redis applies a flush but its answer never arrives (the client times out): the retry
     sends the same batch, which Redis recognizes and does not count again."""
     proxy = ReplyEater(redis_server.port)
-    clock = FakeClock(at(DAY))
+    clock = SteppedClock(at(DAY))
     ledger = redis_ledger(await proxy.start(), redis_prefix, tmp_path, clock)
     assert isinstance(ledger, BufferedLedger)
     await ledger.start()
@@ -275,7 +276,7 @@ async def test_a_flush_no_replica_confirmed_is_kept_sent_again_and_counted_once(
     confirmed, so it is kept; once a replica follows, the next flush sends it again, it is
     confirmed, and the primary (and the replica) count it once."""
     primary, replica = redis_factory(), redis_factory()
-    clock = FakeClock(at(DAY))
+    clock = SteppedClock(at(DAY))
     ledger = open_ledger(
         LedgerSettings(flush_interval_s=3600.0, replicas=1, replica_timeout_s=0.2),
         data_dir=tmp_path,
