@@ -658,6 +658,8 @@ def check_answer(
 ) -> None:
     where = f"{step.name}: {dict(answer.headers)}"
     assert answer.outcome == step.outcome, where
+    streamed = answer.headers["content-type"].startswith("text/event-stream")
+    assert streamed is case.stream, where  # a hit of a stream replays a stream
     if step.outcome in ("miss", "partial", "bypass") and not case.stream:
         assert answer.stored == step.stored, where
     if step.replays is not None:
@@ -747,6 +749,8 @@ def check_ledger(
     assert row["semantic_hits"] == outcomes.count("semantic"), row
     saved = sum(answers[s.name].saved for s in steps)
     assert row["tokens_saved"] == saved, row  # partial: its cached items' tokens are saved
+    usd = sum(float(answers[s.name].headers.get("x-semcache-saved-usd", 0)) for s in steps)
+    assert row["saved_usd"] == pytest.approx(usd, abs=1e-8 * len(steps)), row
     told = sum(
         line["prompt_tokens"] + line["completion_tokens"] + line["saved_tokens"] for line in lines
     )
