@@ -111,8 +111,8 @@ class PDRouter:
         chosen lacks at least ``prefill_threshold_tokens`` of it (the index says what it
         holds); what decode then computes itself is charged to its backlog."""
         scorer = self.kv.scorer if self.kv is not None else None
-        if scorer is None or not plan.key.blocks:
-            return
+        if scorer is None or plan.key.blocks is None:
+            return  # a prompt shorter than one block has no blocks, and a known length
         cached = scorer.cached_tokens(decode.server, plan.key.blocks, plan.key.block_size)
         uncached = max(0, plan.key.prompt_tokens - cached)
         plan.uncached_tokens = uncached

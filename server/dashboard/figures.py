@@ -19,12 +19,25 @@ LATENCY = "semcache_request_duration_seconds"
 TTFT = "semcache_time_to_first_byte_seconds"
 
 
+REQUESTS = "semcache_requests_total"
+TENANT_REQUESTS = "semcache_tenant_requests_total"
+
+
 def read_samples(registry: CollectorRegistry) -> Samples:
-    """Every sample of the registry, by sample name (``x_total``, ``x_bucket``, ...)."""
+    """Every sample of the registry, by sample name (``x_total``, ``x_bucket``, ...).
+
+    With ``[request_log] tenant_metrics`` the requests are counted per tenant instead of in
+    ``semcache_requests``: the pages read them as ``semcache_requests``, summed over tenants.
+    """
     out: Samples = defaultdict(list)
     for family in registry.collect():
         for sample in family.samples:
             out[sample.name].append((sample.labels, sample.value))
+    if TENANT_REQUESTS in out:
+        merged: dict[Labels, float] = defaultdict(float)
+        for labels, value in [*out.pop(REQUESTS, []), *out.pop(TENANT_REQUESTS)]:
+            merged[tuple(sorted((k, v) for k, v in labels.items() if k != "tenant"))] += value
+        out[REQUESTS] = [(dict(labels), value) for labels, value in merged.items()]
     return out
 
 
@@ -70,7 +83,7 @@ def quantile(cumulative: Mapping[str, float], q: float) -> float | None:
 
 def overview_totals(samples: Samples) -> dict[str, float]:
     """The cumulative counters the overview's rates and ratios are made of."""
-    requests = total(samples, "semcache_requests_total")
+    requests = total(samples, REQUESTS)
     semantic = total(samples, "semcache_semantic_hits_total")
     # a chat semantic hit reads its answer through the exact cache: counted there too
     semantic_chat = total(samples, "semcache_semantic_hits_total", route="chat")
@@ -89,7 +102,7 @@ def overview_totals(samples: Samples) -> dict[str, float]:
         "backend_tokens": total(samples, "semcache_tokens_total"),
         "backend_errors": total(samples, "semcache_backend_errors_total"),
     }
-    for status, n in by_label(samples, "semcache_requests_total", "status").items():
+    for status, n in by_label(samples, REQUESTS, "status").items():
         figures[f"status_{status}"] = n
     return figures
 

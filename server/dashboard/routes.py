@@ -256,7 +256,7 @@ async def requests(request: Request[Any, Any, Any]) -> dict[str, Any]:
     query = {k: request.query_params.get(k, "") for k in ("tenant", "status", "model")}
     logs = await _call(request, "/admin/logs", {**query, "limit": "100"})
     samples = fig.read_samples(request.app.state.metrics.registry)
-    counts = fig.labelled_rows(samples, "semcache_requests_total", ("route", "status"))
+    counts = fig.labelled_rows(samples, fig.REQUESTS, ("route", "status"))
     return {
         "log": logs["data"] if logs is not None else None,
         "note": None if logs is not None else LOG_NOTE,

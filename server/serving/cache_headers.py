@@ -134,12 +134,10 @@ def status_headers(
     if hit and entry is not None:
         if age:
             out["age"] = str(int(age_s))
-        u = entry.usage
         if saved:
-            out["x-semcache-saved-tokens"] = str(u.prompt_tokens + u.completion_tokens)
-        if saved and prices is not None:
-            usd = prices.cost_usd(u.prompt_tokens, u.completion_tokens)
-            out["x-semcache-saved-usd"] = f"{usd:.8f}"
+            out.update(
+                saved_headers(entry.usage.prompt_tokens, entry.usage.completion_tokens, prices)
+            )
     return out
 
 
@@ -151,13 +149,21 @@ def miss_headers(req: CacheRequest, *, stream: bool = False) -> dict[str, str]:
 
 
 def semantic_headers(
-    served: int, total: int, similarity: float | None, short_id: str, *, stored: bool
+    served: int,
+    total: int,
+    similarity: float | None,
+    short_id: str,
+    *,
+    stored: bool,
+    saved: tuple[int, int] | None = None,
+    prices: Prices | None = None,
 ) -> dict[str, str]:
     """Headers of an answer whose items came (all or some) from semantic matches.
 
     ``Cache-Status`` says ``hit; detail=semantic`` when every item was served from the
     cache, ``fwd=partial; detail=semantic`` when the backend computed the rest; an exact
-    hit never carries ``detail=semantic``.
+    hit never carries ``detail=semantic``. ``saved``: the (prompt, completion) tokens the
+    served items spared the backend, said as an exact hit's are (``None``: not to be said).
     """
     full = served == total
     rfc = "semcache; hit" if full else "semcache; fwd=partial"
@@ -173,6 +179,16 @@ def semantic_headers(
     }
     if similarity is not None:
         out["x-semcache-similarity"] = f"{similarity:.4f}"
+    if saved is not None:
+        out.update(saved_headers(*saved, prices))
+    return out
+
+
+def saved_headers(prompt: int, completion: int, prices: Prices | None) -> dict[str, str]:
+    """What a cached answer spared the backend: its tokens, and their price."""
+    out = {"x-semcache-saved-tokens": str(prompt + completion)}
+    if prices is not None:
+        out["x-semcache-saved-usd"] = f"{prices.cost_usd(prompt, completion):.8f}"
     return out
 
 

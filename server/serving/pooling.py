@@ -283,6 +283,8 @@ class Pooling:
                     outcome["similarity"],
                     creq.key.short_id,
                     stored=res.stored,
+                    saved=None if "saved" in creq.hidden else (outcome["saved"], 0),
+                    prices=creq.rule.prices,
                 )
         headers.update(edge_headers(res, creq))
         return Reply(200, res.entry.body or b"", headers=headers)

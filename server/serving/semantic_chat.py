@@ -133,7 +133,16 @@ async def semantic_chat(
     if "semantic" in creq.hidden:  # another request's answer, said to be a miss
         headers = miss_headers(creq, stream=stream)
     else:
-        headers = semantic_headers(1, 1, match.similarity, creq.key.short_id, stored=False)
+        spared = (entry.usage.prompt_tokens, entry.usage.completion_tokens)
+        headers = semantic_headers(
+            1,
+            1,
+            match.similarity,
+            creq.key.short_id,
+            stored=False,
+            saved=None if "saved" in creq.hidden else spared,
+            prices=creq.rule.prices,
+        )
         if match.verifier_prob is not None:
             headers["x-semcache-verifier-prob"] = f"{match.verifier_prob:.4f}"
     call.observe_latency(stream=stream)

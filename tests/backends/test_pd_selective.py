@@ -111,6 +111,18 @@ async def test_the_threshold_counts_exact_tokens_not_the_estimate(upstream: Make
     await c.aclose()
 
 
+async def test_a_prompt_shorter_than_one_block_is_computed_by_decode_alone(
+    upstream: Make,
+) -> None:
+    """No whole block to look up is still a known length: under the threshold."""
+    up = await upstream({PREFILL: prefill_ok, DECODE_1: decode_ok})
+    c = kv_client(up)
+    assert (await c.post(CHAT, chat(words(10)), ctx())).status == 200
+    assert up.bodies(PREFILL) == []
+    assert c.stats.prefill_skipped == {"short_prompt": 1}
+    await c.aclose()
+
+
 async def test_the_prefill_server_is_the_one_holding_the_prompt(upstream: Make) -> None:
     up = await upstream({PREFILL: prefill_ok, PREFILL_2: prefill_ok, DECODE_1: decode_ok})
     for first in (PREFILL, PREFILL_2):

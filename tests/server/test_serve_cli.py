@@ -12,7 +12,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import tomllib
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,9 +27,9 @@ from backends.config import VllmBackend
 from backends.launch import cpu_pinning
 from harness.gateway import GatewayProcess
 from harness.metrics import metric_value, parse_metric
-from harness.ports import free_port
-from server.config import DEFAULT_CONFIG, GatewayConfig, parse_config
+from server.config import GatewayConfig
 from tests.support.affinity import thread_affinities
+from tests.support.configs import write_default_config
 from tests.support.waiting import wait_until, wait_until_async
 
 pytestmark = pytest.mark.slow
@@ -41,20 +40,7 @@ MODEL = "SmolLM2-135M-Instruct"
 
 def _write_config(tmp_path: Path, data_dir: Path) -> tuple[Path, GatewayConfig]:
     """The shipped default config with free ports and the test data dir (conversion cached)."""
-    text = DEFAULT_CONFIG.read_text()
-    text = text.replace('data_dir = ".data"', f'data_dir = "{data_dir}"')
-    for fixed in ("http://127.0.0.1:8100", "http://127.0.0.1:8101"):
-        text = text.replace(fixed, f"http://127.0.0.1:{free_port()}")
-    for side_channel in ("5600", "5601"):
-        text = text.replace(
-            f"nixl_side_channel_port = {side_channel}", f"nixl_side_channel_port = {free_port()}"
-        )
-    for events in ("5610", "5611", "5612", "5613"):  # KV events and replay sockets
-        text = text.replace(f"tcp://127.0.0.1:{events}", f"tcp://127.0.0.1:{free_port()}")
-    config = parse_config(tomllib.loads(text))  # still valid
-    path = tmp_path / "gateway.toml"
-    path.write_text(text)
-    return path, config
+    return write_default_config(tmp_path, data_dir)
 
 
 def _running(pid: int) -> bool:

@@ -4,10 +4,14 @@ policy TOML more than one test module sends."""
 from __future__ import annotations
 
 import json
+import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
 import tomli_w
+
+from harness.ports import free_port
+from server.config import DEFAULT_CONFIG, GatewayConfig, parse_config
 
 
 def write_policy(folder: Path, text: str) -> Path:
@@ -42,6 +46,28 @@ def write_config(
     path = folder / "gateway.toml"
     path.write_text(text)
     return path
+
+
+def write_default_config(
+    tmp_path: Path, data_dir: Path, extra: str = "", name: str = "gateway.toml"
+) -> tuple[Path, GatewayConfig]:
+    """The shipped default config with free ports, ``data_dir`` and ``extra`` (TOML appended
+    to it), written under ``tmp_path``; the file and the config it parses to."""
+    text = DEFAULT_CONFIG.read_text()
+    text = text.replace('data_dir = ".data"', f'data_dir = "{data_dir}"')
+    for fixed in ("http://127.0.0.1:8100", "http://127.0.0.1:8101"):
+        text = text.replace(fixed, f"http://127.0.0.1:{free_port()}")
+    for side_channel in ("5600", "5601"):
+        text = text.replace(
+            f"nixl_side_channel_port = {side_channel}", f"nixl_side_channel_port = {free_port()}"
+        )
+    for events in ("5610", "5611", "5612", "5613"):  # KV events and replay sockets
+        text = text.replace(f"tcp://127.0.0.1:{events}", f"tcp://127.0.0.1:{free_port()}")
+    text += extra
+    config = parse_config(tomllib.loads(text))  # still valid
+    path = tmp_path / name
+    path.write_text(text)
+    return path, config
 
 
 CLASSIFICATION_SEMANTIC = """

@@ -5,13 +5,19 @@ the admin token, the cookie of the login form, the purge's guard. The browser te
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 from litestar.testing import TestClient
 
+from backends.registry import ModelInfo, ModelRegistry
+from harness.fake_vllm import FakeGeneration
+from server.app import create_app
+from server.config import GatewayConfig
 from server.dashboard.formats import DASH
 from server.dashboard.routes import PAGES
+from server.envelope.request_log import RequestLogSettings
 
 ADMIN = "dash-secret"
 AUTH = {"authorization": f"Bearer {ADMIN}"}
@@ -103,3 +109,25 @@ def test_the_request_log_shows_times_models_and_servers_as_such(client: TestClie
         assert f"<li>{line['servers'][0]}</li>" in page
     for raw in ("None", "['", str(int(logs[0]["time"]))):
         assert raw not in page, raw
+
+
+def test_requests_counted_per_tenant_are_still_every_pages_requests(tmp_path: Path) -> None:
+    """``[request_log] tenant_metrics`` counts requests in ``semcache_tenant_requests``
+    instead: the overview and the requests page sum them over the tenants."""
+    reg = ModelRegistry()
+    reg.generation["fake"] = FakeGeneration()
+    reg.add(ModelInfo("chat-model", "chat", (), "t", "fake", "rev1", "tpl"))
+    config = GatewayConfig(
+        data_dir=str(tmp_path), request_log=RequestLogSettings(tenant_metrics=True)
+    )
+    with TestClient(create_app(config, registry=reg)) as client:
+        for tenant in ("tenant-a", "tenant-b"):
+            body = {"model": "chat-model", "messages": [{"role": "user", "content": "hi"}]}
+            headers = {"authorization": f"Bearer {tenant}"}
+            assert client.post("/v1/chat/completions", json=body, headers=headers).is_success
+        data = client.get("/dashboard/api/overview", headers=AUTH).json()
+        assert data["totals"]["requests"] == 2 and data["status"] == {"200": 2}
+        requests = client.get("/dashboard/api/requests", headers=AUTH).json()
+        assert {"route": "/v1/chat/completions", "status": "200", "value": 2} in requests[
+            "by_route"
+        ]

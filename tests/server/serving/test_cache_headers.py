@@ -166,3 +166,26 @@ def test_directive_headers_are_every_header_the_cache_reads() -> None:
     assert set(asking) == DIRECTIVE_HEADERS
     for name, value in asking.items():
         assert directives_from({name: value}) != CacheDirectives(), name
+
+
+def test_semantic_answers_say_what_their_served_items_saved(client: Any) -> None:
+    """A semantic hit or partial answer states its saved tokens as an exact hit does."""
+    auth = {"authorization": "Bearer saved-headers"}
+
+    def embed(*texts: str) -> Any:
+        r = client.post(
+            "/v1/embeddings", json={"model": "embed-model", "input": texts}, headers=auth
+        )
+        assert r.status_code == 200, r.text
+        return r
+
+    first = embed("The river runs to the sea.", "Mountains stand tall.")
+    assert "x-semcache-saved-tokens" not in first.headers
+    hit = embed("the river runs to the sea.", "mountains stand tall.")  # MiniLM is uncased
+    assert hit.headers["x-semcache-semantic"] == "hit"
+    assert int(hit.headers["x-semcache-saved-tokens"]) == hit.json()["usage"]["prompt_tokens"]
+    assert "x-semcache-saved-usd" in hit.headers
+    partial = embed("THE RIVER RUNS TO THE SEA.", "Whales sing in the deep.")
+    assert partial.headers["x-semcache-semantic"] == "partial"
+    saved = int(partial.headers["x-semcache-saved-tokens"])
+    assert 0 < saved < partial.json()["usage"]["prompt_tokens"]
