@@ -16,6 +16,7 @@ Labels = tuple[tuple[str, str], ...]
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 LATENCY = "semcache_request_duration_seconds"
+OUTCOMES = "semcache_request_cache_outcomes_total"
 TTFT = "semcache_time_to_first_byte_seconds"
 
 
@@ -82,21 +83,21 @@ def quantile(cumulative: Mapping[str, float], q: float) -> float | None:
 
 
 def overview_totals(samples: Samples) -> dict[str, float]:
-    """The cumulative counters the overview's rates and ratios are made of."""
+    """The cumulative counters the overview's rates and ratios are made of. Hits and misses
+    are requests by their one cache outcome (``semcache_request_cache_outcomes_total``), not
+    the exact tier's lookups, which count each item of a pooling request."""
     requests = total(samples, REQUESTS)
-    semantic = total(samples, "semcache_semantic_hits_total")
-    # a chat semantic hit reads its answer through the exact cache: counted there too
-    semantic_chat = total(samples, "semcache_semantic_hits_total", route="chat")
-    exact = (
-        total(samples, "semcache_exact_hits_total")
-        + total(samples, "semcache_exact_stale_serves_total")
-        - semantic_chat
-    )
+
+    def outcome(*names: str) -> float:
+        return sum(total(samples, OUTCOMES, outcome=name) for name in names)
+
+    exact = outcome("exact", "stale")
+    semantic = outcome("semantic")
     figures = {
         "requests": requests,
         "exact_hits": exact,
         "semantic_hits": semantic,
-        "misses": total(samples, "semcache_exact_misses_total"),
+        "misses": outcome("miss", "partial"),  # a partial answer is no hit
         "tokens_saved": total(samples, "semcache_exact_tokens_saved_total"),
         "usd_saved": total(samples, "semcache_exact_usd_saved_total"),
         "backend_tokens": total(samples, "semcache_tokens_total"),

@@ -101,7 +101,7 @@ class CounterSeries:
         for old, new in itertools.pairwise(points):
             d = _delta(new.totals, old.totals)
             seconds = new.time - old.time
-            lookups = d["exact_hits"] + d["misses"]
+            lookups = d["exact_hits"] + d["semantic_hits"] + d["misses"]
             latency = _delta(new.histograms["latency"], old.histograms["latency"])
             ttft = _delta(new.histograms["ttft"], old.histograms["ttft"])
             status = [(k.removeprefix("status_"), v) for k, v in d.items() if k[:7] == "status_"]

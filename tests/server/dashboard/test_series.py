@@ -22,14 +22,21 @@ def test_each_step_is_the_difference_of_two_samples() -> None:
         metrics.requests.labels("/v1/chat/completions", "m", "200").inc()
         metrics.latency.labels("chat", "false").observe(0.2)
     metrics.requests.labels("/v1/chat/completions", "m", "404").inc()
-    cache.hits.labels("m", "memory").inc(3)
-    cache.misses.labels("m").inc(7)
+    cache.hits.labels("m", "memory").inc(30)  # item lookups: not what the rates count
+    cache.misses.labels("m").inc(70)
+    route = "/v1/chat/completions"
+    metrics.cache_outcomes.labels(route, "m", "exact").inc(2)
+    metrics.cache_outcomes.labels(route, "m", "stale").inc(1)
+    metrics.cache_outcomes.labels(route, "m", "semantic").inc(2)
+    metrics.cache_outcomes.labels(route, "m", "partial").inc(1)
+    metrics.cache_outcomes.labels(route, "m", "miss").inc(4)
+    metrics.cache_outcomes.labels(route, "m", "bypass").inc(5)  # not a lookup
     clock.now += 5
     series.sample()
     chart = series.chart("5m")
     assert chart["time"] == [1005.0]
     assert chart["requests_per_s"] == [11 / 5]
-    assert chart["exact_hit_rate"] == [0.3]
+    assert chart["exact_hit_rate"] == [0.3] and chart["semantic_hit_rate"] == [0.2]
     assert chart["errors_4xx"] == [1] and chart["errors_5xx"] == [0]
     (p50,) = chart["latency_p50_s"]
     assert p50 is not None and 0.1 < p50 <= 0.25  # inside the 0.1-0.25 s bucket
