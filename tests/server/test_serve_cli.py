@@ -12,7 +12,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import tomllib
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,33 +27,15 @@ from backends.config import VllmBackend
 from backends.launch import cpu_pinning
 from harness.gateway import GatewayProcess
 from harness.metrics import metric_value, parse_metric
-from harness.ports import free_port
-from server.config import DEFAULT_CONFIG, GatewayConfig, parse_config
+from server.config import GatewayConfig
 from tests.support.affinity import thread_affinities
+from tests.support.default_config import write_default_config
 from tests.support.waiting import wait_until, wait_until_async
 
 pytestmark = pytest.mark.slow
 
 TWO_CORES = pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="needs cores 0 and 1")
 MODEL = "SmolLM2-135M-Instruct"
-
-
-def _write_config(tmp_path: Path, data_dir: Path) -> tuple[Path, GatewayConfig]:
-    """The shipped default config with free ports and the test data dir (conversion cached)."""
-    text = DEFAULT_CONFIG.read_text()
-    text = text.replace('data_dir = ".data"', f'data_dir = "{data_dir}"')
-    for fixed in ("http://127.0.0.1:8100", "http://127.0.0.1:8101"):
-        text = text.replace(fixed, f"http://127.0.0.1:{free_port()}")
-    for side_channel in ("5600", "5601"):
-        text = text.replace(
-            f"nixl_side_channel_port = {side_channel}", f"nixl_side_channel_port = {free_port()}"
-        )
-    for events in ("5610", "5611", "5612", "5613"):  # KV events and replay sockets
-        text = text.replace(f"tcp://127.0.0.1:{events}", f"tcp://127.0.0.1:{free_port()}")
-    config = parse_config(tomllib.loads(text))  # still valid
-    path = tmp_path / "gateway.toml"
-    path.write_text(text)
-    return path, config
 
 
 def _running(pid: int) -> bool:
@@ -88,7 +69,7 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Iterator[Served]:
-    path, config = _write_config(tmp_path_factory.mktemp("serve"), data_dir)
+    path, config = write_default_config(tmp_path_factory.mktemp("serve"), data_dir)
     gateway = GatewayProcess(path, launch=True)
     try:
         yield Served(gateway.start(600), config)
