@@ -25,8 +25,6 @@ from pathlib import Path
 from subprocess import CompletedProcess
 from typing import Any
 
-import anthropic
-import openai
 import pytest
 from pydantic import BaseModel
 
@@ -151,15 +149,8 @@ def test_langchain_chat_anthropic_invokes_and_streams(gateway: Gateway) -> None:
 
 
 OVER_THE_WINDOW = "Repeat after me: " + "lorem ipsum dolor sit amet " * 1200  # > 4096 tokens
-PENDING_LIMIT_ERRORS = pytest.mark.xfail(
-    raises=(openai.BadRequestError, anthropic.BadRequestError),  # a 400 LangChain can't place
-    strict=True,
-    reason="the gateway's context-limit errors do not yet carry the providers' wording "
-    "(context_length_exceeded; 'prompt is too long') that LangChain reads (being fixed)",
-)
 
 
-@PENDING_LIMIT_ERRORS
 def test_langchain_context_overflow_error_from_chat_openai(gateway: Gateway) -> None:
     from langchain_core.exceptions import ContextOverflowError
 
@@ -167,7 +158,6 @@ def test_langchain_context_overflow_error_from_chat_openai(gateway: Gateway) -> 
         chat_openai(gateway).invoke(unique(OVER_THE_WINDOW))
 
 
-@PENDING_LIMIT_ERRORS
 def test_langchain_context_overflow_error_from_chat_anthropic(gateway: Gateway) -> None:
     from langchain_core.exceptions import ContextOverflowError
 
@@ -519,37 +509,17 @@ def test_claude_code_print_mode_answers(
     assert proxy.requests == []
 
 
-def test_claude_code_with_its_defaults_ends_in_an_api_error(
-    gateway: Gateway, claude: Path, proxy: ForwardProxyRecorder, tmp_path: Path
-) -> None:
-    """Its default system prompt and tools alone exceed SmolLM2's window: ``claude -p`` prints
-    the 400 it was answered and exits 1, having reached no host but the gateway."""
-    done = run_claude(claude, tmp_path, claude_env(gateway, tmp_path, proxy))
-    assert done.returncode == 1, done.stdout + done.stderr
-    assert done.stdout.startswith(("API Error: 400", "Prompt is too long")), done.stdout
-    assert proxy.requests == []
-
-
-PENDING_ANTHROPIC_WORDING = pytest.mark.xfail(
-    raises=AssertionError,
-    strict=True,
-    reason="the gateway does not yet word a request over the window as Anthropic does "
-    "('prompt is too long: X tokens > Z maximum'; 'input length and `max_tokens` exceed "
-    "context limit: X + Y > Z'), which Claude Code reads (being fixed); it relays vLLM's 400",
-)
-
-
-@PENDING_ANTHROPIC_WORDING
 def test_claude_code_with_its_defaults_says_the_prompt_is_too_long(
     gateway: Gateway, claude: Path, proxy: ForwardProxyRecorder, tmp_path: Path
 ) -> None:
-    """Its system prompt and 24 tools alone exceed the window: its own message."""
+    """Its default system prompt and tools alone exceed SmolLM2's window: ``claude -p`` ends in
+    its own message and exits 1, having reached no host but the gateway."""
     done = run_claude(claude, tmp_path, claude_env(gateway, tmp_path, proxy))
-    assert done.returncode == 1
+    assert done.returncode == 1, done.stdout + done.stderr
     assert done.stdout.startswith("Prompt is too long"), done.stdout
+    assert proxy.requests == []
 
 
-@PENDING_ANTHROPIC_WORDING
 def test_claude_code_minimal_with_its_default_max_tokens_says_the_prompt_is_too_long(
     gateway: Gateway, claude: Path, proxy: ForwardProxyRecorder, tmp_path: Path
 ) -> None:
