@@ -17,7 +17,7 @@ import pytest
 
 from harness.gateway import GatewayProcess
 from harness.metrics import parse_metric
-from tests.support.default_config import write_default_config
+from tests.support.configs import write_default_config
 from tests.support.waiting import wait_until
 
 # Before any client is imported: litellm fetches its price map from GitHub at import unless

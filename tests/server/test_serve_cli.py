@@ -29,7 +29,7 @@ from harness.gateway import GatewayProcess
 from harness.metrics import metric_value, parse_metric
 from server.config import GatewayConfig
 from tests.support.affinity import thread_affinities
-from tests.support.default_config import write_default_config
+from tests.support.configs import write_default_config
 from tests.support.waiting import wait_until, wait_until_async
 
 pytestmark = pytest.mark.slow
