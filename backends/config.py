@@ -352,7 +352,8 @@ class EmbeddedClassifierBackend(
 
     name: str
     head_path: str | None = None
-    """The head's JSON file; default: the shipped sentiment head (``backends/data/classifier``)."""
+    """The head's JSON file; default: the shipped sentiment head
+    (``backends/local/data/classifier``)."""
     revision: str | None = None
     """Explicit revision; by default the head's and the encoder's versions."""
 

@@ -13,11 +13,11 @@ from typing import Any, Literal
 import msgspec
 
 from backends.chat_templates import template_fingerprint, template_path
-from backends.classifier import DEFAULT_HEAD, ClassifierBackend, TextClassifierBackend
 from backends.config import EmbeddedClassifierBackend, VllmBackend
 from backends.config import LocalEmbeddingBackend as LocalEmbeddingConfig
 from backends.generation_defaults import launch_defaults
-from backends.local import LocalEmbeddingBackend
+from backends.local.classifier import DEFAULT_HEAD, ClassifierBackend, TextClassifierBackend
+from backends.local.embedding import LocalEmbeddingBackend
 from backends.models import chat_template_fingerprint, model_revision, prepare_model
 from backends.protocol import EmbeddingBackend, GenerationBackend
 from backends.vllm import VllmClient

@@ -1,6 +1,6 @@
 """A text classifier served by vLLM: a sequence-classification model behind ``POST /classify``.
 
-It answers in the classifier contract (``backends.classifier.TextClassifierBackend``) that the
+It answers in the classifier contract (``backends.local.classifier.TextClassifierBackend``) that the
 embedded classifier answers in, so ``/v1/classify`` and Workers-AI text classification take
 one serving path (per-item semantic cache in front) for both.
 
@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from backends.classifier import LabelScores, TextEncoder
+from backends.local.classifier import LabelScores, TextEncoder
 from backends.protocol import BackendError, UpstreamRejected
 from backends.vllm import VllmClient
 from foundation.request import RequestContext

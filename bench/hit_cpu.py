@@ -39,7 +39,7 @@ from litestar.response import Stream
 sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backends.local import LocalEmbeddingBackend
+from backends.local.embedding import LocalEmbeddingBackend
 from backends.registry import ModelInfo, ModelRegistry
 from harness.fake_vllm import FakeGeneration
 from server.app import create_app

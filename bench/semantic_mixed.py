@@ -21,7 +21,7 @@ import os
 import subprocess
 import time
 
-from backends.classifier import DEFAULT_EXAMPLES
+from backends.local.classifier import DEFAULT_EXAMPLES
 from semcache.semantic.verified.decisions import VerifiedParams
 from semcache.tuning.mixed import SENTENCES, SOURCES, source_pairs, stream_of_sources
 from semcache.tuning.pairs import (

@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from backends.classifier import TextClassifier, load_classifier
+from backends.local.classifier import TextClassifier, load_classifier
 from semcache.semantic.encoder import Encoder
 from semcache.semantic.items import label_margin
 from semcache.semantic.pair_verifier import PairVerifier, load_verifier, pair_features

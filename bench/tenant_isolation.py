@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from backends.classifier import DEFAULT_EXAMPLES
+from backends.local.classifier import DEFAULT_EXAMPLES
 from semcache.tuning.mixed import SENTENCES, SOURCES, source_pairs
 from semcache.tuning.pairs import (
     EMBEDDING_CACHE_DIR,

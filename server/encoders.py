@@ -1,6 +1,6 @@
 """The semantic cache's encoder, built from a model the backends load.
 
-The one place that joins ``backends.sentence_model`` (how a model is loaded) and
+The one place that joins ``backends.local.sentence_model`` (how a model is loaded) and
 ``semcache.semantic.encoder`` (how the cache encodes with it): the app factory, the CLI's
 offline commands, bench and the tests all build their encoder here.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from backends.sentence_model import load_sentence_model
+from backends.local.sentence_model import load_sentence_model
 from semcache.semantic.encoder import Encoder, TextModel
 
 
@@ -24,7 +24,7 @@ def load_encoder(
 ) -> Encoder:
     """The cache's micro-batched encoder over all-MiniLM-L6-v2 (or ``model_dir``), offline.
 
-    The options are ``backends.sentence_model.load_sentence_model``'s.
+    The options are ``backends.local.sentence_model.load_sentence_model``'s.
     """
     loaded = load_sentence_model(
         model_dir, threads=threads, device=device, runtime=runtime, graph_dir=graph_dir

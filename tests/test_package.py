@@ -21,8 +21,8 @@ SHIPPED = [
     "semcache/policies/default.toml",
     "semcache/semantic/data/verifier/verifier.npz",
     "semcache/semantic/data/verifier/verifier.json",
-    "backends/data/classifier/sentiment-head.json",
-    "backends/data/sentiment/sentiment.jsonl",
+    "backends/local/data/classifier/sentiment-head.json",
+    "backends/local/data/sentiment/sentiment.jsonl",
     "backends/launch/shim/sitecustomize.py",
     "server/dashboard/templates/overview.html",
     "server/dashboard/static/dashboard.js",
@@ -129,7 +129,7 @@ def test_the_installed_wheel_finds_its_defaults_inside_itself(wheel: Path, tmp_p
 
     code = """
 import server
-from backends.classifier import DEFAULT_EXAMPLES, DEFAULT_HEAD
+from backends.local.classifier import DEFAULT_EXAMPLES, DEFAULT_HEAD
 from semcache.policy import DEFAULT_POLICY
 from semcache.semantic.pair_verifier import DEFAULT_VERIFIER_DIR, load_verifier
 from server.config import DEFAULT_CONFIG

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from backends.local import LocalEmbeddingBackend
+from backends.local.embedding import LocalEmbeddingBackend
 from backends.models import package_model_dir
 from bench.lib.support import pct_ms
 from semcache.tuning.pairs import QQP_PAIRS, load_pairs, unique_texts

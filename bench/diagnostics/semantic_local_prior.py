@@ -43,7 +43,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from backends.classifier import DEFAULT_EXAMPLES
+from backends.local.classifier import DEFAULT_EXAMPLES
 from semcache.semantic.verified.decisions import (
     Action,
     Observation,

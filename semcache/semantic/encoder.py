@@ -5,7 +5,7 @@ encoded at once (no added wait); requests that arrive while a batch is running q
 and are encoded together in the next batch, which is cheaper per text than one model call
 each.
 
-The model comes from outside: ``backends.sentence_model`` loads one, and the app factory
+The model comes from outside: ``backends.local.sentence_model`` loads one, and the app factory
 (``server.encoders``) wraps it in an :class:`Encoder`.
 """
 

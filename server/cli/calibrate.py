@@ -9,7 +9,7 @@ from pathlib import Path
 
 import msgspec
 
-from backends.classifier import load_classifier as embedded_classifier
+from backends.local.classifier import load_classifier as embedded_classifier
 from semcache.tuning.calibrate import TASKS, calibrate_file, format_report
 from server.encoders import load_encoder
 
@@ -78,7 +78,7 @@ def _calibrate_stream(args: argparse.Namespace) -> int:
 
 def _calibrate_mixed(args: argparse.Namespace) -> int:
     """``calibrate --stream --sources a,b``: the stream evaluation on a mixed workload."""
-    from backends.classifier import DEFAULT_EXAMPLES
+    from backends.local.classifier import DEFAULT_EXAMPLES
     from semcache.semantic.verified.decisions import VerifiedParams
     from semcache.tuning.mixed import mixed_stream
     from semcache.tuning.pairs import PARAPHRASE_PAIRS, QQP_PAIRS

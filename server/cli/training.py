@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from backends.classifier import DEFAULT_EXAMPLES, DEFAULT_HEAD, build_head, save_head
+from backends.local.classifier import DEFAULT_EXAMPLES, DEFAULT_HEAD, build_head, save_head
 from semcache.semantic.pair_verifier import DEFAULT_VERIFIER_DIR
 from semcache.tuning.pairs import QQP_PAIRS
 from semcache.tuning.train_verifier import COSINE_ONLY_THRESHOLDS, train_verifier

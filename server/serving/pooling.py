@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from backends.classifier import TextClassifierBackend, label_names
+from backends.local.classifier import TextClassifierBackend, label_names
 from backends.protocol import BackendError, UpstreamRejected, as_float32
 from backends.registry import ModelInfo
 from foundation.request import RequestContext

@@ -8,7 +8,7 @@ from typing import Any
 
 import orjson
 
-from backends.classifier import label_names
+from backends.local.classifier import label_names
 from backends.registry import ModelInfo
 from foundation.sse import DONE, DONE_EVENT, SSEReader, event
 from semcache.replay import merge_tool_call

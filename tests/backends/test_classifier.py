@@ -8,7 +8,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from backends.classifier import (
+from backends.local.classifier import (
     DEFAULT_EXAMPLES,
     DEFAULT_HEAD,
     LABELS,
@@ -21,7 +21,7 @@ from backends.classifier import (
 from semcache.semantic.encoder import Encoder
 from server.encoders import load_encoder
 
-# Not in the training sentences (backends/data/sentiment/sentiment.jsonl).
+# Not in the training sentences (backends/local/data/sentiment/sentiment.jsonl).
 CLEAR = [
     ("I absolutely adore this little cafe, the pastries are divine.", "POSITIVE"),
     ("The hotel staff went out of their way to help us, superb stay.", "POSITIVE"),

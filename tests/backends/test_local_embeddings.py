@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from backends.config import LocalEmbeddingBackend as LocalEmbeddingConfig
-from backends.local import LocalEmbeddingBackend
+from backends.local.embedding import LocalEmbeddingBackend
+from backends.local.onnx_model import GRAPH_FILE, REFERENCE_FILE, RUNTIME_ENV
 from backends.models import model_version, package_model_dir
-from backends.onnx_model import GRAPH_FILE, REFERENCE_FILE, RUNTIME_ENV
 from backends.registry import build_registry
 from harness.vllm_process import REPO_ROOT
 
@@ -84,8 +84,8 @@ FRESH_START = """
 import json, sys
 from pathlib import Path
 import asyncio
-from backends.local import LocalEmbeddingBackend
-from backends.sentence_model import load_sentence_model
+from backends.local.embedding import LocalEmbeddingBackend
+from backends.local.sentence_model import load_sentence_model
 model_dir, graph_dir, texts = Path(sys.argv[1]), Path(sys.argv[2]), json.loads(sys.argv[3])
 backend = LocalEmbeddingBackend("m", model_dir, runtime="auto", graph_dir=graph_dir)
 embedded = asyncio.run(backend.embed(texts))

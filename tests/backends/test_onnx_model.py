@@ -10,14 +10,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from backends.models import package_model_dir
-from backends.onnx_model import (
+from backends.local.onnx_model import (
     GRAPH_FILE,
     REFERENCE_FILE,
     OnnxUnsupported,
     load_checked_graph,
     load_onnx_model,
 )
+from backends.models import package_model_dir
 
 TEXTS = [
     "How do I lose 10 kg in a month?",

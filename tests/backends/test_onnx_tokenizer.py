@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from backends.local.onnx_tokenizer import JsonTokenizer
 from backends.models import package_model_dir
-from backends.onnx_tokenizer import JsonTokenizer
 
 TEXTS = [
     "How do I lose 10 kg in a month?",

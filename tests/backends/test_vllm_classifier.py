@@ -11,9 +11,9 @@ import orjson
 import pytest
 from aiohttp import web
 
-from backends.classifier import label_names
 from backends.config import VllmBackend, VllmLaunch, VllmServer
 from backends.launch.command import build_command
+from backends.local.classifier import label_names
 from backends.protocol import BackendError, UpstreamRejected
 from backends.vllm import VllmClient
 from backends.vllm_classifier import VllmClassifier, labels_from_config

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.local import LocalEmbeddingBackend
+from backends.local.embedding import LocalEmbeddingBackend
 from server.app import registry_from_config
 from server.config import ENCODER_DIR_ENV, GatewayConfig
 from tests.conftest import gateway_config

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from litestar.testing import TestClient
 
-from backends.local import LocalEmbeddingBackend
+from backends.local.embedding import LocalEmbeddingBackend
 from backends.registry import ModelInfo, ModelRegistry
 from harness.fake_vllm import FakeGeneration
 from harness.metrics import parse_metric

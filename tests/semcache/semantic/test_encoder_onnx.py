@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.onnx_model import GRAPH_FILE, OnnxSentenceModel
+from backends.local.onnx_model import GRAPH_FILE, OnnxSentenceModel
 from semcache.semantic.encoder import Encoder
 from server.encoders import load_encoder
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.classifier import load_classifier
+from backends.local.classifier import load_classifier
 from semcache.semantic.encoder import Encoder
 from semcache.semantic.pair_verifier import PairVerifier
 from semcache.tuning.calibrate import (

@@ -14,7 +14,7 @@ import httpx
 import orjson
 import pytest
 
-from backends.local import LocalEmbeddingBackend
+from backends.local.embedding import LocalEmbeddingBackend
 from backends.registry import ModelInfo, ModelRegistry
 from harness.fake_vllm import FakeGeneration
 from harness.gateway import GatewayThread

@@ -11,7 +11,7 @@ from typing import Any
 
 from litestar.testing import TestClient
 
-from backends.local import LocalEmbeddingBackend
+from backends.local.embedding import LocalEmbeddingBackend
 from backends.registry import ModelInfo, ModelRegistry
 from harness.fake_vllm import FakeGeneration
 from server.app import create_app

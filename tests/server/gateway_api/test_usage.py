@@ -14,7 +14,7 @@ import orjson
 import pytest
 from litestar.testing import TestClient
 
-from backends.local import LocalEmbeddingBackend
+from backends.local.embedding import LocalEmbeddingBackend
 from backends.registry import ModelInfo, ModelRegistry
 from harness.fake_vllm import FakeGeneration
 from semcache.ledger import utc_day

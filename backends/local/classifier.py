@@ -2,9 +2,9 @@
 
 It stands in for Workers AI's default ``@cf/huggingface/distilbert-sst2-int8`` and backs
 ``POST /v1/classify``: a logistic-regression head over the sentence encoder's vectors,
-trained on ``backends/data/sentiment/sentiment.jsonl`` (390 labelled sentences written for
+trained on ``backends/local/data/sentiment/sentiment.jsonl`` (390 labelled sentences written for
 this project, see ``data/NOTICE.md``). The head ships as package data
-(``backends/data/classifier/sentiment-head.json``); retrain it with
+(``backends/local/data/classifier/sentiment-head.json``); retrain it with
 ``semcache train-classifier``. A head trained for another encoder
 version is retrained in memory at load (a second or two).
 """
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DATA_DIR = package_file("backends", "data")
+DATA_DIR = package_file("backends.local", "data")
 DEFAULT_EXAMPLES = DATA_DIR / "sentiment" / "sentiment.jsonl"
 DEFAULT_HEAD = DATA_DIR / "classifier" / "sentiment-head.json"
 LABELS = ("NEGATIVE", "POSITIVE")

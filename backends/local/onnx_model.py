@@ -239,7 +239,7 @@ def load_checked_graph(
     try:
         import onnxruntime
 
-        from backends.onnx_tokenizer import TOKENIZER_FILE, JsonTokenizer
+        from backends.local.onnx_tokenizer import TOKENIZER_FILE, JsonTokenizer
 
         if not (model_dir / TOKENIZER_FILE).is_file():
             return None

@@ -12,13 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from backends.models import model_version
-from backends.onnx_model import (
+from backends.local.onnx_model import (
     load_checked_graph,
     onnx_or_torch,
     physical_cores,
     requested_runtime,
 )
+from backends.models import model_version
 from backends.protocol import Embeddings
 
 log = logging.getLogger(__name__)
@@ -28,14 +28,14 @@ class LocalEmbeddingBackend:
     """Encodes texts with a local sentence-transformers model (one encode at a time).
 
     ``runtime`` runs the forward pass in ``torch``, in ``onnx`` (ONNX Runtime: the same
-    vectors to float rounding, faster on a CPU; see ``backends.onnx_model``), or
+    vectors to float rounding, faster on a CPU; see ``backends.local.onnx_model``), or
     ``auto`` (the default, or ``SEMCACHE_ENCODER_RUNTIME``): ONNX when a ``graph_dir`` is
     given and the graph reproduces torch's vectors, else torch. ``graph_dir`` holds the
     exported graphs, one folder per model version (the gateway passes
     ``<data_dir>/encoders``, shared with the semantic cache's encoder). Without one,
     ``auto`` means torch and ``onnx`` exports into a temporary folder that ``aclose``
     removes. A graph checked at an earlier start loads without torch
-    (``backends.onnx_model.load_checked_graph``). ``threads``: ONNX Runtime's intra-op
+    (``backends.local.onnx_model.load_checked_graph``). ``threads``: ONNX Runtime's intra-op
     threads (default: the physical cores, what the torch model would use). Tokenizer, token
     counts and ``normalize`` are the same in either runtime.
     """
