@@ -11,7 +11,7 @@ import msgspec
 import orjson
 
 from backends.chat_templates import template_path
-from backends.kv.settings import KvSettings, PlacementPolicy
+from backends.kv_settings import KvSettings, PlacementPolicy
 from backends.profiles import LaunchProfile, check_profile_for_model, merge_flags
 from foundation.config_types import NonNegInt, PosFloat, PosInt, Unit
 

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from backends.kv.settings import PlacementPolicy
+from backends.kv_settings import PlacementPolicy
 from backends.servers import ServerState
 
 if TYPE_CHECKING:

@@ -54,7 +54,7 @@ from backends.kv.feed import FeedStats, ServerFeed
 from backends.kv.hashing import BlockHasher
 from backends.kv.index import PoolBlockIndex
 from backends.kv.scoring import KvScorer
-from backends.kv.settings import PlacementPolicy
+from backends.kv_settings import PlacementPolicy
 from backends.placement import Placement, RouteKey
 from backends.servers import ServerState
 from bench.lib import fleet_calibration, fleet_shapes

@@ -17,11 +17,12 @@ from __future__ import annotations
 import hashlib
 import pickle
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import cbor2
 
-HashAlgo = Literal["sha256_cbor", "sha256"]
+from backends.kv_settings import HashAlgo
+
 DEFAULT_SEED = "vllm-none-hash"
 """vLLM's seed for ``NONE_HASH`` when ``PYTHONHASHSEED`` is unset (SHA-256 algorithms)."""
 

@@ -24,7 +24,7 @@ import orjson
 import pytest
 
 from backends.config import VllmBackend, VllmServer
-from backends.kv.settings import KvSettings
+from backends.kv_settings import KvSettings
 from backends.launch.process import VllmProcess
 from backends.placement import rendezvous_order
 from backends.servers import ServerState

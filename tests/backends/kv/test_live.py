@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from backends.kv.settings import KvSettings
+from backends.kv_settings import KvSettings
 from backends.launch.process import VllmProcess
 from harness.gateway import GatewayProcess
 from harness.ports import free_port

@@ -13,7 +13,7 @@ import pytest
 from backends.config import VllmBackend, VllmServer
 from backends.kv.index import PoolBlockIndex
 from backends.kv.scoring import KvScorer
-from backends.kv.settings import KvSettings
+from backends.kv_settings import KvSettings
 from backends.placement import Placement, RouteKey
 from backends.scraped_metrics import UpstreamSample
 from backends.servers import ServerState

@@ -7,8 +7,11 @@ from typing import Literal
 import msgspec
 import orjson
 
-from backends.kv.hashing import HashAlgo
 from foundation.config_types import NonNegFloat, PosInt
+
+HashAlgo = Literal["sha256_cbor", "sha256"]
+"""The block hash functions vLLM offers (``--prefix-caching-hash-algo``) that the gateway
+recomputes (``backends.kv.hashing``)."""
 
 PlacementPolicy = Literal["prefix-hash", "kv", "least-loaded", "round-robin"]
 """How a pool picks a server when no session pins the request (``backends.placement``)."""
