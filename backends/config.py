@@ -80,7 +80,7 @@ class VllmBackend(
     revision: str | None = None
     """A pinned revision (part of every cache key of the backend's models). By default a hash
     of the files under ``model_path``; without a ``model_path``, what the servers report of
-    the model (``backends.remote_revision``, re-read by every health check)."""
+    the model (``backends.fleet.remote_revision``, re-read by every health check)."""
     tool_call_parser: str | None = None
     """vLLM's tool-call parser for the model (``hermes``, ``xlam``, ``llama3_json``, …: one that
     reads the tool-call format its chat template teaches): launched servers get
@@ -153,7 +153,7 @@ class VllmBackend(
     hold_above_waiting: NonNegInt | None = None
     """Dispatch gate: a server whose vLLM reports more waiting requests than this
     (``vllm:num_requests_waiting``; 0: any) takes no new request, which waits in the
-    gateway's fair queue instead (``backends.dispatch_gate``; needs ``scrape_metrics``, and
+    gateway's fair queue instead (``backends.fleet.dispatch_gate``; needs ``scrape_metrics``, and
     reacts within one ``health_interval_s``). Default: off."""
     hold_above_kv_usage: Unit | None = None
     """Dispatch gate: a server whose KV cache usage (``vllm:kv_cache_usage_perc``, 0..1) is

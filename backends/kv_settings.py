@@ -11,10 +11,10 @@ from foundation.config_types import NonNegFloat, PosInt
 
 HashAlgo = Literal["sha256_cbor", "sha256"]
 """The block hash functions vLLM offers (``--prefix-caching-hash-algo``) that the gateway
-recomputes (``backends.kv.hashing``)."""
+recomputes (``backends.fleet.kv.hashing``)."""
 
 PlacementPolicy = Literal["prefix-hash", "kv", "least-loaded", "round-robin"]
-"""How a pool picks a server when no session pins the request (``backends.placement``)."""
+"""How a pool picks a server when no session pins the request (``backends.fleet.placement``)."""
 
 
 class KvSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -36,7 +36,7 @@ class KvSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     request_cost_tokens: NonNegFloat = 64.0
     """What one open request (or one waiting in vLLM's queue) costs a server, in prompt tokens
     to compute: the weight of load against the tokens a server holds
-    (``backends.kv.scoring``)."""
+    (``backends.fleet.kv.scoring``)."""
     occupancy_weight: NonNegFloat = 0.05
     """How much holding the most cached blocks of the pool costs a server, as a fraction of
     the prompt: a prompt no server holds goes where it evicts the least."""

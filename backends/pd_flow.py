@@ -43,13 +43,13 @@ from typing import Any, Literal, TypeVar
 
 import orjson
 
-from backends.admission import Lease
 from backends.config import VllmBackend
-from backends.placement import Placement, PromptShape, RouteKey
-from backends.pool import Pool
-from backends.pool_metrics import BackendStats
+from backends.fleet.admission import Lease
+from backends.fleet.placement import Placement, PromptShape, RouteKey
+from backends.fleet.pool import Pool
+from backends.fleet.pool_metrics import BackendStats
+from backends.fleet.servers import ServerState
 from backends.protocol import BackendError
-from backends.servers import ServerState
 from backends.upstream import HTTP_ERRORS, HttpSession, http_failure, stream_timeout
 from foundation import tracing as spans
 from foundation.request import RequestContext

@@ -162,7 +162,7 @@ def build_registry(
         elif path is not None:
             rev = model_revision(path)
         else:
-            # no files to hash: until its servers report one (backends.remote_revision)
+            # no files to hash: until its servers report one (backends.fleet.remote_revision)
             rev = f"unversioned:{b.name}"
         template_fp = chat_template_fingerprint(path) if path is not None else "none"
         if isinstance(b, VllmBackend) and b.chat_template is not None:

@@ -1,4 +1,4 @@
-"""Where a request goes and how: placement (``backends.placement``) tied to the P/D flow.
+"""Where a request goes and how: placement (``backends.fleet.placement``) tied to the P/D flow.
 
 Each request is planned (its upstream body with the tenant's ``cache_salt``, its placement key,
 whether to prefill), a decode slot is reserved, the prefill hop runs when planned, then the
@@ -15,16 +15,16 @@ from typing import Any
 import aiohttp
 import orjson
 
-from backends.admission import Lease
 from backends.config import VllmBackend
-from backends.health import HealthMonitor
-from backends.kv.service import KvPlacement
+from backends.fleet.admission import Lease
+from backends.fleet.health import HealthMonitor
+from backends.fleet.kv.service import KvPlacement
+from backends.fleet.placement import Placement, RouteKey, prefix_key, prompt_shape
+from backends.fleet.pool import Pool
+from backends.fleet.pool_metrics import BackendStats
+from backends.fleet.salt import ANONYMOUS_SCOPE, CacheSalter
 from backends.pd_flow import NOT_GENERATION, DecodeHop, Plan, PrefillHop, generates, hop_headers
-from backends.placement import Placement, RouteKey, prefix_key, prompt_shape
-from backends.pool import Pool
-from backends.pool_metrics import BackendStats
 from backends.protocol import BackendError, UpstreamResponse
-from backends.salt import ANONYMOUS_SCOPE, CacheSalter
 from backends.upstream import HTTP_ERRORS, HttpSession, body_failure
 from backends.vllm_stream import VllmStream, is_server_error_event, read_first_event
 from foundation import tracing as spans

@@ -2,8 +2,8 @@
 
 The health checks scrape each server's page; ``parse_upstream_metrics`` keeps its prefix-cache,
 KV, queue and time-to-first-token families (histograms as their ``_sum`` and ``_count`` only),
-without vLLM's per-engine labels, for ``backends.pool_metrics.BackendCollector`` to re-expose
-and ``backends.pool_signals`` to read.
+without vLLM's per-engine labels, for ``backends.fleet.pool_metrics.BackendCollector`` to re-expose
+and ``backends.fleet.pool_signals`` to read.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Async OpenAI-protocol client for one vLLM backend: a monolithic or a prefill/decode pool.
 
 One pooled aiohttp session per backend (``backends.upstream``); the servers are organised in
-pools (``backends.pool``) and each request is placed and, when the backend is disaggregated,
+pools (``backends.fleet.pool``) and each request is placed and, when the backend is disaggregated,
 sent through prefill and decode (``backends.router``).
 """
 
@@ -13,15 +13,15 @@ import aiohttp
 import orjson
 
 from backends.config import ServerRole, VllmBackend, VllmServer
-from backends.dispatch_gate import DispatchGate
-from backends.health import HealthMonitor
-from backends.kv.service import KvPlacement
-from backends.pool import Pool, build_pools
-from backends.pool_metrics import BackendStats
+from backends.fleet.dispatch_gate import DispatchGate
+from backends.fleet.health import HealthMonitor
+from backends.fleet.kv.service import KvPlacement
+from backends.fleet.pool import Pool, build_pools
+from backends.fleet.pool_metrics import BackendStats
+from backends.fleet.salt import CacheSalter
+from backends.fleet.servers import ServerLoad, ServerState
 from backends.protocol import UpstreamResponse
 from backends.router import PDRouter
-from backends.salt import CacheSalter
-from backends.servers import ServerLoad, ServerState
 from backends.upstream import HTTP_ERRORS, HttpSession
 from backends.vllm_stream import VllmStream
 from foundation.request import RequestContext
@@ -30,7 +30,7 @@ from foundation.request import RequestContext
 class VllmClient:
     """Sends OpenAI-protocol requests to the servers of one vLLM backend.
 
-    ``stats`` feeds ``backends.pool_metrics.BackendCollector`` (per-server in-flight, errors,
+    ``stats`` feeds ``backends.fleet.pool_metrics.BackendCollector`` (per-server in-flight, errors,
     ejections, P/D hops, KV hand-off latency, the servers' own prefix-cache counters).
     """
 

@@ -40,8 +40,8 @@ sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).r
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.config import VllmServer
-from backends.pool import Pool
-from backends.servers import ServerState
+from backends.fleet.pool import Pool
+from backends.fleet.servers import ServerState
 from bench.lib.support import pct, toml_value
 from bench.lib.wrk import run_wrk
 from foundation.request import QueueTicket

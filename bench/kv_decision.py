@@ -20,12 +20,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends.config import VllmServer
-from backends.kv.hashing import BlockHasher
-from backends.kv.index import PoolBlockIndex
-from backends.kv.scoring import KvScorer
-from backends.kv.tokens import PromptTokenizer
-from backends.placement import Placement, RouteKey
-from backends.servers import ServerState
+from backends.fleet.kv.hashing import BlockHasher
+from backends.fleet.kv.index import PoolBlockIndex
+from backends.fleet.kv.scoring import KvScorer
+from backends.fleet.kv.tokens import PromptTokenizer
+from backends.fleet.placement import Placement, RouteKey
+from backends.fleet.servers import ServerState
 from bench.lib.support import pct
 from harness.tiny_llama import build_tiny_llama
 from harness.vllm_process import TINY_MODEL_NAME, test_data_dir

@@ -49,14 +49,14 @@ import msgspec
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from backends.config import ServerRole, VllmServer
-from backends.kv.events import BlockRemoved, BlockStored, EventBatch, KvEvent, decode_batch
-from backends.kv.feed import FeedStats, ServerFeed
-from backends.kv.hashing import BlockHasher
-from backends.kv.index import PoolBlockIndex
-from backends.kv.scoring import KvScorer
+from backends.fleet.kv.events import BlockRemoved, BlockStored, EventBatch, KvEvent, decode_batch
+from backends.fleet.kv.feed import FeedStats, ServerFeed
+from backends.fleet.kv.hashing import BlockHasher
+from backends.fleet.kv.index import PoolBlockIndex
+from backends.fleet.kv.scoring import KvScorer
+from backends.fleet.placement import Placement, RouteKey
+from backends.fleet.servers import ServerState
 from backends.kv_settings import PlacementPolicy
-from backends.placement import Placement, RouteKey
-from backends.servers import ServerState
 from bench.lib import fleet_calibration, fleet_shapes
 from bench.lib.fleet_calibration import Calibration
 from bench.lib.support import pct

@@ -33,8 +33,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from backends.kv.hashing import BlockHasher
-from backends.kv.tokens import PromptTokenizer
+from backends.fleet.kv.hashing import BlockHasher
+from backends.fleet.kv.tokens import PromptTokenizer
 from backends.kv_settings import KvSettings
 from backends.launch.process import VllmProcess
 from bench.lib.support import pct

@@ -64,9 +64,9 @@ sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).r
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.config import VllmBackend, VllmLaunch, VllmServer
+from backends.fleet.pool_metrics import histogram_totals
 from backends.launch.command import Device
 from backends.launch.launcher import Launcher
-from backends.pool_metrics import histogram_totals
 from backends.profiles import LaunchProfile
 from backends.protocol import BackendError
 from backends.vllm import VllmClient

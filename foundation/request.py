@@ -30,7 +30,7 @@ class QueueTicket(msgspec.Struct, frozen=True, kw_only=True):
     share_window_s: float = 0.0
     """How long a flow (a tenant in a band) counts as active after its last request; while
     two or more are active, each holds at most its weighted share of the pool's slots (see
-    ``backends.admission``). 0: no cap, a free slot goes to whoever asks."""
+    ``backends.fleet.admission``). 0: no cap, a free slot goes to whoever asks."""
 
 
 class CacheOutcome(StrEnum):

@@ -16,7 +16,7 @@ from litestar.datastructures import State
 from opentelemetry.sdk.trace.export import SpanExporter
 from prometheus_client import CollectorRegistry
 
-from backends.pool_metrics import BackendCollector
+from backends.fleet.pool_metrics import BackendCollector
 from backends.registry import ModelRegistry, ModelSpec, build_registry
 from foundation.clock import AdjustableClock
 from semcache.exact import open_exact_cache

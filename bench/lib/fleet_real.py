@@ -18,8 +18,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from backends.config import ServerRole, VllmServer
-from backends.kv.hashing import BlockHasher
-from backends.kv.tokens import PromptTokenizer
+from backends.fleet.kv.hashing import BlockHasher
+from backends.fleet.kv.tokens import PromptTokenizer
 from backends.kv_settings import KvSettings
 from backends.launch.process import VllmProcess
 from backends.models import prepare_model

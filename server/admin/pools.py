@@ -2,7 +2,7 @@
 
 A server added joins its pool after one health check (``backends.vllm.VllmClient.add_server``);
 a server drained takes nothing new and leaves once its in-flight requests have finished
-(``backends.pool.Pool.drain``). Neither is written to the config: each is kept in the pool
+(``backends.fleet.pool.Pool.drain``). Neither is written to the config: each is kept in the pool
 membership store (``[pools]``, server/membership/), which a restarted gateway and, on a
 shared Redis, every other gateway applies.
 """
@@ -17,10 +17,10 @@ from litestar import Request, Response, delete, get, post
 from litestar.params import FromPath
 
 from backends.config import ServerRole
-from backends.pool import Pool
-from backends.pool_signals import PoolSignals, pool_signals
+from backends.fleet.pool import Pool
+from backends.fleet.pool_signals import PoolSignals, pool_signals
+from backends.fleet.servers import ServerState
 from backends.registry import ModelRegistry
-from backends.servers import ServerState
 from backends.vllm import VllmClient
 from server.admin.routes import ADMIN_ERRORS
 from server.apidoc.operation import Answer, Field, RouteDoc, documented

@@ -1,6 +1,6 @@
 """The ``[queue]`` section: each request's ticket for a full pool's fair queue.
 
-``backends.fair_queue`` holds the mechanics (bands, start-time fair queueing); this module
+``backends.fleet.fair_queue`` holds the mechanics (bands, start-time fair queueing); this module
 says which ticket a request gets: its tenant, its weight and bounds from the config, its
 band (live requests ``interactive``, batch items ``batch``, ``background`` when the tenant's
 entry or the request's ``x-semcache-priority: background`` header asks for it).
@@ -29,7 +29,7 @@ class TenantQueue(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
 
 
 class QueueSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """How requests wait for a full pool (``backends.fair_queue``)."""
+    """How requests wait for a full pool (``backends.fleet.fair_queue``)."""
 
     enabled: bool = True
     """Off: one first-come-first-served line per pool, as before the fair queue."""

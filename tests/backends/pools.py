@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from backends.config import VllmServer
-from backends.pool import Pool
-from backends.servers import ServerState
+from backends.fleet.pool import Pool
+from backends.fleet.servers import ServerState
 
 
 def make_pool(

@@ -6,10 +6,10 @@ import asyncio
 
 from aiohttp import web
 
-from backends.dispatch_gate import DispatchGate, ServerSignals, scraped_signals
-from backends.health import HealthMonitor
+from backends.fleet.dispatch_gate import DispatchGate, ServerSignals, scraped_signals
+from backends.fleet.health import HealthMonitor
+from backends.fleet.servers import ServerState
 from backends.scraped_metrics import parse_upstream_metrics
-from backends.servers import ServerState
 from backends.upstream import HttpSession
 from foundation.request import QueueTicket
 from harness.fake_vllm import FakeServer

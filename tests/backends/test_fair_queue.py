@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from backends.admission import Lease
-from backends.fair_queue import FairQueue
+from backends.fleet.admission import Lease
+from backends.fleet.fair_queue import FairQueue
 from backends.protocol import BackendError
 from foundation.request import QueueTicket
 from tests.backends.pools import make_pool

@@ -6,7 +6,7 @@ import asyncio
 
 from aiohttp import web
 
-from backends.health import HealthMonitor
+from backends.fleet.health import HealthMonitor
 from backends.upstream import HttpSession
 from harness.fake_vllm import FakeServer
 from tests.backends.pools import make_pool

@@ -16,10 +16,10 @@ from litestar.testing import AsyncTestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from backends.config import VllmBackend, VllmServer
-from backends.placement import RouteKey
-from backends.pool_signals import pool_signals
+from backends.fleet.placement import RouteKey
+from backends.fleet.pool_signals import pool_signals
+from backends.fleet.servers import ServerState
 from backends.scraped_metrics import parse_upstream_metrics
-from backends.servers import ServerState
 from backends.vllm import VllmClient
 from foundation.request import RequestContext
 from harness.fake_vllm import FakeServer

@@ -17,9 +17,9 @@ import pytest
 from aiohttp import web
 
 from backends.config import VllmBackend, VllmServer
-from backends.pool_metrics import histogram_totals
+from backends.fleet.pool_metrics import histogram_totals
+from backends.fleet.salt import CacheSalter
 from backends.protocol import BackendError
-from backends.salt import CacheSalter
 from backends.vllm import VllmClient
 from foundation.request import RequestContext
 from harness.fake_vllm import FakeServer, sse

@@ -24,10 +24,10 @@ import orjson
 import pytest
 
 from backends.config import VllmBackend, VllmServer
+from backends.fleet.placement import rendezvous_order
+from backends.fleet.servers import ServerState
 from backends.kv_settings import KvSettings
 from backends.launch.process import VllmProcess
-from backends.placement import rendezvous_order
-from backends.servers import ServerState
 from harness.gateway import GatewayProcess, write_config_toml
 from harness.metrics import metric_value, parse_metric
 from harness.ports import free_port

@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from backends.config import VllmBackend, VllmServer
+from backends.fleet.salt import CacheSalter
 from backends.kv_settings import KvSettings
-from backends.salt import CacheSalter
 from backends.vllm import VllmClient
 from tests.backends.test_pd_flow import (
     CHAT,

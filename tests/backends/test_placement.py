@@ -6,7 +6,7 @@ import uuid
 from collections import Counter
 
 from backends.config import VllmServer
-from backends.placement import (
+from backends.fleet.placement import (
     Placement,
     RouteKey,
     _hash64,
@@ -14,7 +14,7 @@ from backends.placement import (
     prompt_shape,
     rendezvous_order,
 )
-from backends.servers import ServerState
+from backends.fleet.servers import ServerState
 
 
 def servers(n: int, role: str = "decode") -> list[ServerState]:

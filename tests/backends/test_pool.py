@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from backends.config import VllmBackend, VllmServer
-from backends.pool import build_pools
+from backends.fleet.pool import build_pools
 from backends.protocol import BackendError
 from tests.backends.pools import make_pool
 

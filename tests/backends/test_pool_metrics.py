@@ -10,8 +10,8 @@ from litestar.testing import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from backends.config import VllmBackend, VllmServer
+from backends.fleet.servers import ServerState
 from backends.scraped_metrics import parse_upstream_metrics
-from backends.servers import ServerState
 from backends.vllm import VllmClient
 from server.app import create_app
 from server.config import GatewayConfig, ModelEntry

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from backends.pool_metrics import BackendCollector, BackendStats
+from backends.fleet.pool_metrics import BackendCollector, BackendStats
 from backends.protocol import BackendError
 from foundation.request import QueueTicket
 from tests.backends.pools import make_pool

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from backends.remote_revision import REMOTE_PREFIX, remote_revision
+from backends.fleet.remote_revision import REMOTE_PREFIX, remote_revision
 
 
 def test_the_revision_depends_on_the_set_of_reports_only() -> None:

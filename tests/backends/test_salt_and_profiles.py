@@ -10,9 +10,9 @@ import orjson
 import pytest
 
 from backends.config import VllmBackend, VllmLaunch, VllmServer
+from backends.fleet.salt import CacheSalter
 from backends.launch.command import build_command
 from backends.profiles import LaunchProfile, ProfileError, check_profile_for_model
-from backends.salt import CacheSalter
 from server.config import DEFAULT_CONFIG, load_config
 
 

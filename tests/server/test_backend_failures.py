@@ -16,9 +16,9 @@ import pytest
 from aiohttp import web
 
 from backends.config import VllmBackend, VllmServer
+from backends.fleet.placement import rendezvous_order
+from backends.fleet.servers import ServerState
 from backends.launch.process import VllmProcess
-from backends.placement import rendezvous_order
-from backends.servers import ServerState
 from harness.fake_vllm import FakeServer, sse
 from harness.gateway import GatewayProcess, GatewayThread
 from harness.ports import free_port

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from backends.kv.events import EventBatch, decode_batch, decode_sequence
+from backends.fleet.kv.events import EventBatch, decode_batch, decode_sequence
 
 DIR = Path(__file__).resolve().parents[1] / "data" / "kv_events"
 BLOCK_SIZE = 32

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from backends.kv.events import (
+from backends.fleet.kv.events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

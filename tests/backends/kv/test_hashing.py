@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from backends.kv.events import BlockStored
-from backends.kv.hashing import BlockHasher
-from backends.kv.tokens import PromptTokenizer
+from backends.fleet.kv.events import BlockStored
+from backends.fleet.kv.hashing import BlockHasher
+from backends.fleet.kv.tokens import PromptTokenizer
 from harness.tiny_llama import build_tiny_llama
 from harness.vllm_process import TINY_MODEL_NAME, test_data_dir
 from tests.backends.kv import recorded

@@ -7,10 +7,10 @@ import asyncio
 
 import zmq.asyncio
 
-from backends.kv.events import BlockRemoved, BlockStored, EventBatch
-from backends.kv.feed import FeedStats, ServerFeed
-from backends.kv.hashing import BlockHasher
-from backends.kv.index import PoolBlockIndex
+from backends.fleet.kv.events import BlockRemoved, BlockStored, EventBatch
+from backends.fleet.kv.feed import FeedStats, ServerFeed
+from backends.fleet.kv.hashing import BlockHasher
+from backends.fleet.kv.index import PoolBlockIndex
 from tests.backends.kv import recorded
 
 SERVER = "http://127.0.0.1:8001"

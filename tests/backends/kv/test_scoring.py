@@ -11,12 +11,12 @@ import msgspec
 import pytest
 
 from backends.config import VllmBackend, VllmServer
-from backends.kv.index import PoolBlockIndex
-from backends.kv.scoring import KvScorer
+from backends.fleet.kv.index import PoolBlockIndex
+from backends.fleet.kv.scoring import KvScorer
+from backends.fleet.placement import Placement, RouteKey
+from backends.fleet.servers import ServerState
 from backends.kv_settings import KvSettings
-from backends.placement import Placement, RouteKey
 from backends.scraped_metrics import UpstreamSample
-from backends.servers import ServerState
 from tests.backends.kv.test_index import chat_hashes
 
 

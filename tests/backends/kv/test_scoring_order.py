@@ -10,11 +10,11 @@ import itertools
 import random
 
 from backends.config import VllmServer
-from backends.kv.index import PoolBlockIndex
-from backends.kv.scoring import SCORED, WAITING, KvScorer
-from backends.placement import Placement, RouteKey
+from backends.fleet.kv.index import PoolBlockIndex
+from backends.fleet.kv.scoring import SCORED, WAITING, KvScorer
+from backends.fleet.placement import Placement, RouteKey
+from backends.fleet.servers import ServerState
 from backends.scraped_metrics import UpstreamSample
-from backends.servers import ServerState
 
 
 def reference(

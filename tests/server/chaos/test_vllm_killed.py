@@ -15,8 +15,8 @@ import orjson
 import pytest
 
 from backends.config import VllmServer
+from backends.fleet.placement import rendezvous_order
 from backends.launch.process import VllmProcess
-from backends.placement import rendezvous_order
 from harness.gateway import GatewayProcess, write_config_toml
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm

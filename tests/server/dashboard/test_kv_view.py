@@ -10,10 +10,10 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from backends.config import VllmBackend
-from backends.kv.metrics import KvFamilies
-from backends.kv.service import KvPlacement
-from backends.placement import Placement, RouteKey
-from backends.servers import ServerState
+from backends.fleet.kv.metrics import KvFamilies
+from backends.fleet.kv.service import KvPlacement
+from backends.fleet.placement import Placement, RouteKey
+from backends.fleet.servers import ServerState
 from server.dashboard import figures as fig
 from server.dashboard.formats import template_config
 

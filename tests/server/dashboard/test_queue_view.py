@@ -10,8 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
 
-from backends.pool import Pool
-from backends.pool_metrics import QueueFamilies
+from backends.fleet.pool import Pool
+from backends.fleet.pool_metrics import QueueFamilies
 from backends.protocol import BackendError
 from foundation.request import QueueTicket
 from server.dashboard import figures as fig

@@ -17,11 +17,11 @@ from typing import Any
 
 from backends.chat_templates import template_path
 from backends.config import VllmBackend
-from backends.kv.feed import PoolFeeds
-from backends.kv.hashing import DEFAULT_SEED, BlockHasher
-from backends.kv.index import PoolBlockIndex
-from backends.kv.scoring import KvScorer
-from backends.kv.tokens import PromptTokenizer
+from backends.fleet.kv.feed import PoolFeeds
+from backends.fleet.kv.hashing import DEFAULT_SEED, BlockHasher
+from backends.fleet.kv.index import PoolBlockIndex
+from backends.fleet.kv.scoring import KvScorer
+from backends.fleet.kv.tokens import PromptTokenizer
 from backends.launch.command import launched_block_size
 
 log = logging.getLogger("semcache.backends")

@@ -6,7 +6,7 @@ acceptable server full waits in the queue (at most ``max_queue`` waiters, at mos
 instead of piling up. With no healthy server left it is refused as ``unavailable`` (HTTP 503
 with Retry-After).
 
-The queue (``backends.fair_queue``) serves waiters by band, then fairly between tenants, from
+The queue (``backends.fleet.fair_queue``) serves waiters by band, then fairly between tenants, from
 the ``QueueTicket`` each request brings; without one (the ``[queue]`` switch off) every
 request has the same ticket and the queue is first come, first served. A ticket's own bounds
 (waiters per tenant, wait) refuse as ``overloaded`` too.
@@ -29,9 +29,9 @@ from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client import Histogram
 
-from backends.fair_queue import FIFO, FairQueue, Waiter
+from backends.fleet.fair_queue import FIFO, FairQueue, Waiter
+from backends.fleet.servers import ServerState
 from backends.protocol import BackendError
-from backends.servers import ServerState
 from foundation.request import Band, QueueTicket
 
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

@@ -19,9 +19,9 @@ from collections.abc import Iterable, Sequence
 
 import msgspec
 
-from backends.pool import Pool
+from backends.fleet.pool import Pool
+from backends.fleet.servers import ServerState
 from backends.scraped_metrics import UpstreamSample
-from backends.servers import ServerState
 
 QUEUE_TIME = "vllm:request_queue_time_seconds"
 TTFT = "vllm:time_to_first_token_seconds"

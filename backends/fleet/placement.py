@@ -11,7 +11,7 @@
 - otherwise → least outstanding requests (round-robin among ties).
 
 That is the ``prefix-hash`` policy (the default where servers publish no KV events). ``kv``
-ranks by the blocks each server reports holding (``backends.kv.scoring``) when the request's
+ranks by the blocks each server reports holding (``backends.fleet.kv.scoring``) when the request's
 exact blocks are known (``RouteKey.blocks``), and falls back to ``prefix-hash`` when they are
 not;
 ``least-loaded`` and ``round-robin`` ignore the prompt. Session affinity wins in every policy.
@@ -35,11 +35,11 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from backends.fleet.servers import ServerState
 from backends.kv_settings import PlacementPolicy
-from backends.servers import ServerState
 
 if TYPE_CHECKING:
-    from backends.kv.scoring import KvScorer
+    from backends.fleet.kv.scoring import KvScorer
 
 
 inflight_of = attrgetter("inflight")

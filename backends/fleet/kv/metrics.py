@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from backends.kv.service import KvPlacement
+from backends.fleet.kv.service import KvPlacement
 
 
 class KvFamilies:

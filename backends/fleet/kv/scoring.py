@@ -2,7 +2,7 @@
 counted in prompt tokens to compute.
 
 Per candidate server, with ``matched`` the blocks of the request it holds from the first on
-(its KV events, ``backends.kv.index``):
+(its KV events, ``backends.fleet.kv.index``):
 
     cost = uncached                                  the request's tokens it would compute
          + pending                                   tokens it still has to compute for
@@ -32,9 +32,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from backends.kv.index import PoolBlockIndex
+from backends.fleet.kv.index import PoolBlockIndex
+from backends.fleet.servers import ServerState
 from backends.scraped_metrics import UpstreamSample
-from backends.servers import ServerState
 
 WAITING = "vllm:num_requests_waiting"
 

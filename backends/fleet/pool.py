@@ -1,10 +1,10 @@
 """The servers of one vLLM backend as pools: one per role, with admission and health state.
 
 A pool is the servers of one role (monolithic ``both``, ``prefill`` or ``decode``). Requests
-get a slot on one of them through the pool's ``admission`` (``backends.admission``: limits,
+get a slot on one of them through the pool's ``admission`` (``backends.fleet.admission``: limits,
 a bounded wait queue, 429/503 refusals). A server is ejected when it refuses connections, or
 fails three health checks in a row without answering any request in between
-(``backends.health``); the first health check it passes re-admits it.
+(``backends.fleet.health``); the first health check it passes re-admits it.
 
 Servers join (``add``) and leave (``drain``) a pool while it serves. A draining server leaves
 the pool's list at once, so placement and admission (which read that list) send it nothing
@@ -19,10 +19,10 @@ import logging
 import math
 from collections.abc import Sequence
 
-from backends.admission import Admission
 from backends.config import ServerRole, VllmBackend
+from backends.fleet.admission import Admission
+from backends.fleet.servers import ServerLoad, ServerState
 from backends.protocol import BackendError
-from backends.servers import ServerLoad, ServerState
 
 log = logging.getLogger("semcache.backends")
 

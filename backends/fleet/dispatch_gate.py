@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 import msgspec
 
-from backends.pool import Pool
+from backends.fleet.pool import Pool
+from backends.fleet.servers import ServerState
 from backends.scraped_metrics import UpstreamSample
-from backends.servers import ServerState
 
 WAITING = "vllm:num_requests_waiting"
 KV_USAGE = "vllm:kv_cache_usage_perc"

@@ -5,7 +5,7 @@ With ``scrape_metrics`` each passed check also copies the server's own ``/metric
 scrape and the gateway has sent it nothing since. An idle server's page is read every
 ``scrape_idle_interval_s`` only, so an idle gateway costs next to nothing. With
 ``served_model`` each passed check also reads what the server reports of the model
-(``backends.remote_revision``), and a changed revision is told to ``on_revision``.
+(``backends.fleet.remote_revision``), and a changed revision is told to ``on_revision``.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from backends.dispatch_gate import DispatchGate
-from backends.pool import Pool
-from backends.remote_revision import remote_revision, reported_identity
+from backends.fleet.dispatch_gate import DispatchGate
+from backends.fleet.pool import Pool
+from backends.fleet.remote_revision import remote_revision, reported_identity
+from backends.fleet.servers import ServerState
 from backends.scraped_metrics import parse_upstream_metrics
-from backends.servers import ServerState
 from backends.upstream import HTTP_ERRORS, HttpSession
 
 HEALTH_FAILURES_TO_EJECT = 3

@@ -1,7 +1,7 @@
 """What the gateway exposes about its vLLM backends to Prometheus.
 
 ``BackendStats`` holds one backend's P/D counters and hop latencies; ``BackendCollector``
-reads them, its pools (load, health, refusals, the signals of ``backends.pool_signals``)
+reads them, its pools (load, health, refusals, the signals of ``backends.fleet.pool_signals``)
 and a copy of each server's own ``vllm:``
 prefix-cache and KV counters (``backends.scraped_metrics``) at every scrape.
 """
@@ -21,10 +21,10 @@ from prometheus_client.core import (
     SummaryMetricFamily,
 )
 
-from backends.kv.metrics import KvFamilies
-from backends.kv.service import KvPlacement
-from backends.pool import Pool
-from backends.pool_signals import pool_signals
+from backends.fleet.kv.metrics import KvFamilies
+from backends.fleet.kv.service import KvPlacement
+from backends.fleet.pool import Pool
+from backends.fleet.pool_signals import pool_signals
 from backends.scraped_metrics import UpstreamSample
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -192,7 +192,7 @@ class BackendCollector:
 
 
 class PoolFamilies:
-    """The ``semcache_pool_*`` families: each pool's signals (``backends.pool_signals``)."""
+    """The ``semcache_pool_*`` families: each pool's signals (``backends.fleet.pool_signals``)."""
 
     def __init__(self) -> None:
         labels = ["backend", "role"]
@@ -296,8 +296,8 @@ def _add_upstream(families: dict[str, Metric], sample: UpstreamSample, key: list
 
 
 class QueueFamilies:
-    """The ``semcache_queue_*`` families: each pool's fair wait queue (``backends.fair_queue``);
-    ``pool`` is ``backend/role``."""
+    """The ``semcache_queue_*`` families: each pool's fair wait queue
+    (``backends.fleet.fair_queue``); ``pool`` is ``backend/role``."""
 
     def __init__(self) -> None:
         self.depth = GaugeMetricFamily(

@@ -21,7 +21,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from backends.kv.events import (
+from backends.fleet.kv.events import (
     END_OF_REPLAY,
     AllBlocksCleared,
     BlockRemoved,
@@ -31,8 +31,8 @@ from backends.kv.events import (
     decode_sequence,
     index_hash,
 )
-from backends.kv.hashing import BlockHasher
-from backends.kv.index import PoolBlockIndex
+from backends.fleet.kv.hashing import BlockHasher
+from backends.fleet.kv.index import PoolBlockIndex
 
 log = logging.getLogger("semcache.backends")
 

@@ -4,7 +4,7 @@ What a server reports of itself stands in for a hash of the files: the ``root`` 
 or hub id it loaded) and ``max_model_len`` of the served model in ``/v1/models``, and vLLM's
 ``/version``. A server restarted on other weights under the same served name reports another
 root, so the revision, and with it every cache key of the model, changes. The health checks
-re-read it (``backends.health``); a config that pins ``revision`` skips all of this.
+re-read it (``backends.fleet.health``); a config that pins ``revision`` skips all of this.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ class ServerState:
     """Set while the server drains, by the release of its last request."""
     held: bool = False
     """The dispatch gate holds it: its vLLM queues or its KV cache is full
-    (``backends.dispatch_gate``)."""
+    (``backends.fleet.dispatch_gate``)."""
     url: str = field(init=False)
     """The config's url without its trailing slash, the server's name everywhere."""
 
