@@ -20,8 +20,8 @@ from backends.local.classifier import DEFAULT_HEAD, ClassifierBackend, TextClass
 from backends.local.embedding import LocalEmbeddingBackend
 from backends.models import chat_template_fingerprint, model_revision, prepare_model
 from backends.protocol import EmbeddingBackend, GenerationBackend
-from backends.vllm import VllmClient
-from backends.vllm_classifier import VllmClassifier
+from backends.vllm.classifier import VllmClassifier
+from backends.vllm.client import VllmClient
 
 Task = Literal["chat", "embeddings", "classification", "rerank"]
 

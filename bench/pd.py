@@ -69,7 +69,7 @@ from backends.launch.command import Device
 from backends.launch.launcher import Launcher
 from backends.profiles import LaunchProfile
 from backends.protocol import BackendError
-from backends.vllm import VllmClient
+from backends.vllm.client import VllmClient
 from bench.lib.support import pct_ms, stderr_printer
 from foundation.request import RequestContext
 from harness.ports import free_port

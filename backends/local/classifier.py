@@ -59,7 +59,7 @@ class TextClassifierBackend(Protocol):
     """A classification model of the registry, as ``/v1/classify`` serves it.
 
     Satisfied by the embedded :class:`ClassifierBackend` and by
-    ``backends.vllm_classifier.VllmClassifier`` (a vLLM sequence-classification model).
+    ``backends.vllm.classifier.VllmClassifier`` (a vLLM sequence-classification model).
     """
 
     name: str

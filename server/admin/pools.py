@@ -1,10 +1,11 @@
 """Admin API of the vLLM pools: their servers and signals; servers join and drain at run time.
 
-A server added joins its pool after one health check (``backends.vllm.VllmClient.add_server``);
-a server drained takes nothing new and leaves once its in-flight requests have finished
-(``backends.fleet.pool.Pool.drain``). Neither is written to the config: each is kept in the pool
-membership store (``[pools]``, server/membership/), which a restarted gateway and, on a
-shared Redis, every other gateway applies.
+A server added joins its pool after one health check
+(``backends.vllm.client.VllmClient.add_server``); a server drained takes nothing new and
+leaves once its in-flight requests have finished (``backends.fleet.pool.Pool.drain``).
+Neither is written to the config: each is kept in the pool membership store (``[pools]``,
+server/membership/), which a restarted gateway and, on a shared Redis, every other gateway
+applies.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from backends.fleet.pool import Pool
 from backends.fleet.pool_signals import PoolSignals, pool_signals
 from backends.fleet.servers import ServerState
 from backends.registry import ModelRegistry
-from backends.vllm import VllmClient
+from backends.vllm.client import VllmClient
 from server.admin.routes import ADMIN_ERRORS
 from server.apidoc.operation import Answer, Field, RouteDoc, documented
 from server.envelope.context import require_admin

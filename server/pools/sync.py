@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from backends.config import ServerRole
 from backends.registry import ModelRegistry
-from backends.vllm import VllmClient
+from backends.vllm.client import VllmClient
 from server.pools.records import MemberChange, MemberState
 from server.pools.store import MembershipStore
 

@@ -20,7 +20,7 @@ from backends.fleet.placement import RouteKey
 from backends.fleet.pool_signals import pool_signals
 from backends.fleet.servers import ServerState
 from backends.scraped_metrics import parse_upstream_metrics
-from backends.vllm import VllmClient
+from backends.vllm.client import VllmClient
 from foundation.request import RequestContext
 from harness.fake_vllm import FakeServer
 from server.app import create_app

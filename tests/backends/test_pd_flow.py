@@ -20,7 +20,7 @@ from backends.config import VllmBackend, VllmServer
 from backends.fleet.pool_metrics import histogram_totals
 from backends.fleet.salt import CacheSalter
 from backends.protocol import BackendError
-from backends.vllm import VllmClient
+from backends.vllm.client import VllmClient
 from foundation.request import RequestContext
 from harness.fake_vllm import FakeServer, sse
 

@@ -10,7 +10,7 @@ from typing import Any
 from backends.config import VllmBackend, VllmServer
 from backends.fleet.salt import CacheSalter
 from backends.kv_settings import KvSettings
-from backends.vllm import VllmClient
+from backends.vllm.client import VllmClient
 from tests.backends.test_pd_flow import (
     CHAT,
     DECODE_1,

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from backends.config import VllmBackend, VllmServer
 from backends.fleet.servers import ServerState
 from backends.scraped_metrics import parse_upstream_metrics
-from backends.vllm import VllmClient
+from backends.vllm.client import VllmClient
 from server.app import create_app
 from server.config import GatewayConfig, ModelEntry
 

@@ -6,7 +6,7 @@ import pytest
 
 from backends.config import VllmBackend, VllmServer
 from backends.launch.process import VllmProcess
-from backends.vllm import VllmClient
+from backends.vllm.client import VllmClient
 from foundation.request import RequestContext
 from harness.vllm_process import TINY_MODEL_NAME
 

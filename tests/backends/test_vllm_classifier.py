@@ -15,8 +15,8 @@ from backends.config import VllmBackend, VllmLaunch, VllmServer
 from backends.launch.command import build_command
 from backends.local.classifier import label_names
 from backends.protocol import BackendError, UpstreamRejected
-from backends.vllm import VllmClient
-from backends.vllm_classifier import VllmClassifier, labels_from_config
+from backends.vllm.classifier import VllmClassifier, labels_from_config
+from backends.vllm.client import VllmClient
 from foundation.request import RequestContext
 from harness.fake_vllm import FakeServer
 from server.config import ConfigError, parse_config

@@ -6,7 +6,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from backends.config import VllmBackend, VllmServer
-from backends.vllm import VllmClient
+from backends.vllm.client import VllmClient
 from foundation.request import RequestContext
 from harness.fake_vllm import FakeServer
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backends.vllm_stream import is_server_error_event
+from backends.vllm.stream import is_server_error_event
 
 
 @pytest.mark.parametrize(

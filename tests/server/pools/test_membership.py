@@ -14,7 +14,7 @@ from aiohttp import web
 from litestar.testing import AsyncTestClient
 
 from backends.config import VllmBackend, VllmServer
-from backends.vllm import VllmClient
+from backends.vllm.client import VllmClient
 from harness.fake_vllm import FakeServer
 from harness.ports import free_port
 from server.app import create_app, registry_from_config

@@ -15,7 +15,7 @@ import httpx
 from aiohttp import web
 
 from backends.config import VllmBackend, VllmServer
-from backends.vllm import VllmClient
+from backends.vllm.client import VllmClient
 from harness.fake_vllm import FakeServer
 from harness.gateway import GatewayThread
 from server.config import GatewayConfig, ModelEntry

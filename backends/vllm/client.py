@@ -2,7 +2,7 @@
 
 One pooled aiohttp session per backend (``backends.upstream``); the servers are organised in
 pools (``backends.fleet.pool``) and each request is placed and, when the backend is disaggregated,
-sent through prefill and decode (``backends.router``).
+sent through prefill and decode (``backends.vllm.router``).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from backends.fleet.pool_metrics import BackendStats
 from backends.fleet.salt import CacheSalter
 from backends.fleet.servers import ServerLoad, ServerState
 from backends.protocol import UpstreamResponse
-from backends.router import PDRouter
 from backends.upstream import HTTP_ERRORS, HttpSession
-from backends.vllm_stream import VllmStream
+from backends.vllm.router import PDRouter
+from backends.vllm.stream import VllmStream
 from foundation.request import RequestContext
 
 

@@ -2,8 +2,8 @@
 
 Each request is planned (its upstream body with the tenant's ``cache_salt``, its placement key,
 whether to prefill), a decode slot is reserved, the prefill hop runs when planned, then the
-decode hop with its retries (``backends.pd_flow``); the answer is relayed untouched, whole
-(``post``) or as a stream (``open_stream``, ``backends.vllm_stream``).
+decode hop with its retries (``backends.vllm.pd_flow``); the answer is relayed untouched, whole
+(``post``) or as a stream (``open_stream``, ``backends.vllm.stream``).
 """
 
 from __future__ import annotations
@@ -23,10 +23,17 @@ from backends.fleet.placement import Placement, RouteKey, prefix_key, prompt_sha
 from backends.fleet.pool import Pool
 from backends.fleet.pool_metrics import BackendStats
 from backends.fleet.salt import ANONYMOUS_SCOPE, CacheSalter
-from backends.pd_flow import NOT_GENERATION, DecodeHop, Plan, PrefillHop, generates, hop_headers
 from backends.protocol import BackendError, UpstreamResponse
 from backends.upstream import HTTP_ERRORS, HttpSession, body_failure
-from backends.vllm_stream import VllmStream, is_server_error_event, read_first_event
+from backends.vllm.pd_flow import (
+    NOT_GENERATION,
+    DecodeHop,
+    Plan,
+    PrefillHop,
+    generates,
+    hop_headers,
+)
+from backends.vllm.stream import VllmStream, is_server_error_event, read_first_event
 from foundation import tracing as spans
 from foundation.request import RequestContext
 

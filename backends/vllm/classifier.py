@@ -32,7 +32,7 @@ import orjson
 
 from backends.local.classifier import LabelScores, TextEncoder
 from backends.protocol import BackendError, UpstreamRejected
-from backends.vllm import VllmClient
+from backends.vllm.client import VllmClient
 from foundation.request import RequestContext
 
 CLASSIFY_PATH = "/classify"
