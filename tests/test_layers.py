@@ -2,7 +2,8 @@
 
 foundation ← semcache, backends ← server; harness (tests' and bench's servers and fakes),
 bench and the Python scripts of scripts/ sit on top and are never imported by the product;
-nothing imports tests, and nothing but bench imports bench.
+nothing imports tests, and nothing but bench imports bench. Inside ``server/`` and inside
+``backends/`` the packages import one way too.
 """
 
 from __future__ import annotations
@@ -100,5 +101,68 @@ def test_a_server_package_imports_only_the_ones_below_it(package: str) -> None:
         str(path.relative_to(REPO_ROOT)): sorted(extra)
         for path in sorted((REPO_ROOT / "server" / package).rglob("*.py"))
         if (extra := server_packages(path) - SERVER_BELOW[package] - {package})
+    }
+    assert not wrong, wrong
+
+
+BACKENDS_BELOW: dict[str, set[str]] = {
+    "launch": set(),
+    "local": set(),
+    "fleet": {"launch"},
+    "vllm": {"fleet", "launch", "local"},
+}
+"""Inside ``backends/``, what each package may import of the others: ``launch`` starts vLLM
+servers and ``local`` runs models in process, both on the shared modules alone; the fleet
+(``fleet``: pools, health, admission, placement and its ``kv/`` index) reads the launch
+settings a server started with (its KV block size); the vLLM client and its P/D flow
+(``vllm``) ask the fleet where each hop goes, and its classifier answers in the local
+classifier's contract. Inside ``backends/`` only ``registry`` imports ``vllm``."""
+BACKENDS_ASSEMBLY = {"registry"}
+"""The top modules that put the packages together (a configured backend's instance); the
+other top modules (``config``, ``protocol``, ``upstream``, ``models``...) are what every
+package shares, and import none of them."""
+
+
+def backends_packages(path: Path) -> set[str]:
+    """The ``backends`` subpackages a module imports."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        for name in names:
+            parts = name.split(".")
+            if (
+                parts[0] == "backends"
+                and len(parts) > 1
+                and (REPO_ROOT / "backends" / parts[1]).is_dir()
+                and parts[1] != "data"
+            ):
+                found.add(parts[1])
+    return found
+
+
+def test_the_backends_packages_are_the_ones_ordered() -> None:
+    packages = {path.parent.name for path in (REPO_ROOT / "backends").glob("*/__init__.py")}
+    assert packages == set(BACKENDS_BELOW)
+
+
+@pytest.mark.parametrize("package", sorted(BACKENDS_BELOW))
+def test_a_backends_package_imports_only_the_ones_below_it(package: str) -> None:
+    wrong = {
+        str(path.relative_to(REPO_ROOT)): sorted(extra)
+        for path in sorted((REPO_ROOT / "backends" / package).rglob("*.py"))
+        if (extra := backends_packages(path) - BACKENDS_BELOW[package] - {package})
+    }
+    assert not wrong, wrong
+
+
+def test_the_shared_backends_modules_import_no_package() -> None:
+    wrong = {
+        path.name: sorted(found)
+        for path in sorted((REPO_ROOT / "backends").glob("*.py"))
+        if path.stem not in BACKENDS_ASSEMBLY and (found := backends_packages(path))
     }
     assert not wrong, wrong
