@@ -1,7 +1,7 @@
 """A request past its model's context, as each API says it.
 
 The gateway learns it before vLLM (a request's own ``max_tokens`` above the model's
-``max_model_len``) or from vLLM's 400 (``backends.context_refusal``); either way the answer
+``max_model_len``) or from vLLM's 400 (``backends.vllm.context_refusal``); either way the answer
 is a 400 in the route's own words, never cached:
 
 - OpenAI: a prompt past the context is ``invalid_request_error`` with ``code``
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from backends.context_refusal import ContextRefusal
+from backends.vllm.context_refusal import ContextRefusal
 from server.errors import ANTHROPIC, WORKERS_AI, ApiError
 
 PROMPT_FIELDS: Final = {"chat": "messages", "completions": "prompt", "responses": "input"}

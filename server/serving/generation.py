@@ -15,9 +15,9 @@ from typing import Any
 import msgspec
 import orjson
 
-from backends.context_refusal import ContextRefusal, context_refusal
 from backends.protocol import BackendError, KnowsContext
 from backends.registry import ModelInfo
+from backends.vllm.context_refusal import ContextRefusal, context_refusal
 from foundation.request import RequestContext
 from foundation.sse import MEDIA_TYPE
 from semcache import replay

@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from backends.context_refusal import ContextRefusal, context_refusal, read_message
+from backends.vllm.context_refusal import ContextRefusal, context_refusal, read_message
 
 
 def answer(message: str, status: int = 400) -> tuple[int, bytes]:

@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from backends.context_refusal import ContextRefusal
+from backends.vllm.context_refusal import ContextRefusal
 from server.errors import ApiError, anthropic_error_body, error_response, openai_error_body
 from server.serving.context_limit import limit_error
 
