@@ -725,7 +725,7 @@ def check_log(
         if case.surface in GENERATION and step.outcome in ("miss", "bypass"):
             # The prefill hop for a prompt the decode server lacks over the threshold of
             # (a tenant's first; tools make a short question long), never for a short one.
-            # Responses API prompts are not tokenized for placement (backends/kv/tokens.py):
+            # Responses API prompts are not tokenized for placement (backends/fleet/kv/tokens.py):
             # their estimated length decides, so each long one hops again.
             long = line["prompt_tokens"] >= PREFILL_THRESHOLD
             again = step is not steps[0] and case.surface != "responses"
