@@ -34,6 +34,7 @@ from server.identity.auth import AuthSettings, TokenEntry
 from tests.conftest import gateway_config
 from tests.server.chaos.common import chat
 from tests.server.workers_ai.test_api import CHAT as WAI_CHAT
+from tests.server.workers_ai.test_api import TOKEN as WAI_TOKEN
 from tests.server.workers_ai.test_api import bearer, ok, url, wait_done, workers_ai_config
 from tests.support.diagnose import gateway_state
 from tests.support.waiting import wait_until
@@ -239,7 +240,7 @@ async def test_batch_waits_while_a_live_request_runs(
         events = 0
         async with httpx.AsyncClient(timeout=300.0) as client:
             async with client.stream(
-                "POST", url(gw.url, WAI_CHAT), headers=bearer(), json=body
+                "POST", url(gw.url, WAI_CHAT), headers=bearer(WAI_TOKEN), json=body
             ) as r:
                 async for line in r.aiter_lines():
                     events += line.startswith("data: ")
@@ -264,7 +265,7 @@ async def test_batch_waits_while_a_live_request_runs(
             await asyncio.sleep(0.01)
         submitted = await client.post(
             url(gw.url, WAI_CHAT) + "?queueRequest=true",
-            headers=bearer(),
+            headers=bearer(WAI_TOKEN),
             json={"requests": [{"prompt": f"a batch item {uuid.uuid4()}", "max_tokens": 4}]},
         )
         request_id = ok(submitted)["request_id"]
