@@ -75,8 +75,9 @@ them, read backwards. The surfaces (openai, workers_ai, admin, gateway_api, dash
 top; the serving core never imports a surface, the envelope, a batch or a pool."""
 
 
-def server_packages(path: Path) -> set[str]:
-    """The ``server`` subpackages a module imports."""
+def subpackages(path: Path, top: str) -> set[str]:
+    """The subpackages of ``top`` (``server``, ``backends``) that a module imports; package
+    data folders (``data``) are no package."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         names: list[str] = []
@@ -87,9 +88,10 @@ def server_packages(path: Path) -> set[str]:
         for name in names:
             parts = name.split(".")
             if (
-                parts[0] == "server"
+                parts[0] == top
                 and len(parts) > 1
-                and (REPO_ROOT / "server" / parts[1]).is_dir()
+                and parts[1] != "data"
+                and (REPO_ROOT / top / parts[1]).is_dir()
             ):
                 found.add(parts[1])
     return found
@@ -100,7 +102,7 @@ def test_a_server_package_imports_only_the_ones_below_it(package: str) -> None:
     wrong = {
         str(path.relative_to(REPO_ROOT)): sorted(extra)
         for path in sorted((REPO_ROOT / "server" / package).rglob("*.py"))
-        if (extra := server_packages(path) - SERVER_BELOW[package] - {package})
+        if (extra := subpackages(path, "server") - SERVER_BELOW[package] - {package})
     }
     assert not wrong, wrong
 
@@ -123,27 +125,6 @@ other top modules (``config``, ``protocol``, ``upstream``, ``models``...) are wh
 package shares, and import none of them."""
 
 
-def backends_packages(path: Path) -> set[str]:
-    """The ``backends`` subpackages a module imports."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
-        for name in names:
-            parts = name.split(".")
-            if (
-                parts[0] == "backends"
-                and len(parts) > 1
-                and (REPO_ROOT / "backends" / parts[1]).is_dir()
-                and parts[1] != "data"
-            ):
-                found.add(parts[1])
-    return found
-
-
 def test_the_backends_packages_are_the_ones_ordered() -> None:
     packages = {path.parent.name for path in (REPO_ROOT / "backends").glob("*/__init__.py")}
     assert packages == set(BACKENDS_BELOW)
@@ -154,7 +135,7 @@ def test_a_backends_package_imports_only_the_ones_below_it(package: str) -> None
     wrong = {
         str(path.relative_to(REPO_ROOT)): sorted(extra)
         for path in sorted((REPO_ROOT / "backends" / package).rglob("*.py"))
-        if (extra := backends_packages(path) - BACKENDS_BELOW[package] - {package})
+        if (extra := subpackages(path, "backends") - BACKENDS_BELOW[package] - {package})
     }
     assert not wrong, wrong
 
@@ -163,6 +144,6 @@ def test_the_shared_backends_modules_import_no_package() -> None:
     wrong = {
         path.name: sorted(found)
         for path in sorted((REPO_ROOT / "backends").glob("*.py"))
-        if path.stem not in BACKENDS_ASSEMBLY and (found := backends_packages(path))
+        if path.stem not in BACKENDS_ASSEMBLY and (found := subpackages(path, "backends"))
     }
     assert not wrong, wrong
