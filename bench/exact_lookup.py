@@ -32,9 +32,9 @@ import semcache.entry as entry_module
 from bench.lib.support import pct
 from semcache.entry import CachedAnswer, checksum, decode_entry, encode_entry
 from semcache.exact import CacheStatus, ExactCache
+from semcache.exact.purge import LocalEpochs
 from semcache.metrics import CacheMetrics
 from semcache.policy import CacheRule, Prices
-from semcache.purge import LocalEpochs
 from semcache.tiers import DiskStore, MemoryStore
 
 RULE = CacheRule(ttl_s=3600, max_ttl_s=3600, prices=Prices(input_per_m=0.045, output_per_m=0.384))

@@ -21,7 +21,7 @@ import time
 from semcache.semantic.cache import SemanticCache
 from semcache.semantic.index import SemanticIndex
 from semcache.semantic.partition_types import IndexSettings
-from semcache.semantic.settings import SemanticRule
+from semcache.semantic_settings import SemanticRule
 from semcache.tuning.pairs import QQP_PAIRS, load_pairs, unique_texts
 from server.encoders import load_encoder
 

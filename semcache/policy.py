@@ -29,7 +29,7 @@ from semcache import guard_rules
 from semcache.guard_rules import DlpRule, GuardrailRule, GuardRule, GuardSettings
 from semcache.keys import SHARED_SCOPE, group_scope, scope_for
 from semcache.max_tokens import MaxTokens
-from semcache.semantic.settings import SemanticRule
+from semcache.semantic_settings import SemanticRule
 from semcache.tier_settings import DiskTier as DiskTier  # the tiers' settings, re-exported
 from semcache.tier_settings import MemoryTier as MemoryTier
 from semcache.tier_settings import RedisTier as RedisTier

@@ -2,8 +2,8 @@
 
 foundation ← semcache, backends ← server; harness (tests' and bench's servers and fakes),
 bench and the Python scripts of scripts/ sit on top and are never imported by the product;
-nothing imports tests, and nothing but bench imports bench. Inside ``server/`` and inside
-``backends/`` the packages import one way too.
+nothing imports tests, and nothing but bench imports bench. Inside ``server/``, ``backends/``
+and ``semcache/`` the packages import one way too.
 """
 
 from __future__ import annotations
@@ -76,8 +76,8 @@ top; the serving core never imports a surface, the envelope, a batch or a pool."
 
 
 def subpackages(path: Path, top: str) -> set[str]:
-    """The subpackages of ``top`` (``server``, ``backends``) that a module imports; package
-    data folders (``data``) are no package."""
+    """The subpackages of ``top`` (``server``, ``backends``, ``semcache``) that a module
+    imports; package data folders (``data``) are no package."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         names: list[str] = []
@@ -145,5 +145,46 @@ def test_the_shared_backends_modules_import_no_package() -> None:
         path.name: sorted(found)
         for path in sorted((REPO_ROOT / "backends").glob("*.py"))
         if path.stem not in BACKENDS_ASSEMBLY and (found := subpackages(path, "backends"))
+    }
+    assert not wrong, wrong
+
+
+SEMCACHE_BELOW: dict[str, set[str]] = {
+    "tiers": set(),
+    "ledger": {"tiers"},
+    "exact": {"tiers"},
+    "semantic": {"exact", "tiers"},
+    "tuning": {"semantic"},
+}
+"""Inside ``semcache/``, what each package may import of the others: the stores (``tiers``)
+at the bottom; the usage ledger keeps its Redis counters over the tiers' Redis link; the exact
+cache (``exact``, with its purge epochs) walks the tiers; the semantic cache keeps its
+per-item answers in the exact cache; the offline tuning (``tuning``) reads the semantic
+cache's encoder and verifier, and nothing imports it."""
+
+
+def test_the_semcache_packages_are_the_ones_ordered() -> None:
+    packages = {path.parent.name for path in (REPO_ROOT / "semcache").glob("*/__init__.py")}
+    assert packages == set(SEMCACHE_BELOW)
+
+
+@pytest.mark.parametrize("package", sorted(SEMCACHE_BELOW))
+def test_a_semcache_package_imports_only_the_ones_below_it(package: str) -> None:
+    wrong = {
+        str(path.relative_to(REPO_ROOT)): sorted(extra)
+        for path in sorted((REPO_ROOT / "semcache" / package).rglob("*.py"))
+        if (extra := subpackages(path, "semcache") - SEMCACHE_BELOW[package] - {package})
+    }
+    assert not wrong, wrong
+
+
+def test_the_shared_semcache_modules_import_no_package() -> None:
+    """The top modules (keys, entries, the policy and its settings, metrics...) are what every
+    package shares: the policy reads a rule's semantic settings from ``semantic_settings``,
+    not from the semantic package above it."""
+    wrong = {
+        path.name: sorted(found)
+        for path in sorted((REPO_ROOT / "semcache").glob("*.py"))
+        if (found := subpackages(path, "semcache"))
     }
     assert not wrong, wrong

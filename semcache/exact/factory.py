@@ -11,9 +11,9 @@ from prometheus_client import CollectorRegistry
 
 from semcache.entry import CachedAnswer
 from semcache.exact.cache import ExactCache
+from semcache.exact.purge import EpochBook, LocalEpochs, RedisEpochs
 from semcache.metrics import CacheMetrics
 from semcache.policy import TierSettings
-from semcache.purge import EpochBook, LocalEpochs, RedisEpochs
 from semcache.tiers import DiskStore, MemoryStore, RedisLink, RedisStore, Store
 
 

@@ -9,9 +9,9 @@ from typing import Any
 import msgspec
 
 from semcache.entry import CachedAnswer
+from semcache.exact.purge import Epochs
 from semcache.keys import CacheKey, build_key, is_tenant_scope
 from semcache.policy import REVEALABLE, CacheRule
-from semcache.purge import Epochs
 
 Fill = Callable[[], Awaitable[CachedAnswer | None]]
 """Fetches a miss's answer from the backend; ``None`` when the answer is incomplete."""

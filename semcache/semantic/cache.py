@@ -28,7 +28,6 @@ from semcache.semantic.pair_verifier import PairVerifier
 from semcache.semantic.partition_types import Limits
 from semcache.semantic.reconcile import reconcile
 from semcache.semantic.records import PartitionKey, SemanticRecord, vector_bytes
-from semcache.semantic.settings import SemanticRule
 from semcache.semantic.store import RecordStore
 from semcache.semantic.verified.decisions import Decision, Observation
 from semcache.semantic.verified.lookup import (
@@ -36,6 +35,7 @@ from semcache.semantic.verified.lookup import (
     verified_candidate,
     verified_params,
 )
+from semcache.semantic_settings import SemanticRule
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import numpy as np
 from semcache.semantic.pair_verifier import PairVerifier
 from semcache.semantic.partition import PartitionIndex
 from semcache.semantic.partition_types import Hit
-from semcache.semantic.settings import SemanticRule
+from semcache.semantic_settings import SemanticRule
 
 SLACK = 1e-5
 """Cosine of a text with itself is 1 up to float rounding; thresholds compare with this slack."""

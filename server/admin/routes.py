@@ -9,9 +9,9 @@ import msgspec
 import orjson
 from litestar import Request, Response, get, post
 
+from semcache.exact.purge import PurgeResult
 from semcache.keys import scope_for
 from semcache.policy import PolicyHolder
-from semcache.purge import PurgeResult
 from semcache.semantic.records import PartitionKey
 from server.apidoc.operation import SERVER_ERROR, Answer, RouteDoc, documented, query_fields
 from server.envelope.context import require_admin

@@ -18,9 +18,9 @@ from semcache.semantic.cache import SemanticCache
 from semcache.semantic.chat import chat_partition, chat_query
 from semcache.semantic.match import Match
 from semcache.semantic.records import PartitionKey
-from semcache.semantic.settings import SemanticRule
 from semcache.semantic.verified.decisions import Action, Observation
 from semcache.semantic.verified.judges import Judge, chat_text, judge_for
+from semcache.semantic_settings import SemanticRule
 from server.http.reply import SSE_HEADERS, Reply
 from server.serving.cache_headers import CacheDirectives, miss_headers, semantic_headers
 from server.serving.call import GenerationCall

@@ -25,9 +25,9 @@ from semcache.exact import (
     Flight,
     open_exact_cache,
 )
+from semcache.exact.purge import LocalEpochs
 from semcache.metrics import CacheMetrics
 from semcache.policy import CacheRule, DiskTier, MemoryTier, Prices, TierSettings
-from semcache.purge import LocalEpochs
 from semcache.tiers import DiskStore, MemoryStore, Store
 from tests.semcache import payloads
 from tests.support.stepped_clock import SteppedClock

@@ -11,9 +11,9 @@ from prometheus_client import CollectorRegistry
 
 from semcache.entry import CachedAnswer
 from semcache.exact import CacheRequest, CacheStatus, ExactCache
+from semcache.exact.purge import LocalEpochs, model_field, tag_field
 from semcache.metrics import CacheMetrics
 from semcache.policy import CacheRule
-from semcache.purge import LocalEpochs, model_field, tag_field
 from semcache.tiers import DiskStore, MemoryStore
 from tests.semcache import payloads
 

@@ -14,9 +14,9 @@ from redis.asyncio.cluster import RedisCluster
 from harness.ports import free_port
 from semcache.entry import CachedAnswer
 from semcache.exact import CacheRequest, CacheStatus, ExactCache
+from semcache.exact.purge import LocalEpochs, RedisEpochs
 from semcache.metrics import CacheMetrics
 from semcache.policy import CacheRule
-from semcache.purge import LocalEpochs, RedisEpochs
 from semcache.tiers import DiskStore, MemoryStore, RedisLink, RedisStore
 from tests.semcache import payloads
 from tests.semcache.conftest import RedisServer

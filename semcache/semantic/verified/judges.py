@@ -25,7 +25,7 @@ import orjson
 from semcache import replay
 from semcache.entry import CachedAnswer
 from semcache.semantic.encoder import Encoder
-from semcache.semantic.settings import SemanticRule
+from semcache.semantic_settings import SemanticRule
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from semcache.semantic.match import SLACK, Match, match_of
 from semcache.semantic.pair_verifier import PairVerifier
 from semcache.semantic.partition import PartitionIndex
 from semcache.semantic.records import PartitionKey
-from semcache.semantic.settings import SemanticRule
 from semcache.semantic.verified.decisions import Decision, VerifiedParams
+from semcache.semantic_settings import SemanticRule
 
 
 def verified_params(rule: SemanticRule) -> VerifiedParams:

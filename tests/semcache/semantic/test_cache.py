@@ -14,7 +14,7 @@ from semcache.semantic.match import effective_threshold
 from semcache.semantic.pair_verifier import PairVerifier
 from semcache.semantic.partition_types import IndexSettings
 from semcache.semantic.records import PartitionKey
-from semcache.semantic.settings import SemanticRule
+from semcache.semantic_settings import SemanticRule
 
 RULE = SemanticRule(enabled=True, threshold=0.85, min_threshold=0.8, ann_after=10_000)
 CACHED = [

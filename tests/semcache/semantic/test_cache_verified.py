@@ -13,9 +13,9 @@ from semcache.semantic.encoder import Encoder
 from semcache.semantic.index import SemanticIndex
 from semcache.semantic.partition_types import IndexSettings
 from semcache.semantic.records import PartitionKey
-from semcache.semantic.settings import SemanticRule
 from semcache.semantic.store import RecordStore
 from semcache.semantic.verified.decisions import Action, Observation
+from semcache.semantic_settings import SemanticRule
 from tests.support.stepped_clock import SteppedClock
 
 RULE = SemanticRule(

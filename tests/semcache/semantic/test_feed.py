@@ -15,8 +15,8 @@ from semcache.semantic.index import SemanticIndex
 from semcache.semantic.match import Match
 from semcache.semantic.partition_types import IndexSettings
 from semcache.semantic.records import PartitionKey
-from semcache.semantic.settings import SemanticRule
 from semcache.semantic.verified.decisions import Observation
+from semcache.semantic_settings import SemanticRule
 from tests.semcache.conftest import RedisServer
 from tests.support.waiting import wait_until_async
 

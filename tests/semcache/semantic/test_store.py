@@ -16,8 +16,8 @@ from semcache.semantic.items import label_margin
 from semcache.semantic.pair_verifier import PairVerifier
 from semcache.semantic.partition_types import IndexSettings
 from semcache.semantic.records import PartitionKey
-from semcache.semantic.settings import SemanticRule
 from semcache.semantic.store import RecordStore
+from semcache.semantic_settings import SemanticRule
 from tests.support.stepped_clock import SteppedClock
 
 RULE = SemanticRule(enabled=True, threshold=0.99, min_threshold=0.8)

@@ -9,8 +9,8 @@ import pytest
 
 from backends.protocol import BackendError, UpstreamResponse
 from foundation.request import RequestContext
-from semcache.semantic.settings import SemanticRule
 from semcache.semantic.verified.judges import EmbeddingJudge, ExactJudge, NoVerdict, judge_for
+from semcache.semantic_settings import SemanticRule
 from server.serving.model_judge import ModelJudge, parse_verdict
 
 
