@@ -58,7 +58,8 @@ MIX = (
 
 
 def config_text(port: int, base_port: int, data_dir: Path) -> str:
-    """The shipped default config on other ports, with its own data dir."""
+    """The shipped default config on other ports, with its own data dir and an admin token
+    (purges are part of the mix)."""
     text = DEFAULT_CONFIG.read_text()
     text = text.replace("port = 8080", f"port = {port}")
     for old, new in (("8100", base_port), ("8101", base_port + 1)):
@@ -67,13 +68,13 @@ def config_text(port: int, base_port: int, data_dir: Path) -> str:
         text = text.replace(f"nixl_side_channel_port = {old}", f"nixl_side_channel_port = {new}")
     for events in range(5610, 5614):  # the servers' KV events and replay sockets
         text = text.replace(f"127.0.0.1:{events}", f"127.0.0.1:{base_port + events - 5606}")
-    return text.replace('data_dir = ".data"', f'data_dir = "{data_dir}"')
+    text = text.replace('data_dir = ".data"', f'data_dir = "{data_dir}"')
+    return text + f'\n[auth.admin]\ntoken = "{ADMIN}"\n'
 
 
 def policy_text() -> str:
-    """The shipped default policy with an admin token (purges are part of the mix)."""
-    policy = (REPO / "policies" / "default.toml").read_text()
-    return policy.replace('token_env = "SEMCACHE_ADMIN_TOKEN"', f'token = "{ADMIN}"')
+    """The shipped default policy."""
+    return (REPO / "policies" / "default.toml").read_text()
 
 
 @dataclass

@@ -14,7 +14,6 @@ embedded default.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import tomllib
 from collections.abc import Mapping
@@ -157,18 +156,18 @@ class _RulePatch(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_tokens: MaxTokens | msgspec.UnsetType = msgspec.UNSET
 
 
-class AdminSettings(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """Who may purge: a bearer token given inline or (better) through an environment variable."""
+class AdminTable(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A policy's ``[admin]`` table: the admin token, which belongs in the gateway config's
+    ``[auth.admin]``. Accepted with a warning; a field left out keeps that table's default."""
 
-    token: str | None = None
-    token_env: str | None = "SEMCACHE_ADMIN_TOKEN"
+    token: str | msgspec.UnsetType | None = msgspec.UNSET
+    token_env: str | msgspec.UnsetType | None = msgspec.UNSET
 
-    def resolve_token(self, environ: Mapping[str, str] | None = None) -> str | None:
-        """The admin token (environment variable first), or None when none is configured."""
-        env = os.environ if environ is None else environ
-        if self.token_env and env.get(self.token_env):
-            return env[self.token_env]
-        return self.token or None
+
+ADMIN_MOVED: Final = (
+    "[admin]: the admin token belongs in the gateway config's [auth.admin] table (same "
+    "fields); this one is still read while the gateway config sets none"
+)
 
 
 class ShareGroup(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -189,7 +188,7 @@ class _PolicyHead(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     version: Literal[1] = 1
     tiers: TierSettings = msgspec.field(default_factory=TierSettings)
-    admin: AdminSettings = msgspec.field(default_factory=AdminSettings)
+    admin: AdminTable | None = None
     share_groups: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     defaults: dict[str, Any] = msgspec.field(default_factory=dict)
     routes: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
@@ -205,7 +204,6 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
 
     source: str
     tiers: TierSettings
-    admin: AdminSettings
     defaults: CacheRule
     route_rules: dict[str, CacheRule]
     """Rule per route for models without their own table."""
@@ -214,9 +212,11 @@ class Policy(msgspec.Struct, frozen=True, kw_only=True):
     share_groups: dict[str, ShareGroup] = msgspec.field(default_factory=dict)
     logs_bodies: bool = False
     """Some rule asks the request log for bodies."""
+    admin: AdminTable | None = None
+    """The file's ``[admin]`` table, if it has one (see :class:`AdminTable`)."""
     warnings: tuple[str, ...] = ()
-    """What ``semcache policy check`` and the gateway's start print: rules that share
-    answers across every tenant (see :func:`sharing_warnings`)."""
+    """What ``semcache policy check`` and the gateway's start and reloads print: rules that
+    share answers across every tenant (see :func:`_check_sharing`), an ``[admin]`` table."""
     guard: GuardSettings = msgspec.field(default_factory=GuardSettings)
     """``[guard]``: custom detectors, the stream window, per-tenant and per-key patches."""
     guarded: bool = False
@@ -430,7 +430,7 @@ def parse_policy(data: Mapping[str, Any], source: str = "<policy>") -> Policy:
             )
 
     share_groups = _share_groups(head, source)
-    warnings = _check_sharing(head, source)
+    warnings = _check_sharing(head, source) + ((ADMIN_MOVED,) if head.admin is not None else ())
     rules = [("defaults", defaults), *((f"routes.{r}", x) for r, x in route_rules.items())]
     rules += [(f"models.{_toml_key(m)}.routes.{r}", x) for (m, r), x in model_rules.items()]
     try:

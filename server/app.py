@@ -47,9 +47,10 @@ from server.guard.metrics import GuardMetrics
 from server.http.draining import Drain
 from server.http.head import head_as_get
 from server.http.internals import before_routing, write_bodies_eagerly
+from server.identity.admin_token import admin_token
 from server.identity.api_keys.admin import KeyAdmin
 from server.identity.api_keys.factory import build_key_view
-from server.identity.auth import TokenAuth, policy_admin_token
+from server.identity.auth import TokenAuth
 from server.limits.limiter import build_limiter
 from server.metrics import GatewayMetrics
 from server.openai.batches import api_router as batches_routes
@@ -187,7 +188,7 @@ def create_app(
         redis_url=tiers.redis.url,
         redis_prefix=tiers.redis.prefix,
     )
-    auth = TokenAuth(config.auth, admin_token=policy_admin_token(policy), keys=key_view)
+    auth = TokenAuth(config.auth, admin_token=admin_token(config.auth.admin, policy), keys=key_view)
     request_log = (
         RequestLog(config.request_log, config.data_path()) if config.request_log.enabled else None
     )

@@ -14,7 +14,7 @@ from server.cli.options import env_default
 
 ADMIN_TOKEN = (
     'an admin token: a config token with roles = ["admin"], an API key with the admin '
-    "role, or the policy's [admin] token"
+    "role, or the admin token ([auth.admin])"
 )
 
 

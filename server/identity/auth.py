@@ -24,8 +24,8 @@ Example::
 
 A token is one tenant on every route: the same cache scope, batches, files, semantic
 partitions and vLLM ``cache_salt``. The ``admin`` role may purge, reload the policy, read
-every tenant's usage and the request log; the policy's ``[admin] token`` keeps working as
-an admin principal of tenant ``admin``.
+every tenant's usage and the request log; the admin token (``[auth.admin]``,
+``server.identity.admin_token``) is an admin principal of tenant ``admin``.
 
 With no token configured (the embedded default) the gateway is open: any bearer token is
 accepted and the tenant is a hash of it (``key:<hash>``), so each key only sees its own
@@ -46,8 +46,8 @@ from datetime import UTC, datetime
 import msgspec
 
 from backends.registry import ModelInfo
-from semcache.policy import Policy, PolicyHolder
 from server.errors import ApiError
+from server.identity.admin_token import AdminSettings
 from server.identity.api_keys.hashing import looks_like_key
 from server.identity.api_keys.records import ApiKey, Role, key_token_id
 from server.identity.api_keys.view import KeyView
@@ -107,6 +107,9 @@ class AuthSettings(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Empty: the gateway is open (see the module doc)."""
     open: bool = False
     """Allow an open gateway (no tokens) on a non-loopback address."""
+    admin: AdminSettings | None = None
+    """``[auth.admin]``: the admin token (``server.identity.admin_token``); unset: the
+    policy's ``[admin]`` table if it has one, else ``$SEMCACHE_ADMIN_TOKEN``."""
 
     def __post_init__(self) -> None:
         digests = [t.digest() for t in self.tokens]
@@ -182,21 +185,6 @@ def tenant_from(headers: Mapping[str, str]) -> str:
     return "key:" + hashlib.blake2b(token.encode(), digest_size=8).hexdigest()
 
 
-def policy_admin_token(policy: PolicyHolder) -> Callable[[], str | None]:
-    """The policy's ``[admin]`` token (its environment variable first), resolved once per
-    policy snapshot: at the first request, then again after each policy reload."""
-    seen: tuple[Policy, str | None] | None = None
-
-    def token() -> str | None:
-        nonlocal seen
-        current = policy.current
-        if seen is None or seen[0] is not current:
-            seen = (current, current.admin.resolve_token())
-        return seen[1]
-
-    return token
-
-
 def _unauthorized(message: str, code: str = "invalid_api_key") -> ApiError:
     return ApiError(
         401,
@@ -208,8 +196,8 @@ def _unauthorized(message: str, code: str = "invalid_api_key") -> ApiError:
 
 
 class TokenAuth:
-    """Resolves bearer tokens to principals (built once from the settings and the policy's
-    admin token)."""
+    """Resolves bearer tokens to principals (built once from the settings and the admin
+    token)."""
 
     def __init__(
         self,
@@ -250,7 +238,7 @@ class TokenAuth:
 
     @property
     def admin_token(self) -> str | None:
-        """The policy's admin token now (a policy reload may change it)."""
+        """The admin token now (a policy reload may change one the policy gives)."""
         return self._admin_token() if self._admin_token is not None else None
 
     @property

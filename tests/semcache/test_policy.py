@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from semcache.policy import (
+    ADMIN_MOVED,
     DEFAULT_POLICY,
     ROUTES,
+    AdminTable,
     PolicyError,
     PolicyHolder,
     load_policy,
@@ -178,11 +180,14 @@ def test_reload_keeps_the_old_policy_when_the_new_one_is_invalid(tmp_path: Path)
     assert holder.current.defaults.ttl_s == 200
 
 
-def test_admin_token_prefers_the_environment() -> None:
-    policy = parse_policy(tomllib.loads("[admin]\ntoken = 'inline'\ntoken_env = 'X_TOKEN'"))
-    assert policy.admin.resolve_token({}) == "inline"
-    assert policy.admin.resolve_token({"X_TOKEN": "from-env"}) == "from-env"
-    assert parse_policy({"admin": {"token_env": None}}).admin.resolve_token({}) is None
+def test_an_admin_table_is_read_and_warns_that_the_token_moved() -> None:
+    """The admin token belongs in the gateway config (``server.identity.admin_token``); a
+    policy's ``[admin]`` table is kept, fields left out unset, and named in the warnings."""
+    policy = parse_policy(tomllib.loads("[admin]\ntoken = 'inline'"))
+    assert policy.admin == AdminTable(token="inline")
+    assert policy.warnings == (ADMIN_MOVED,)
+    assert "[auth.admin]" in ADMIN_MOVED
+    assert parse_policy({}).admin is None and not parse_policy({}).warnings
 
 
 def test_the_shipped_policy_prices_every_model_of_the_embedded_default() -> None:

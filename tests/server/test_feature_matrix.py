@@ -159,12 +159,13 @@ RATE_LIMITS = {"requests_per_minute": 100_000, "tokens_per_minute": 10_000_000}
 
 
 def gateway_extra(cases: list[Case]) -> str:
-    """What the matrix appends to the shipped config: a config token per config-identity
-    tenant, rate windows for every token, and the request log's tenant metric."""
+    """What the matrix appends to the shipped config: the admin token, a config token per
+    config-identity tenant, rate windows for every token, and the request log's tenant
+    metric."""
     lines = ["", "[limits]"]
     lines += [f"{name} = {value}" for name, value in RATE_LIMITS.items()]
     lines += ["hits_spend_tokens = false", "", "[request_log]", "tenant_metrics = true"]
-    lines += ["stdout = true", ""]
+    lines += ["stdout = true", "", "[auth.admin]", f'token = "{ADMIN}"', ""]
     for case in cases:
         if case.identity != "config":
             continue
@@ -185,13 +186,9 @@ def dlp_scope(case: Case, tenant: str) -> str:
 
 
 def matrix_policy(cases: list[Case]) -> str:
-    """The shipped default policy plus what the matrix needs: an admin token, a chat semantic
-    rule for SmolLM2, a small default and cap of its answers, and each case's DLP rule."""
-    lines = [
-        DEFAULT_POLICY.read_text().replace(
-            'token_env = "SEMCACHE_ADMIN_TOKEN"', f'token = "{ADMIN}"'
-        )
-    ]
+    """The shipped default policy plus what the matrix needs: a chat semantic rule for
+    SmolLM2, a small default and cap of its answers, and each case's DLP rule."""
+    lines = [DEFAULT_POLICY.read_text()]
     lines += [
         f'[models."{MODEL}".routes.chat.semantic]',
         "enabled = true",

@@ -35,10 +35,11 @@ from backends.config import (
     VllmServer,
 )
 from backends.launch.process import VllmProcess
-from foundation.package_files import package_file
 from harness.gateway import GatewayProcess, write_config_toml
 from harness.vllm_process import TINY_MODEL_NAME
 from server.config import GatewayConfig, ModelEntry, ServerSettings
+from server.identity.admin_token import AdminSettings
+from server.identity.auth import AuthSettings
 
 pytestmark = pytest.mark.slow
 
@@ -72,13 +73,9 @@ CHECKS = [
 
 
 def fuzz_config(data_dir: Path, vllm_url: str, model_path: Path) -> GatewayConfig:
-    policy = package_file("semcache", "policies", "default.toml").read_text()
-    policy = policy.replace('token_env = "SEMCACHE_ADMIN_TOKEN"', f'token = "{TOKEN}"')
-    policy_path = data_dir / "policy.toml"
-    policy_path.write_text(policy)
     return GatewayConfig(
         data_dir=str(data_dir),
-        policy=str(policy_path),
+        auth=AuthSettings(admin=AdminSettings(token=TOKEN)),
         server=ServerSettings(max_body_bytes=256 * 1024),
         models=[
             ModelEntry(id="tiny-chat", backend="tiny", task="chat", aliases=["@cf/test/tiny"]),
