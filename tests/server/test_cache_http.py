@@ -21,7 +21,7 @@ from harness.vllm_process import TINY_MODEL_NAME
 from server.config import DebugSettings
 from tests.conftest import gateway_config
 from tests.semcache.conftest import RedisServer
-from tests.support.configs import write_policy
+from tests.support.configs import admin_auth, write_policy
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -40,8 +40,6 @@ max_bytes = 16_000_000
 dir = "cache"
 [tiers.redis]
 {redis}
-[admin]
-token = "{ADMIN}"
 [defaults]
 ttl_s = 600
 swr_s = 60
@@ -70,7 +68,7 @@ def gateway_process(
     """
     policy = write_policy(tmp, cache_policy(redis_url))
     model = data_dir / "models" / TINY_MODEL_NAME
-    config = gateway_config(tmp, vllm.url, model, policy=str(policy))
+    config = gateway_config(tmp, vllm.url, model, policy=str(policy), auth=admin_auth(ADMIN))
     if adjustable_clock:
         config = msgspec.structs.replace(config, debug=DebugSettings(adjustable_clock=True))
     if chat_only:

@@ -15,18 +15,17 @@ from harness.edge import EdgeCache, nginx_binary
 from harness.gateway import GatewayProcess, write_config_toml
 from harness.metrics import parse_metric
 from server.config import DebugSettings, GatewayConfig, ModelEntry
+from tests.support.configs import admin_auth
 
 pytestmark = pytest.mark.slow
 
 ADMIN = "admin-secret"
-POLICY = f"""
+POLICY = """
 version = 1
 [tiers.memory]
 max_bytes = 16_000_000
 [tiers.disk]
 dir = "cache"
-[admin]
-token = "{ADMIN}"
 [defaults]
 ttl_s = 600
 [routes.embeddings]
@@ -52,6 +51,7 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     config = GatewayConfig(
         data_dir=str(tmp),
         policy=str(tmp / "policy.toml"),
+        auth=admin_auth(ADMIN),
         models=[
             ModelEntry(id=name, backend="minilm", task="embeddings")
             for name in ("all-MiniLM-L6-v2", "private-emb", "short-emb")

@@ -23,7 +23,7 @@ from harness.vllm_process import TINY_MODEL_NAME
 from semcache.semantic.items import label_margin
 from server.config import GatewayConfig, ModelEntry, ServerSettings
 from tests.conftest import gateway_config
-from tests.support.configs import CLASSIFICATION_SEMANTIC, write_policy
+from tests.support.configs import CLASSIFICATION_SEMANTIC, admin_auth, write_policy
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -54,12 +54,10 @@ def near_duplicate(text: str) -> str:
 
 
 POLICY = (
-    f"""
+    """
 version = 1
 [tiers.disk]
 dir = "cache/exact"
-[admin]
-token = "{ADMIN}"
 [routes.embeddings]
 shared = false
 ttl_s = 600
@@ -76,6 +74,7 @@ def config(tmp: Path, revision: str | None = None) -> GatewayConfig:
     return GatewayConfig(
         data_dir=str(tmp),
         policy=str(write_policy(tmp, POLICY)),
+        auth=admin_auth(ADMIN),
         server=ServerSettings(max_body_bytes=4 * 1024 * 1024),
         models=[
             ModelEntry(id=EMBED, backend="minilm", task="embeddings"),
@@ -406,12 +405,10 @@ def test_model_revision_isolation_and_persistence(tmp_path: Path) -> None:
         three.stop()
 
 
-CHAT_POLICY = f"""
+CHAT_POLICY = """
 version = 1
 [tiers.disk]
 dir = "cache/exact"
-[admin]
-token = "{ADMIN}"
 [models."tiny-chat".routes.chat.semantic]
 enabled = true
 threshold = 0.9
@@ -440,7 +437,9 @@ def chat_gw(
     tmp = tmp_path_factory.mktemp("semantic-chat")
     (tmp / "policy.toml").write_text(CHAT_POLICY)
     model = data_dir / "models" / TINY_MODEL_NAME
-    cfg = gateway_config(tmp, tiny_vllm.url, model, policy=str(tmp / "policy.toml"))
+    cfg = gateway_config(
+        tmp, tiny_vllm.url, model, policy=str(tmp / "policy.toml"), auth=admin_auth(ADMIN)
+    )
     cfg.models += [
         ModelEntry(id="tiny-off", backend="tiny", task="chat"),
         ModelEntry(id="tiny-verified", backend="tiny", task="chat"),

@@ -20,18 +20,16 @@ from harness.vllm_process import TINY_MODEL_NAME
 from server.config import ModelEntry
 from tests.conftest import gateway_config
 from tests.server.test_semantic_http import chat
-from tests.support.configs import verified_rule
+from tests.support.configs import admin_auth, verified_rule
 
 pytestmark = pytest.mark.slow
 
 ADMIN = "admin-secret"
 POLICY = (
-    f"""
+    """
 version = 1
 [tiers.disk]
 dir = "cache/exact"
-[admin]
-token = "{ADMIN}"
 """
     + verified_rule("tiny-learns")
     + verified_rule("tiny-learns-default")
@@ -72,7 +70,9 @@ def gw(
     tmp = tmp_path_factory.mktemp("semantic-verified")
     (tmp / "policy.toml").write_text(POLICY)
     model = data_dir / "models" / TINY_MODEL_NAME
-    cfg = gateway_config(tmp, tiny_vllm.url, model, policy=str(tmp / "policy.toml"))
+    cfg = gateway_config(
+        tmp, tiny_vllm.url, model, policy=str(tmp / "policy.toml"), auth=admin_auth(ADMIN)
+    )
     cfg.models += [
         ModelEntry(id="tiny-learns", backend="tiny", task="chat"),
         ModelEntry(id="tiny-learns-default", backend="tiny", task="chat"),

@@ -30,13 +30,13 @@ from tests.server.test_semantic_verified import (
     decision,
     metric,
 )
-from tests.support.configs import verified_rule, write_config, write_policy
+from tests.support.configs import admin_auth, verified_rule, write_config, write_policy
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
 MODEL = "tiny-learns"
-RULE = f'[admin]\ntoken = "{ADMIN}"\n' + verified_rule(MODEL)
+RULE = verified_rule(MODEL)
 
 
 def chat(base: str, user: str, gw: GatewayProcess | None = None) -> httpx.Response:
@@ -64,6 +64,8 @@ def verified_config(tmp: Path, data_dir: Path, vllm_url: str) -> Path:
     return write_config(
         tmp,
         f"""
+[auth.admin]
+token = "{ADMIN}"
 [[models]]
 id = "{MODEL}"
 backend = "tiny"
@@ -147,7 +149,7 @@ def test_observations_made_on_one_gateway_decide_on_the_other(
             'version = 1\n[tiers.disk]\ndir = "cache/exact"\n'
             f'[tiers.redis]\nurl = "{redis_server.url}"\nprefix = "{prefix}"\n{RULE}'
         )
-        cfg = gateway_config(tmp, tiny_vllm.url, model, policy=str(policy))
+        cfg = gateway_config(tmp, tiny_vllm.url, model, policy=str(policy), auth=admin_auth(ADMIN))
         cfg.models += [ModelEntry(id=MODEL, backend="tiny", task="chat")]
         return start_gateway(cfg)
 

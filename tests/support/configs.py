@@ -12,6 +12,13 @@ import tomli_w
 
 from harness.ports import free_port
 from server.config import DEFAULT_CONFIG, GatewayConfig, parse_config
+from server.identity.admin_token import AdminSettings
+from server.identity.auth import AuthSettings
+
+
+def admin_auth(token: str) -> AuthSettings:
+    """``[auth]`` with the admin token ``token`` (``[auth.admin]``) and no API token."""
+    return AuthSettings(admin=AdminSettings(token=token))
 
 
 def write_policy(folder: Path, text: str) -> Path:

@@ -14,6 +14,7 @@ from backends.registry import ModelInfo, ModelRegistry
 from harness.fake_vllm import FakeGeneration
 from server.app import create_app
 from server.config import DebugSettings, GatewayConfig
+from tests.support.configs import admin_auth
 
 Client = TestClient[Any]
 ADMIN = "clock-admin"
@@ -22,10 +23,11 @@ ADMIN_HEADERS = {"authorization": f"Bearer {ADMIN}"}
 
 def app_config(tmp_path: Path, adjustable: bool) -> GatewayConfig:
     policy = tmp_path / "policy.toml"
-    policy.write_text(f'[admin]\ntoken = "{ADMIN}"\n[defaults]\nttl_s = 60\nswr_s = 0\n')
+    policy.write_text("[defaults]\nttl_s = 60\nswr_s = 0\n")
     return GatewayConfig(
         data_dir=str(tmp_path),
         policy=str(policy),
+        auth=admin_auth(ADMIN),
         debug=DebugSettings(adjustable_clock=adjustable),
     )
 

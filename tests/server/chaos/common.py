@@ -29,8 +29,6 @@ dir = "cache"
 timeout_s = 2.0  # a loaded test machine; the outage test stops Redis outright
 retry_after_s = 0.2
 max_retry_after_s = 1.0
-[admin]
-token = "{ADMIN}"
 [defaults]
 ttl_s = 600
 [routes.embeddings]

@@ -20,7 +20,7 @@ from harness.gateway import GatewayProcess, write_config_toml
 from harness.vllm_process import TINY_MODEL_NAME
 from tests.conftest import gateway_config
 from tests.server.chaos.common import ADMIN, chat, every_tier_policy, metric
-from tests.support.configs import write_policy
+from tests.support.configs import admin_auth, write_policy
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
@@ -77,7 +77,12 @@ def test_redis_stopped_and_started_under_load(
         GatewayProcess(
             write_config_toml(
                 gateway_config(
-                    tmp_path / name, tiny_vllm.url, model, embeddings=False, policy=str(policy)
+                    tmp_path / name,
+                    tiny_vllm.url,
+                    model,
+                    embeddings=False,
+                    policy=str(policy),
+                    auth=admin_auth(ADMIN),
                 ),
                 tmp_path / f"{name}.toml",
             )

@@ -26,6 +26,8 @@ from harness.gateway import GatewayProcess, write_config_toml
 from harness.metrics import parse_metric
 from harness.vllm_process import TINY_MODEL_NAME
 from server.dashboard.routes import PAGES
+from server.identity.admin_token import AdminSettings
+from server.identity.auth import AuthSettings
 from tests.conftest import gateway_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -36,15 +38,12 @@ TENANT = {"authorization": "Bearer tenant-key"}  # the tenant whose answers are 
 CHAT = "/v1/chat/completions"
 PROMPTS = ["apples", "pears", "plums", "apples", "cherries", "pears", "figs", "apples", "kiwis"]
 PROMPTS += ["plums"]  # 10 requests, 6 distinct texts: 4 repeats
-POLICY = f"""
+POLICY = """
 version = 1
 [tiers.memory]
 max_bytes = 16_000_000
 [tiers.disk]
 dir = "cache"
-[admin]
-token = "{ADMIN}"
-token_env = ""
 [defaults]
 ttl_s = 600
 [defaults.prices]
@@ -73,6 +72,7 @@ def gw(
         data_dir / "models" / TINY_MODEL_NAME,
         embeddings=False,
         policy=str(tmp / "policy.toml"),
+        auth=AuthSettings(admin=AdminSettings(token=ADMIN, token_env="")),  # whatever the env says
     )
     gateway = GatewayProcess(write_config_toml(config, tmp / "gateway.toml"))
     try:

@@ -23,6 +23,7 @@ from server.app import create_app
 from server.config import GatewayConfig
 from server.identity.auth import tenant_from
 from tests.semcache.conftest import RedisServer
+from tests.support.configs import admin_auth
 from tests.support.headers import bearer
 from tests.support.waiting import wait_until
 
@@ -42,11 +43,10 @@ def client(
     reg.add(ModelInfo("embed-model", "embeddings", (), "t", "minilm", "r", "n"))
     policy = tmp_path / "policy.toml"
     policy.write_text(
-        f'[admin]\ntoken = "{ADMIN}"\n'
         f'[models."chat-model"]\n'
         f"prices = {{ input_per_m = {INPUT_PER_M}, output_per_m = {OUTPUT_PER_M} }}\n"
     )
-    config = GatewayConfig(data_dir=str(tmp_path), policy=str(policy))
+    config = GatewayConfig(data_dir=str(tmp_path), policy=str(policy), auth=admin_auth(ADMIN))
     with TestClient(create_app(config, registry=reg)) as c:
         yield c
 
