@@ -186,7 +186,7 @@ def test_one_token_is_one_tenant_on_every_route(client: TestClient[Any]) -> None
     assert all(TOKENS["acme"] not in json.dumps(line) for line in logs["data"])
 
 
-def test_the_policy_admin_token_is_an_admin(
+def test_the_admin_token_variable_is_an_admin(
     embedder: LocalEmbeddingBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SEMCACHE_ADMIN_TOKEN", "policy-admin")
