@@ -30,7 +30,7 @@ from harness.gateway import GatewayThread
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm, test_data_dir
 from server.config import GatewayConfig, ModelEntry
-from server.dashboard.routes import PAGES
+from server.dashboard.pages import PAGES
 
 
 def say(message: str) -> None:

@@ -23,7 +23,7 @@ from backends.fleet.pool_signals import PoolSignals, pool_signals
 from backends.fleet.servers import ServerState
 from backends.registry import ModelRegistry
 from backends.vllm.client import VllmClient
-from server.admin.routes import ADMIN_ERRORS
+from server.admin.api_router import ADMIN_ERRORS
 from server.apidoc.operation import Answer, Field, RouteDoc, documented
 from server.envelope.context import require_admin
 from server.errors import ApiError
