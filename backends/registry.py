@@ -16,10 +16,10 @@ from backends.chat_templates import template_fingerprint, template_path
 from backends.config import EmbeddedClassifierBackend, VllmBackend
 from backends.config import LocalEmbeddingBackend as LocalEmbeddingConfig
 from backends.generation_defaults import launch_defaults
+from backends.interfaces import EmbeddingBackend, GenerationBackend
 from backends.local.classifier import DEFAULT_HEAD, ClassifierBackend, TextClassifierBackend
 from backends.local.embedding import LocalEmbeddingBackend
 from backends.models import chat_template_fingerprint, model_revision, prepare_model
-from backends.protocol import EmbeddingBackend, GenerationBackend
 from backends.vllm.classifier import VllmClassifier
 from backends.vllm.client import VllmClient
 

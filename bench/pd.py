@@ -65,10 +65,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.config import VllmBackend, VllmLaunch, VllmServer
 from backends.fleet.pool_metrics import histogram_totals
+from backends.interfaces import BackendError
 from backends.launch.command import Device
 from backends.launch.launcher import Launcher
 from backends.profiles import LaunchProfile
-from backends.protocol import BackendError
 from backends.vllm.client import VllmClient
 from bench.lib.support import pct_ms, stderr_printer
 from foundation.request import RequestContext

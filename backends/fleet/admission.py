@@ -31,7 +31,7 @@ from prometheus_client import Histogram
 
 from backends.fleet.fair_queue import FIFO, FairQueue, Waiter
 from backends.fleet.servers import ServerState
-from backends.protocol import BackendError
+from backends.interfaces import BackendError
 from foundation.request import Band, QueueTicket
 
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)

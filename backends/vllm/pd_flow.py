@@ -49,7 +49,7 @@ from backends.fleet.placement import Placement, PromptShape, RouteKey
 from backends.fleet.pool import Pool
 from backends.fleet.pool_metrics import BackendStats
 from backends.fleet.servers import ServerState
-from backends.protocol import BackendError
+from backends.interfaces import BackendError
 from backends.upstream import HTTP_ERRORS, HttpSession, http_failure, stream_timeout
 from foundation import tracing as spans
 from foundation.request import RequestContext

@@ -23,7 +23,7 @@ from backends.fleet.placement import Placement, RouteKey, prefix_key, prompt_sha
 from backends.fleet.pool import Pool
 from backends.fleet.pool_metrics import BackendStats
 from backends.fleet.salt import ANONYMOUS_SCOPE, CacheSalter
-from backends.protocol import BackendError, UpstreamResponse
+from backends.interfaces import BackendError, UpstreamResponse
 from backends.upstream import HTTP_ERRORS, HttpSession, body_failure
 from backends.vllm.pd_flow import (
     NOT_GENERATION,

@@ -19,7 +19,7 @@ from aiohttp import web
 from backends.config import VllmBackend, VllmServer
 from backends.fleet.pool_metrics import histogram_totals
 from backends.fleet.salt import CacheSalter
-from backends.protocol import BackendError
+from backends.interfaces import BackendError
 from backends.vllm.client import VllmClient
 from foundation.request import RequestContext
 from harness.fake_vllm import FakeServer, sse

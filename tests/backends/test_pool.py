@@ -8,7 +8,7 @@ import pytest
 
 from backends.config import VllmBackend, VllmServer
 from backends.fleet.pool import build_pools
-from backends.protocol import BackendError
+from backends.interfaces import BackendError
 from tests.backends.pools import make_pool
 
 

@@ -12,9 +12,9 @@ import pytest
 from aiohttp import web
 
 from backends.config import VllmBackend, VllmLaunch, VllmServer
+from backends.interfaces import BackendError, UpstreamRejected
 from backends.launch.command import build_command
 from backends.local.classifier import label_names
-from backends.protocol import BackendError, UpstreamRejected
 from backends.vllm.classifier import VllmClassifier, labels_from_config
 from backends.vllm.client import VllmClient
 from foundation.request import RequestContext

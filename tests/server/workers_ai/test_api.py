@@ -33,8 +33,8 @@ from backends.config import (
     VllmBackend,
     VllmServer,
 )
+from backends.interfaces import UpstreamResponse
 from backends.launch.process import VllmProcess
-from backends.protocol import UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
 from foundation.request import RequestContext
 from harness.fake_vllm import FakeGeneration
