@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from prometheus_client import Histogram
 
 from backends.fleet.fair_queue import FIFO, FairQueue, Waiter
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from backends.interfaces import BackendError
 from foundation.request import Band, QueueTicket
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from backends.config import ServerRole, VllmBackend
 from backends.fleet.admission import Admission
-from backends.fleet.servers import ServerLoad, ServerState
+from backends.fleet.server_state import ServerLoad, ServerState
 from backends.interfaces import BackendError
 
 log = logging.getLogger("semcache.backends")

@@ -19,7 +19,7 @@ from backends.fleet.kv.service import KvPlacement
 from backends.fleet.pool import Pool, build_pools
 from backends.fleet.pool_metrics import BackendStats
 from backends.fleet.salt import CacheSalter
-from backends.fleet.servers import ServerLoad, ServerState
+from backends.fleet.server_state import ServerLoad, ServerState
 from backends.interfaces import UpstreamResponse
 from backends.upstream import HTTP_ERRORS, HttpSession
 from backends.vllm.router import PDRouter

@@ -48,7 +48,7 @@ from backends.fleet.admission import Lease
 from backends.fleet.placement import Placement, PromptShape, RouteKey
 from backends.fleet.pool import Pool
 from backends.fleet.pool_metrics import BackendStats
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from backends.interfaces import BackendError
 from backends.upstream import HTTP_ERRORS, HttpSession, http_failure, stream_timeout
 from foundation import tracing as spans

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from backends.config import VllmBackend, VllmServer
 from backends.fleet.placement import RouteKey
 from backends.fleet.pool_signals import pool_signals
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from backends.scraped_metrics import parse_upstream_metrics
 from backends.vllm.client import VllmClient
 from foundation.request import RequestContext

@@ -25,7 +25,7 @@ import pytest
 
 from backends.config import VllmBackend, VllmServer
 from backends.fleet.placement import rendezvous_order
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from backends.kv_settings import KvSettings
 from backends.launch.process import VllmProcess
 from harness.gateway import GatewayProcess, write_config_toml

@@ -10,7 +10,7 @@ from litestar.testing import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from backends.config import VllmBackend, VllmServer
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from backends.scraped_metrics import parse_upstream_metrics
 from backends.vllm.client import VllmClient
 from server.app import create_app

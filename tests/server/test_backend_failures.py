@@ -17,7 +17,7 @@ from aiohttp import web
 
 from backends.config import VllmBackend, VllmServer
 from backends.fleet.placement import rendezvous_order
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from backends.launch.process import VllmProcess
 from harness.fake_vllm import FakeServer, sse
 from harness.gateway import GatewayProcess, GatewayThread

@@ -14,7 +14,7 @@ from backends.config import VllmBackend, VllmServer
 from backends.fleet.kv.index import PoolBlockIndex
 from backends.fleet.kv.scoring import KvScorer
 from backends.fleet.placement import Placement, RouteKey
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from backends.kv_settings import KvSettings
 from backends.scraped_metrics import UpstreamSample
 from tests.backends.kv.test_index import chat_hashes

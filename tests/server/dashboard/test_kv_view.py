@@ -13,7 +13,7 @@ from backends.config import VllmBackend
 from backends.fleet.kv.metrics import KvFamilies
 from backends.fleet.kv.service import KvPlacement
 from backends.fleet.placement import Placement, RouteKey
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from server.dashboard import figures as fig
 from server.dashboard.formats import template_config
 
