@@ -45,7 +45,7 @@ FIFO_FLOW: Flow = (FIFO.band, FIFO.tenant)
 class Lease:
     """One request's slot on one server; ``release`` (idempotent) frees it."""
 
-    def __init__(self, admission: Admission, server: ServerState, flow: Flow) -> None:
+    def __init__(self, admission: SlotAdmission, server: ServerState, flow: Flow) -> None:
         self.admission = admission
         self.server = server
         self.flow = flow
@@ -70,7 +70,7 @@ class Lease:
             self.admission.release(self.server, self.flow)
 
 
-class Admission:
+class SlotAdmission:
     """Hands out slots on ``servers`` (a pool's list, shared) first come, first served."""
 
     def __init__(

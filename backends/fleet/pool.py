@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 
 from backends.config import ServerRole, VllmBackend
-from backends.fleet.admission import Admission
+from backends.fleet.admission import SlotAdmission
 from backends.fleet.server_state import ServerLoad, ServerState
 from backends.interfaces import BackendError
 
@@ -49,7 +49,7 @@ class Pool:
         """The serving servers (admitted or ejected); shared with ``admission``: edited in
         place."""
         self._leaving: list[ServerState] = []
-        self.admission = Admission(
+        self.admission = SlotAdmission(
             backend,
             role,
             self.servers,
