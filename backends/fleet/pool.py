@@ -19,7 +19,7 @@ import logging
 import math
 from collections.abc import Sequence
 
-from backends.config import ServerRole, VllmBackend
+from backends.config import ServerRole, VllmBackendConfig
 from backends.fleet.admission import SlotAdmission
 from backends.fleet.server_state import ServerLoad, ServerState
 from backends.interfaces import BackendError
@@ -147,7 +147,7 @@ class Pool:
             self.admission.wake_all()
 
 
-def build_pools(config: VllmBackend) -> tuple[Pool | None, Pool]:
+def build_pools(config: VllmBackendConfig) -> tuple[Pool | None, Pool]:
     """``(prefill pool or None, the pool that answers)`` for a backend's servers."""
 
     def states(role: ServerRole) -> list[ServerState]:

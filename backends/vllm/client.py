@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from backends.config import ServerRole, VllmBackend, VllmServer
+from backends.config import ServerRole, VllmBackendConfig, VllmServer
 from backends.fleet.dispatch_gate import DispatchGate
 from backends.fleet.health import HealthMonitor
 from backends.fleet.kv.service import KvPlacement
@@ -36,7 +36,7 @@ class VllmClient:
 
     def __init__(
         self,
-        config: VllmBackend,
+        config: VllmBackendConfig,
         salter: CacheSalter | None = None,
     ) -> None:
         """``salter``: default from the config."""

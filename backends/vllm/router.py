@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from backends.config import VllmBackend
+from backends.config import VllmBackendConfig
 from backends.fleet.admission import Lease
 from backends.fleet.health import HealthMonitor
 from backends.fleet.kv.service import KvPlacement
@@ -59,7 +59,7 @@ class PDRouter:
 
     def __init__(
         self,
-        config: VllmBackend,
+        config: VllmBackendConfig,
         http: HttpSession,
         prefill: Pool | None,
         decode: Pool,
