@@ -23,7 +23,7 @@ from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException
 from redis.exceptions import OutOfMemoryError as RedisOutOfMemoryError
 
-from backends.protocol import BackendError
+from backends.interfaces import BackendError
 from foundation.redis_client import UNREACHABLE_ERRORS
 from foundation.redis_replication import NotReplicated
 

@@ -121,7 +121,7 @@ settings a server started with (its KV block size); the vLLM client and its P/D 
 classifier's contract. Inside ``backends/`` only ``registry`` imports ``vllm``."""
 BACKENDS_ASSEMBLY = {"registry"}
 """The top modules that put the packages together (a configured backend's instance); the
-other top modules (``config``, ``protocol``, ``upstream``, ``models``...) are what every
+other top modules (``config``, ``interfaces``, ``upstream``, ``models``...) are what every
 package shares, and import none of them."""
 
 

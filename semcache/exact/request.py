@@ -8,8 +8,8 @@ from typing import Any
 
 import msgspec
 
+from semcache.cache_keys import CacheKey, build_key, is_tenant_scope
 from semcache.entry import CachedAnswer
-from semcache.keys import CacheKey, build_key, is_tenant_scope
 from semcache.policy import REVEALABLE, CacheRule
 from semcache.purge import Epochs
 

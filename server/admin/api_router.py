@@ -9,7 +9,7 @@ import msgspec
 import orjson
 from litestar import Request, Response, get, post
 
-from semcache.keys import scope_for
+from semcache.cache_keys import scope_for
 from semcache.policy import PolicyHolder
 from semcache.purge import PurgeResult
 from semcache.semantic.records import PartitionKey

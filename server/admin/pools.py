@@ -20,7 +20,7 @@ from litestar.params import FromPath
 from backends.config import ServerRole
 from backends.fleet.pool import Pool
 from backends.fleet.pool_signals import PoolSignals, pool_signals
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from backends.registry import ModelRegistry
 from backends.vllm.client import VllmClient
 from server.admin.api_router import ADMIN_ERRORS

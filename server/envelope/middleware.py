@@ -40,7 +40,7 @@ from server.envelope.server_span import run_traced
 from server.errors import ERROR_CODE_KEY, ApiError
 from server.http.draining import REFUSAL, Drain, refuse
 from server.identity.auth import ANONYMOUS, TokenAuth
-from server.limits.limiter import Admission, TenantLimiter, estimate_tokens
+from server.limits.limiter import LimitAdmission, TenantLimiter, estimate_tokens
 from server.metrics import GatewayMetrics
 from server.surface import Surfaces
 
@@ -163,7 +163,7 @@ class Envelope:
 
     async def admit(
         self, record: RequestRecord, receive: Receive, estimate: int | None = None
-    ) -> tuple[Admission | None, Receive]:
+    ) -> tuple[LimitAdmission | None, Receive]:
         """Count the request against its token's limits (ApiError 429 when over); the
         ``receive`` to run the route with (the body was read ahead to estimate its tokens,
         unless the caller knows the ``estimate`` of its body). ``None``: no limit or budget
@@ -190,7 +190,7 @@ class Envelope:
             )
         return admission, receive
 
-    async def settle(self, record: RequestRecord, admission: Admission) -> None:
+    async def settle(self, record: RequestRecord, admission: LimitAdmission) -> None:
         """Correct the token estimate with what the request used; free its slot."""
         assert self.limiter is not None
         usage = record.usage
@@ -210,7 +210,7 @@ class Envelope:
     async def run(
         self,
         record: RequestRecord,
-        admission: Admission | None,
+        admission: LimitAdmission | None,
         scope: Scope,
         receive: Receive,
         send: Send,
@@ -350,7 +350,7 @@ class EnvelopeMiddleware:
         if record is None:
             await self.app(scope, receive, send)
             return
-        admission: Admission | None = None
+        admission: LimitAdmission | None = None
         if envelope.limiter is not None:
             try:
                 admission, receive = await envelope.admit(record, receive)
