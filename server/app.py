@@ -63,7 +63,7 @@ from server.openai.models import api_router as models
 from server.openai.pooling import api_router as pooling
 from server.openai.responses import api_router as responses
 from server.openai.scoring import api_router as scoring
-from server.openai.stores import build_stores
+from server.openai.stores import build_stores, openai_site
 from server.openai.tokenization import api_router as tokenization
 from server.pools.factory import build_membership
 from server.serving.core import ServingCore
@@ -173,7 +173,8 @@ def create_app(
     files_settings = config.batch.files
     openai_dir = Path(files_settings.dir) if files_settings.dir else config.data_path() / "openai"
     openai_dir = openai_dir.expanduser()
-    stores = build_stores(config.batch, openai_dir)  # Redis when the batch queue is shared
+    # Redis when the batch queue is shared
+    stores = build_stores(config.batch, openai_site(config.batch, openai_dir))
     key_view = build_key_view(
         config.keys,
         data_dir=config.data_path(),

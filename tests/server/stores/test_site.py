@@ -12,6 +12,8 @@ import pytest
 from litestar.stores.base import NamespacedStore
 
 from foundation.redis_client import RedisClient, open_redis
+from server.openai.records import tenant_key
+from server.openai.responses.owners import ResponseOwners
 from server.stores.directory import DirectoryStore
 from server.stores.site import StoreSite, open_site
 from tests.semcache.conftest import RedisServer
@@ -85,6 +87,18 @@ async def test_a_redis_key_carries_its_tag_and_millisecond_expiry(
         assert await client.get(f"{prefix}:resp:plain") == b"v"
     finally:
         await client.aclose()
+
+
+async def test_a_response_owner_recorded_before_the_store_is_still_owned(tmp_path: Path) -> None:
+    """An owner written by the earlier disk form: an empty file ``responses/<T>/<id>``."""
+    legacy = tmp_path / "responses" / tenant_key("acme") / "resp_old1"
+    legacy.parent.mkdir(parents=True)
+    legacy.write_bytes(b"")
+    owners = ResponseOwners(StoreSite(tmp_path).store("resp", folder="responses"), retention_s=None)
+    assert await owners.owns("acme", "resp_old1")
+    assert not await owners.owns("other", "resp_old1")
+    await owners.remember("acme", "resp_new1")
+    assert (tmp_path / "responses" / tenant_key("acme") / "resp_new1").is_file()
 
 
 @pytest.mark.parametrize("key", ["", "../x", "a/../b", "/abs", ".hidden", "a//b", "a b"])
