@@ -21,7 +21,7 @@ from litestar.stores.base import NamespacedStore, StorageObject
 
 from foundation.files import write_atomic
 
-_SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_SEGMENT = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}$")
 """One part of a key: no separator, no leading dot (``..``, the atomic writes' temp files)."""
 
 

@@ -99,6 +99,8 @@ async def test_a_response_owner_recorded_before_the_store_is_still_owned(tmp_pat
     assert not await owners.owns("other", "resp_old1")
     await owners.remember("acme", "resp_new1")
     assert (tmp_path / "responses" / tenant_key("acme") / "resp_new1").is_file()
+    await owners.remember("acme", "-resp_2")  # any id the API takes is a key
+    assert await owners.owns("acme", "-resp_2")
 
 
 @pytest.mark.parametrize("key", ["", "../x", "a/../b", "/abs", ".hidden", "a//b", "a b"])
