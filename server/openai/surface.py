@@ -20,7 +20,7 @@ from server.openai.models import api_router as models
 from server.openai.pooling import api_router as pooling
 from server.openai.responses import api_router as responses
 from server.openai.scoring import api_router as scoring
-from server.openai.stores import OpenAIStores, build_stores
+from server.openai.stores import OpenAIStores, build_stores, openai_site
 from server.openai.tokenization import api_router as tokenization
 from server.surface import Services, Surface, Watched
 
@@ -37,7 +37,8 @@ def build(services: Services) -> Mapping[str, Any]:
     config = services.config
     files_settings = config.batch.files
     directory = Path(files_settings.dir) if files_settings.dir else config.data_path() / "openai"
-    stores = build_stores(config.batch, directory.expanduser())
+    directory = directory.expanduser()
+    stores = build_stores(config.batch, openai_site(config.batch, directory))
     families = build_openai(
         services.core,
         services.generation,
