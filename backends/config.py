@@ -62,7 +62,7 @@ class VllmServer(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """Its replay socket, ``tcp://HOST:PORT``, to fill gaps (optional)."""
 
 
-class VllmBackend(
+class VllmBackendConfig(
     msgspec.Struct, forbid_unknown_fields=True, kw_only=True, tag_field="kind", tag="vllm"
 ):
     """A pool of vLLM servers serving one model."""
@@ -320,7 +320,7 @@ def kv_transfer_config(args: list[str]) -> dict[str, Any] | None:
     return None
 
 
-class LocalEmbeddingBackend(
+class LocalEmbeddingConfig(
     msgspec.Struct,
     forbid_unknown_fields=True,
     kw_only=True,
@@ -341,7 +341,7 @@ class LocalEmbeddingBackend(
     ``SEMCACHE_ENCODER_RUNTIME``, else ``auto``."""
 
 
-class EmbeddedClassifierBackend(
+class EmbeddedClassifierConfig(
     msgspec.Struct,
     forbid_unknown_fields=True,
     kw_only=True,
@@ -358,4 +358,4 @@ class EmbeddedClassifierBackend(
     """Explicit revision; by default the head's and the encoder's versions."""
 
 
-BackendConfig = VllmBackend | LocalEmbeddingBackend | EmbeddedClassifierBackend
+BackendConfig = VllmBackendConfig | LocalEmbeddingConfig | EmbeddedClassifierConfig

@@ -13,13 +13,12 @@ from typing import Any, Literal
 import msgspec
 
 from backends.chat_templates import template_fingerprint, template_path
-from backends.config import EmbeddedClassifierBackend, VllmBackend
-from backends.config import LocalEmbeddingBackend as LocalEmbeddingConfig
+from backends.config import EmbeddedClassifierConfig, LocalEmbeddingConfig, VllmBackendConfig
 from backends.generation_defaults import launch_defaults
+from backends.interfaces import EmbeddingBackend, GenerationBackend
 from backends.local.classifier import DEFAULT_HEAD, ClassifierBackend, TextClassifierBackend
 from backends.local.embedding import LocalEmbeddingBackend
 from backends.models import chat_template_fingerprint, model_revision, prepare_model
-from backends.protocol import EmbeddingBackend, GenerationBackend
 from backends.vllm.classifier import VllmClassifier
 from backends.vllm.client import VllmClient
 
@@ -115,7 +114,7 @@ def _resolve_path(spec: str | None, data_dir: Path) -> Path | None:
     return prepare_model(spec, data_dir, progress=lambda _msg: None)
 
 
-def backend_sampling_defaults(config: VllmBackend, model_dir: Path | None) -> dict[str, Any]:
+def backend_sampling_defaults(config: VllmBackendConfig, model_dir: Path | None) -> dict[str, Any]:
     """The sampling defaults every server of a vLLM backend applies: read from the checkpoint
     with each launched server's ``--generation-config`` / ``--override-generation-config``
     (a server run elsewhere: vLLM's default, ``auto``). Servers that disagree are refused:
@@ -136,7 +135,7 @@ def backend_sampling_defaults(config: VllmBackend, model_dir: Path | None) -> di
 
 def build_registry(
     models: list[ModelSpec],
-    backends: list[VllmBackend | LocalEmbeddingConfig | EmbeddedClassifierBackend],
+    backends: list[VllmBackendConfig | LocalEmbeddingConfig | EmbeddedClassifierConfig],
     data_dir: Path,
     created: int = 0,
     encoder_dir: Path | None = None,
@@ -149,7 +148,7 @@ def build_registry(
     revisions: dict[str, tuple[str, str]] = {}
     defaults: dict[str, dict[str, Any]] = {}
     for b in backends:
-        if isinstance(b, EmbeddedClassifierBackend):
+        if isinstance(b, EmbeddedClassifierConfig):
             head = Path(b.head_path) if b.head_path else DEFAULT_HEAD
             digest = hashlib.sha256(head.read_bytes()).hexdigest()[:12]
             # Refined to the head's and the encoder's versions when the classifier starts.
@@ -165,10 +164,10 @@ def build_registry(
             # no files to hash: until its servers report one (backends.fleet.remote_revision)
             rev = f"unversioned:{b.name}"
         template_fp = chat_template_fingerprint(path) if path is not None else "none"
-        if isinstance(b, VllmBackend) and b.chat_template is not None:
+        if isinstance(b, VllmBackendConfig) and b.chat_template is not None:
             template_fp = template_fingerprint(template_path(b.chat_template).read_text())
         revisions[b.name] = (rev, template_fp)
-        if isinstance(b, VllmBackend):
+        if isinstance(b, VllmBackendConfig):
             defaults[b.name] = backend_sampling_defaults(b, path)
             if path is not None and b.model_path != str(path):
                 # the folder a prepared: or package: spec names: KV placement's tokenizer

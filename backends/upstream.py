@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 
-from backends.protocol import BackendError
+from backends.interfaces import BackendError
 
 KEEPALIVE_S = 4.0
 """Idle pooled connections are dropped before uvicorn's (vLLM's) 5 s keep-alive closes them,

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from backends.config import VllmServer
 from backends.fleet.pool import Pool
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from bench.lib.support import pct, toml_value
 from bench.lib.wrk import run_wrk
 from foundation.request import QueueTicket

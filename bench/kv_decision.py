@@ -25,7 +25,7 @@ from backends.fleet.kv.index import PoolBlockIndex
 from backends.fleet.kv.scoring import KvScorer
 from backends.fleet.kv.tokens import PromptTokenizer
 from backends.fleet.placement import Placement, RouteKey
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from bench.lib.support import pct
 from harness.tiny_llama import build_tiny_llama
 from harness.vllm_process import TINY_MODEL_NAME, test_data_dir

@@ -55,7 +55,7 @@ from backends.fleet.kv.hashing import BlockHasher
 from backends.fleet.kv.index import PoolBlockIndex
 from backends.fleet.kv.scoring import KvScorer
 from backends.fleet.placement import Placement, RouteKey
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from backends.kv_settings import PlacementPolicy
 from bench.lib import fleet_calibration, fleet_shapes
 from bench.lib.fleet_calibration import Calibration

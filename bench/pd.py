@@ -63,12 +63,12 @@ import numpy as np
 sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backends.config import VllmBackend, VllmLaunch, VllmServer
+from backends.config import VllmBackendConfig, VllmLaunch, VllmServer
 from backends.fleet.pool_metrics import histogram_totals
+from backends.interfaces import BackendError
 from backends.launch.command import Device
 from backends.launch.launcher import Launcher
 from backends.profiles import LaunchProfile
-from backends.protocol import BackendError
 from backends.vllm.client import VllmClient
 from bench.lib.support import pct_ms, stderr_printer
 from foundation.request import RequestContext
@@ -356,10 +356,10 @@ def server(
     )
 
 
-def backend(args: argparse.Namespace, name: str, servers: list[VllmServer]) -> VllmBackend:
+def backend(args: argparse.Namespace, name: str, servers: list[VllmServer]) -> VllmBackendConfig:
     roles = {s.role for s in servers}
     profile = LaunchProfile(kv_cache_dtype=args.kv_cache_dtype) if args.gpu else None
-    return VllmBackend(
+    return VllmBackendConfig(
         name=name,
         served_model=args.served_name,
         model_path=args.model_path,
@@ -374,7 +374,7 @@ def backend(args: argparse.Namespace, name: str, servers: list[VllmServer]) -> V
 
 
 async def run_setup(
-    name: str, config: VllmBackend, args: argparse.Namespace, launch: bool
+    name: str, config: VllmBackendConfig, args: argparse.Namespace, launch: bool
 ) -> Result:
     device: Device | None = "cuda" if args.gpu else None
     launcher = Launcher([config], Path(args.data_dir), progress=say, device=device)

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from backends.protocol import BackendError, UpstreamResponse
+from backends.interfaces import BackendError, UpstreamResponse
 from foundation.request import RequestContext
 from harness.ports import free_port
 

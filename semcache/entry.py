@@ -19,7 +19,7 @@ import msgspec
 import orjson
 
 from foundation import sse
-from semcache.keys import CacheKey
+from semcache.cache_keys import CacheKey
 
 CHECKSUM_BYTES: Final = 16
 JSON: Final = "application/json"

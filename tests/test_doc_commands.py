@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.config import VllmBackend
+from backends.config import VllmBackendConfig
 from backends.launch.scale import pool_of
 from server.cli import build_parser, main
 from server.cli.options import ENVIRONMENT, OTHER_ENVIRONMENT
@@ -110,7 +110,7 @@ def check_semcache(cmd: DocCommand) -> None:
         assert key[:2] in RUN_ELSEWHERE or key[:1] in RUN_ELSEWHERE, f"how is {args} run?"
         if key == ("backends", "scale"):
             config = load_config(DEFAULT_CONFIG)
-            vllm = [b for b in config.backends if isinstance(b, VllmBackend)]
+            vllm = [b for b in config.backends if isinstance(b, VllmBackendConfig)]
             pool_of(vllm, args[2])  # a backend and role of the shipped config
 
 

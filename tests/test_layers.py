@@ -60,6 +60,7 @@ def test_no_module_of_the_product_is_over_500_lines() -> None:
 
 
 SERVER_BELOW: dict[str, set[str]] = {
+    "stores": set(),
     "http": set(),
     "limits": set(),
     "guard": set(),
@@ -121,7 +122,7 @@ settings a server started with (its KV block size); the vLLM client and its P/D 
 classifier's contract. Inside ``backends/`` only ``registry`` imports ``vllm``."""
 BACKENDS_ASSEMBLY = {"registry"}
 """The top modules that put the packages together (a configured backend's instance); the
-other top modules (``config``, ``protocol``, ``upstream``, ``models``...) are what every
+other top modules (``config``, ``interfaces``, ``upstream``, ``models``...) are what every
 package shares, and import none of them."""
 
 

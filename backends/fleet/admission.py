@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterable, Sequence
 from prometheus_client import Histogram
 
 from backends.fleet.fair_queue import FIFO, FairQueue, Waiter
-from backends.fleet.servers import ServerState
-from backends.protocol import BackendError
+from backends.fleet.server_state import ServerState
+from backends.interfaces import BackendError
 from foundation.request import Band, QueueTicket
 
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -45,7 +45,7 @@ FIFO_FLOW: Flow = (FIFO.band, FIFO.tenant)
 class Lease:
     """One request's slot on one server; ``release`` (idempotent) frees it."""
 
-    def __init__(self, admission: Admission, server: ServerState, flow: Flow) -> None:
+    def __init__(self, admission: SlotAdmission, server: ServerState, flow: Flow) -> None:
         self.admission = admission
         self.server = server
         self.flow = flow
@@ -70,7 +70,7 @@ class Lease:
             self.admission.release(self.server, self.flow)
 
 
-class Admission:
+class SlotAdmission:
     """Hands out slots on ``servers`` (a pool's list, shared) first come, first served."""
 
     def __init__(

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import msgspec
 
 from backends.fleet.pool import Pool
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from backends.scraped_metrics import UpstreamSample
 
 WAITING = "vllm:num_requests_waiting"

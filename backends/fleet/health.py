@@ -21,7 +21,7 @@ import aiohttp
 from backends.fleet.dispatch_gate import DispatchGate
 from backends.fleet.pool import Pool
 from backends.fleet.remote_revision import remote_revision, reported_identity
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from backends.scraped_metrics import parse_upstream_metrics
 from backends.upstream import HTTP_ERRORS, HttpSession
 

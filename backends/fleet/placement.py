@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from backends.kv_settings import PlacementPolicy
 
 if TYPE_CHECKING:

@@ -19,10 +19,10 @@ import logging
 import math
 from collections.abc import Sequence
 
-from backends.config import ServerRole, VllmBackend
-from backends.fleet.admission import Admission
-from backends.fleet.servers import ServerLoad, ServerState
-from backends.protocol import BackendError
+from backends.config import ServerRole, VllmBackendConfig
+from backends.fleet.admission import SlotAdmission
+from backends.fleet.server_state import ServerLoad, ServerState
+from backends.interfaces import BackendError
 
 log = logging.getLogger("semcache.backends")
 
@@ -49,7 +49,7 @@ class Pool:
         """The serving servers (admitted or ejected); shared with ``admission``: edited in
         place."""
         self._leaving: list[ServerState] = []
-        self.admission = Admission(
+        self.admission = SlotAdmission(
             backend,
             role,
             self.servers,
@@ -147,7 +147,7 @@ class Pool:
             self.admission.wake_all()
 
 
-def build_pools(config: VllmBackend) -> tuple[Pool | None, Pool]:
+def build_pools(config: VllmBackendConfig) -> tuple[Pool | None, Pool]:
     """``(prefill pool or None, the pool that answers)`` for a backend's servers."""
 
     def states(role: ServerRole) -> list[ServerState]:

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 import msgspec
 
 from backends.fleet.pool import Pool
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from backends.scraped_metrics import UpstreamSample
 
 QUEUE_TIME = "vllm:request_queue_time_seconds"

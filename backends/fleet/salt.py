@@ -17,7 +17,7 @@ import os
 import secrets
 from collections.abc import Mapping
 
-from backends.config import VllmBackend
+from backends.config import VllmBackendConfig
 
 log = logging.getLogger("semcache.backends")
 
@@ -36,7 +36,7 @@ class CacheSalter:
 
     @classmethod
     def from_config(
-        cls, config: VllmBackend, environ: Mapping[str, str] | None = None
+        cls, config: VllmBackendConfig, environ: Mapping[str, str] | None = None
     ) -> CacheSalter:
         """The secret from ``cache_salt_secret_env``, then ``cache_salt_secret``, else random."""
         env = os.environ if environ is None else environ

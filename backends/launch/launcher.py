@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
-from backends.config import VllmBackend
+from backends.config import VllmBackendConfig
 from backends.launch.command import Device
 from backends.launch.process import Progress, VllmProcess
 from backends.models import prepare_model
@@ -23,7 +23,7 @@ class Launcher:
 
     def __init__(
         self,
-        backends: Sequence[VllmBackend],
+        backends: Sequence[VllmBackendConfig],
         data_dir: Path,
         *,
         progress: Progress = print,

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import msgspec
 import psutil
 
-from backends.config import ServerRole, VllmBackend, VllmLaunch, VllmServer
+from backends.config import ServerRole, VllmBackendConfig, VllmLaunch, VllmServer
 from backends.launch.process import Progress, VllmProcess
 from backends.launch.process_group import stop_process_group
 from backends.models import prepare_model
@@ -37,7 +37,7 @@ class Scaled(msgspec.Struct):
     log: str
 
 
-def pool_of(backends: list[VllmBackend], name: str) -> tuple[VllmBackend, ServerRole]:
+def pool_of(backends: list[VllmBackendConfig], name: str) -> tuple[VllmBackendConfig, ServerRole]:
     """``BACKEND/ROLE``, or ``ROLE`` alone when there is one vLLM backend."""
     backend_name, _, role = name.rpartition("/")
     if role not in ("both", "prefill", "decode"):
@@ -73,7 +73,7 @@ def _free_port(host: str) -> int:
     raise ValueError(f"no free port on {host} in {PORTS.start}-{PORTS.stop - 1}")
 
 
-def pool_launch(backend: VllmBackend, role: ServerRole) -> VllmLaunch:
+def pool_launch(backend: VllmBackendConfig, role: ServerRole) -> VllmLaunch:
     """The pool's launch settings: those of its first launched server (the pool's profile
     already applied), else the defaults plus the pool's profile."""
     template = next((s for s in backend.servers if s.role == role and s.launch), None)
@@ -83,7 +83,7 @@ def pool_launch(backend: VllmBackend, role: ServerRole) -> VllmLaunch:
     return backend.launch_with_profile(blank)
 
 
-def new_server(backend: VllmBackend, role: ServerRole) -> VllmServer:
+def new_server(backend: VllmBackendConfig, role: ServerRole) -> VllmServer:
     """The next server of the pool: its launch settings on free ports of the same host."""
     template = next((s for s in backend.servers if s.role == role and s.launch), None)
     host = urlsplit(template.url).hostname if template else None
@@ -120,7 +120,7 @@ class ScaleRecords:
 
 
 async def start_server(
-    backend: VllmBackend,
+    backend: VllmBackendConfig,
     role: ServerRole,
     data_dir: Path,
     *,

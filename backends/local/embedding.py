@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from backends.interfaces import Embeddings
 from backends.local.onnx_model import (
     load_checked_graph,
     onnx_or_torch,
@@ -19,7 +20,6 @@ from backends.local.onnx_model import (
     requested_runtime,
 )
 from backends.models import model_version
-from backends.protocol import Embeddings
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from typing import Any
 
 import orjson
 
+from backends.interfaces import BackendError, UpstreamRejected
 from backends.local.classifier import LabelScores, TextEncoder
-from backends.protocol import BackendError, UpstreamRejected
 from backends.vllm.client import VllmClient
 from foundation.request import RequestContext
 

@@ -12,15 +12,15 @@ from typing import Any
 import aiohttp
 import orjson
 
-from backends.config import ServerRole, VllmBackend, VllmServer
+from backends.config import ServerRole, VllmBackendConfig, VllmServer
 from backends.fleet.dispatch_gate import DispatchGate
 from backends.fleet.health import HealthMonitor
 from backends.fleet.kv.service import KvPlacement
 from backends.fleet.pool import Pool, build_pools
 from backends.fleet.pool_metrics import BackendStats
 from backends.fleet.salt import CacheSalter
-from backends.fleet.servers import ServerLoad, ServerState
-from backends.protocol import UpstreamResponse
+from backends.fleet.server_state import ServerLoad, ServerState
+from backends.interfaces import UpstreamResponse
 from backends.upstream import HTTP_ERRORS, HttpSession
 from backends.vllm.router import PDRouter
 from backends.vllm.stream import VllmStream
@@ -36,7 +36,7 @@ class VllmClient:
 
     def __init__(
         self,
-        config: VllmBackend,
+        config: VllmBackendConfig,
         salter: CacheSalter | None = None,
     ) -> None:
         """``salter``: default from the config."""

@@ -43,13 +43,13 @@ from typing import Any, Literal, TypeVar
 
 import orjson
 
-from backends.config import VllmBackend
+from backends.config import VllmBackendConfig
 from backends.fleet.admission import Lease
 from backends.fleet.placement import Placement, PromptShape, RouteKey
 from backends.fleet.pool import Pool
 from backends.fleet.pool_metrics import BackendStats
-from backends.fleet.servers import ServerState
-from backends.protocol import BackendError
+from backends.fleet.server_state import ServerState
+from backends.interfaces import BackendError
 from backends.upstream import HTTP_ERRORS, HttpSession, http_failure, stream_timeout
 from foundation import tracing as spans
 from foundation.request import RequestContext
@@ -102,7 +102,7 @@ class PrefillHop:
 
     def __init__(
         self,
-        config: VllmBackend,
+        config: VllmBackendConfig,
         http: HttpSession,
         pool: Pool | None,
         stats: BackendStats,
@@ -230,7 +230,7 @@ class DecodeHop:
     """Step 3: the decode hop, tried on up to ``decode_attempts`` servers before a first byte."""
 
     def __init__(
-        self, config: VllmBackend, pool: Pool, stats: BackendStats, placement: Placement
+        self, config: VllmBackendConfig, pool: Pool, stats: BackendStats, placement: Placement
     ) -> None:
         self.attempts = config.decode_attempts
         self.bound_s = config.handoff_deadline_s

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from backends.config import VllmBackend
+from backends.config import VllmBackendConfig
 from backends.fleet.admission import Lease
 from backends.fleet.health import HealthMonitor
 from backends.fleet.kv.service import KvPlacement
@@ -23,7 +23,7 @@ from backends.fleet.placement import Placement, RouteKey, prefix_key, prompt_sha
 from backends.fleet.pool import Pool
 from backends.fleet.pool_metrics import BackendStats
 from backends.fleet.salt import ANONYMOUS_SCOPE, CacheSalter
-from backends.protocol import BackendError, UpstreamResponse
+from backends.interfaces import BackendError, UpstreamResponse
 from backends.upstream import HTTP_ERRORS, HttpSession, body_failure
 from backends.vllm.pd_flow import (
     NOT_GENERATION,
@@ -59,7 +59,7 @@ class PDRouter:
 
     def __init__(
         self,
-        config: VllmBackend,
+        config: VllmBackendConfig,
         http: HttpSession,
         prefill: Pool | None,
         decode: Pool,

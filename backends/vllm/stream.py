@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 import aiohttp
 import orjson
 
-from backends.protocol import BackendError
+from backends.interfaces import BackendError
 from backends.upstream import HTTP_ERRORS, body_failure, raw_chunks
 from foundation.sse import SSEReader
 

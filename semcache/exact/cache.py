@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from foundation import tracing as spans
+from semcache.cache_keys import build_key, is_deterministic, scope_for
 from semcache.entry import CachedAnswer
 from semcache.exact.coalescing import Flight, Flights
 from semcache.exact.freshness import freshness
@@ -28,7 +29,6 @@ from semcache.exact.purge import EpochBook, LocalEpochs, Purger, PurgeResult
 from semcache.exact.request import CacheControl, CacheRequest, CacheResult, CacheStatus, Fill
 from semcache.exact.revalidation import Refreshes
 from semcache.exact.tier_stack import TierStack
-from semcache.keys import build_key, is_deterministic, scope_for
 from semcache.metrics import CacheMetrics
 from semcache.policy import CacheRule, Prices
 from semcache.restamp import restamped

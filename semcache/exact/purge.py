@@ -33,8 +33,8 @@ import msgspec
 import orjson
 
 from foundation.redis_client import RedisClient, open_redis, ready_for_pubsub
+from semcache.cache_keys import scope_for
 from semcache.change_counter import Generation
-from semcache.keys import scope_for
 from semcache.tiers.base import Store
 from semcache.tiers.redis import OUTAGE_ERRORS, RedisLink
 

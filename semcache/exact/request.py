@@ -8,9 +8,9 @@ from typing import Any
 
 import msgspec
 
+from semcache.cache_keys import CacheKey, build_key, is_tenant_scope
 from semcache.entry import CachedAnswer
 from semcache.exact.purge import Epochs
-from semcache.keys import CacheKey, build_key, is_tenant_scope
 from semcache.policy import REVEALABLE, CacheRule
 
 Fill = Callable[[], Awaitable[CachedAnswer | None]]

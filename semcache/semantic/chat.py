@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from semcache.keys import CacheKey, canonical_request, params_hash
+from semcache.cache_keys import CacheKey, canonical_request, params_hash
 from semcache.semantic.cache import SemanticCache
 from semcache.semantic.records import PartitionKey
 

@@ -23,9 +23,9 @@ from collections.abc import Sequence
 import msgspec
 import numpy as np
 
+from semcache.cache_keys import CacheKey
 from semcache.entry import CachedAnswer, Usage
 from semcache.exact import CacheControl, CacheRequest, ExactCache
-from semcache.keys import CacheKey
 from semcache.semantic.cache import SemanticCache
 from semcache.semantic.match import Match
 from semcache.semantic.records import PartitionKey

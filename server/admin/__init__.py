@@ -1,3 +1,3 @@
 """The admin API (``/admin/...``, the admin role): cache purges, policy reload and the request
-log (``routes.py``), API keys and their audit (``api_keys.py``), pool membership
+log (``api_router.py``), API keys and their audit (``api_keys.py``), pool membership
 (``pools.py``), the debug clock (``debug_clock.py``)."""

@@ -12,7 +12,7 @@ import msgspec
 from litestar import Request, Response, delete, get, patch, post
 from litestar.params import FromPath
 
-from server.admin.routes import ADMIN_ERRORS
+from server.admin.api_router import ADMIN_ERRORS
 from server.apidoc.operation import Answer, Field, RouteDoc, documented
 from server.envelope.context import record, require_admin
 from server.errors import ApiError

@@ -12,7 +12,7 @@ import msgspec
 from litestar import Request, Response, get, post
 
 from foundation.clock import AdjustableClock, ClockState
-from server.admin.routes import ADMIN_ERRORS
+from server.admin.api_router import ADMIN_ERRORS
 from server.apidoc.operation import Answer, RouteDoc, documented
 from server.envelope.context import require_admin
 from server.http.respond import parse_body

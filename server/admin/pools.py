@@ -20,10 +20,10 @@ from litestar.params import FromPath
 from backends.config import ServerRole
 from backends.fleet.pool import Pool
 from backends.fleet.pool_signals import PoolSignals, pool_signals
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from backends.registry import ModelRegistry
 from backends.vllm.client import VllmClient
-from server.admin.routes import ADMIN_ERRORS
+from server.admin.api_router import ADMIN_ERRORS
 from server.apidoc.operation import Answer, Field, RouteDoc, documented
 from server.envelope.context import require_admin
 from server.errors import ApiError

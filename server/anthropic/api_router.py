@@ -42,7 +42,6 @@ def messages(request: Request[Any, Any, Any]) -> MessagesServing:
         RouteDoc(
             summary="Create a message (Anthropic's Messages API)",
             tag="Anthropic",
-            error_format="anthropic",
             body=MessagesRequest,
             headers=(*ANTHROPIC_HEADERS, *CACHE_HEADERS),
             answers=(
@@ -72,7 +71,6 @@ async def create_message(request: Request[Any, Any, Any]) -> Response[Any]:
         RouteDoc(
             summary="Count the tokens of a message's prompt (Anthropic's Messages API)",
             tag="Anthropic",
-            error_format="anthropic",
             body=TokenCountRequest,
             headers=(*ANTHROPIC_HEADERS, *CONTEXT_HEADERS),
             answers=(Answer(200, TokenCount, "The prompt's tokens, as the model renders it."),),

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 import msgspec
 from litestar.openapi.spec import (
@@ -28,15 +28,12 @@ from litestar.openapi.spec import (
     Schema,
 )
 
-from server.errors import AnthropicError, OpenAIError, WorkersAIError
-
 REF_TEMPLATE = "#/components/schemas/{name}"
 BEARER = "bearer"
 """The name of the security scheme: ``Authorization: Bearer <token>``."""
-API_KEY = "x-api-key"
-"""The name of the other scheme of Anthropic's routes: the same token as ``x-api-key``."""
-
-ErrorFormat = Literal["openai", "workers_ai", "anthropic"]
+ERROR_PLACEHOLDER = "SurfaceError"
+"""What an operation's error answers refer to until the document is rendered: the error
+model of the surface that owns its path (``server/apidoc/document.py``)."""
 
 CLIENT_ERRORS = (400, 401, 413, 429)
 """What any API route with a body can answer: bad input, no token, too large, rate limited."""
@@ -112,8 +109,7 @@ class RouteDoc:
     tag: str
     answers: tuple[Answer, ...]
     errors: tuple[int, ...]
-    """Every error status the route can answer with (in its API's error format)."""
-    error_format: ErrorFormat = "openai"
+    """Every error status the route can answer with (in its surface's error format)."""
     body: Any = None
     """The JSON request body's type; ``None``: no body."""
     body_media_type: str = "application/json"
@@ -122,14 +118,9 @@ class RouteDoc:
     auth: bool = True
     description: str | None = None
 
-    def error_type(self) -> type:
-        return {"workers_ai": WorkersAIError, "anthropic": AnthropicError}.get(
-            self.error_format, OpenAIError
-        )
-
     def leaves(self) -> Iterator[Any]:
-        """Every type the operation's schemas name (the components the document needs)."""
-        yield self.error_type()
+        """Every type the operation's schemas name (the components the document needs; the
+        error models are the surfaces')."""
         roots = [self.body, *(a.schema for a in self.answers)]
         roots += [f.schema for f in (*self.query, *self.headers)]
         for root in roots:
@@ -190,7 +181,7 @@ def _schema(value: Any) -> Schema:
     return schema
 
 
-def _error_response(status: int, error_type: type) -> OpenAPIResponse:
+def _error_response(status: int) -> OpenAPIResponse:
     headers = None
     if status in (429, 503):
         headers = {
@@ -202,7 +193,11 @@ def _error_response(status: int, error_type: type) -> OpenAPIResponse:
     phrase = NONSTANDARD.get(status) or HTTPStatus(status).phrase
     return OpenAPIResponse(
         description=phrase,
-        content={"application/json": OpenAPIMediaType(schema=_schema(error_type))},
+        content={
+            "application/json": OpenAPIMediaType(
+                schema={"$ref": REF_TEMPLATE.format(name=ERROR_PLACEHOLDER)}  # type: ignore[arg-type]
+            )
+        },
         headers=headers,  # type: ignore[arg-type]
     )
 
@@ -245,10 +240,8 @@ class DocumentedOperation(Operation):
         self.summary = doc.summary
         self.description = doc.description
         self.tags = [doc.tag]
-        self.security = None
-        if doc.auth:
-            anthropic = doc.error_format == "anthropic"
-            self.security = [{BEARER: []}, {API_KEY: []}] if anthropic else [{BEARER: []}]
+        # The surface's own key schemes join at render (``server/apidoc/document.py``).
+        self.security = [{BEARER: []}] if doc.auth else None
         params = list(self.parameters or [])
         params += [_parameter(f, "query") for f in doc.query]
         params += [_parameter(f, "header") for f in doc.headers]
@@ -259,7 +252,7 @@ class DocumentedOperation(Operation):
             self.request_body = RequestBody(content={doc.body_media_type: media}, required=True)
         responses = {str(a.status): _answer_response(a) for a in doc.answers}
         for status in doc.errors:
-            responses[str(status)] = _error_response(status, doc.error_type())
+            responses[str(status)] = _error_response(status)
         self.responses = responses  # type: ignore[assignment]
 
 

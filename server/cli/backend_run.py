@@ -22,7 +22,7 @@ import sys
 import httpx
 import msgspec
 
-from backends.config import ServerRole, VllmBackend, VllmServer
+from backends.config import ServerRole, VllmBackendConfig, VllmServer
 from backends.launch.process import VllmProcess, VllmStartError
 from backends.launch.scale import pool_launch, pool_of
 from backends.models import prepare_model
@@ -45,7 +45,7 @@ def advertised_host(host: str) -> str:
 
 
 def pool_server(
-    backend: VllmBackend, role: ServerRole, host: str, port: int, advertised: str
+    backend: VllmBackendConfig, role: ServerRole, host: str, port: int, advertised: str
 ) -> VllmServer:
     """The server to start: the pool's launch settings on ``host:port``; a P/D server tells
     its peers its NIXL side channel is at ``advertised`` unless the environment says where."""
@@ -123,7 +123,7 @@ async def _first(*aws: asyncio.Future[object] | asyncio.Task[object]) -> None:
 
 
 async def _run(args: argparse.Namespace, config: GatewayConfig) -> int:
-    vllm = [b for b in config.backends if isinstance(b, VllmBackend)]
+    vllm = [b for b in config.backends if isinstance(b, VllmBackendConfig)]
     backend, role = pool_of(vllm, args.pool)
     if backend.model_path is None:
         raise ValueError(f"backend {backend.name!r} has no model_path to serve")

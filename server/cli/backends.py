@@ -9,7 +9,7 @@ import sys
 
 import httpx
 
-from backends.config import VllmBackend
+from backends.config import VllmBackendConfig
 from backends.launch.launcher import Launcher
 from backends.launch.process import VllmStartError
 from backends.launch.scale import ScaleRecords, pool_of, start_server, stop_server
@@ -23,7 +23,7 @@ from server.telemetry import vllm_traces_endpoint
 
 def launcher(config: GatewayConfig) -> Launcher:
     """The launcher of the vLLM servers ``config`` starts, reporting progress on stdout."""
-    vllm = [b for b in config.backends if isinstance(b, VllmBackend)]
+    vllm = [b for b in config.backends if isinstance(b, VllmBackendConfig)]
     return Launcher(
         vllm,
         config.data_path(),
@@ -61,7 +61,7 @@ def _admin(args: argparse.Namespace) -> dict[str, str]:
 
 async def _scale_up(args: argparse.Namespace, config: GatewayConfig) -> int:
     """Start one more server of the pool, then add it to every gateway named."""
-    vllm = [b for b in config.backends if isinstance(b, VllmBackend)]
+    vllm = [b for b in config.backends if isinstance(b, VllmBackendConfig)]
     backend, role = pool_of(vllm, args.pool)
     server, record = await start_server(
         backend,
@@ -135,7 +135,7 @@ async def _scale_down_one(
 
 
 async def _scale_down(args: argparse.Namespace, config: GatewayConfig) -> int:
-    vllm = [b for b in config.backends if isinstance(b, VllmBackend)]
+    vllm = [b for b in config.backends if isinstance(b, VllmBackendConfig)]
     backend, role = pool_of(vllm, args.pool)
     started = ScaleRecords(config.data_path(), backend.name, role).read()
     if not started:

@@ -24,19 +24,19 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 
-from backends.registry import ModelInfo, Task
+from backends.registry import ModelInfo
 from foundation import tracing as spans
 from foundation.request import RequestContext
 from semcache import replay
 from semcache.entry import CachedAnswer
 from semcache.exact import CacheRequest, CacheResult
-from server.envelope.middleware import WANTED_HEADERS, Envelope
+from server.envelope.middleware import Envelope
 from server.envelope.record import RECORD_KEY, RequestRecord
 from server.envelope.server_span import run_traced
 from server.errors import ApiError
@@ -50,29 +50,7 @@ from server.serving.cached_stream import replayed_reply
 from server.serving.core import ServingCore
 from server.serving.stream_format import stream_format
 from server.serving.usage_notes import note_result
-
-Render = Callable[[CachedAnswer, CacheResult, CacheRequest, bool], Reply]
-"""A surface's reply to a hit: (the stored answer, how the cache answered, the request it was
-keyed by, whether a stream was asked for) → the Reply its route sends, cache headers included."""
-
-
-@dataclass(frozen=True, slots=True)
-class Watched:
-    """A route these hits answer: the cache's route name, the task its model serves, and,
-    for a surface that answers in its own shape, how its route renders a hit."""
-
-    route: str
-    task: Task
-    render: Render | None = None
-    """``None``: the stored answer replayed as OpenAI's (``replay``)."""
-
-
-ROUTES: Final[dict[str, Watched]] = {
-    "/v1/chat/completions": Watched("chat", "chat"),
-    "/v1/completions": Watched("completions", "chat"),
-    "/v1/embeddings": Watched("embeddings", "embeddings"),
-}
-"""The OpenAI routes watched; the app factory adds other surfaces' (``EarlyHits.watch``)."""
+from server.surface import Watched
 
 _DIRECTIVES: Final = frozenset(name.encode() for name in DIRECTIVE_HEADERS)
 
@@ -121,14 +99,17 @@ class HeaderMemo:
         return (res.status, int(age), floor_ttl, res.stored, res.from_cache, size)
 
 
-def _plain_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str] | None:
-    """The headers the envelope reads; ``None`` when a header asks the cache something."""
+def _plain_headers(
+    raw: Iterable[tuple[bytes, bytes]], wanted: frozenset[bytes]
+) -> dict[str, str] | None:
+    """The ``wanted`` headers (the envelope's); ``None`` when a header asks the cache
+    something."""
     out: dict[str, str] = {}
     for name, value in raw:
         low = name.lower()
         if low in _DIRECTIVES:
             return None
-        if low in WANTED_HEADERS:
+        if low in wanted:
             out[low.decode()] = value.decode("latin-1")
     return out
 
@@ -151,20 +132,24 @@ class EarlyHits:
     Built by the app factory: ``wrap`` puts it in front of the router, and the serving
     core tells it of the exact hits it answers (``exact_hit``)."""
 
-    def __init__(self, core: ServingCore, envelope: Envelope, *, size: int = 10_000) -> None:
+    def __init__(
+        self,
+        core: ServingCore,
+        envelope: Envelope,
+        routes: Mapping[str, Watched],
+        *,
+        size: int = 10_000,
+    ) -> None:
         self.core = core
         self.envelope = envelope
         self.size = size
         self.app: ASGIApp | None = None
-        self.routes: dict[str, Watched] = dict(ROUTES)
+        self.routes: dict[str, Watched] = dict(routes)
+        """The paths watched: every surface's ``Surface.early_hits``."""
         self._memos: dict[MemoKey, Memo] = {}
         self._watching: dict[str, tuple[MemoKey, int]] = {}
         """Request id → the memo its route's exact hit would write, and its body's token
         estimate."""
-
-    def watch(self, path: str, watched: Watched) -> None:
-        """Answer repeats on ``path`` too (a surface's route, with its own rendering)."""
-        self.routes[path] = watched
 
     def wrap(self, app: ASGIApp) -> ASGIApp:
         """This layer in front of ``app`` (the router)."""
@@ -192,7 +177,7 @@ class EarlyHits:
 
     async def _handle(self, route: Watched, scope: Scope, receive: Receive, send: Send) -> None:
         assert self.app is not None
-        headers = _plain_headers(scope["headers"])
+        headers = _plain_headers(scope["headers"], self.envelope.surfaces.wanted_headers)
         first = await receive()
         if (
             headers is None
@@ -205,7 +190,9 @@ class EarlyHits:
         path = scope["path"]
         try:
             with spans.span("auth"):
-                record = self.envelope.open_record(path, "token", headers, None)
+                record = self.envelope.open_record(
+                    path, "token", headers, None, scope.get("query_string", b"")
+                )
         except ApiError:  # the route answers it in its own format
             await self.app(scope, _replaying(first, receive), send)
             return

@@ -21,9 +21,9 @@ from __future__ import annotations
 import itertools
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 
@@ -38,40 +38,14 @@ from server.envelope.record import RECORD_KEY, RequestRecord, item_line, log_lin
 from server.envelope.request_log import RequestLog
 from server.envelope.server_span import run_traced
 from server.errors import ERROR_CODE_KEY, ApiError
-from server.http.draining import OPEN_PATHS, Drain, refuse
+from server.http.draining import REFUSAL, Drain, refuse
 from server.identity.auth import ANONYMOUS, TokenAuth
-from server.limits.limiter import Admission, TenantLimiter, estimate_tokens
+from server.limits.limiter import LimitAdmission, TenantLimiter, estimate_tokens
 from server.metrics import GatewayMetrics
+from server.surface import Surfaces
 
 if TYPE_CHECKING:
     from litestar.handlers import HTTPRouteHandler
-
-
-WANTED_HEADERS: Final = (b"authorization", b"x-request-id", b"x-api-key")
-"""The request headers the middleware reads."""
-
-KEY_HEADER_ROUTES: Final = "/v1/messages"
-"""The routes whose clients may send their key as ``x-api-key`` (Anthropic's SDK, Claude
-Code): there it stands for ``Authorization: Bearer <key>``, so both reach the same tenants
-and API keys. Elsewhere it is ignored: answers there vary on ``Authorization`` alone."""
-
-
-def wanted_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
-    """The headers the middleware reads, from the ASGI scope's raw list."""
-    out: dict[str, str] = {}
-    for name, value in raw:
-        if len(name) in (13, 12, 9) and name.lower() in WANTED_HEADERS:
-            out[name.lower().decode()] = value.decode("latin-1")
-    return out
-
-
-def key_as_bearer(route: str, headers: dict[str, str]) -> dict[str, str]:
-    """``headers`` with an ``x-api-key`` read as the bearer token where the route takes one
-    (``KEY_HEADER_ROUTES``) and no ``Authorization`` header came."""
-    key = headers.get("x-api-key")
-    if key and "authorization" not in headers and route.startswith(KEY_HEADER_ROUTES):
-        return {**headers, "authorization": f"Bearer {key.strip()}"}
-    return headers
 
 
 class RequestIds:
@@ -102,6 +76,9 @@ class Envelope:
     tracing: Tracing | None = None
     """Each request's trace (``server/envelope/server_span.py``); ``None``: tracing is off."""
     clock: Callable[[], float] = time.time
+    surfaces: Surfaces = field(default_factory=lambda: Surfaces(()))
+    """The registered surfaces: where a request's key may come (``Surface.key_headers``), how
+    a request is refused while draining."""
     _routes: dict[int, tuple[str, str]] = field(default_factory=dict)
     _ids: RequestIds = field(default_factory=lambda: RequestIds())
 
@@ -125,15 +102,23 @@ class Envelope:
         if opened is not None and opened.route == route and need == "token":
             return opened
         account = scope["path_params"].get("account_id")
-        return self.open_record(route, need, wanted_headers(scope["headers"]), account)
+        headers = self.surfaces.read_headers(scope["headers"])
+        return self.open_record(route, need, headers, account, scope.get("query_string", b""))
 
     def open_record(
-        self, route: str, need: str, headers: dict[str, str], account_id: str | None
+        self,
+        route: str,
+        need: str,
+        headers: dict[str, str],
+        account_id: str | None,
+        query: bytes = b"",
     ) -> RequestRecord:
         """The record of a request to ``route`` (an ApiError 401/403 when its token does not
-        meet ``need``); ``headers``: what :func:`wanted_headers` read."""
+        meet ``need``); ``headers``: what ``Surfaces.read_headers`` read; ``query``: the raw
+        query string (a surface may take the key there)."""
+        credentials = self.surfaces.with_bearer(route, headers, query)
         principal = self.auth.authenticate(
-            key_as_bearer(route, headers), account_id, key_required=need in ("key", "admin")
+            credentials, account_id, key_required=need in ("key", "admin")
         )
         if need == "admin" and not principal.admin:
             if self.auth.open and self.auth.admin_token is None:
@@ -178,7 +163,7 @@ class Envelope:
 
     async def admit(
         self, record: RequestRecord, receive: Receive, estimate: int | None = None
-    ) -> tuple[Admission | None, Receive]:
+    ) -> tuple[LimitAdmission | None, Receive]:
         """Count the request against its token's limits (ApiError 429 when over); the
         ``receive`` to run the route with (the body was read ahead to estimate its tokens,
         unless the caller knows the ``estimate`` of its body). ``None``: no limit or budget
@@ -205,7 +190,7 @@ class Envelope:
             )
         return admission, receive
 
-    async def settle(self, record: RequestRecord, admission: Admission) -> None:
+    async def settle(self, record: RequestRecord, admission: LimitAdmission) -> None:
         """Correct the token estimate with what the request used; free its slot."""
         assert self.limiter is not None
         usage = record.usage
@@ -225,7 +210,7 @@ class Envelope:
     async def run(
         self,
         record: RequestRecord,
-        admission: Admission | None,
+        admission: LimitAdmission | None,
         scope: Scope,
         receive: Receive,
         send: Send,
@@ -338,9 +323,11 @@ class EnvelopeMiddleware:
             await self.app(scope, receive, send)
             return
         drain = self.envelope.drain
-        if drain.draining and scope["path"] not in OPEN_PATHS:
+        path = scope["path"]
+        surfaces = self.envelope.surfaces
+        if drain.draining and not surfaces.open_while_draining(path):
             drain.refused += 1
-            await refuse(scope["path"], send)
+            await refuse(surfaces.refusal(path, REFUSAL), send)
             return
         drain.enter()  # not `holding()`: a generator's context costs more than the request
         try:
@@ -363,7 +350,7 @@ class EnvelopeMiddleware:
         if record is None:
             await self.app(scope, receive, send)
             return
-        admission: Admission | None = None
+        admission: LimitAdmission | None = None
         if envelope.limiter is not None:
             try:
                 admission, receive = await envelope.admit(record, receive)

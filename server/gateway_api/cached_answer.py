@@ -17,8 +17,8 @@ from litestar import Request, Response, get
 
 from foundation.request import RequestContext
 from semcache import replay
+from semcache.cache_keys import scope_for
 from semcache.exact import CacheResult
-from semcache.keys import scope_for
 from semcache.policy import Policy
 from server.apidoc.operation import SERVER_ERROR, Answer, Field, RouteDoc, documented
 from server.apidoc.request_headers import CONTEXT_HEADERS, STRING

@@ -9,8 +9,9 @@ connection is refused from then on), requests still running get ``GRACE_S`` more
 the lifespan closes the caches and the backends, and the process exits with status 0.
 A second SIGTERM ends the drain at once; Ctrl-C (SIGINT) keeps uvicorn's behaviour.
 
-``/health`` and ``/metrics`` keep answering while draining (the process is alive and its
-metrics are worth scraping until the end).
+What a surface answers while draining is its own (``Surface.refusal``, its error format
+otherwise); the health surface keeps ``/health`` and ``/metrics`` answering (the process is
+alive and its metrics are worth scraping until the end) and says ``draining`` on ``/ready``.
 """
 
 from __future__ import annotations
@@ -25,13 +26,7 @@ from types import FrameType
 import uvicorn
 from litestar.types import Send
 
-from server.errors import (
-    ANTHROPIC_PATHS,
-    ApiError,
-    anthropic_error_body,
-    openai_error_body,
-    workers_ai_error_body,
-)
+from server.errors import ApiError
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +35,6 @@ RETRY_AFTER_S = 2
 
 GRACE_S = 5.0
 """After the drain, how long uvicorn waits for requests still running before cancelling."""
-
-OPEN_PATHS = frozenset({"/health", "/metrics"})
-"""Answered as usual while draining."""
 
 
 class Drain:
@@ -83,7 +75,7 @@ class Drain:
         return True
 
 
-_REFUSAL = ApiError(
+REFUSAL = ApiError(
     503,
     "The gateway is shutting down; retry the request (another instance will answer it).",
     code="shutting_down",
@@ -91,16 +83,9 @@ _REFUSAL = ApiError(
 )
 
 
-async def refuse(path: str, send: Send) -> None:
-    """The 503 a request gets while the gateway drains, in its route's own error format."""
-    if path == "/ready":
-        body = b'{"status":"draining"}'
-    elif path.startswith("/client/v4"):
-        body = workers_ai_error_body(_REFUSAL)
-    elif path.startswith(ANTHROPIC_PATHS):
-        body = anthropic_error_body(_REFUSAL)
-    else:
-        body = openai_error_body(_REFUSAL)
+async def refuse(body: bytes, send: Send) -> None:
+    """The 503 a request gets while the gateway drains: ``body`` is ``REFUSAL`` in its
+    route's own format (``Surfaces.refusal``)."""
     await send(
         {
             "type": "http.response.start",

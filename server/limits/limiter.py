@@ -80,7 +80,7 @@ class TokenStatus(msgspec.Struct, kw_only=True):
 
 
 @dataclass(slots=True, eq=False)
-class Admission:
+class LimitAdmission:
     """What :meth:`TenantLimiter.admit` decided for one request; settled once at its end."""
 
     key: str
@@ -185,13 +185,13 @@ class TenantLimiter:
         *,
         background: bool = False,
         own_budgets: LimitSettings | None = None,
-    ) -> Admission:
+    ) -> LimitAdmission:
         """Count one request of token ``key``; ApiError 429 (headers attached) when over.
 
         ``own_budgets``: an API key's budgets, spent by that key alone (``key_budgets``),
         checked besides its tenant's."""
         settings = self.settings_of(override)
-        admission = Admission(key, tenant, settings, estimated_tokens, background=background)
+        admission = LimitAdmission(key, tenant, settings, estimated_tokens, background=background)
         if background:
             return admission
         if settings.concurrent_requests is not None:
@@ -215,7 +215,7 @@ class TenantLimiter:
 
     async def settle(
         self,
-        admission: Admission,
+        admission: LimitAdmission,
         prompt_tokens: int,
         completion_tokens: int,
         *,
@@ -247,11 +247,11 @@ class TenantLimiter:
             merged = self._merged[override] = self.defaults.merged(override)
         return merged
 
-    def headers(self, admission: Admission) -> list[tuple[str, str]]:
+    def headers(self, admission: LimitAdmission) -> list[tuple[str, str]]:
         """OpenAI's ``x-ratelimit-*`` headers, for the windows this request's token has."""
         return [(k.decode(), v.decode()) for k, v in self.encoded_headers(admission)]
 
-    def encoded_headers(self, admission: Admission) -> list[tuple[bytes, bytes]]:
+    def encoded_headers(self, admission: LimitAdmission) -> list[tuple[bytes, bytes]]:
         """:meth:`headers` as an ASGI message carries them."""
         return rate_headers(admission.requests, admission.tokens, self.clock())
 
@@ -267,7 +267,7 @@ class TenantLimiter:
     ) -> TokenStatus:
         """What token ``key`` may still do now, without counting anything (the dashboard)."""
         settings = self.settings_of(override)
-        admission = Admission(key, tenant, settings, 0)
+        admission = LimitAdmission(key, tenant, settings, 0)
         await self._peek(admission)
         status = TokenStatus(
             token=key,
@@ -289,7 +289,7 @@ class TenantLimiter:
 
     # --- admission steps ---------------------------------------------------------------
 
-    def _release(self, admission: Admission) -> None:
+    def _release(self, admission: LimitAdmission) -> None:
         if not admission.holds_slot:
             return
         admission.holds_slot = False
@@ -299,7 +299,7 @@ class TenantLimiter:
         else:
             self._in_flight.pop(admission.key, None)
 
-    async def _count(self, admission: Admission) -> None:
+    async def _count(self, admission: LimitAdmission) -> None:
         settings = admission.settings
         rates = self.rates
         checks: list[tuple[str, Window, int]] = []
@@ -353,12 +353,12 @@ class TenantLimiter:
             return True
         return await rates.guarded(partial(rates.add, window, amount), None) is not None
 
-    async def _refuse_concurrency(self, admission: Admission) -> None:
+    async def _refuse_concurrency(self, admission: LimitAdmission) -> None:
         await self._peek(admission)
         limit = admission.settings.concurrent_requests
         raise too_many_concurrent(limit, dict(self.headers(admission)))
 
-    async def _peek(self, admission: Admission) -> None:
+    async def _peek(self, admission: LimitAdmission) -> None:
         """Fill the admission's windows without counting (for the headers of a refusal)."""
         settings = admission.settings
         for kind, per_minute in (
@@ -371,7 +371,7 @@ class TenantLimiter:
             if window is not None:
                 setattr(admission, kind, window)
 
-    async def _reserve_budgets(self, admission: Admission) -> None:
+    async def _reserve_budgets(self, admission: LimitAdmission) -> None:
         """Reserve the request's worst case on each token budget's charge (see
         ``reservations``); 429 when a charge already reached its budget."""
         settings = admission.settings
@@ -406,7 +406,7 @@ class TenantLimiter:
                 raise quota_exceeded(reached, end, now, dict(self.headers(admission)))
             admission.reserved.append(Reservation(key, cost))
 
-    async def _reserve_key_budgets(self, admission: Admission, own: LimitSettings) -> None:
+    async def _reserve_key_budgets(self, admission: LimitAdmission, own: LimitSettings) -> None:
         """Reserve on an API key's own budgets; 429 when one is spent."""
         now = self.calendar()
         reserved, charge, spent = await self.key_budgets.admit(
@@ -417,7 +417,9 @@ class TenantLimiter:
             await self._peek(admission)
             raise quota_exceeded(spent[0], spent[1], now, dict(self.headers(admission)))
 
-    async def _settle_budgets(self, admission: Admission, used: int, cost_usd: float = 0.0) -> None:
+    async def _settle_budgets(
+        self, admission: LimitAdmission, used: int, cost_usd: float = 0.0
+    ) -> None:
         """Move each reservation to what the request used (all back when it used nothing)."""
         if admission.key_charge is not None:
             await self.key_budgets.settle(
@@ -433,7 +435,7 @@ class TenantLimiter:
                     partial(self.reservations.settle, reservation.key, delta), None
                 )
 
-    async def _check_budgets(self, admission: Admission) -> None:
+    async def _check_budgets(self, admission: LimitAdmission) -> None:
         settings = admission.settings
         if self.spent is None:
             if not self._no_ledger_logged:

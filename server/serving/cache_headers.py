@@ -19,9 +19,9 @@ from typing import Final
 
 import msgspec
 
+from semcache.cache_keys import SHARED_SCOPE
 from semcache.entry import CachedAnswer, entry_tag
 from semcache.exact import CacheControl, CacheRequest, CacheResult, CacheStatus
-from semcache.keys import SHARED_SCOPE
 from semcache.policy import Prices
 from server.http.conditional import NO_STORE
 

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from backends.protocol import BackendError, UpstreamStream
+from backends.interfaces import BackendError, UpstreamStream
 from foundation import tracing as spans
 from foundation.sse import MEDIA_TYPE, SSEReader
 from semcache import replay

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from backends.protocol import GenerationBackend
+from backends.interfaces import GenerationBackend
 from backends.registry import ModelInfo
 from foundation.request import RequestContext
 from server.guard.inspector import Inspection

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import orjson
 
-from backends.protocol import BackendError, KnowsContext
+from backends.interfaces import BackendError, KnowsContext
 from backends.registry import ModelInfo
 from backends.vllm.context_refusal import ContextRefusal, context_refusal
 from foundation.request import RequestContext

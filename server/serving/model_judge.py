@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from backends.protocol import BackendError, GenerationBackend, UpstreamRejected
+from backends.interfaces import BackendError, GenerationBackend, UpstreamRejected
 from foundation.request import RequestContext
 from semcache.semantic.verified.judges import normalised
 

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from backends.interfaces import BackendError, UpstreamRejected, as_float32
 from backends.local.classifier import TextClassifierBackend, label_names
-from backends.protocol import BackendError, UpstreamRejected, as_float32
 from backends.registry import ModelInfo
 from foundation.request import RequestContext
 from semcache.entry import CachedAnswer

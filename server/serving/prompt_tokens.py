@@ -8,7 +8,7 @@ from typing import Any, Final
 
 import orjson
 
-from backends.protocol import BackendError
+from backends.interfaces import BackendError
 from server.serving.call import GenerationCall
 
 CHAT_FIELDS: Final = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from backends.protocol import BackendError, UpstreamStream
+from backends.interfaces import BackendError, UpstreamStream
 from foundation import tracing as spans
 from foundation.sse import DONE, SSEReader, error_event, event
 from server.errors import ApiError

@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import orjson
 
-from backends.protocol import BackendError
+from backends.interfaces import BackendError
 from backends.registry import ModelInfo
 from foundation.request import RequestContext
 from semcache import replay

@@ -70,7 +70,6 @@ ENVELOPE = {
 RUN_DOC = RouteDoc(
     summary="Run a model (Workers AI), queue a batch, or poll one",
     tag="Workers AI",
-    error_format="workers_ai",
     description=(
         "The body is the model's task input (text generation, embeddings, classification, "
         "reranking). "
@@ -192,7 +191,6 @@ SEARCH_QUERY = (
         RouteDoc(
             summary="Search models (Workers AI)",
             tag="Workers AI",
-            error_format="workers_ai",
             description="The models `run` serves (a key scoped to some models: those), one "
             "entry each, named as `run` takes them, in Cloudflare's paginated envelope.",
             query=SEARCH_QUERY,
@@ -220,7 +218,6 @@ def search_models(request: Request[Any, Any, Any], account_id: FromPath[str]) ->
         RouteDoc(
             summary="A model's input and output schemas (Workers AI)",
             tag="Workers AI",
-            error_format="workers_ai",
             query=(Field("model", {"type": "string"}, "The model's name or id.", required=True),),
             answers=(Answer(200, _envelope_of(ModelSchema), "The model's JSON schemas."),),
             errors=(400, 401, 403, 404, 429, *SERVER_ERROR),

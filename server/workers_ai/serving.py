@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 import orjson
 
-from backends.protocol import BackendError
+from backends.interfaces import BackendError
 from backends.registry import ModelInfo, ModelRegistry
 from foundation.request import RequestContext
 from foundation.sse import MEDIA_TYPE

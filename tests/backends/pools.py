@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from backends.config import VllmServer
 from backends.fleet.pool import Pool
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 
 
 def make_pool(

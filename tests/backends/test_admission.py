@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from backends.protocol import BackendError
+from backends.interfaces import BackendError
 from foundation.request import QueueTicket
 from tests.backends.pools import make_pool
 from tests.support.stepped_clock import SteppedClock

@@ -13,7 +13,7 @@ import jinja2.sandbox
 import pytest
 
 from backends.chat_templates import template_fingerprint, template_path
-from backends.config import VllmBackend, VllmLaunch, VllmServer
+from backends.config import VllmBackendConfig, VllmLaunch, VllmServer
 from backends.registry import build_registry
 from server.config import ModelEntry
 
@@ -92,7 +92,7 @@ def test_the_smollm2_template_renders_tools_calls_and_results_in_xlam_form() -> 
 
 
 def test_a_backend_names_its_parser_and_template_for_launched_servers() -> None:
-    backend = VllmBackend(
+    backend = VllmBackendConfig(
         name="smol",
         served_model="smol",
         tool_call_parser="xlam",
@@ -105,7 +105,7 @@ def test_a_backend_names_its_parser_and_template_for_launched_servers() -> None:
     assert "--enable-auto-tool-choice" in args
     assert args[args.index("--tool-call-parser") + 1] == "xlam"
     assert args[args.index("--chat-template") + 1] == str(template_path("builtin:smollm2-tools"))
-    mine = VllmBackend(
+    mine = VllmBackendConfig(
         name="own",
         served_model="own",
         tool_call_parser="hermes",
@@ -119,17 +119,19 @@ def test_a_backend_names_its_parser_and_template_for_launched_servers() -> None:
     own = mine.servers[0].launch
     assert own is not None and own.extra_args.count("--tool-call-parser") == 1  # theirs wins
     with pytest.raises(ValueError, match=r"no shipped chat template 'nope'.*smollm2-tools"):
-        VllmBackend(name="x", served_model="x", chat_template="builtin:nope")
+        VllmBackendConfig(name="x", served_model="x", chat_template="builtin:nope")
     with pytest.raises(ValueError, match="no such file"):
-        VllmBackend(name="x", served_model="x", chat_template="/nonexistent.jinja")
+        VllmBackendConfig(name="x", served_model="x", chat_template="/nonexistent.jinja")
 
 
 def test_the_cache_keys_template_fingerprint_is_the_backends_template(tmp_path: Path) -> None:
     template = tmp_path / "mine.jinja"
     template.write_text("{{ messages }}")
     backends = [
-        VllmBackend(name="a", served_model="a", servers=[VllmServer(url="http://127.0.0.1:9")]),
-        VllmBackend(
+        VllmBackendConfig(
+            name="a", served_model="a", servers=[VllmServer(url="http://127.0.0.1:9")]
+        ),
+        VllmBackendConfig(
             name="b",
             served_model="b",
             chat_template=str(template),

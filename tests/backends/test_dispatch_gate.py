@@ -8,7 +8,7 @@ from aiohttp import web
 
 from backends.fleet.dispatch_gate import DispatchGate, ServerSignals, scraped_signals
 from backends.fleet.health import HealthMonitor
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from backends.scraped_metrics import parse_upstream_metrics
 from backends.upstream import HttpSession
 from foundation.request import QueueTicket

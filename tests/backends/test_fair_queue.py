@@ -8,7 +8,7 @@ import pytest
 
 from backends.fleet.admission import Lease
 from backends.fleet.fair_queue import FairQueue
-from backends.protocol import BackendError
+from backends.interfaces import BackendError
 from foundation.request import QueueTicket
 from tests.backends.pools import make_pool
 

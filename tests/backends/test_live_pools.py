@@ -15,10 +15,10 @@ from aiohttp import web
 from litestar.testing import AsyncTestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from backends.config import VllmBackend, VllmServer
+from backends.config import VllmBackendConfig, VllmServer
 from backends.fleet.placement import RouteKey
 from backends.fleet.pool_signals import pool_signals
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from backends.scraped_metrics import parse_upstream_metrics
 from backends.vllm.client import VllmClient
 from foundation.request import RequestContext
@@ -188,7 +188,7 @@ async def test_a_prefill_server_added_to_an_empty_pool_takes_the_prefill_hops(
     fakes: Fakes,
 ) -> None:
     decode = await fakes.start("d1")
-    config = VllmBackend(
+    config = VllmBackendConfig(
         name="t",
         served_model="m",
         servers=[VllmServer(url=decode, role="decode")],
@@ -215,7 +215,7 @@ async def test_a_prefill_server_added_to_an_empty_pool_takes_the_prefill_hops(
 
 async def test_a_drained_decode_server_finishes_its_requests_there(fakes: Fakes) -> None:
     urls = [await fakes.start("d1"), await fakes.start("d2")]
-    config = VllmBackend(
+    config = VllmBackendConfig(
         name="t",
         served_model="m",
         servers=[VllmServer(url=u, role="decode") for u in urls],
@@ -262,7 +262,7 @@ def _app(tmp_path: Path, urls: dict[str, list[str]]) -> Any:
         auth=AuthSettings(tokens=[TokenEntry(token="tok-ops", tenant="ops", roles=["admin"])]),
         models=[ModelEntry(id="tiny-chat", backend="tiny")],
         backends=[
-            VllmBackend(
+            VllmBackendConfig(
                 name="tiny",
                 served_model="tiny",
                 revision="pinned",

@@ -15,7 +15,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from backends.config import LocalEmbeddingBackend as LocalEmbeddingConfig
+from backends.config import LocalEmbeddingConfig
 from backends.local.embedding import LocalEmbeddingBackend
 from backends.local.onnx_model import GRAPH_FILE, REFERENCE_FILE, RUNTIME_ENV
 from backends.models import model_version, package_model_dir

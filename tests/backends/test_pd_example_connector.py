@@ -12,7 +12,7 @@ import httpx
 import orjson
 import pytest
 
-from backends.config import VllmBackend, VllmLaunch, VllmServer
+from backends.config import VllmBackendConfig, VllmLaunch, VllmServer
 from backends.launch.launcher import Launcher
 from harness.gateway import GatewayProcess
 from harness.metrics import metric_value
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 @pytest.fixture(scope="module")
 async def example_pair(
     data_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[VllmBackend]:
+) -> AsyncIterator[VllmBackendConfig]:
     model = await asyncio.to_thread(build_tiny_llama, data_dir / "models" / TINY_MODEL_NAME)
 
     def server(role: str, core: str) -> VllmServer:
@@ -37,7 +37,7 @@ async def example_pair(
             launch=VllmLaunch(cpu_cores=core, kv_cache_gib=0.25),
         )
 
-    backend = VllmBackend(
+    backend = VllmBackendConfig(
         name="tiny-example",
         served_model=TINY_MODEL_NAME,
         model_path=str(model),
@@ -54,7 +54,7 @@ async def example_pair(
 
 
 async def test_decode_loads_the_prompt_that_prefill_stored(
-    example_pair: VllmBackend,
+    example_pair: VllmBackendConfig,
     tmp_path: Path,
     start_gateway: Callable[[GatewayConfig], GatewayProcess],
 ) -> None:

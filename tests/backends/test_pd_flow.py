@@ -16,10 +16,10 @@ import orjson
 import pytest
 from aiohttp import web
 
-from backends.config import VllmBackend, VllmServer
+from backends.config import VllmBackendConfig, VllmServer
 from backends.fleet.pool_metrics import histogram_totals
 from backends.fleet.salt import CacheSalter
-from backends.protocol import BackendError
+from backends.interfaces import BackendError
 from backends.vllm.client import VllmClient
 from foundation.request import RequestContext
 from harness.fake_vllm import FakeServer, sse
@@ -115,7 +115,7 @@ def client(
     servers = [VllmServer(url=upstream.url(PREFILL), role="prefill")]
     servers += [VllmServer(url=upstream.url(name), role="decode") for name in decode]
     settings = {"health_interval_s": 3600, **settings}  # the tests drive ejection themselves
-    config = VllmBackend(
+    config = VllmBackendConfig(
         name="t", served_model="m", servers=servers, prefill_threshold_tokens=64, **settings
     )
     return VllmClient(config, CacheSalter(b"k"))

@@ -23,9 +23,9 @@ import httpx
 import orjson
 import pytest
 
-from backends.config import VllmBackend, VllmServer
+from backends.config import VllmBackendConfig, VllmServer
 from backends.fleet.placement import rendezvous_order
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from backends.kv_settings import KvSettings
 from backends.launch.process import VllmProcess
 from harness.gateway import GatewayProcess, write_config_toml
@@ -141,7 +141,7 @@ def pd_config(
             ModelEntry(id="tiny-shared", backend="tiny"),
         ],
         backends=[
-            VllmBackend(
+            VllmBackendConfig(
                 name="tiny",
                 served_model=TINY_MODEL_NAME,
                 revision="test",
@@ -399,7 +399,7 @@ async def test_a_turn_whose_history_the_decode_server_holds_skips_the_prefill_ho
     urls = {"prefill": [pd_servers["prefill"].url], "decode": [pd_servers["decode1"].url]}
     config = pd_config(tmp_path / "data", urls, prefill_threshold_tokens=64)
     (backend,) = config.backends
-    assert isinstance(backend, VllmBackend)
+    assert isinstance(backend, VllmBackendConfig)
     for server, (events, replay) in zip(
         backend.servers, (prefill_events, decode_events), strict=True
     ):

@@ -26,7 +26,7 @@ import httpx
 import orjson
 import pytest
 
-from backends.config import VllmBackend, VllmServer
+from backends.config import VllmBackendConfig, VllmServer
 from backends.launch.launcher import Launcher
 from backends.launch.process import VllmProcess
 from harness.gateway import GatewayProcess
@@ -64,7 +64,7 @@ def completion(prompt: str, **extra: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 async def pd_pair(
     data_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> AsyncIterator[tuple[VllmBackend, dict[str, VllmProcess]]]:
+) -> AsyncIterator[tuple[VllmBackendConfig, dict[str, VllmProcess]]]:
     model = await tiny_llama(data_dir)
 
     def server(role: str, core: str, kv_gib: float) -> VllmServer:
@@ -80,7 +80,7 @@ async def pd_pair(
         )
 
     prefill_kv = PREFILL_KV_BLOCKS * BLOCK * KV_BYTES_PER_TOKEN / (1 << 30)
-    backend = VllmBackend(
+    backend = VllmBackendConfig(
         name="tiny",
         served_model=TINY_MODEL_NAME,
         model_path=str(model),
@@ -117,7 +117,7 @@ async def reuse_prefill_blocks(client: httpx.AsyncClient, prefill: str) -> None:
 
 
 async def test_the_launched_servers_carry_the_configured_lease(
-    pd_pair: tuple[VllmBackend, dict[str, VllmProcess]],
+    pd_pair: tuple[VllmBackendConfig, dict[str, VllmProcess]],
 ) -> None:
     _, processes = pd_pair
     for process in processes.values():
@@ -126,7 +126,7 @@ async def test_the_launched_servers_carry_the_configured_lease(
 
 
 async def test_a_read_after_the_lease_is_a_silent_wrong_answer_in_vllm(
-    pd_pair: tuple[VllmBackend, dict[str, VllmProcess]],
+    pd_pair: tuple[VllmBackendConfig, dict[str, VllmProcess]],
 ) -> None:
     """The hazard the gateway guards against, shown on vLLM alone (no gateway). Whether the
     freed blocks are overwritten before the late read is up to vLLM's allocator, so the
@@ -164,7 +164,7 @@ async def test_a_read_after_the_lease_is_a_silent_wrong_answer_in_vllm(
 
 
 async def test_a_decode_server_stalled_past_the_lease_gives_right_answers_or_errors(
-    pd_pair: tuple[VllmBackend, dict[str, VllmProcess]],
+    pd_pair: tuple[VllmBackendConfig, dict[str, VllmProcess]],
     tmp_path: Path,
     start_gateway: Callable[[GatewayConfig], GatewayProcess],
 ) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from backends.config import VllmBackend, VllmServer
+from backends.config import VllmBackendConfig, VllmServer
 from backends.fleet.salt import CacheSalter
 from backends.kv_settings import KvSettings
 from backends.vllm.client import VllmClient
@@ -44,7 +44,7 @@ def kv_client(up: Upstream, prefill: tuple[str, ...] = (PREFILL,)) -> VllmClient
         for name in prefill
     ]
     servers.append(VllmServer(url=up.url(DECODE_1), role="decode", kv_events="tcp://127.0.0.1:1"))
-    config = VllmBackend(
+    config = VllmBackendConfig(
         name="t",
         served_model="m",
         servers=servers,

@@ -14,7 +14,7 @@ from backends.fleet.placement import (
     prompt_shape,
     rendezvous_order,
 )
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 
 
 def servers(n: int, role: str = "decode") -> list[ServerState]:

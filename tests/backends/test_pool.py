@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from backends.config import VllmBackend, VllmServer
+from backends.config import VllmBackendConfig, VllmServer
 from backends.fleet.pool import build_pools
-from backends.protocol import BackendError
+from backends.interfaces import BackendError
 from tests.backends.pools import make_pool
 
 
@@ -34,7 +34,7 @@ async def test_no_healthy_server_is_unavailable_and_ejection_wakes_waiters() -> 
 
 
 def test_build_pools_by_role() -> None:
-    pd = VllmBackend(
+    pd = VllmBackendConfig(
         name="m",
         served_model="m",
         max_inflight_per_server=7,
@@ -48,6 +48,6 @@ def test_build_pools_by_role() -> None:
     assert prefill is not None and prefill.role == "prefill"
     assert [s.limit for s in decode.servers] == [3, 7]
     mono_prefill, mono = build_pools(
-        VllmBackend(name="m", served_model="m", servers=[VllmServer(url="http://h:1")])
+        VllmBackendConfig(name="m", served_model="m", servers=[VllmServer(url="http://h:1")])
     )
     assert mono_prefill is None and mono.role == "both"

@@ -9,8 +9,8 @@ from typing import Any
 from litestar.testing import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from backends.config import VllmBackend, VllmServer
-from backends.fleet.servers import ServerState
+from backends.config import VllmBackendConfig, VllmServer
+from backends.fleet.server_state import ServerState
 from backends.scraped_metrics import parse_upstream_metrics
 from backends.vllm.client import VllmClient
 from server.app import create_app
@@ -44,7 +44,7 @@ vllm:generation_tokens_total{engine="0",model_name="tiny"} 5.0
 
 def _app(tmp_path: Path) -> Any:
     urls = ["http://127.0.0.1:9", "http://127.0.0.1:10", "http://127.0.0.1:11"]
-    backend = VllmBackend(
+    backend = VllmBackendConfig(
         name="tiny",
         served_model="tiny",
         revision="pinned",  # no start-up probe of these unreachable addresses

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from backends.fleet.pool_metrics import BackendCollector, BackendStats
-from backends.protocol import BackendError
+from backends.interfaces import BackendError
 from foundation.request import QueueTicket
 from tests.backends.pools import make_pool
 from tests.support.stepped_clock import SteppedClock

@@ -9,7 +9,7 @@ import msgspec
 import orjson
 import pytest
 
-from backends.config import VllmBackend, VllmLaunch, VllmServer
+from backends.config import VllmBackendConfig, VllmLaunch, VllmServer
 from backends.fleet.salt import CacheSalter
 from backends.launch.command import build_command
 from backends.profiles import LaunchProfile, ProfileError, check_profile_for_model
@@ -29,17 +29,17 @@ def test_salts_are_keyed_stable_and_distinct() -> None:
 
 
 def test_salt_secret_from_env_then_config_else_random() -> None:
-    config = VllmBackend(name="m", served_model="m", cache_salt_secret="from-config")
+    config = VllmBackendConfig(name="m", served_model="m", cache_salt_secret="from-config")
     env = {"SEMCACHE_CACHE_SALT_SECRET": "from-env"}
     assert CacheSalter.from_config(config, env).salt("t") == CacheSalter(b"from-env").salt("t")
     assert CacheSalter.from_config(config, {}).salt("t") == CacheSalter(b"from-config").salt("t")
-    bare = VllmBackend(name="m", served_model="m")
+    bare = VllmBackendConfig(name="m", served_model="m")
     assert CacheSalter.from_config(bare, {}).salt("t") != CacheSalter.from_config(bare, {}).salt(
         "t"
     )
 
 
-def pd_backend(**settings: object) -> VllmBackend:
+def pd_backend(**settings: object) -> VllmBackendConfig:
     data = {
         "name": "m",
         "served_model": "m",
@@ -49,10 +49,10 @@ def pd_backend(**settings: object) -> VllmBackend:
         ],
         **settings,
     }
-    return msgspec.convert(data, VllmBackend)
+    return msgspec.convert(data, VllmBackendConfig)
 
 
-def command(backend: VllmBackend, index: int) -> list[str]:
+def command(backend: VllmBackendConfig, index: int) -> list[str]:
     cmd, _ = build_command(
         model=Path("/m"),
         served_model="m",
@@ -86,7 +86,7 @@ def test_profiles_reach_the_launch_command_per_pool() -> None:
 
 
 def test_explicit_extra_args_win_over_the_profile() -> None:
-    backend = VllmBackend(
+    backend = VllmBackendConfig(
         name="m",
         served_model="m",
         servers=[
@@ -159,7 +159,7 @@ def test_the_kv_lease_is_explicit_and_bounds_the_handoff() -> None:
 )
 def test_invalid_pools_are_refused(servers: list[dict[str, str]], message: str) -> None:
     with pytest.raises(msgspec.ValidationError, match=message):
-        msgspec.convert({"name": "m", "served_model": "m", "servers": servers}, VllmBackend)
+        msgspec.convert({"name": "m", "served_model": "m", "servers": servers}, VllmBackendConfig)
 
 
 def test_invalid_profiles_are_refused() -> None:
@@ -183,7 +183,7 @@ def test_invalid_profiles_are_refused() -> None:
                 ],
                 "profiles": {"both": {"tensor_parallel_size": 2}},
             },
-            VllmBackend,
+            VllmBackendConfig,
         )
 
 
@@ -192,7 +192,7 @@ def test_invalid_profiles_are_refused() -> None:
 )
 def test_the_shipped_configs_are_valid(name: str) -> None:
     config = load_config(DEFAULT_CONFIG.parent / name)
-    backends = [b for b in config.backends if isinstance(b, VllmBackend)]
+    backends = [b for b in config.backends if isinstance(b, VllmBackendConfig)]
     assert backends and all(b.servers for b in backends)
     for backend in backends:
         ports = [s.launch.nixl_side_channel_port for s in backend.servers if s.launch]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from backends.config import VllmBackend, VllmServer
+from backends.config import VllmBackendConfig, VllmServer
 from backends.launch.process import VllmProcess
 from backends.vllm.client import VllmClient
 from foundation.request import RequestContext
@@ -14,7 +14,7 @@ from harness.vllm_process import TINY_MODEL_NAME
 @pytest.mark.slow
 async def test_inflight_and_capacity_follow_open_requests(tiny_vllm: VllmProcess) -> None:
     client = VllmClient(
-        VllmBackend(
+        VllmBackendConfig(
             name="tiny", served_model=TINY_MODEL_NAME, servers=[VllmServer(url=tiny_vllm.url)]
         )
     )

@@ -11,10 +11,10 @@ import orjson
 import pytest
 from aiohttp import web
 
-from backends.config import VllmBackend, VllmLaunch, VllmServer
+from backends.config import VllmBackendConfig, VllmLaunch, VllmServer
+from backends.interfaces import BackendError, UpstreamRejected
 from backends.launch.command import build_command
 from backends.local.classifier import label_names
-from backends.protocol import BackendError, UpstreamRejected
 from backends.vllm.classifier import VllmClassifier, labels_from_config
 from backends.vllm.client import VllmClient
 from foundation.request import RequestContext
@@ -77,7 +77,7 @@ def model_dir(tmp: Path, id2label: dict[str, str] | None) -> Path:
 
 
 def classifier(url: str, folder: Path | None = None) -> VllmClassifier:
-    config = VllmBackend(
+    config = VllmBackendConfig(
         name="vcls", served_model="m", task="classify", servers=[VllmServer(url=url)]
     )
     return VllmClassifier(VllmClient(config), revision="rev-1", model_dir=folder)
@@ -214,7 +214,7 @@ def test_labels_from_config(tmp_path: Path) -> None:
 
 
 def test_a_classify_backend_is_launched_as_a_pooling_model() -> None:
-    backend = VllmBackend(
+    backend = VllmBackendConfig(
         name="vcls",
         served_model="m",
         task="classify",
@@ -224,7 +224,7 @@ def test_a_classify_backend_is_launched_as_a_pooling_model() -> None:
         model=Path("/m"), served_model="m", server=backend.servers[0], device="cpu", python="/py"
     )
     assert cmd[cmd.index("--runner") + 1] == "pooling"
-    explicit = VllmBackend(
+    explicit = VllmBackendConfig(
         name="vcls",
         served_model="m",
         task="classify",
@@ -237,7 +237,7 @@ def test_a_classify_backend_is_launched_as_a_pooling_model() -> None:
     )
     assert explicit.servers[0].launch is not None
     assert explicit.servers[0].launch.extra_args == ["--runner=pooling", "--convert", "classify"]
-    generate = VllmBackend(
+    generate = VllmBackendConfig(
         name="gen",
         served_model="m",
         servers=[VllmServer(url="http://127.0.0.1:8200", launch=VllmLaunch())],

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from backends.config import VllmBackend, VllmServer
+from backends.config import VllmBackendConfig, VllmServer
 from backends.vllm.client import VllmClient
 from foundation.request import RequestContext
 from harness.fake_vllm import FakeServer
@@ -29,7 +29,7 @@ async def test_the_server_that_kept_the_response_answers() -> None:
     for server in (empty, holder):
         await server.start()
     servers = [VllmServer(url=s.url) for s in (down, empty, holder)]
-    client = VllmClient(VllmBackend(name="b", served_model="m", servers=servers))
+    client = VllmClient(VllmBackendConfig(name="b", served_model="m", servers=servers))
     try:
         found = await client.fetch("/v1/responses/resp_1", CTX)
         assert found is not None and found.status == 200 and found.body == b'{"id":"resp_1"}'
@@ -43,7 +43,9 @@ async def test_the_server_that_kept_the_response_answers() -> None:
 
 async def test_no_server_to_ask_is_none() -> None:
     down = keeper({})
-    client = VllmClient(VllmBackend(name="b", served_model="m", servers=[VllmServer(url=down.url)]))
+    client = VllmClient(
+        VllmBackendConfig(name="b", served_model="m", servers=[VllmServer(url=down.url)])
+    )
     try:
         assert await client.fetch("/v1/responses/resp_1", CTX) is None
     finally:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from backends.config import VllmBackend
+from backends.config import VllmBackendConfig
 from semcache.policy import load_policy
 from server.config import load_config
 
@@ -35,7 +35,7 @@ def test_the_configs_load_and_serve_the_model_the_image_prepared(path: Path) -> 
     config = load_config(path)
     assert config.data_path() == Path("/var/lib/semcache")
     assert config.server.host == "0.0.0.0"
-    (vllm,) = [b for b in config.backends if isinstance(b, VllmBackend)]
+    (vllm,) = [b for b in config.backends if isinstance(b, VllmBackendConfig)]
     assert vllm.model_path == PREPARED
     assert {s.role for s in vllm.servers} == {"prefill", "decode"}
     assert [t.token_env for t in config.auth.tokens] == ["SEMCACHE_API_TOKEN"]
@@ -53,7 +53,7 @@ def test_the_image_prepares_what_its_configs_name() -> None:
 def test_the_compose_services_are_the_ones_the_configs_name() -> None:
     services = COMPOSE["services"]
     config = load_config(DEPLOY / "compose" / "config.toml")
-    (vllm,) = [b for b in config.backends if isinstance(b, VllmBackend)]
+    (vllm,) = [b for b in config.backends if isinstance(b, VllmBackendConfig)]
     for server in vllm.servers:
         host = re.match(r"http://([^:]+):8000$", server.url)
         assert host and services[host.group(1)]["command"] == [server.role]

@@ -32,7 +32,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from backends.config import VllmBackend
+from backends.config import VllmBackendConfig
 from backends.scraped_metrics import parse_upstream_metrics
 from semcache.policy import load_policy
 from server.config import load_config
@@ -241,7 +241,7 @@ def test_pod_0_of_each_pool_is_the_server_the_config_names(monkeypatch: pytest.M
     monkeypatch.setenv("SEMCACHE_API_TOKEN", "test")
     for objects, folder in ((BASE, K8S / "config"), (GPU, K8S / "overlays" / "gpu")):
         config = load_config(folder / "config.toml")
-        (vllm,) = [b for b in config.backends if isinstance(b, VllmBackend)]
+        (vllm,) = [b for b in config.backends if isinstance(b, VllmBackendConfig)]
         urls = {s.role: s.url for s in vllm.servers}
         for role in ("prefill", "decode"):
             sets = by_kind(objects, "StatefulSet")

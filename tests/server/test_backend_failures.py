@@ -15,9 +15,9 @@ import orjson
 import pytest
 from aiohttp import web
 
-from backends.config import VllmBackend, VllmServer
+from backends.config import VllmBackendConfig, VllmServer
 from backends.fleet.placement import rendezvous_order
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from backends.launch.process import VllmProcess
 from harness.fake_vllm import FakeServer, sse
 from harness.gateway import GatewayProcess, GatewayThread
@@ -34,7 +34,7 @@ def _only_chat(data_dir: Path, url: str, read_timeout_s: float = 600.0) -> Gatew
         data_dir=str(data_dir),
         models=[ModelEntry(id="tiny-chat", backend="tiny")],
         backends=[
-            VllmBackend(
+            VllmBackendConfig(
                 name="tiny",
                 served_model=TINY_MODEL_NAME,
                 revision="test",
@@ -135,7 +135,7 @@ async def test_a_decode_server_killed_before_the_first_byte_is_replaced(
     ]
     servers = [VllmServer(url=prefill.url, role="prefill")]
     servers += [VllmServer(url=d.url, role="decode") for d in decodes]
-    backend = VllmBackend(
+    backend = VllmBackendConfig(
         name="pd",
         served_model="m",
         revision="test",

@@ -25,7 +25,7 @@ import msgspec
 import orjson
 import pytest
 
-from backends.config import VllmBackend, VllmServer
+from backends.config import VllmBackendConfig, VllmServer
 from backends.launch.process import VllmProcess
 from harness.gateway import GatewayProcess, write_config_toml
 from harness.vllm_process import TINY_MODEL_NAME
@@ -52,7 +52,7 @@ def docs_gateway(
         "servers": [VllmServer(url=tiny_vllm.url)],
     }
     backends = [
-        VllmBackend(name=b.name, **tiny) if isinstance(b, VllmBackend) else b
+        VllmBackendConfig(name=b.name, **tiny) if isinstance(b, VllmBackendConfig) else b
         for b in shipped.backends
     ]
     config = msgspec.structs.replace(shipped, data_dir=str(tmp / "data"), backends=backends)

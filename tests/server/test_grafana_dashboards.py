@@ -14,7 +14,7 @@ import pytest
 from litestar.testing import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from backends.config import VllmBackend, VllmServer
+from backends.config import VllmBackendConfig, VllmServer
 from harness.ports import free_port
 from server.app import create_app
 from server.config import GatewayConfig, ModelEntry
@@ -75,7 +75,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
         VllmServer(url=f"http://127.0.0.1:{free_port()}", role="prefill"),
         VllmServer(url=f"http://127.0.0.1:{free_port()}", role="decode"),
     ]
-    backend = VllmBackend(
+    backend = VllmBackendConfig(
         name="pd",
         served_model="m",
         revision="test",

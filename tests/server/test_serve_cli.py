@@ -23,7 +23,7 @@ import openai
 import psutil
 import pytest
 
-from backends.config import VllmBackend
+from backends.config import VllmBackendConfig
 from backends.launch import cpu_pinning
 from harness.gateway import GatewayProcess
 from harness.metrics import metric_value, parse_metric
@@ -169,7 +169,7 @@ def test_serve_default_calls_tools_and_answers_the_anthropic_sdk(served: Served)
 async def test_every_thread_of_the_launched_pair_runs_on_its_configured_core(
     served: Served,
 ) -> None:
-    (backend,) = [b for b in served.config.backends if isinstance(b, VllmBackend)]
+    (backend,) = [b for b in served.config.backends if isinstance(b, VllmBackendConfig)]
     servers = {s.role: s for s in backend.servers}
     assert {role: s.launch.cpu_cores for role, s in servers.items() if s.launch} == {
         "prefill": "0",

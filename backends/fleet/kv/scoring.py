@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from backends.fleet.kv.index import PoolBlockIndex
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from backends.scraped_metrics import UpstreamSample
 
 WAITING = "vllm:num_requests_waiting"

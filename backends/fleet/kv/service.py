@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.chat_templates import template_path
-from backends.config import VllmBackend
+from backends.config import VllmBackendConfig
 from backends.fleet.kv.feed import PoolFeeds
 from backends.fleet.kv.hashing import DEFAULT_SEED, BlockHasher
 from backends.fleet.kv.index import PoolBlockIndex
@@ -30,7 +30,7 @@ log = logging.getLogger("semcache.backends")
 class KvPlacement:
     """Everything KV placement needs for one vLLM backend."""
 
-    def __init__(self, config: VllmBackend) -> None:
+    def __init__(self, config: VllmBackendConfig) -> None:
         settings = config.kv
         self.settings = settings
         self.index = PoolBlockIndex(settings.max_blocks_per_server)
@@ -111,7 +111,7 @@ class KvPlacement:
         await self.feeds.stop()
 
 
-def _launched_block_size(config: VllmBackend) -> int | None:
+def _launched_block_size(config: VllmBackendConfig) -> int | None:
     """The block size every launched server shares, if they do and it is known before their
     first event (the config's, or the launcher's on a CPU): placement knows a request's blocks
     from the first request on."""
@@ -126,7 +126,7 @@ def _launched_block_size(config: VllmBackend) -> int | None:
     return None
 
 
-def resolve_seed(config: VllmBackend) -> str:
+def resolve_seed(config: VllmBackendConfig) -> str:
     """The seed of the servers' ``NONE_HASH`` (see ``KvSettings.hash_seed``)."""
     if config.kv.hash_seed is not None:
         return config.kv.hash_seed

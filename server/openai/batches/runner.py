@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import orjson
 
-from backends.protocol import BackendError
+from backends.interfaces import BackendError
 from foundation.request import RequestContext
 from server.batch.results import ItemOutcome
 from server.errors import ApiError, from_backend, from_validation, openai_error_body

@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 import msgspec
 
-from backends.protocol import StoredResponses
+from backends.interfaces import StoredResponses
 from foundation.request import RequestContext
 from server.errors import ApiError
 from server.http.reply import Reply, aclose_stream

@@ -10,11 +10,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from backends.config import VllmBackend, VllmServer
+from backends.config import VllmBackendConfig, VllmServer
 from backends.fleet.kv.index import PoolBlockIndex
 from backends.fleet.kv.scoring import KvScorer
 from backends.fleet.placement import Placement, RouteKey
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from backends.kv_settings import KvSettings
 from backends.scraped_metrics import UpstreamSample
 from tests.backends.kv.test_index import chat_hashes
@@ -187,7 +187,7 @@ def test_kv_placement_needs_endpoints_and_launched_servers_publish() -> None:
                 "placement": "kv",
                 "servers": [{"url": "http://a:1"}],
             },
-            VllmBackend,
+            VllmBackendConfig,
         )
     backend = msgspec.convert(
         {
@@ -203,7 +203,7 @@ def test_kv_placement_needs_endpoints_and_launched_servers_publish() -> None:
                 }
             ],
         },
-        VllmBackend,
+        VllmBackendConfig,
     )
     args = backend.servers[0].launch.extra_args if backend.servers[0].launch else []
     events = args[args.index("--kv-events-config") + 1]
@@ -262,9 +262,9 @@ def test_a_large_fleet_scores_the_holders_and_keeps_every_server_once() -> None:
 
 
 def test_kv_is_the_default_where_every_server_publishes_its_events() -> None:
-    def backend(*servers: dict[str, str]) -> VllmBackend:
+    def backend(*servers: dict[str, str]) -> VllmBackendConfig:
         return msgspec.convert(
-            {"name": "m", "served_model": "m", "servers": list(servers)}, VllmBackend
+            {"name": "m", "served_model": "m", "servers": list(servers)}, VllmBackendConfig
         )
 
     events = {"url": "http://a:1", "kv_events": "tcp://a:2"}
@@ -274,4 +274,4 @@ def test_kv_is_the_default_where_every_server_publishes_its_events() -> None:
     shipped = Path(__file__).resolve().parents[3] / "server" / "configs" / "default.toml"
     (chat,) = [b for b in tomllib.loads(shipped.read_text())["backends"] if b["kind"] == "vllm"]
     assert "placement" not in chat  # the default decides
-    assert msgspec.convert(chat, VllmBackend).placement == "kv"
+    assert msgspec.convert(chat, VllmBackendConfig).placement == "kv"

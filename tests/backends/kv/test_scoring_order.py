@@ -13,7 +13,7 @@ from backends.config import VllmServer
 from backends.fleet.kv.index import PoolBlockIndex
 from backends.fleet.kv.scoring import SCORED, WAITING, KvScorer
 from backends.fleet.placement import Placement, RouteKey
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from backends.scraped_metrics import UpstreamSample
 
 

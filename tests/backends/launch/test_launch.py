@@ -15,7 +15,7 @@ import orjson
 import psutil
 import pytest
 
-from backends.config import ServerRole, VllmBackend, VllmLaunch, VllmServer
+from backends.config import ServerRole, VllmBackendConfig, VllmLaunch, VllmServer
 from backends.launch.command import build_command
 from backends.launch.launcher import Launcher
 from backends.launch.process import VllmProcess, VllmStartError
@@ -248,7 +248,7 @@ async def test_launcher_runs_a_prefill_decode_pair_and_stops_everything(data_dir
             launch=VllmLaunch(cpu_cores=core, kv_cache_gib=1, nixl_side_channel_port=free_port()),
         )
 
-    backend = VllmBackend(
+    backend = VllmBackendConfig(
         name="tiny-pd",
         served_model=TINY_MODEL_NAME,
         model_path=str(model),
@@ -308,7 +308,7 @@ async def test_launcher_fails_fast_with_the_log_tail_and_stops_the_rest(data_dir
         url=f"http://127.0.0.1:{free_port()}",
         launch=VllmLaunch(cpu_cores="1", extra_args=["--no-such-flag"]),
     )
-    backend = VllmBackend(
+    backend = VllmBackendConfig(
         name="tiny-broken",
         served_model=TINY_MODEL_NAME,
         model_path=str(model),

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from backends.config import VllmBackend, VllmLaunch, VllmServer
+from backends.config import VllmBackendConfig, VllmLaunch, VllmServer
 from backends.launch.scale import Scaled, ScaleRecords, new_server, pool_of
 from backends.profiles import LaunchProfile
 from server.cli import main
 
 
-def backend(name: str = "tiny", **settings: object) -> VllmBackend:
-    return VllmBackend(
+def backend(name: str = "tiny", **settings: object) -> VllmBackendConfig:
+    return VllmBackendConfig(
         name=name,
         served_model="m",
         servers=[

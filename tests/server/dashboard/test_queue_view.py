@@ -12,7 +12,7 @@ from prometheus_client.core import Metric
 
 from backends.fleet.pool import Pool
 from backends.fleet.pool_metrics import QueueFamilies
-from backends.protocol import BackendError
+from backends.interfaces import BackendError
 from foundation.request import QueueTicket
 from server.dashboard import figures as fig
 from tests.backends.pools import make_pool

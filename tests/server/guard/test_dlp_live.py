@@ -21,7 +21,7 @@ import httpx
 import pytest
 import tomli_w
 
-from backends.config import EmbeddedClassifierBackend, VllmBackend, VllmServer
+from backends.config import EmbeddedClassifierConfig, VllmBackendConfig, VllmServer
 from backends.launch.process import VllmProcess
 from harness.gateway import GatewayProcess, write_config_toml
 from harness.otlp_receiver import OtlpReceiver
@@ -131,9 +131,9 @@ def live(
     config.models.append(
         ModelEntry(id="sentiment-minilm", backend="sentiment", task="classification")
     )
-    config.backends.append(EmbeddedClassifierBackend(name="sentiment"))
+    config.backends.append(EmbeddedClassifierConfig(name="sentiment"))
     chat = config.backends[0]
-    assert isinstance(chat, VllmBackend) and chat.servers == [VllmServer(url=proxy.url)]
+    assert isinstance(chat, VllmBackendConfig) and chat.servers == [VllmServer(url=proxy.url)]
     gw = GatewayProcess(write_config_toml(config, root / "gateway.toml")).start()
     try:
         yield Live(gw, proxy, otlp, root / "data")

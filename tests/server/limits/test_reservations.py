@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from server.errors import ApiError
-from server.limits.limiter import Admission, TenantLimiter
+from server.limits.limiter import LimitAdmission, TenantLimiter
 from server.limits.settings import LimitSettings
 
 START = 1_796_144_400.0  # 2026-12-01 17:00 UTC
@@ -41,8 +41,8 @@ def limiter(
     )
 
 
-async def burst(limiters: list[TenantLimiter], n: int, cost: int) -> list[Admission]:
-    async def one(i: int) -> Admission | None:
+async def burst(limiters: list[TenantLimiter], n: int, cost: int) -> list[LimitAdmission]:
+    async def one(i: int) -> LimitAdmission | None:
         try:
             return await limiters[i % len(limiters)].admit("tok", "acme", None, cost)
         except ApiError as err:

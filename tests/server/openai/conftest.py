@@ -16,8 +16,8 @@ from server.openai.batches.redis_store import RedisBatchStore
 from server.openai.batches.store import BatchStore, DiskBatchStore
 from server.openai.files.redis_store import RedisFileStore
 from server.openai.files.store import DiskFileStore, FileStore
-from server.openai.responses.owners import DiskResponseOwners, ResponseOwners
-from server.openai.responses.redis_owners import RedisResponseOwners
+from server.openai.responses.owners import ResponseOwners
+from server.stores.site import StoreSite
 from tests.support.stepped_clock import SteppedClock
 
 
@@ -60,7 +60,9 @@ async def make_stores(
             return Stores(
                 DiskFileStore(tmp_path / "files", retention_s=retention_s, clock=clock),
                 DiskBatchStore(tmp_path / "batches", retention_s=retention_s, clock=clock),
-                DiskResponseOwners(tmp_path / "responses"),
+                ResponseOwners(
+                    StoreSite(tmp_path).store("resp", folder="responses"), retention_s=None
+                ),
                 clock,
                 None,
                 prefix,
@@ -73,7 +75,10 @@ async def make_stores(
         return Stores(
             RedisFileStore(client, prefix=prefix, retention_s=retention_s, clock=clock),
             RedisBatchStore(client, prefix=prefix, retention_s=retention_s, clock=clock),
-            RedisResponseOwners(client, prefix=prefix, retention_s=retention_s),
+            ResponseOwners(
+                StoreSite(tmp_path, redis=client, prefix=prefix).store("resp"),
+                retention_s=retention_s,
+            ),
             clock,
             client,
             prefix,

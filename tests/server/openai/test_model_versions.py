@@ -12,7 +12,7 @@ import orjson
 import pytest
 from litestar.testing import TestClient
 
-from backends.config import VllmBackend, VllmLaunch, VllmServer
+from backends.config import VllmBackendConfig, VllmLaunch, VllmServer
 from harness.fake_vllm import FakeVllm
 from server.app import create_app
 from server.config import GatewayConfig, ModelEntry
@@ -39,7 +39,7 @@ def config(tmp_path: Path, url: str, **backend: Any) -> GatewayConfig:
         data_dir=str(tmp_path / "data"),
         models=[ModelEntry(id="chat", backend="b")],
         backends=[
-            VllmBackend(
+            VllmBackendConfig(
                 name="b",
                 served_model="m",
                 servers=[VllmServer(url=url)],

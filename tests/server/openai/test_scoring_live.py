@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from backends.config import VllmBackend, VllmServer
+from backends.config import VllmBackendConfig, VllmServer
 from backends.launch.process import VllmProcess
 from harness.gateway import GatewayProcess, write_config_toml
 from harness.metrics import parse_metric
@@ -72,7 +72,7 @@ def s(
 ) -> Iterator[Setup]:
     model_dir = tiny_cross_encoder(data_dir / "models")
     url = f"http://127.0.0.1:{free_port()}"
-    reranker = VllmBackend(
+    reranker = VllmBackendConfig(
         name="rerank",
         served_model=SERVED,
         task="classify",

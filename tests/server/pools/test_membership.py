@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from litestar.testing import AsyncTestClient
 
-from backends.config import VllmBackend, VllmServer
+from backends.config import VllmBackendConfig, VllmServer
 from backends.vllm.client import VllmClient
 from harness.fake_vllm import FakeServer
 from harness.ports import free_port
@@ -55,7 +55,7 @@ def config(data_dir: Path, url: str, **settings: Any) -> GatewayConfig:
         auth=AuthSettings(tokens=[TokenEntry(token="tok-ops", tenant="ops", roles=["admin"])]),
         models=[ModelEntry(id="tiny-chat", backend="tiny")],
         backends=[
-            VllmBackend(
+            VllmBackendConfig(
                 name="tiny",
                 served_model="tiny",
                 revision="pinned",

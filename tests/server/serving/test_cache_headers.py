@@ -7,9 +7,9 @@ from typing import Any
 
 import msgspec
 
+from semcache.cache_keys import CacheKey
 from semcache.entry import CachedAnswer, encode_entry
 from semcache.exact import CacheResult, CacheStatus
-from semcache.keys import CacheKey
 from server.http.conditional import etag_matches, not_modified
 from server.serving.cache_headers import (
     DIRECTIVE_HEADERS,

@@ -15,7 +15,7 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
-from backends.protocol import BackendError, UpstreamResponse
+from backends.interfaces import BackendError, UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
 from foundation.request import RequestContext
 from semcache.entry import CachedAnswer

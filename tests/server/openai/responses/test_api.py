@@ -13,7 +13,7 @@ import orjson
 import pytest
 from litestar.testing import TestClient
 
-from backends.protocol import BackendError
+from backends.interfaces import BackendError
 from harness.fake_vllm import FakeGeneration
 
 Client = TestClient[Any]

@@ -9,8 +9,8 @@ import msgspec
 import orjson
 from litestar import Request, Response, get, post
 
+from semcache.cache_keys import scope_for
 from semcache.exact.purge import PurgeResult
-from semcache.keys import scope_for
 from semcache.policy import PolicyHolder
 from semcache.semantic.records import PartitionKey
 from server.apidoc.operation import SERVER_ERROR, Answer, RouteDoc, documented, query_fields

@@ -16,7 +16,7 @@ from harness.fake_vllm import FakeGeneration
 from server.app import create_app
 from server.config import GatewayConfig
 from server.dashboard.formats import DASH
-from server.dashboard.routes import PAGES
+from server.dashboard.pages import PAGES
 from server.envelope.request_log import RequestLogSettings
 
 ADMIN = "dash-secret"

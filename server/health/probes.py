@@ -1,4 +1,4 @@
-"""The root, liveness, readiness and Prometheus metrics."""
+"""The root, liveness and readiness."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from typing import Any, Literal
 
 import msgspec
 from litestar import Request, Response, get
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from backends.registry import ModelRegistry
 from server.apidoc.operation import Answer, RouteDoc, documented
@@ -95,31 +94,4 @@ async def ready(request: Request[Any, Any, Any]) -> Response[bytes]:
     return Response(body, status_code=200 if ok else 503, media_type="application/json")
 
 
-@get(
-    "/metrics",
-    opt={"auth": "public"},
-    sync_to_thread=False,
-    operation_class=documented(
-        RouteDoc(
-            summary="Prometheus metrics",
-            tag="Health",
-            auth=False,
-            answers=(
-                Answer(
-                    200,
-                    {"type": "string"},
-                    "The Prometheus text format.",
-                    media_type="text/plain",
-                ),
-            ),
-            errors=(),
-        )
-    ),
-)
-def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
-    return Response(
-        generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST
-    )
-
-
-ROUTES = [root, health, ready, metrics]
+ROUTES = [root, health, ready]

@@ -3,7 +3,7 @@
 Every page is a Jinja template rendered from the same dict its JSON endpoint
 (``/dashboard/api/<page>``) returns; ``static/dashboard.js`` re-fetches the page's data
 section and its charts' columns every few seconds. Every page and endpoint needs the admin
-token (``server.admin.routes.require_admin``): sent as ``Authorization: Bearer``, or kept by the
+token (``server.admin.api_router.require_admin``): sent as ``Authorization: Bearer``, or kept by the
 browser in an HttpOnly, SameSite=Strict cookie set by the login form.
 """
 
@@ -25,7 +25,7 @@ from litestar.static_files import create_static_files_router
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from foundation.package_files import package_file
-from server.admin.routes import PurgeRequest, purge_caches
+from server.admin.api_router import PurgeRequest, purge_caches
 from server.dashboard import figures as fig
 from server.dashboard import keys as dashboard_keys
 from server.dashboard.keys import keys_page

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from semcache.keys import (
+from semcache.cache_keys import (
     SHARED_SCOPE,
     CacheKey,
     build_key,
