@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,14 @@ __all__ = [
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tags each test with its xdist worker and start time: JUnit XML then holds them, and
+    ``scripts/test_durations.py`` shows each worker's load from it."""
+    item.user_properties.append(("worker", os.environ.get("PYTEST_XDIST_WORKER", "main")))
+    item.user_properties.append(("started", f"{time.time():.3f}"))
 
 
 @pytest.fixture(scope="session")
