@@ -12,8 +12,17 @@ envelope read ``Surfaces`` and name no surface's path.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+import asyncio
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Mapping,
+    Sequence,
+)
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
@@ -68,6 +77,17 @@ class Services:
 
 Lifespan = Callable[[Mapping[str, Any]], AbstractAsyncContextManager[None]]
 """What runs while the app serves, given the app state (a surface's background tasks)."""
+
+
+@asynccontextmanager
+async def running(work: Coroutine[Any, Any, None], name: str) -> AsyncIterator[None]:
+    """``work`` as a task while the block runs; cancelled and awaited when it ends."""
+    task = asyncio.create_task(work, name=name)
+    try:
+        yield
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
 
 @dataclass(frozen=True)

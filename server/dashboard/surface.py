@@ -2,31 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Final
 
 from server.dashboard.formats import template_config
 from server.dashboard.pages import DashboardState, dashboard_router
 from server.dashboard.series import CounterSeries
-from server.surface import Services, Surface
+from server.surface import Services, Surface, running
 
 
 def build(services: Services) -> Mapping[str, Any]:
     return {"dashboard": DashboardState(CounterSeries(services.metrics.registry))}
 
 
-@asynccontextmanager
-async def sampling(state: Mapping[str, Any]) -> AsyncIterator[None]:
+def sampling(state: Mapping[str, Any]) -> AbstractAsyncContextManager[None]:
     """The counters sampled into the pages' series while the app serves."""
     dashboard: DashboardState = state["dashboard"]
-    sampler = asyncio.create_task(dashboard.series.run(), name="dashboard-series")
-    try:
-        yield
-    finally:
-        sampler.cancel()
-        await asyncio.gather(sampler, return_exceptions=True)
+    return running(dashboard.series.run(), "dashboard-series")
 
 
 SURFACE: Final = Surface(

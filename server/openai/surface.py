@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any, Final
 
@@ -22,7 +22,7 @@ from server.openai.responses import api_router as responses
 from server.openai.scoring import api_router as scoring
 from server.openai.stores import OpenAIStores, build_stores, openai_site
 from server.openai.tokenization import api_router as tokenization
-from server.surface import Services, Surface, Watched
+from server.surface import Services, Surface, Watched, running
 
 log = logging.getLogger("semcache.server")
 
@@ -67,14 +67,8 @@ async def sweep_batches(batches: BatchesServing, every_s: float = 60.0) -> None:
         await asyncio.sleep(every_s)
 
 
-@asynccontextmanager
-async def sweeping(state: Mapping[str, Any]) -> AsyncIterator[None]:
-    sweeper = asyncio.create_task(sweep_batches(state["batches"]), name="openai-batch-sweep")
-    try:
-        yield
-    finally:
-        sweeper.cancel()
-        await asyncio.gather(sweeper, return_exceptions=True)
+def sweeping(state: Mapping[str, Any]) -> AbstractAsyncContextManager[None]:
+    return running(sweep_batches(state["batches"]), "openai-batch-sweep")
 
 
 SURFACE: Final = Surface(
